@@ -179,18 +179,17 @@ def main(argv: Sequence[str]) -> int | None:
     if role is not None:
         train.run_role(experiment, settings, role)
         logging.info("%s %d: done", role.role, role.index)
-        return None
-    summary = train.train_single_process(experiment, settings)
-    metrics = train.metric_text(summary["eval"])
-    logging.info(
-        "done at step %d in %.1f s: %s; checkpoints and events in %s, summary in %s",
-        summary["global_step"],
-        summary["wall_time_s"],
-        metrics,
-        model_dir,
-        model_dir / train.SUMMARY_FILE,
-    )
-    return None
+    else:
+        summary = train.train_single_process(experiment, settings)
+        logging.info(
+            "done at step %d in %.1f s: %s; checkpoints and events in %s, summary in %s",
+            summary["global_step"],
+            summary["wall_time_s"],
+            train.metric_text(summary["eval"]),
+            model_dir,
+            model_dir / train.SUMMARY_FILE,
+        )
+    train.exit_now()
 
 
 def _cluster_role() -> tuple[ClusterRole | None, str, str]:

@@ -2,8 +2,8 @@
 
 The Estimator's own parameter server calls `server.join()` and never returns, so a job never
 ends. Here each ps owns a queue (a FIFOQueue placed on it, found by its shared name); every
-trainer puts one token on every ps at the end of its session, after the chief's final
-checkpoint, and a ps exits once it holds a token from every trainer. At start, workers wait
+trainer puts one token on every ps once its training session has closed (after the chief's
+final checkpoint), and a ps exits once it holds a token from every trainer. At start, workers wait
 for a token the chief puts on the first ps once its session has initialised the variables:
 without it a worker that comes first finds the model "not ready" and the Estimator's session
 manager sleeps 30 s before it looks again.
@@ -22,8 +22,8 @@ from absl import logging
 
 # How often a waiting process looks at its queue, and asks keep_waiting whether to go on.
 POLL_SECONDS = 0.1
-# A ps that exits the instant the last token arrives can catch a trainer still closing its
-# session to it, which then retries forever; a short grace avoids it (measured here).
+# A ps that exits the instant the last token arrives can catch a trainer still closing the
+# session that sent it, which then retries for seconds; a short grace avoids it (measured here).
 STOP_GRACE_SECONDS = 1.0
 
 KeepWaiting = Callable[[], bool]
@@ -95,48 +95,34 @@ def wait_for_chief(target: str, trainers: int, keep_waiting: KeepWaiting) -> boo
 
 
 def send_stop_tokens(target: str, ps_count: int, trainers: int, trainer_id: int) -> None:
-    """Tells every ps that this trainer is done, from a session of its own: for a trainer whose
-    training session never ended normally (nothing to train, or a failure)."""
+    """Tells every ps that this trainer is done, from a session of its own, once its training
+    session has closed: whether it trained to the end, had nothing to train, or failed."""
     with tf.Graph().as_default():
-        enqueue = _stop_enqueue(ps_count, trainers, trainer_id)
+        enqueue = tf.group(
+            *(_stop_queue(index, trainers).enqueue(trainer_id) for index in range(ps_count))
+        )
         config = tf.compat.v1.ConfigProto(device_filters=["/job:ps"])
         with tf.compat.v1.Session(target, config=config) as session:
             session.run(enqueue)
 
 
-def _stop_enqueue(ps_count: int, trainers: int, trainer_id: int) -> tf.Operation:
-    return tf.group(
-        *(_stop_queue(index, trainers).enqueue(trainer_id) for index in range(ps_count))
-    )
-
-
-class LifecycleHook(tf.compat.v1.train.SessionRunHook):
-    """A trainer's part in both barriers, inside its training session.
+class StartBarrierHook(tf.compat.v1.train.SessionRunHook):
+    """A trainer's part in the start barrier, inside its training session.
 
     On the chief, once the session has initialised the variables, it lets each worker start.
     A worker waits for that in `begin()`: its graph is built by then, and its session not yet
-    created, so the session finds the model ready at once. On every trainer, `end()` puts this
-    trainer's token on every ps; Estimator runs it after the chief's CheckpointSaverHook has
-    written the final checkpoint, because chief-only hooks come first.
+    created, so the session finds the model ready at once.
     """
 
     def __init__(
-        self,
-        target: str,
-        ps_count: int,
-        trainers: int,
-        trainer_id: int,
-        keep_waiting: KeepWaiting,
+        self, target: str, trainers: int, trainer_id: int, keep_waiting: KeepWaiting
     ) -> None:
         self._target = target
-        self._ps_count = ps_count
         self._trainers = trainers
         self._trainer_id = trainer_id
         self._keep_waiting = keep_waiting
-        self.sent = False
 
     def begin(self) -> None:
-        self._stop = _stop_enqueue(self._ps_count, self._trainers, self._trainer_id)
         workers = self._trainers - 1
         is_chief = self._trainer_id == 0
         self._start = (
@@ -150,8 +136,3 @@ class LifecycleHook(tf.compat.v1.train.SessionRunHook):
     def after_create_session(self, session: Any, coord: Any) -> None:
         if self._start is not None:
             session.run(self._start)
-
-    def end(self, session: Any) -> None:
-        session.run(self._stop)
-        self.sent = True
-        logging.info("trainer %d: told %d ps it is done", self._trainer_id, self._ps_count)
