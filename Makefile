@@ -8,7 +8,7 @@ PYTHON ?= $(shell for p in python3.11 python3.10 python3.9 python3; do \
   && echo $$p && break; done)
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint bench run clean
+.PHONY: test lint bench run clean slurm-up slurm-down
 
 # editable_mode=compat: a plain path entry, not an import hook that costs every start ~10 ms.
 $(STAMP): setup.cfg pyproject.toml
@@ -31,6 +31,14 @@ bench: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/tfconfig-slurm-run --experiment mnist_deep --train_steps=600 --save_checkpoints_steps=200
+
+# The test suite's SLURM cluster (3 nodes x 2 fake GPUs in network namespaces); needs root.
+# The SLURM tests start and stop it themselves; these keep one up between runs.
+slurm-up:
+	tests/slurm/cluster up
+
+slurm-down:
+	tests/slurm/cluster down
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.cli import run_module
+from tests.cli import REPOSITORY, run_module
 from tests.slurm_envs import captured
 
 RUN = "tfconfig_slurm.run"
@@ -64,6 +68,35 @@ def test_event_files_hold_loss_accuracy_and_throughput(trained: tuple[Path, str]
         for event in tf.compat.v1.train.summary_iterator(str(events)):
             eval_tags.update(value.tag for value in event.summary.value)
     assert {"loss", "accuracy"} <= eval_tags
+
+
+def test_launch_tensorboard_serves_the_output_root(trained: tuple[Path, str]) -> None:
+    model_dir, _ = trained
+    server = subprocess.Popen(
+        [str(REPOSITORY / "launch" / "tensorboard"), str(model_dir.parent)],
+        env={
+            "PATH": os.environ["PATH"],
+            "TFCONFIG_SLURM_PYTHON": sys.executable,
+            "TENSORBOARD_PORT": "0",
+        },
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stderr is not None
+        # TensorBoard names the port it took once it serves; a line for each notice before.
+        lines = iter(server.stderr.readline, "")
+        url = next(
+            (found[0] for line in lines if (found := re.findall(r"http://localhost:\d+/", line))),
+            None,
+        )
+        assert url is not None, "TensorBoard ended without serving"
+        with urllib.request.urlopen(f"{url}data/plugin/scalars/tags", timeout=60) as response:
+            tags = json.load(response)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert {"loss", "accuracy", "examples_per_sec"} <= set(tags["first"])
 
 
 def test_resumes_from_the_latest_checkpoint(trained: tuple[Path, str]) -> None:

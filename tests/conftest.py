@@ -1,0 +1,3 @@
+"""Fixtures shared by test modules: the real SLURM test cluster."""
+
+pytest_plugins = ["tests.slurm_cluster"]

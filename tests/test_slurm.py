@@ -1,0 +1,207 @@
+"""End to end on the real SLURM test cluster: 3 nodes x 4 CPUs x 2 fake GPUs, each node its
+own network stack (tests/slurm/cluster). The commands are the ones a user types."""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cli import REPOSITORY
+from tests.slurm_cluster import CALL_SECONDS, NODES, SlurmCluster
+
+pytestmark = pytest.mark.slurm
+
+SBATCH = REPOSITORY / "launch" / "mnist_deep.sbatch"
+WITH_TFCONFIG = REPOSITORY / "launch" / "with-tfconfig"
+# The smallest job with every role: per node one ps and one trainer on one of its GPUs.
+SMALL_JOB = ("--nodes=2", "--ntasks-per-node=2", "--gres=gpu:1")
+
+
+def by_rank(output: str) -> dict[int, list[str]]:
+    """srun --label output: each task's lines, by rank."""
+    lines = collections.defaultdict(list)
+    for line in output.splitlines():
+        rank, _, text = line.partition(": ")
+        lines[int(rank)].append(text)
+    return dict(lines)
+
+
+def test_every_task_of_a_gpu_step_agrees_on_one_cluster(slurm_cluster: SlurmCluster) -> None:
+    task = (
+        'echo "node=$SLURMD_NODENAME slurm_gpus=$CUDA_VISIBLE_DEVICES"; '
+        "python -m tfconfig_slurm.tfconfig --export; getent hosts node1 node2 node3"
+    )
+    step = slurm_cluster.run(
+        ["srun", "--nodes=3", "--ntasks-per-node=3", "--gres=gpu:2", "--label", "bash", "-c", task]
+    )
+    assert step.returncode == 0, step.stderr
+    tasks = by_rank(step.stdout)
+    assert sorted(tasks) == list(range(9))
+    clusters: set[str] = set()
+    roles: collections.Counter[str] = collections.Counter()
+    gpus_taken: dict[str, list[str]] = collections.defaultdict(list)
+    for lines in tasks.values():
+        node, slurm_gpus = lines[0].removeprefix("node=").split(" slurm_gpus=")
+        exports = dict(re.findall(r"export (\w+)='?([^'\n]*)'?", "\n".join(lines)))
+        tf_config = json.loads(exports["TF_CONFIG"])
+        clusters.add(json.dumps(tf_config["cluster"], sort_keys=True))
+        role = tf_config["task"]["type"]
+        roles[role] += 1
+        own_address = tf_config["cluster"][role][tf_config["task"]["index"]]
+        assert own_address.startswith(f"{node}:")
+        if role == "ps":
+            assert exports["CUDA_VISIBLE_DEVICES"] == ""
+        else:
+            # One of the GPUs SLURM gave this node's tasks, and no other trainer's.
+            assert exports["CUDA_VISIBLE_DEVICES"] in slurm_gpus.split(",")
+            gpus_taken[node].append(exports["CUDA_VISIBLE_DEVICES"])
+        # From inside this node's network stack, every node's name resolves to its address.
+        resolved = dict(line.split()[::-1] for line in lines if line.startswith("10.251."))
+        assert resolved == {name: f"10.251.0.1{name[-1]}" for name in NODES}
+    assert len(clusters) == 1
+    assert roles == {"chief": 1, "ps": 3, "worker": 5}
+    assert {node: sorted(gpus) for node, gpus in gpus_taken.items()} == {
+        node: ["0", "1"] for node in NODES
+    }
+
+
+def test_with_tfconfig_exports_the_task_s_place(slurm_cluster: SlurmCluster) -> None:
+    show = (
+        "import json, os; "
+        "print(json.dumps([os.environ.get(n) for n in ('TF_CONFIG', 'CUDA_VISIBLE_DEVICES')]))"
+    )
+    step = slurm_cluster.run(
+        ["srun", *SMALL_JOB, "--label", str(WITH_TFCONFIG), "python", "-c", show]
+    )
+    assert step.returncode == 0, step.stderr
+    seen = {}
+    for rank, lines in by_rank(step.stdout).items():
+        tf_config, gpus = json.loads(lines[-1])
+        task = json.loads(tf_config)["task"]
+        seen[rank] = (task["type"], task["index"], gpus)
+    assert seen == {
+        0: ("ps", 0, ""),
+        1: ("chief", 0, "0"),
+        2: ("ps", 1, ""),
+        3: ("worker", 0, "0"),
+    }
+
+
+def submit(
+    cluster: SlurmCluster, workdir: Path, experiment_id: str, *flags: str, nodes: str = ""
+) -> subprocess.Popen[str]:
+    """`sbatch --wait launch/mnist_deep.sbatch`, as a user submits it from `workdir`."""
+    command = ["sbatch", "--wait", "--parsable", *SMALL_JOB]
+    if nodes:
+        command.append(f"--nodelist={nodes}")
+    return subprocess.Popen(
+        [*command, str(SBATCH), "--log_every_steps=10", *flags],
+        env=cluster.environ(TFCONFIG_SLURM_OUTPUT=str(workdir), EXPERIMENT_ID=experiment_id),
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(cluster: SlurmCluster, job: subprocess.Popen[str]) -> dict[str, str]:
+    """Waits for a submitted job; its `scontrol show job` fields once it has ended."""
+    stdout, stderr = job.communicate(timeout=CALL_SECONDS)
+    job_id = stdout.strip().split(";")[0]
+    assert job_id.isdigit(), stderr
+    fields = cluster.job(job_id)
+    fields["sbatch_exit"] = str(job.returncode)
+    fields["stderr"] = stderr
+    return fields
+
+
+def checkpoint_step(model_dir: Path) -> int:
+    latest = re.search(
+        r'^model_checkpoint_path: "model\.ckpt-(\d+)"', (model_dir / "checkpoint").read_text(), re.M
+    )
+    assert latest is not None
+    return int(latest.group(1))
+
+
+def left_behind(cluster: SlurmCluster) -> dict[str, list[str]]:
+    """What jobs left on the nodes, after the few hundred ms slurmd takes to reap a step."""
+    deadline = time.monotonic() + 5.0
+    while (left := cluster.task_pids()) != {node: [] for node in NODES}:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    return left
+
+
+@pytest.fixture(scope="module")
+def first_job(
+    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, str]]:
+    workdir = tmp_path_factory.mktemp("sbatch")
+    job = submit(slurm_cluster, workdir, "e2e", "--train_steps=30", "--save_checkpoints_steps=15")
+    return workdir, finish(slurm_cluster, job)
+
+
+def test_sbatch_trains_to_the_end_and_leaves_nothing_behind(
+    slurm_cluster: SlurmCluster, first_job: tuple[Path, dict[str, str]]
+) -> None:
+    workdir, job = first_job
+    model_dir = workdir / "e2e"
+    task_logs = sorted(path.name for path in (model_dir / "logs").iterdir())
+    assert (job["JobState"], job["ExitCode"], job["sbatch_exit"]) == ("COMPLETED", "0:0", "0"), (
+        job["stderr"],
+        [(model_dir / "logs" / name).read_text()[-2000:] for name in task_logs],
+    )
+    assert left_behind(slurm_cluster) == {node: [] for node in NODES}
+    assert checkpoint_step(model_dir) >= 30
+    summary = json.loads((model_dir / "summary.json").read_text())
+    assert summary["global_step"] == checkpoint_step(model_dir)
+    assert {trainer["role"] for trainer in summary["trainers"]} == {"chief", "worker"}
+    assert task_logs == [f"job{job['JobId']}-task{rank}.log" for rank in range(4)]
+    starts = "".join((model_dir / "logs" / name).read_text() for name in task_logs)
+    for task in ("ps 0 on node1", "chief 0 on node1", "ps 1 on node2", "worker 0 on node2"):
+        assert task in starts
+
+
+def test_resubmitting_the_same_id_resumes(
+    slurm_cluster: SlurmCluster, first_job: tuple[Path, dict[str, str]]
+) -> None:
+    workdir, _ = first_job
+    model_dir = workdir / "e2e"
+    reached = checkpoint_step(model_dir)
+    job = finish(
+        slurm_cluster,
+        submit(slurm_cluster, workdir, "e2e", "--train_steps=60", "--save_checkpoints_steps=15"),
+    )
+    assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), job["stderr"]
+    chief_log = (model_dir / "logs" / f"job{job['JobId']}-task1.log").read_text()
+    assert "chief 0 on node1 at node1:" in chief_log
+    assert f"resuming from step {reached}" in chief_log
+    assert checkpoint_step(model_dir) >= 60
+
+
+def test_two_jobs_on_the_same_nodes_at_once_both_complete(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    jobs = [
+        submit(slurm_cluster, tmp_path, name, "--train_steps=20", nodes="node[2-3]")
+        for name in ("first", "second")
+    ]
+    ended = [finish(slurm_cluster, job) for job in jobs]
+    assert [(job["JobState"], job["ExitCode"]) for job in ended] == [("COMPLETED", "0:0")] * 2, [
+        job["stderr"] for job in ended
+    ]
+    # They overlapped on the same nodes: each started before the other ended.
+    assert (
+        ended[0]["StartTime"] <= ended[1]["EndTime"]
+        and ended[1]["StartTime"] <= ended[0]["EndTime"]
+    )
+    assert {job["NodeList"] for job in ended} == {"node[2-3]"}
+    for name in ("first", "second"):
+        assert checkpoint_step(tmp_path / name) >= 20
