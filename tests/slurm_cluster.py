@@ -75,6 +75,20 @@ class SlurmCluster:
             found[node] = [int(pid) for pid in listed.stdout.split()]
         return found
 
+    def task_pid(self, rank: int) -> int:
+        """The pid of a running task of the tfconfig_slurm runtime, by its rank in the step."""
+        for pids in self.node_pids().values():
+            for pid in pids:
+                try:
+                    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if f"SLURM_PROCID={rank}".encode() in environ and "tfconfig_slurm.run" in (
+                    _command_line(pid)
+                ):
+                    return pid
+        raise AssertionError(f"no task of rank {rank} runs on any node")
+
     def task_pids(self) -> dict[str, list[str]]:
         """Processes on the nodes other than slurmd itself: what jobs left behind."""
         left = {}

@@ -8,8 +8,9 @@ for a token the chief puts on the first ps once its session has initialised the 
 without it a worker that comes first finds the model "not ready" and the Estimator's session
 manager sleeps 30 s before it looks again.
 
-Every wait polls, so that a caller's `keep_waiting` can end it (a dead trainer must not leave a
-ps waiting forever).
+A wait never ends by itself when a peer dies: the watchdog (runtime/watchdog.py) ends the
+waiting process instead. A ps tells its caller of each token as it comes, so that a trainer
+that finished may leave without being taken for dead.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from typing import Any, Callable
 import tensorflow as tf
 from absl import logging
 
-# How often a waiting process looks at its queue, and asks keep_waiting whether to go on.
+# How often a waiting process looks at its queue.
 POLL_SECONDS = 0.1
 # A ps that exits the instant the last token arrives can catch a trainer still closing the
 # session that sent it, which then retries for seconds; a short grace avoids it (measured here).
 STOP_GRACE_SECONDS = 1.0
 
-KeepWaiting = Callable[[], bool]
+OnToken = Callable[[int], None]
 
 
 def _ps_device(index: int) -> str:
@@ -49,10 +50,15 @@ def _start_queue(trainers: int) -> tf.queue.FIFOQueue:
 
 
 def _drain(
-    target: str, ps_index: int, queue: tf.queue.FIFOQueue, count: int, keep_waiting: KeepWaiting
+    target: str,
+    ps_index: int,
+    queue: tf.queue.FIFOQueue,
+    count: int,
+    on_token: OnToken = lambda token: None,
 ) -> list[int]:
-    """Takes `count` tokens from a queue on ps `ps_index`, as they arrive; stops early when
-    keep_waiting says so. It never blocks in a dequeue: it dequeues only what the queue holds."""
+    """Takes `count` tokens from a queue on ps `ps_index` as they arrive, calling on_token
+    with each. It never blocks in a dequeue, which nothing could interrupt: it dequeues only
+    what the queue holds."""
     available = tf.compat.v1.placeholder(tf.int32, [])
     size, take = queue.size(), queue.dequeue_many(available)
     config = tf.compat.v1.ConfigProto(device_filters=[_ps_device(ps_index)])
@@ -60,22 +66,22 @@ def _drain(
     with tf.compat.v1.Session(target, config=config) as session:
         while len(tokens) < count:
             ready = min(int(session.run(size)), count - len(tokens))
-            if ready:
-                tokens.extend(int(token) for token in session.run(take, {available: ready}))
-            elif not keep_waiting():
-                break
-            else:
+            if not ready:
                 time.sleep(POLL_SECONDS)
+                continue
+            for token in session.run(take, {available: ready}):
+                tokens.append(int(token))
+                on_token(int(token))
     return tokens
 
 
 def serve_until_trainers_finish(
-    server: Any, ps_index: int, trainers: int, keep_waiting: KeepWaiting
+    server: Any, ps_index: int, trainers: int, on_token: OnToken
 ) -> list[int]:
     """Serves variables until every trainer has said it is done; returns who did, in order."""
     with tf.Graph().as_default():
         finished = _drain(
-            server.target, ps_index, _stop_queue(ps_index, trainers), trainers, keep_waiting
+            server.target, ps_index, _stop_queue(ps_index, trainers), trainers, on_token
         )
     logging.info(
         "ps %d: %d of %d trainers finished (%s)",
@@ -88,10 +94,10 @@ def serve_until_trainers_finish(
     return finished
 
 
-def wait_for_chief(target: str, trainers: int, keep_waiting: KeepWaiting) -> bool:
-    """A worker's start: True once the chief has initialised the model's variables."""
+def wait_for_chief(target: str, trainers: int) -> None:
+    """A worker's start: returns once the chief has initialised the model's variables."""
     with tf.Graph().as_default():
-        return len(_drain(target, 0, _start_queue(trainers), 1, keep_waiting)) == 1
+        _drain(target, 0, _start_queue(trainers), 1)
 
 
 def send_stop_tokens(target: str, ps_count: int, trainers: int, trainer_id: int) -> None:
@@ -111,16 +117,16 @@ class StartBarrierHook(tf.compat.v1.train.SessionRunHook):
 
     On the chief, once the session has initialised the variables, it lets each worker start.
     A worker waits for that in `begin()`: its graph is built by then, and its session not yet
-    created, so the session finds the model ready at once.
+    created, so the session finds the model ready at once. Then it calls `on_started`.
     """
 
     def __init__(
-        self, target: str, trainers: int, trainer_id: int, keep_waiting: KeepWaiting
+        self, target: str, trainers: int, trainer_id: int, on_started: Callable[[], None]
     ) -> None:
         self._target = target
         self._trainers = trainers
         self._trainer_id = trainer_id
-        self._keep_waiting = keep_waiting
+        self._on_started = on_started
 
     def begin(self) -> None:
         workers = self._trainers - 1
@@ -131,7 +137,8 @@ class StartBarrierHook(tf.compat.v1.train.SessionRunHook):
             else None
         )
         if not is_chief:
-            wait_for_chief(self._target, self._trainers, self._keep_waiting)
+            wait_for_chief(self._target, self._trainers)
+            self._on_started()
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         if self._start is not None:

@@ -157,11 +157,13 @@ def _supervise(processes: dict[LocalTask, subprocess.Popen[str]]) -> int:
             del running[task]
             if status != 0:
                 logging.error(
-                    "%s %d (pid %d) failed with exit status %d; stopping the other tasks",
+                    "%s %d (pid %d) %s; stopping the other tasks",
                     task.role,
                     task.index,
                     process.pid,
-                    status,
+                    f"was killed by {signal.Signals(-status).name}"
+                    if status < 0
+                    else f"failed with exit status {status}",
                 )
                 _stop(running.values())
                 return 1

@@ -71,6 +71,19 @@ class ClusterRole:
     def address(self) -> str:
         return self.cluster[self.role][self.index] if self.role != EVALUATOR else "-"
 
+    def named(self, *jobs: str) -> dict[str, str]:
+        """The tasks of these jobs by name, as logs name them: {"ps 0": "node1:10256", ...}."""
+        return {
+            f"{job} {index}": address
+            for job in jobs
+            for index, address in enumerate(self.cluster.get(job, ()))
+        }
+
+    @staticmethod
+    def trainer_name(trainer_id: int) -> str:
+        """The name of the trainer that hands the ps this token (see trainer_id)."""
+        return f"{CHIEF} 0" if trainer_id == 0 else f"{WORKER} {trainer_id - 1}"
+
     def jobs(self) -> dict[str, list[str]]:
         """The cluster as TF_CONFIG and tf.train.ClusterSpec take it: lists of addresses."""
         return {job: list(tasks) for job, tasks in self.cluster.items()}

@@ -21,8 +21,8 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.python.util import deprecation
 
-from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS
-from tfconfig_slurm.runtime import lifecycle, sync
+from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
+from tfconfig_slurm.runtime import lifecycle, sync, watchdog
 from tfconfig_slurm.runtime.experiment import Experiment
 from tfconfig_slurm.runtime.hooks import ThroughputHook
 from tfconfig_slurm.runtime.role import ClusterRole
@@ -100,6 +100,9 @@ def train_single_process(experiment: Experiment, settings: TrainingSettings) -> 
 def run_role(experiment: Experiment, settings: TrainingSettings, role: ClusterRole) -> None:
     """Runs this task's part of a cluster: a parameter server, a trainer, or the evaluator."""
     if role.role == EVALUATOR:
+        # The chief stays until the evaluator has evaluated the final step: if it leaves
+        # first, no final checkpoint will come.
+        watchdog.PeerWatch(role.named(CHIEF))
         _evaluate_until_final_step(experiment, settings)
         return
     config = session_config(settings)
@@ -111,7 +114,14 @@ def run_role(experiment: Experiment, settings: TrainingSettings, role: ClusterRo
         start=True,
     )
     if role.role == PS:
-        lifecycle.serve_until_trainers_finish(server, role.index, role.trainers, _keep_waiting)
+        unfinished = watchdog.PeerWatch(role.named(CHIEF, WORKER))
+        lifecycle.serve_until_trainers_finish(
+            server,
+            role.index,
+            role.trainers,
+            lambda token: unfinished.release(role.trainer_name(token)),
+        )
+        unfinished.stop()
         return
     started = time.monotonic()
     # The runtime owns the server, which carries the thread limits; "environment": "google"
@@ -123,7 +133,11 @@ def run_role(experiment: Experiment, settings: TrainingSettings, role: ClusterRo
     if settings.sync_replicas:
         model_fn = sync.synchronous_model_fn(model_fn, role.trainers, role.role == CHIEF)
     throughput = _throughput(settings, role)
-    hook = lifecycle.StartBarrierHook(server.target, role.trainers, role.trainer_id, _keep_waiting)
+    # A trainer waits on every ps, and a worker on the chief until the chief lets it start.
+    peers = watchdog.PeerWatch(role.named(PS, CHIEF) if role.role == WORKER else role.named(PS))
+    hook = lifecycle.StartBarrierHook(
+        server.target, role.trainers, role.trainer_id, lambda: peers.release(f"{CHIEF} 0")
+    )
     with _tf_config_environment(role.tf_config(environment="google")):
         try:
             tf.estimator.train_and_evaluate(
@@ -136,6 +150,8 @@ def run_role(experiment: Experiment, settings: TrainingSettings, role: ClusterRo
             # seconds (measured here). Also when training failed or there was nothing left
             # to train: the parameter servers must not wait for this trainer.
             lifecycle.send_stop_tokens(server.target, role.ps_count, role.trainers, role.trainer_id)
+            # Not before: the ps this trainer tells may die before it hears.
+            peers.stop()
             logging.info("%s %d: told %d ps it is done", role.role, role.index, role.ps_count)
     report = {
         "role": role.role,
@@ -182,11 +198,7 @@ def _evaluate_until_final_step(experiment: Experiment, settings: TrainingSetting
     """The evaluator: evaluates each new checkpoint until one reaches the final step."""
     with _tf_config_environment(None):
         estimator = _estimator(experiment, settings, session_config(settings))
-        # The iterator looks every second; a timeout shorter than two of its looks would
-        # make it return at once, over and over.
-        for checkpoint in tf.train.checkpoints_iterator(
-            str(settings.model_dir), timeout=2.0, timeout_fn=lambda: not _keep_waiting()
-        ):
+        for checkpoint in tf.train.checkpoints_iterator(str(settings.model_dir)):
             metrics = estimator.evaluate(
                 experiment.eval_input_fn, steps=settings.eval_steps, checkpoint_path=checkpoint
             )
@@ -224,12 +236,6 @@ def _evaluator_result(model_dir: Path, train_steps: int) -> dict[str, Any]:
 
 def metric_text(metrics: Mapping[str, Any]) -> str:
     return ", ".join(f"{name} {float(value):.4g}" for name, value in sorted(metrics.items()))
-
-
-def _keep_waiting() -> bool:
-    # Every wait of a task for another asks this; the reliability work plugs liveness checks
-    # in here, so that a dead task ends the wait.
-    return True
 
 
 def _trainer_reports(folder: Path, trainers: int, train_steps: int) -> list[dict[str, Any]]:

@@ -1,0 +1,81 @@
+"""The watchdog: a peer whose port stops answering is lost, one that was released is not."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from tfconfig_slurm.runtime.watchdog import PeerWatch
+
+FAST = {"lost_after": 0.3, "probe_seconds": 0.05}
+# Far longer than any loss takes with FAST: a test waits this long only when it fails.
+PATIENCE = 10.0
+
+
+class Lost:
+    """Records each loss as the watch reports it."""
+
+    def __init__(self) -> None:
+        self.reported: list[tuple[str, str]] = []
+        self.event = threading.Event()
+
+    def __call__(self, name: str, address: str, silent_for: float) -> None:
+        self.reported.append((name, address))
+        self.event.set()
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[socket.socket, str]]:
+    server = socket.create_server(("127.0.0.1", 0))
+    yield server, f"127.0.0.1:{server.getsockname()[1]}"
+    server.close()
+
+
+def test_a_peer_that_stops_listening_is_lost_and_named(
+    listener: tuple[socket.socket, str],
+) -> None:
+    server, address = listener
+    lost = Lost()
+    watch = PeerWatch({"ps 1": address}, on_lost=lost, **FAST)
+    try:
+        assert not lost.event.wait(1.0)  # alive: answering
+        server.close()
+        assert lost.event.wait(PATIENCE)
+    finally:
+        watch.stop()
+    assert lost.reported == [("ps 1", address)]
+
+
+def test_a_released_peer_may_leave(listener: tuple[socket.socket, str]) -> None:
+    server, address = listener
+    lost = Lost()
+    watch = PeerWatch({"worker 0": address}, on_lost=lost, **FAST)
+    watch.release("worker 0")
+    server.close()
+    assert not lost.event.wait(1.0)
+    watch.stop()
+    assert lost.reported == []
+
+
+def test_a_peer_that_never_starts_is_lost_after_the_start_allowance() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"  # bound, never listening
+        lost = Lost()
+        watch = PeerWatch({"chief 0": address}, on_lost=lost, start_seconds=0.5, **FAST)
+        assert lost.event.wait(PATIENCE)
+        watch.stop()
+    assert lost.reported == [("chief 0", address)]
+
+
+def test_a_peer_that_never_started_is_not_lost_within_the_allowance() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        lost = Lost()
+        watch = PeerWatch({"chief 0": f"127.0.0.1:{probe.getsockname()[1]}"}, on_lost=lost, **FAST)
+        assert not lost.event.wait(1.0)
+        watch.stop()
+    assert lost.reported == []

@@ -1,0 +1,129 @@
+"""Ends a task whose cluster has lost a member, where SLURM cannot see the loss.
+
+TensorFlow 2.15 waits forever on a dead peer: with its ps killed, every trainer logged
+`UNAVAILABLE ... Socket closed` and was still alive 130 s later, and a ps waits for a token
+from a trainer that will never send it. Every task of the cluster listens on its gRPC port
+for as long as it has work, and the kernel completes a TCP handshake even while the process
+is busy, so a port that refuses (or, for a node cut off, never answers) for a few seconds in
+a row means the task is gone. A thread probes each watched peer that way, and when one is
+lost it logs which (role, index, address, since when) and ends this process with
+EXIT_PEER_LOST: `srun --kill-on-bad-exit` or the local cluster's supervisor then ends the
+rest, and each task that was waiting on this one notices it the same way.
+
+No TensorFlow here: only sockets and a thread.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Callable
+
+from absl import logging
+
+# The exit status of a task that ended because a peer was lost.
+EXIT_PEER_LOST = 3
+# A peer is lost after refusing or timing out for this long in a row. Short, as refusals
+# come only from a closed port; long enough to ride out a dropped packet.
+LOST_AFTER_SECONDS = 3.0
+# How long a peer that never answered yet may take to start (TensorFlow's import alone took
+# 3-5 s here; on a cluster's shared file system, much longer).
+START_SECONDS = 600.0
+# Each peer is probed at most every PROBE_SECONDS, and a watcher makes at most
+# PROBES_PER_SECOND probes, so that a ps watched by thousands of trainers is not flooded.
+PROBE_SECONDS = 1.0
+PROBES_PER_SECOND = 50.0
+_CONNECT_TIMEOUT_SECONDS = 1.0
+
+OnLost = Callable[[str, str, float], None]
+
+
+def exit_on_lost(name: str, address: str, silent_for: float) -> None:
+    """Says which peer is gone and ends this process at once: it may be hung inside
+    TensorFlow, where nothing but an exit reaches it."""
+    logging.error(
+        "%s at %s has not answered for %.0f s: it died or its node is cut off; ending this "
+        "task (exit %d) so that the job ends instead of waiting for it forever",
+        name,
+        address,
+        silent_for,
+        EXIT_PEER_LOST,
+    )
+    logging.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_PEER_LOST)
+
+
+class PeerWatch:
+    """Watches peers (`{"ps 0": "node1:10256", ...}`) from a daemon thread until each is
+    released: a peer that has finished its work may go away without being lost."""
+
+    def __init__(
+        self,
+        peers: Mapping[str, str],
+        on_lost: OnLost = exit_on_lost,
+        lost_after: float = LOST_AFTER_SECONDS,
+        start_seconds: float = START_SECONDS,
+        probe_seconds: float = PROBE_SECONDS,
+    ) -> None:
+        self._addresses = dict(peers)
+        self._on_lost = on_lost
+        self._lost_after = lost_after
+        self._start_seconds = start_seconds
+        self._interval = max(probe_seconds, len(peers) / PROBES_PER_SECOND)
+        self._lock = threading.Lock()
+        self._watched = set(peers)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="peer-watch", daemon=True)
+        self._thread.start()
+
+    def release(self, *names: str) -> None:
+        """Stops watching these peers: they finished, so their leaving is no loss."""
+        with self._lock:
+            self._watched.difference_update(names)
+
+    def stop(self) -> None:
+        """Stops watching every peer, and the thread."""
+        self._stopped.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        started = time.monotonic()
+        # When each peer last answered; None until it first does.
+        last_answer: dict[str, float | None] = dict.fromkeys(self._addresses)
+        failing_since: dict[str, float] = {}
+        while not self._stopped.wait(self._interval):
+            with self._lock:
+                watched = sorted(self._watched)
+            for name in watched:
+                now = time.monotonic()
+                if _answers(self._addresses[name]):
+                    last_answer[name] = now
+                    failing_since.pop(name, None)
+                    continue
+                since = failing_since.setdefault(name, now)
+                answered = last_answer[name]
+                if answered is None and now - started >= self._start_seconds:
+                    self._lose(name, now - started)
+                elif answered is not None and now - since >= self._lost_after:
+                    self._lose(name, now - answered)
+
+    def _lose(self, name: str, silent_for: float) -> None:
+        with self._lock:
+            if name not in self._watched or self._stopped.is_set():
+                return
+            self._watched.discard(name)
+        self._on_lost(name, self._addresses[name], silent_for)
+
+
+def _answers(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=_CONNECT_TIMEOUT_SECONDS):
+            return True
+    except OSError:
+        return False
