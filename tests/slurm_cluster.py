@@ -10,9 +10,11 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -23,6 +25,15 @@ STATE = Path("/tmp/tfconfig-slurm-cluster")
 NODES = ("node1", "node2", "node3")
 # A pending srun or sbatch --wait blocks forever: every call has a deadline.
 CALL_SECONDS = 240.0
+
+
+SBATCH = REPOSITORY / "launch" / "mnist_deep.sbatch"
+# The smallest job with every role: per node one ps and one trainer on one of its GPUs.
+SMALL_JOB = ("--nodes=2", "--ntasks-per-node=2", "--gres=gpu:1")
+
+
+# Job states from which a job may still run (or run again).
+_LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING"}
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,13 @@ class SlurmCluster:
         assert shown.returncode == 0, shown.stderr
         return dict(re.findall(r"(\w+)=(\S*)", shown.stdout))
 
+    def run_ended(self, job_id: str) -> bool:
+        """Whether a job's first run is over: the job ended, or was requeued (a batch job
+        with --requeue is, when a node fails). Asked of scontrol, as sbatch --wait looks only
+        every few seconds."""
+        fields = self.job(job_id)
+        return fields["JobState"] not in _LIVE_STATES or fields["Restarts"] != "0"
+
     def node_pids(self) -> dict[str, list[int]]:
         """The processes still running on each node, found by its network namespace."""
         found = {}
@@ -96,6 +114,66 @@ class SlurmCluster:
             commands = [_command_line(pid) for pid in pids]
             left[node] = [command for command in commands if command and "slurmd" not in command]
         return left
+
+
+def submit(
+    cluster: SlurmCluster, workdir: Path, experiment_id: str, *flags: str, nodes: str = ""
+) -> subprocess.Popen[str]:
+    """`sbatch --wait launch/mnist_deep.sbatch`, as a user submits it from `workdir`."""
+    command = ["sbatch", "--wait", "--parsable", *SMALL_JOB]
+    if nodes:
+        command.append(f"--nodelist={nodes}")
+    return subprocess.Popen(
+        [*command, str(SBATCH), "--log_every_steps=10", *flags],
+        env=cluster.environ(TFCONFIG_SLURM_OUTPUT=str(workdir), EXPERIMENT_ID=experiment_id),
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(cluster: SlurmCluster, job: subprocess.Popen[str]) -> dict[str, str]:
+    """Waits for a submitted job; its `scontrol show job` fields once it has ended."""
+    stdout, stderr = job.communicate(timeout=CALL_SECONDS)
+    job_id = stdout.strip().split(";")[0]
+    assert job_id.isdigit(), stderr
+    fields = cluster.job(job_id)
+    fields["sbatch_exit"] = str(job.returncode)
+    fields["stderr"] = stderr
+    return fields
+
+
+def checkpoint_step(model_dir: Path) -> int:
+    latest = re.search(
+        r'^model_checkpoint_path: "model\.ckpt-(\d+)"', (model_dir / "checkpoint").read_text(), re.M
+    )
+    assert latest is not None
+    return int(latest.group(1))
+
+
+def release(cluster: SlurmCluster, job_id: str) -> None:
+    """Lets a requeued job start again now rather than in 121 s, as Slurm holds it: once
+    its first run has left the nodes. Earlier, the first run's batch script's exit status
+    arrived after the second start and ended the job (seen here)."""
+    assert wait_until(lambda: not any(cluster.task_pids().values()), 60.0)
+    released = cluster.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    assert released.returncode == 0, released.stderr
+
+
+def wait_until(done: Callable[[], bool], seconds: float) -> bool:
+    """Polls `done` until it holds (True) or `seconds` pass (False)."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def read_logs(folder: Path) -> str:
+    """Every task's log in a folder, in the order of their names."""
+    return "".join(path.read_text(errors="replace") for path in sorted(folder.glob("*.log")))
 
 
 def _command_line(pid: int) -> str:

@@ -16,7 +16,16 @@ from typing import Any, Callable
 import pytest
 
 from tests.cli import REPOSITORY
-from tests.slurm_cluster import NODES, SlurmCluster
+from tests.slurm_cluster import (
+    NODES,
+    SlurmCluster,
+    checkpoint_step,
+    finish,
+    read_logs,
+    release,
+    submit,
+    wait_until,
+)
 
 pytestmark = pytest.mark.tensorflow
 
@@ -29,17 +38,11 @@ TRAIN_FOREVER = ("--experiment=mnist_deep", "--train_steps=1000000", "--log_ever
 
 def wait_for(read: Callable[[], str], pattern: str, seconds: float) -> re.Match[str]:
     """Polls `read()` until `pattern` appears in what it returns."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        found = re.search(pattern, read())
-        if found:
-            return found
-        time.sleep(0.2)
-    pytest.fail(f"no {pattern!r} within {seconds:.0f} s:\n{read()[-3000:]}")
-
-
-def read_all(folder: Path) -> str:
-    return "".join(path.read_text(errors="replace") for path in sorted(folder.glob("*.log")))
+    if not wait_until(lambda: re.search(pattern, read()) is not None, seconds):
+        pytest.fail(f"no {pattern!r} within {seconds:.0f} s:\n{read()[-3000:]}")
+    found = re.search(pattern, read())
+    assert found is not None
+    return found
 
 
 def ended_within(process: subprocess.Popen[Any], seconds: float) -> float:
@@ -76,14 +79,14 @@ def test_a_killed_task_ends_the_step_and_is_named(
         text=True,
     )
     try:
-        wait_for(lambda: read_all(logs), r"(?s)first step done.*first step done", START_SECONDS)
+        wait_for(lambda: read_logs(logs), r"(?s)first step done.*first step done", START_SECONDS)
         pid = slurm_cluster.task_pid(rank)
         os.kill(pid, signal.SIGKILL)
         took = ended_within(step, END_SECONDS)
     finally:
         if step.poll() is None:
             step.kill()
-    survivors = read_all(logs)
+    survivors = read_logs(logs)
     assert step.returncode != 0
     assert re.search(rf"{victim}\d+ has not answered for \d+ s", survivors), survivors[-3000:]
     assert took < END_SECONDS
@@ -114,3 +117,61 @@ def test_a_killed_local_task_ends_the_cluster_and_is_named(tmp_path: Path, victi
             cluster.kill()
     assert cluster.returncode == 1
     assert f"{victim} (pid {pid}) was killed by SIGKILL" in console.read_text()
+
+
+@pytest.mark.slurm
+def test_usr1_checkpoints_requeues_and_resumes_losing_no_step(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """As `#SBATCH --signal=USR1@90` warns a job before its time limit."""
+    job = submit(slurm_cluster, tmp_path, "preempted", "--train_steps=200")
+    logs = tmp_path / "preempted" / "logs"
+    wait_for(lambda: read_logs(logs), r"(?s)first step done.*first step done", START_SECONDS)
+    job_id = next(logs.glob("job*-task0.log")).name.split("-")[0].removeprefix("job")
+    signalled = slurm_cluster.run(["scancel", "--signal=USR1", job_id])
+    assert signalled.returncode == 0, signalled.stderr
+    wait_for(
+        lambda: slurm_cluster.run(["scontrol", "show", "job", job_id]).stdout,
+        r"(?s)JobState=PENDING.*Restarts=1",
+        END_SECONDS,
+    )
+    release(slurm_cluster, job_id)
+    ended = finish(slurm_cluster, job)
+    assert (ended["JobState"], ended["ExitCode"], ended["Restarts"]) == ("COMPLETED", "0:0", "1")
+    log = read_logs(logs)
+    stopped_at = [
+        int(step) for step in re.findall(r"stopping on SIGUSR1 at global step (\d+)", log)
+    ]
+    assert len(stopped_at) == 2  # the chief and the worker, each at a step boundary
+    assert f"requeued job {job_id} (restart 1 of at most 3)" in log
+    resumed = re.findall(r"chief 0 on node1 .* resuming from step (\d+)", log)
+    assert resumed == [str(max(stopped_at))]  # every step taken before the signal is kept
+    assert checkpoint_step(tmp_path / "preempted") >= 200
+
+
+@pytest.mark.slurm
+def test_a_node_cut_off_ends_the_job_in_bounded_time(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """Its link down, as a switch port failing: bounded by SlurmdTimeout (30 s) + 60 s."""
+    job = submit(slurm_cluster, tmp_path, "cut", *TRAIN_FOREVER[1:], nodes="node[1-2]")
+    logs = tmp_path / "cut" / "logs"
+    try:
+        wait_for(lambda: read_logs(logs), r"(?s)first step done.*first step done", START_SECONDS)
+        job_id = next(logs.glob("job*-task0.log")).name.split("-")[0].removeprefix("job")
+        subprocess.run(["ip", "link", "set", "tfsveth2", "down"], check=True)
+        cut = time.monotonic()
+        ended = wait_until(lambda: slurm_cluster.run_ended(job_id), 30.0 + END_SECONDS)
+        took = time.monotonic() - cut
+        state = slurm_cluster.job(job_id)
+    finally:
+        subprocess.run(["ip", "link", "set", "tfsveth2", "up"], check=True)
+        slurm_cluster.run(["scontrol", "update", "nodename=node2", "state=resume"])
+        slurm_cluster.run(["scancel", "--user=root"])
+        job.kill()  # the sbatch --wait client only
+        job.communicate()
+    assert ended, f"the job still ran {took:.0f} s after node2 was cut off"
+    # launch/mnist_deep.sbatch asks for --requeue: Slurm requeues a job whose node failed.
+    assert (state["JobState"], state["Restarts"]) in (("FAILED", "0"), ("PENDING", "1")), state
+    # The tasks cut off with node2 ended too, by the watchdog: none hangs there.
+    assert wait_until(lambda: slurm_cluster.task_pids()["node2"] == [], 30.0)

@@ -6,21 +6,24 @@ from __future__ import annotations
 import collections
 import json
 import re
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.cli import REPOSITORY
-from tests.slurm_cluster import CALL_SECONDS, NODES, SlurmCluster
+from tests.slurm_cluster import (
+    NODES,
+    SMALL_JOB,
+    SlurmCluster,
+    checkpoint_step,
+    finish,
+    submit,
+)
 
 pytestmark = pytest.mark.slurm
 
-SBATCH = REPOSITORY / "launch" / "mnist_deep.sbatch"
 WITH_TFCONFIG = REPOSITORY / "launch" / "with-tfconfig"
-# The smallest job with every role: per node one ps and one trainer on one of its GPUs.
-SMALL_JOB = ("--nodes=2", "--ntasks-per-node=2", "--gres=gpu:1")
 
 
 def by_rank(output: str) -> dict[int, list[str]]:
@@ -91,42 +94,6 @@ def test_with_tfconfig_exports_the_task_s_place(slurm_cluster: SlurmCluster) -> 
         2: ("ps", 1, ""),
         3: ("worker", 0, "0"),
     }
-
-
-def submit(
-    cluster: SlurmCluster, workdir: Path, experiment_id: str, *flags: str, nodes: str = ""
-) -> subprocess.Popen[str]:
-    """`sbatch --wait launch/mnist_deep.sbatch`, as a user submits it from `workdir`."""
-    command = ["sbatch", "--wait", "--parsable", *SMALL_JOB]
-    if nodes:
-        command.append(f"--nodelist={nodes}")
-    return subprocess.Popen(
-        [*command, str(SBATCH), "--log_every_steps=10", *flags],
-        env=cluster.environ(TFCONFIG_SLURM_OUTPUT=str(workdir), EXPERIMENT_ID=experiment_id),
-        cwd=workdir,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finish(cluster: SlurmCluster, job: subprocess.Popen[str]) -> dict[str, str]:
-    """Waits for a submitted job; its `scontrol show job` fields once it has ended."""
-    stdout, stderr = job.communicate(timeout=CALL_SECONDS)
-    job_id = stdout.strip().split(";")[0]
-    assert job_id.isdigit(), stderr
-    fields = cluster.job(job_id)
-    fields["sbatch_exit"] = str(job.returncode)
-    fields["stderr"] = stderr
-    return fields
-
-
-def checkpoint_step(model_dir: Path) -> int:
-    latest = re.search(
-        r'^model_checkpoint_path: "model\.ckpt-(\d+)"', (model_dir / "checkpoint").read_text(), re.M
-    )
-    assert latest is not None
-    return int(latest.group(1))
 
 
 def left_behind(cluster: SlurmCluster) -> dict[str, list[str]]:

@@ -34,6 +34,7 @@ from tfconfig_slurm.cluster import render
 from tfconfig_slurm.cluster.layout import EVALUATOR, PS
 from tfconfig_slurm.cluster.step import in_job_step
 from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.runtime import preemption
 from tfconfig_slurm.runtime.role import RUNTIME_KEY, ClusterRole
 
 PROGRAM = "tfconfig-slurm-run"
@@ -114,10 +115,27 @@ GPU_MEMORY_FRACTION = flags.DEFINE_float(
     upper_bound=1.0,
 )
 
+PREEMPT_SIGNAL = flags.DEFINE_string(
+    "preempt_signal",
+    "USR1",
+    "The signal that stops training at the next step with a checkpoint and requeues the "
+    "SLURM job, as #SBATCH --signal=USR1@90 sends it before a time limit or preemption; '' "
+    "to leave signals alone.",
+)
+MAX_REQUEUES = flags.DEFINE_integer(
+    "max_requeues",
+    3,
+    "Requeue the job on --preempt_signal only while SLURM_RESTART_COUNT is below this.",
+    lower_bound=0,
+)
+
 flags.adopt_module_key_flags(layout_flags)
 
 
 def main(argv: Sequence[str]) -> int | None:
+    # First of all: SIGUSR1's default action ends the process, and it may come at any time.
+    stop = preemption.StopRequest()
+    stop.listen(preemption.parse_signal(PREEMPT_SIGNAL.value))
     if EXPERIMENT.value is None:
         raise UsageError("--experiment", "is required", f"e.g. {PROGRAM} --experiment mnist_deep")
     if SAVE_CHECKPOINTS_STEPS.present and SAVE_CHECKPOINTS_SECS.present:
@@ -176,20 +194,27 @@ def main(argv: Sequence[str]) -> int | None:
         log_every_steps=LOG_EVERY_STEPS.value,
         sync_replicas=SYNC_REPLICAS.value,
     )
+    status = 0
     if role is not None:
-        train.run_role(experiment, settings, role)
+        train.run_role(experiment, settings, role, stop)
         logging.info("%s %d: done", role.role, role.index)
+        # The first ps sees every trainer finish, so it is the one to requeue the job.
+        if stop.requested and role.role == PS and role.index == 0:
+            status = preemption.requeue(os.environ, MAX_REQUEUES.value, stop.signal_name)
     else:
-        summary = train.train_single_process(experiment, settings)
-        logging.info(
-            "done at step %d in %.1f s: %s; checkpoints and events in %s, summary in %s",
-            summary["global_step"],
-            summary["wall_time_s"],
-            train.metric_text(summary["eval"]),
-            model_dir,
-            model_dir / train.SUMMARY_FILE,
-        )
-    train.exit_now()
+        summary = train.train_single_process(experiment, settings, stop)
+        if summary is None:
+            status = preemption.requeue(os.environ, MAX_REQUEUES.value, stop.signal_name)
+        else:
+            logging.info(
+                "done at step %d in %.1f s: %s; checkpoints and events in %s, summary in %s",
+                summary["global_step"],
+                summary["wall_time_s"],
+                train.metric_text(summary["eval"]),
+                model_dir,
+                model_dir / train.SUMMARY_FILE,
+            )
+    train.exit_now(status)
 
 
 def _cluster_role() -> tuple[ClusterRole | None, str, str]:

@@ -16,18 +16,29 @@ that finished may leave without being taken for dead.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, TypeVar
 
 import tensorflow as tf
 from absl import logging
 
 # How often a waiting process looks at its queue.
 POLL_SECONDS = 0.1
+# How long a chief told to stop waits for the workers to stop before it checkpoints anyway.
+PREEMPT_WAIT_SECONDS = 30.0
 # A ps that exits the instant the last token arrives can catch a trainer still closing the
 # session that sent it, which then retries for seconds; a short grace avoids it (measured here).
 STOP_GRACE_SECONDS = 1.0
 
 OnToken = Callable[[int], None]
+
+
+class StopRequest(Protocol):
+    """Whether this task was told to stop (preemption.StopRequest)."""
+
+    @property
+    def requested(self) -> bool: ...
+
+    signal_name: str
 
 
 def _ps_device(index: int) -> str:
@@ -47,6 +58,10 @@ def _stop_queue(ps_index: int, trainers: int) -> tf.queue.FIFOQueue:
 
 def _start_queue(trainers: int) -> tf.queue.FIFOQueue:
     return _queue("tfconfig_slurm_start", 0, trainers)
+
+
+def _stopped_queue(trainers: int) -> tf.queue.FIFOQueue:
+    return _queue("tfconfig_slurm_stopped", 0, trainers)
 
 
 def _drain(
@@ -143,3 +158,70 @@ class StartBarrierHook(tf.compat.v1.train.SessionRunHook):
     def after_create_session(self, session: Any, coord: Any) -> None:
         if self._start is not None:
             session.run(self._start)
+
+
+class PreemptionHook(tf.compat.v1.train.SessionRunHook):
+    """Stops this trainer at the first step boundary after a stop request.
+
+    In a cluster each worker first says so on a queue on the first ps, and the chief stops
+    only once every worker has (or PREEMPT_WAIT_SECONDS passed): the final checkpoint, which
+    Estimator writes as the chief stops, then holds every step any trainer took.
+    """
+
+    def __init__(self, stop: StopRequest, trainers: int, trainer_id: int) -> None:
+        self._stop = stop
+        self._trainers = trainers
+        self._trainer_id = trainer_id
+        self._done = False
+
+    def begin(self) -> None:
+        self._global_step = tf.compat.v1.train.get_global_step()
+        self._say_stopped = self._count_stopped = None
+        if self._trainers > 1:
+            queue = _stopped_queue(self._trainers)
+            if self._trainer_id == 0:
+                self._count_stopped = queue.size()
+            else:
+                self._say_stopped = queue.enqueue(self._trainer_id)
+
+    def after_run(self, run_context: Any, run_values: Any) -> None:
+        if self._done or not self._stop.requested:
+            return
+        self._done = True
+        session = run_context.session
+        if self._say_stopped is not None:
+            session.run(self._say_stopped)
+        if self._count_stopped is not None:
+            workers = self._trainers - 1
+            stopped = poll(
+                lambda: int(session.run(self._count_stopped)),
+                lambda count: count >= workers,
+                PREEMPT_WAIT_SECONDS,
+            )
+            if stopped < workers:
+                logging.warning(
+                    "only %d of %d workers stopped within %.0f s; checkpointing without them",
+                    stopped,
+                    workers,
+                    PREEMPT_WAIT_SECONDS,
+                )
+        logging.info(
+            "trainer %d: stopping on %s at global step %d",
+            self._trainer_id,
+            self._stop.signal_name,
+            session.run(self._global_step),
+        )
+        run_context.request_stop()
+
+
+_T = TypeVar("_T")
+
+
+def poll(read: Callable[[], _T], done: Callable[[_T], bool], seconds: float) -> _T:
+    """Reads until `done` holds or `seconds` pass; returns the last value read."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = read()
+        if done(value) or time.monotonic() >= deadline:
+            return value
+        time.sleep(POLL_SECONDS)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, NoReturn, TypeVar
+from typing import Any, Callable, NoReturn
 
 import tensorflow as tf
 from absl import logging
@@ -77,14 +77,18 @@ def resume_step(model_dir: Path) -> int | None:
     return int(tf.train.load_variable(checkpoint, "global_step"))
 
 
-def train_single_process(experiment: Experiment, settings: TrainingSettings) -> dict[str, Any]:
-    """Trains and evaluates in this process; returns what it wrote to summary.json."""
+def train_single_process(
+    experiment: Experiment, settings: TrainingSettings, stop: lifecycle.StopRequest
+) -> dict[str, Any] | None:
+    """Trains and evaluates in this process; returns what it wrote to summary.json, or None
+    when told to stop before the last step (the checkpoint is written, no summary)."""
     started = time.monotonic()
     estimator = _estimator(experiment, settings, session_config(settings))
     throughput = _throughput(settings)
-    metrics, _ = tf.estimator.train_and_evaluate(
-        estimator, *_specs(experiment, settings, [throughput])
-    )
+    hooks = [throughput, lifecycle.PreemptionHook(stop, trainers=1, trainer_id=0)]
+    metrics, _ = tf.estimator.train_and_evaluate(estimator, *_specs(experiment, settings, hooks))
+    if stop.requested:
+        return None
     trainer = {"role": CHIEF, "index": 0, "examples_per_sec": throughput.mean_examples_per_sec()}
     return _finish(
         experiment,
@@ -97,13 +101,19 @@ def train_single_process(experiment: Experiment, settings: TrainingSettings) -> 
     )
 
 
-def run_role(experiment: Experiment, settings: TrainingSettings, role: ClusterRole) -> None:
-    """Runs this task's part of a cluster: a parameter server, a trainer, or the evaluator."""
+def run_role(
+    experiment: Experiment,
+    settings: TrainingSettings,
+    role: ClusterRole,
+    stop: lifecycle.StopRequest,
+) -> None:
+    """Runs this task's part of a cluster: a parameter server, a trainer, or the evaluator.
+    Told to stop, trainers stop at the next step boundary, after the chief's checkpoint."""
     if role.role == EVALUATOR:
         # The chief stays until the evaluator has evaluated the final step: if it leaves
         # first, no final checkpoint will come.
         watchdog.PeerWatch(role.named(CHIEF))
-        _evaluate_until_final_step(experiment, settings)
+        _evaluate_until_final_step(experiment, settings, stop)
         return
     config = session_config(settings)
     server = tf.distribute.Server(
@@ -138,11 +148,12 @@ def run_role(experiment: Experiment, settings: TrainingSettings, role: ClusterRo
     hook = lifecycle.StartBarrierHook(
         server.target, role.trainers, role.trainer_id, lambda: peers.release(f"{CHIEF} 0")
     )
+    preempted = lifecycle.PreemptionHook(stop, role.trainers, role.trainer_id)
     with _tf_config_environment(role.tf_config(environment="google")):
         try:
             tf.estimator.train_and_evaluate(
                 _estimator(experiment, settings, config, model_fn),
-                *_specs(experiment, settings, [throughput, hook]),
+                *_specs(experiment, settings, [throughput, hook, preempted]),
             )
         finally:
             # After the training session has closed, from a session of its own: a ps that
@@ -163,7 +174,14 @@ def run_role(experiment: Experiment, settings: TrainingSettings, role: ClusterRo
     reports = settings.model_dir / _TRAINER_REPORTS
     reports.mkdir(exist_ok=True)
     write_json_atomically(reports / f"{role.role}-{role.index}.json", report)
-    if role.role == CHIEF:
+    if role.role == CHIEF and stop.requested:
+        logging.info(
+            "chief 0: stopped on %s; the final evaluation and summary.json come with the run "
+            "that reaches step %d",
+            stop.signal_name,
+            settings.train_steps,
+        )
+    elif role.role == CHIEF:
         # In a cluster the Estimator's chief does not evaluate. Without an evaluator task it
         # evaluates the final checkpoint here, in-process and with no cluster (the parameter
         # servers may be gone by now); with one, it takes the evaluator's final result.
@@ -194,11 +212,18 @@ _EVALUATOR_RESULT = "evaluator.json"
 _EVALUATOR_WAIT_SECONDS = 600.0
 
 
-def _evaluate_until_final_step(experiment: Experiment, settings: TrainingSettings) -> None:
-    """The evaluator: evaluates each new checkpoint until one reaches the final step."""
+def _evaluate_until_final_step(
+    experiment: Experiment, settings: TrainingSettings, stop: lifecycle.StopRequest
+) -> None:
+    """The evaluator: evaluates each new checkpoint until one reaches the final step, or
+    until it is told to stop."""
     with _tf_config_environment(None):
         estimator = _estimator(experiment, settings, session_config(settings))
-        for checkpoint in tf.train.checkpoints_iterator(str(settings.model_dir)):
+        # The iterator looks every second; a timeout shorter than two of its looks would
+        # make it return at once, over and over.
+        for checkpoint in tf.train.checkpoints_iterator(
+            str(settings.model_dir), timeout=2.0, timeout_fn=lambda: stop.requested
+        ):
             metrics = estimator.evaluate(
                 experiment.eval_input_fn, steps=settings.eval_steps, checkpoint_path=checkpoint
             )
@@ -219,7 +244,7 @@ def _evaluator_result(model_dir: Path, train_steps: int) -> dict[str, Any]:
     def result() -> dict[str, Any] | None:
         return json.loads(path.read_text()) if path.exists() else None
 
-    final = _poll(
+    final = lifecycle.poll(
         result,
         lambda value: value is not None and value["global_step"] >= train_steps,
         _EVALUATOR_WAIT_SECONDS,
@@ -245,20 +270,7 @@ def _trainer_reports(folder: Path, trainers: int, train_steps: int) -> list[dict
         reports = [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
         return [report for report in reports if report.get("train_steps") == train_steps]
 
-    return _poll(current, lambda reports: len(reports) >= trainers, _REPORT_WAIT_SECONDS)
-
-
-_T = TypeVar("_T")
-
-
-def _poll(read: Callable[[], _T], done: Callable[[_T], bool], seconds: float) -> _T:
-    """Reads until `done` holds or `seconds` pass; returns the last value read."""
-    deadline = time.monotonic() + seconds
-    while True:
-        value = read()
-        if done(value) or time.monotonic() >= deadline:
-            return value
-        time.sleep(lifecycle.POLL_SECONDS)
+    return lifecycle.poll(current, lambda reports: len(reports) >= trainers, _REPORT_WAIT_SECONDS)
 
 
 @contextlib.contextmanager
@@ -363,8 +375,8 @@ def _finish(
     return summary
 
 
-def exit_now() -> NoReturn:
-    """Ends this finished process with status 0 at once, once all it wrote is out.
+def exit_now(status: int = 0) -> NoReturn:
+    """Ends this finished process with `status` at once, once all it wrote is out.
 
     Shutting down an interpreter that imported TensorFlow took 0.6-1.7 s here (1.2 s for a
     chief, 1.7 s for a worker at the end of a local cluster), the largest part of a
@@ -375,7 +387,7 @@ def exit_now() -> NoReturn:
     logging.flush()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(status)
 
 
 def write_json_atomically(path: Path, value: Any) -> None:

@@ -1,0 +1,159 @@
+"""Faults on the real SLURM test cluster, each several times: does the job end, how fast, and
+how many steps does it lose?
+
+Every run submits `launch/mnist_deep.sbatch` (2 nodes x (1 ps + 1 trainer), one GPU each,
+checkpoints every 20 steps), waits until both trainers train, injects the fault, and
+measures:
+
+- kill worker / kill ps / kill chief: SIGKILL of that task. Bound: the job ends, non-zero,
+  within 60 s. Steps lost: the highest global step any task logged before the kill, less
+  the latest checkpoint's step (where a resubmission resumes).
+- preempt: `scancel --signal=USR1`, as `#SBATCH --signal=USR1@90` sends it. Bound: the job
+  is requeued within 90 s. Steps lost: the step the trainers stopped at, less the step the
+  requeued run resumes from.
+- node cut: node2's link down (`ip link set tfsveth2 down`). Bound: the job ends, non-zero,
+  within SlurmdTimeout (30 s) + 60 s. Steps lost as for a kill. The link and node are
+  restored after each run.
+
+A run that outlives its bound is a hang. Needs root and the test cluster (it starts it).
+
+  .venv/bin/python bench/faults.py [--runs 5] [--faults kill_worker,preempt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.slurm_cluster import (
+    SCRIPT,
+    STATE,
+    SlurmCluster,
+    checkpoint_step,
+    read_logs,
+    release,
+    submit,
+    wait_until,
+)
+
+# The step's ranks: node1 runs ps 0 (rank 0) and the chief (1), node2 ps 1 (2), worker 0 (3).
+_VICTIMS = {"kill_worker": 3, "kill_ps": 2, "kill_chief": 1}
+_BOUNDS = {"kill_worker": 60.0, "kill_ps": 60.0, "kill_chief": 60.0, "preempt": 90.0}
+_BOUNDS["node_cut"] = 30.0 + 60.0
+_START_SECONDS = 300.0
+_STEP = re.compile(r"step (\d+): [\d.]+ examples/s|global step (\d+)")
+
+
+class Outcome(NamedTuple):
+    seconds: float | None  # None: still not ended at the bound (a hang)
+    steps_lost: int | None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--faults", default=",".join([*_VICTIMS, "preempt", "node_cut"]))
+    args = parser.parse_args()
+    subprocess.run([str(SCRIPT), "up"], check=True)
+    cluster = SlurmCluster(STATE / "slurm.conf")
+    rows = []
+    for fault in args.faults.split(","):
+        outcomes = []
+        for run in range(args.runs):
+            with tempfile.TemporaryDirectory(prefix=f"faults-{fault}-") as folder:
+                outcome = _run(cluster, Path(folder), fault)
+            print(f"{fault} run {run + 1}: {outcome}", flush=True)
+            outcomes.append(outcome)
+        rows.append(_row(fault, outcomes))
+    print("\n| fault | runs | ended within bound | seconds (max) | max steps lost | hangs |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        print(row)
+
+
+def _row(fault: str, outcomes: list[Outcome]) -> str:
+    ended = [outcome.seconds for outcome in outcomes if outcome.seconds is not None]
+    lost = [outcome.steps_lost for outcome in outcomes if outcome.steps_lost is not None]
+    return (
+        f"| {fault} | {len(outcomes)} | {len(ended)} of {len(outcomes)} "
+        f"(<= {_BOUNDS[fault]:.0f} s) | {max(ended, default=float('nan')):.1f} "
+        f"| {max(lost, default='-')} | {len(outcomes) - len(ended)} |"
+    )
+
+
+def _run(cluster: SlurmCluster, folder: Path, fault: str) -> Outcome:
+    job = submit(cluster, folder, "bench", "--train_steps=1000000", "--save_checkpoints_steps=20")
+    logs = folder / "bench" / "logs"
+    try:
+        if not wait_until(lambda: read_logs(logs).count("first step done") >= 2, _START_SECONDS):
+            raise RuntimeError(f"the job did not start training:\n{read_logs(logs)[-3000:]}")
+        time.sleep(3.0)  # a few checkpoint intervals into training
+        job_id = next(logs.glob("job*-task0.log")).name.split("-")[0].removeprefix("job")
+        if fault == "preempt":
+            return _preempt(cluster, job_id, logs)
+        reached = _highest_step(read_logs(logs))
+        if fault == "node_cut":
+            subprocess.run(["ip", "link", "set", "tfsveth2", "down"], check=True)
+        else:
+            os.kill(cluster.task_pid(_VICTIMS[fault]), signal.SIGKILL)
+        injected = time.monotonic()
+        ended = wait_until(lambda: cluster.run_ended(job_id), _BOUNDS[fault])
+        seconds = time.monotonic() - injected if ended else None
+        return Outcome(
+            seconds,
+            max(reached, _highest_step(read_logs(logs))) - checkpoint_step(folder / "bench"),
+        )
+    finally:
+        if job.poll() is None:
+            job.kill()
+        cluster.run(["scancel", "--full", "--user=root"])
+        if fault == "node_cut":
+            subprocess.run(["ip", "link", "set", "tfsveth2", "up"], check=True)
+            cluster.run(["scontrol", "update", "nodename=node2", "state=resume"])
+        wait_until(
+            lambda: all(
+                state == "idle"
+                for state in cluster.run(["sinfo", "-h", "-N", "-o", "%T"]).stdout.split()
+            ),
+            120.0,
+        )
+
+
+def _preempt(cluster: SlurmCluster, job_id: str, logs: Path) -> Outcome:
+    signalled = time.monotonic()
+    cluster.run(["scancel", "--signal=USR1", job_id])
+
+    def requeued() -> bool:
+        shown = cluster.run(["scontrol", "show", "job", job_id]).stdout
+        return bool(re.search(r"Restarts=1", shown))
+
+    if not wait_until(requeued, _BOUNDS["preempt"]):
+        return Outcome(None, None)
+    seconds = time.monotonic() - signalled
+    release(cluster, job_id)
+    if not wait_until(lambda: "resuming from step" in read_logs(logs), _START_SECONDS):
+        return Outcome(seconds, None)
+    log = read_logs(logs)
+    stopped = max(
+        int(step) for step in re.findall(r"stopping on SIGUSR1 at global step (\d+)", log)
+    )
+    resumed = int(re.findall(r"chief 0 on \S+ .* resuming from step (\d+)", log)[0])
+    return Outcome(seconds, stopped - resumed)
+
+
+def _highest_step(log: str) -> int:
+    return max((int(a or b) for a, b in _STEP.findall(log)), default=0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The preemption signal's name, and when a stopped job is not requeued (no SLURM needed)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.runtime import preemption
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("USR1", signal.SIGUSR1), ("sigusr2", signal.SIGUSR2), ("TERM", signal.SIGTERM), ("", None)],
+)
+def test_signal_names_as_sbatch_takes_them(name: str, expected: signal.Signals | None) -> None:
+    assert preemption.parse_signal(name) == expected
+
+
+@pytest.mark.parametrize("name", ["KILL", "SIGSTOP", "USR3", "10"])
+def test_a_signal_that_cannot_be_caught_is_refused(name: str) -> None:
+    with pytest.raises(UsageError, match="--preempt_signal"):
+        preemption.parse_signal(name)
+
+
+def test_the_request_is_a_flag_set_by_the_signal() -> None:
+    stop = preemption.StopRequest()
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        stop.listen(signal.SIGUSR2)
+        assert not stop.requested
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert stop.requested
+        assert stop.signal_name == "SIGUSR2"
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
+def test_a_job_at_its_requeue_limit_ends_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    environ = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "3"}
+    with caplog.at_level(logging.INFO):
+        status = preemption.requeue(environ, max_requeues=3, stopped_on="SIGUSR1")
+    assert status == preemption.EXIT_NOT_REQUEUED
+    (record,) = caplog.records
+    assert "job 77 stopped on SIGUSR1 and was requeued 3 times already" in record.getMessage()
+    assert "--max_requeues=3" in record.getMessage()
+
+
+def test_outside_slurm_there_is_nothing_to_requeue(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO):
+        assert preemption.requeue({}, max_requeues=3, stopped_on="SIGUSR1") == 0
+    assert "outside a SLURM job" in caplog.records[0].getMessage()
+
+
+def test_a_failed_requeue_is_an_error_that_names_the_job(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A Slurm configuration without a cluster (or no scontrol at all): scontrol fails at once.
+    # (With no file at all it retries for 60 s.)
+    (tmp_path / "slurm.conf").touch()
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    environ = {"SLURM_JOB_ID": "1", "SLURM_ARRAY_JOB_ID": "5", "SLURM_ARRAY_TASK_ID": "2"}
+    with caplog.at_level(logging.INFO):
+        status = preemption.requeue(environ, max_requeues=3, stopped_on="SIGUSR1")
+    assert status == preemption.EXIT_NOT_REQUEUED
+    assert "`scontrol requeue 5_2` failed" in caplog.records[0].getMessage()

@@ -1,0 +1,121 @@
+"""Preemption and time limits: a signal asks every task to stop at a step boundary, and the
+job requeues itself to resume from the checkpoint written there.
+
+SLURM warns a job before its time limit or a preemption when asked to (`#SBATCH
+--signal=USR1@90`: SIGUSR1 to every task of every step, 90 s ahead). The handler only sets a
+flag: trainers look at it between steps (lifecycle.PreemptionHook), the chief writes its
+final checkpoint once every worker has stopped, and the first parameter server, which sees
+every trainer finish, requeues the job with `scontrol requeue` (array tasks by their own id).
+The requeued run (SLURM_RESTART_COUNT > 0) resumes from that checkpoint. A job requeued
+--max_requeues times already is not requeued again, and says so.
+
+No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+from collections.abc import Mapping
+from types import FrameType
+
+from absl import logging
+
+from tfconfig_slurm.errors import UsageError
+
+# The exit status of a task that stopped on the signal but could not requeue the job.
+EXIT_NOT_REQUEUED = 4
+_SCONTROL_SECONDS = 60.0
+
+
+def parse_signal(name: str) -> signal.Signals | None:
+    """`USR1` or `SIGUSR1` as the signal; '' as None (leave signals alone)."""
+    if not name:
+        return None
+    wanted = "SIG" + name.upper().removeprefix("SIG")
+    if wanted not in signal.Signals.__members__ or wanted in ("SIGKILL", "SIGSTOP"):
+        raise UsageError(
+            "--preempt_signal",
+            f"is {name!r}, which is not a signal a process can catch",
+            "give a name as #SBATCH --signal does, e.g. USR1 or USR2; '' to leave signals alone",
+        )
+    return signal.Signals[wanted]
+
+
+class StopRequest:
+    """Whether this task was told to stop, and by which signal."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.signal_name = ""
+
+    def listen(self, signum: signal.Signals | None) -> None:
+        """From now on, `signum` asks this task to stop; nothing else happens on it."""
+        if signum is None:
+            return
+
+        def handler(number: int, frame: FrameType | None) -> None:
+            # Only a flag: the handler may run in the middle of anything.
+            self.signal_name = signal.Signals(number).name
+            self._event.set()
+
+        signal.signal(signum, handler)
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+
+def requeue(environ: Mapping[str, str], max_requeues: int, stopped_on: str) -> int:
+    """Puts this SLURM job back in the queue; the exit status this task should end with."""
+    job = environ.get("SLURM_JOB_ID")
+    if not job:
+        logging.warning(
+            "stopped on %s outside a SLURM job: nothing to requeue; run again with the same "
+            "experiment id to resume from the checkpoint",
+            stopped_on,
+        )
+        return 0
+    array_job, array_task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    target = f"{array_job}_{array_task}" if array_job and array_task else job
+    restarts = int(environ.get("SLURM_RESTART_COUNT") or 0)
+    if restarts >= max_requeues:
+        logging.error(
+            "job %s stopped on %s and was requeued %d times already (--max_requeues=%d): not "
+            "requeueing it again. HINT: submit it again with the same experiment id to resume "
+            "from the checkpoint, or raise --max_requeues",
+            target,
+            stopped_on,
+            restarts,
+            max_requeues,
+        )
+        return EXIT_NOT_REQUEUED
+    try:
+        result = subprocess.run(
+            ["scontrol", "requeue", target],
+            capture_output=True,
+            text=True,
+            timeout=_SCONTROL_SECONDS,
+            check=False,
+        )
+        problem = result.stderr.strip() if result.returncode else ""
+    except (OSError, subprocess.TimeoutExpired) as error:
+        problem = str(error)
+    if problem:
+        logging.error(
+            "stopped on %s, but `scontrol requeue %s` failed: %s. HINT: submit the job again "
+            "with the same experiment id to resume from the checkpoint",
+            stopped_on,
+            target,
+            problem,
+        )
+        return EXIT_NOT_REQUEUED
+    logging.info(
+        "stopped on %s; requeued job %s (restart %d of at most %d): it resumes from the checkpoint",
+        stopped_on,
+        target,
+        restarts + 1,
+        max_requeues,
+    )
+    return 0
