@@ -8,7 +8,7 @@ PYTHON ?= $(shell for p in python3.11 python3.10 python3.9 python3; do \
   && echo $$p && break; done)
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint bench run clean slurm-up slurm-down
+.PHONY: test lint bench bench-faults run clean slurm-up slurm-down
 
 # editable_mode=compat: a plain path entry, not an import hook that costs every start ~10 ms.
 $(STAMP): setup.cfg pyproject.toml
@@ -28,6 +28,10 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/resolve.py
 	$(BIN)/python bench/runtime.py
+
+# Each fault 5 times on the test cluster (root), about 11 minutes.
+bench-faults: $(STAMP)
+	$(BIN)/python bench/faults.py
 
 run: $(STAMP)
 	$(BIN)/tfconfig-slurm-run --experiment mnist_deep --train_steps=600 --save_checkpoints_steps=200

@@ -6,8 +6,9 @@ checkpoints every 20 steps), waits until both trainers train, injects the fault,
 measures:
 
 - kill worker / kill ps / kill chief: SIGKILL of that task. Bound: the job ends, non-zero,
-  within 60 s. Steps lost: the highest global step any task logged before the kill, less
-  the latest checkpoint's step (where a resubmission resumes).
+  within 60 s. Steps lost: the highest global step any trainer logged by the end of the
+  run (the steps in flight at the fault included), less the latest checkpoint's step,
+  where a resubmission resumes.
 - preempt: `scancel --signal=USR1`, as `#SBATCH --signal=USR1@90` sends it. Bound: the job
   is requeued within 90 s. Steps lost: the step the trainers stopped at, less the step the
   requeued run resumes from.
@@ -40,6 +41,7 @@ from tests.slurm_cluster import (
     STATE,
     SlurmCluster,
     checkpoint_step,
+    highest_step,
     read_logs,
     release,
     submit,
@@ -51,7 +53,6 @@ _VICTIMS = {"kill_worker": 3, "kill_ps": 2, "kill_chief": 1}
 _BOUNDS = {"kill_worker": 60.0, "kill_ps": 60.0, "kill_chief": 60.0, "preempt": 90.0}
 _BOUNDS["node_cut"] = 30.0 + 60.0
 _START_SECONDS = 300.0
-_STEP = re.compile(r"step (\d+): [\d.]+ examples/s|global step (\d+)")
 
 
 class Outcome(NamedTuple):
@@ -83,7 +84,8 @@ def main() -> None:
 
 def _row(fault: str, outcomes: list[Outcome]) -> str:
     ended = [outcome.seconds for outcome in outcomes if outcome.seconds is not None]
-    lost = [outcome.steps_lost for outcome in outcomes if outcome.steps_lost is not None]
+    # A negative difference means only that the last steps' log lines were lost: none lost.
+    lost = [max(outcome.steps_lost, 0) for outcome in outcomes if outcome.steps_lost is not None]
     return (
         f"| {fault} | {len(outcomes)} | {len(ended)} of {len(outcomes)} "
         f"(<= {_BOUNDS[fault]:.0f} s) | {max(ended, default=float('nan')):.1f} "
@@ -92,7 +94,16 @@ def _row(fault: str, outcomes: list[Outcome]) -> str:
 
 
 def _run(cluster: SlurmCluster, folder: Path, fault: str) -> Outcome:
-    job = submit(cluster, folder, "bench", "--train_steps=1000000", "--save_checkpoints_steps=20")
+    # Every trainer logs its global step at every step, so that the last step reached before
+    # the fault is known to within the steps in flight.
+    job = submit(
+        cluster,
+        folder,
+        "bench",
+        "--train_steps=1000000",
+        "--save_checkpoints_steps=20",
+        "--log_every_steps=1",
+    )
     logs = folder / "bench" / "logs"
     try:
         if not wait_until(lambda: read_logs(logs).count("first step done") >= 2, _START_SECONDS):
@@ -101,7 +112,6 @@ def _run(cluster: SlurmCluster, folder: Path, fault: str) -> Outcome:
         job_id = next(logs.glob("job*-task0.log")).name.split("-")[0].removeprefix("job")
         if fault == "preempt":
             return _preempt(cluster, job_id, logs)
-        reached = _highest_step(read_logs(logs))
         if fault == "node_cut":
             subprocess.run(["ip", "link", "set", "tfsveth2", "down"], check=True)
         else:
@@ -109,10 +119,8 @@ def _run(cluster: SlurmCluster, folder: Path, fault: str) -> Outcome:
         injected = time.monotonic()
         ended = wait_until(lambda: cluster.run_ended(job_id), _BOUNDS[fault])
         seconds = time.monotonic() - injected if ended else None
-        return Outcome(
-            seconds,
-            max(reached, _highest_step(read_logs(logs))) - checkpoint_step(folder / "bench"),
-        )
+        # Steps logged after the fault (in flight when it hit) were never checkpointed either.
+        return Outcome(seconds, highest_step(read_logs(logs)) - checkpoint_step(folder / "bench"))
     finally:
         if job.poll() is None:
             job.kill()
@@ -141,18 +149,15 @@ def _preempt(cluster: SlurmCluster, job_id: str, logs: Path) -> Outcome:
         return Outcome(None, None)
     seconds = time.monotonic() - signalled
     release(cluster, job_id)
-    if not wait_until(lambda: "resuming from step" in read_logs(logs), _START_SECONDS):
+    resuming = re.compile(r"chief 0 on \S+ .* resuming from step (\d+)")
+    if not wait_until(lambda: resuming.search(read_logs(logs)) is not None, _START_SECONDS):
         return Outcome(seconds, None)
     log = read_logs(logs)
     stopped = max(
         int(step) for step in re.findall(r"stopping on SIGUSR1 at global step (\d+)", log)
     )
-    resumed = int(re.findall(r"chief 0 on \S+ .* resuming from step (\d+)", log)[0])
+    resumed = int(resuming.findall(log)[0])
     return Outcome(seconds, stopped - resumed)
-
-
-def _highest_step(log: str) -> int:
-    return max((int(a or b) for a, b in _STEP.findall(log)), default=0)
 
 
 if __name__ == "__main__":

@@ -6,15 +6,17 @@ TFCONFIG_SLURM_REQUIRE_SLURM=1, as in CI, that is a failure instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
 import pytest
 
@@ -107,6 +109,14 @@ class SlurmCluster:
                     return pid
         raise AssertionError(f"no task of rank {rank} runs on any node")
 
+    def clear(self, node: str) -> None:
+        """Ends what jobs left on a node, as its reboot would: Slurm's slurmstepd on a node
+        that was cut off outlives its job by minutes here."""
+        for pid in self.node_pids()[node]:
+            if not _command_line(pid).startswith("slurmd "):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
     def task_pids(self) -> dict[str, list[str]]:
         """Processes on the nodes other than slurmd itself: what jobs left behind."""
         left = {}
@@ -171,6 +181,11 @@ def wait_until(done: Callable[[], bool], seconds: float) -> bool:
     return True
 
 
+def highest_step(log: str) -> int:
+    """The highest global step trainers logged (with --log_every_steps=1, the last reached)."""
+    return max(map(int, re.findall(r"step (\d+): [\d.]+ examples/s", log)), default=0)
+
+
 def read_logs(folder: Path) -> str:
     """Every task's log in a folder, in the order of their names."""
     return "".join(path.read_text(errors="replace") for path in sorted(folder.glob("*.log")))
@@ -183,7 +198,8 @@ def _command_line(pid: int) -> str:
         return ""
 
 
-def _unavailable(reason: str) -> None:
+def unavailable(reason: str) -> NoReturn:
+    """Skips a test that needs root or the cluster here; fails it in CI, where it must run."""
     if os.environ.get("TFCONFIG_SLURM_REQUIRE_SLURM") == "1":
         pytest.fail(f"TFCONFIG_SLURM_REQUIRE_SLURM=1 but {reason}", pytrace=False)
     pytest.skip(reason)
@@ -193,14 +209,14 @@ def _unavailable(reason: str) -> None:
 def slurm_cluster() -> Iterator[SlurmCluster]:
     """The cluster, started for the session unless it was already up (then left up)."""
     if os.geteuid() != 0:
-        _unavailable("the SLURM test cluster needs root (network namespaces, Slurm daemons)")
+        unavailable("the SLURM test cluster needs root (network namespaces, Slurm daemons)")
     was_up = subprocess.run([str(SCRIPT), "status"], capture_output=True, check=False)
     if was_up.returncode != 0:
         started = subprocess.run(
             [str(SCRIPT), "up"], capture_output=True, text=True, timeout=600, check=False
         )
         if started.returncode != 0:
-            _unavailable(f"could not start the SLURM test cluster: {started.stderr.strip()}")
+            unavailable(f"could not start the SLURM test cluster: {started.stderr.strip()}")
     try:
         yield SlurmCluster(STATE / "slurm.conf")
     finally:

@@ -21,6 +21,7 @@ from tests.slurm_cluster import (
     SlurmCluster,
     checkpoint_step,
     finish,
+    highest_step,
     read_logs,
     release,
     submit,
@@ -33,7 +34,9 @@ pytestmark = pytest.mark.tensorflow
 END_SECONDS = 60.0
 # Starting four TensorFlow processes on 2 cores and reaching the first steps.
 START_SECONDS = 180.0
-TRAIN_FOREVER = ("--experiment=mnist_deep", "--train_steps=1000000", "--log_every_steps=10")
+# Every trainer logs its global step at every step, so that a test knows the last one reached.
+TRAIN_FOREVER = ("--experiment=mnist_deep", "--train_steps=1000000", "--log_every_steps=1")
+CHECKPOINT_STEPS = 20
 
 
 def wait_for(read: Callable[[], str], pattern: str, seconds: float) -> re.Match[str]:
@@ -62,26 +65,13 @@ def ended_within(process: subprocess.Popen[Any], seconds: float) -> float:
 def test_a_killed_task_ends_the_step_and_is_named(
     slurm_cluster: SlurmCluster, tmp_path: Path, rank: int, victim: str
 ) -> None:
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    step = subprocess.Popen(
-        # No --kill-on-bad-exit: SLURM then waits for every task, so the runtime must end them.
-        [
-            *("srun", "--nodes=2", "--ntasks-per-node=2", "--gres=gpu:1"),
-            f"--output={logs}/%t.log",
-            *(sys.executable, "-m", "tfconfig_slurm.run", f"--output_root={tmp_path}"),
-            *TRAIN_FOREVER,
-        ],
-        env=slurm_cluster.environ(),
-        cwd=REPOSITORY,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    step = srun_training(slurm_cluster, tmp_path, "first", *TRAIN_FOREVER[1:])
+    logs = tmp_path / "first"
     try:
         wait_for(lambda: read_logs(logs), r"(?s)first step done.*first step done", START_SECONDS)
-        pid = slurm_cluster.task_pid(rank)
-        os.kill(pid, signal.SIGKILL)
+        time.sleep(2.0)  # a checkpoint interval or two into training
+        reached = highest_step(read_logs(logs))
+        os.kill(slurm_cluster.task_pid(rank), signal.SIGKILL)
         took = ended_within(step, END_SECONDS)
     finally:
         if step.poll() is None:
@@ -91,6 +81,47 @@ def test_a_killed_task_ends_the_step_and_is_named(
     assert re.search(rf"{victim}\d+ has not answered for \d+ s", survivors), survivors[-3000:]
     assert took < END_SECONDS
     assert slurm_cluster.task_pids() == {node: [] for node in NODES}
+    # Every trainer logs every global step it reaches: of those reached when the task was
+    # killed, at most one checkpoint interval and the steps in flight are not in the last
+    # checkpoint. (Steps the others took after the kill, until the watchdog ended them,
+    # could never be saved by a dead chief.)
+    model_dir = tmp_path / "mnist_deep"
+    assert reached - checkpoint_step(model_dir) <= CHECKPOINT_STEPS + 2
+    # The next run resumes from that checkpoint.
+    resumed_from = checkpoint_step(model_dir)
+    rerun = srun_training(
+        slurm_cluster,
+        tmp_path,
+        "second",
+        f"--train_steps={resumed_from + 5}",
+        "--log_every_steps=1",
+    )
+    assert rerun.wait(timeout=START_SECONDS) == 0, read_logs(tmp_path / "second")[-3000:]
+    assert f"resuming from step {resumed_from}" in read_logs(tmp_path / "second")
+    assert checkpoint_step(model_dir) >= resumed_from + 5
+
+
+def srun_training(
+    cluster: SlurmCluster, root: Path, logs: str, *flags: str
+) -> subprocess.Popen[str]:
+    """mnist_deep in a 2-node step, one log per task in root/logs; no --kill-on-bad-exit:
+    SLURM then waits for every task, so only the runtime can end the survivors of a fault."""
+    (root / logs).mkdir()
+    return subprocess.Popen(
+        [
+            *("srun", "--nodelist=node[1-2]", "--ntasks-per-node=2", "--gres=gpu:1"),
+            f"--output={root / logs}/%t.log",
+            *(sys.executable, "-m", "tfconfig_slurm.run", f"--output_root={root}"),
+            "--experiment=mnist_deep",
+            f"--save_checkpoints_steps={CHECKPOINT_STEPS}",
+            *flags,
+        ],
+        env=cluster.environ(),
+        cwd=REPOSITORY,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.parametrize("victim", ["ps 0", "worker 1", "chief 0"])
@@ -144,7 +175,7 @@ def test_usr1_checkpoints_requeues_and_resumes_losing_no_step(
     ]
     assert len(stopped_at) == 2  # the chief and the worker, each at a step boundary
     assert f"requeued job {job_id} (restart 1 of at most 3)" in log
-    resumed = re.findall(r"chief 0 on node1 .* resuming from step (\d+)", log)
+    resumed = re.findall(r"chief 0 on node\d .* resuming from step (\d+)", log)
     assert resumed == [str(max(stopped_at))]  # every step taken before the signal is kept
     assert checkpoint_step(tmp_path / "preempted") >= 200
 
@@ -170,8 +201,36 @@ def test_a_node_cut_off_ends_the_job_in_bounded_time(
         slurm_cluster.run(["scancel", "--user=root"])
         job.kill()  # the sbatch --wait client only
         job.communicate()
-    assert ended, f"the job still ran {took:.0f} s after node2 was cut off"
-    # launch/mnist_deep.sbatch asks for --requeue: Slurm requeues a job whose node failed.
-    assert (state["JobState"], state["Restarts"]) in (("FAILED", "0"), ("PENDING", "1")), state
-    # The tasks cut off with node2 ended too, by the watchdog: none hangs there.
-    assert wait_until(lambda: slurm_cluster.task_pids()["node2"] == [], 30.0)
+    try:
+        assert ended, f"the job still ran {took:.0f} s after node2 was cut off"
+        # launch/mnist_deep.sbatch asks for --requeue: Slurm requeues a job whose node failed.
+        assert (state["JobState"], state["Restarts"]) in (("FAILED", "0"), ("PENDING", "1"))
+        # The tasks cut off with node2 ended too, by the watchdog: none hangs there.
+        assert wait_until(lambda: not runtime_left(slurm_cluster), 30.0)
+    finally:
+        slurm_cluster.clear("node2")
+
+
+def runtime_left(cluster: SlurmCluster) -> list[str]:
+    return [task for task in cluster.task_pids()["node2"] if "tfconfig_slurm" in task]
+
+
+@pytest.mark.slurm
+def test_the_batch_script_names_the_task_that_failed_first(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    job = submit(slurm_cluster, tmp_path, "named", *TRAIN_FOREVER[1:])
+    logs = tmp_path / "named" / "logs"
+    try:
+        wait_for(lambda: read_logs(logs), r"(?s)first step done.*first step done", START_SECONDS)
+        os.kill(slurm_cluster.task_pid(3), signal.SIGKILL)
+        ended = finish(slurm_cluster, job)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert ended["JobState"] == "FAILED" and ended["ExitCode"] != "0:0"
+    output = (tmp_path / f"mnist_deep-{ended['JobId']}.out").read_text()
+    second_node = re.search(r"worker 0 on (node\d)", read_logs(logs))
+    assert second_node is not None
+    expected = f"first to fail: task 3: Killed (worker 0 on {second_node[1]})"
+    assert expected in output, output

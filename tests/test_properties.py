@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tests.slurm_envs import task_env
 from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step
 from tfconfig_slurm.cluster.render import tf_config
-from tfconfig_slurm.errors import LayoutError
+from tfconfig_slurm.errors import LayoutError, TfconfigSlurmError
 
 # Checking every rank of a 576-task step for each example would be slow; a sample of ranks
 # (always with the first and the last) still shows any disagreement between tasks.
@@ -75,3 +75,47 @@ def test_every_rank_computes_the_same_sound_cluster(
         assert all(not task.gpus for task in layout.tasks if task.role in ("ps", "evaluator"))
     # Every rank, failing or not, reaches the same verdict.
     assert all(outcome == outcomes[0] for outcome in outcomes)
+
+
+# Every variable the core reads, each either a plausible value, a mangled one, or absent.
+_VARIABLES = {
+    "SLURM_JOB_ID": ["17", "0", "-3", "x", ""],
+    "SLURM_STEP_ID": ["0", "4294967294", "batch", ""],
+    "SLURM_PROCID": ["0", "5", "99", "-1", "1.5", ""],
+    "SLURM_NODEID": ["0", "1", "7", "a"],
+    "SLURM_LOCALID": ["0", "2", "9", ""],
+    "SLURMD_NODENAME": ["n1", "n2", "n10", "gpu[01-02]", ""],
+    "SLURM_STEP_NODELIST": ["n[1-2]", "n1,n10", "n[2-1]", "n[1-", "", "n[1-100000]"],
+    "SLURM_STEP_TASKS_PER_NODE": ["2(x2)", "3,1", "1(x0)", "2(x", "x", "", "4(x2),1"],
+    "SLURM_STEP_NUM_TASKS": ["4", "0", "x", ""],
+    "SLURM_DISTRIBUTION": ["block", "cyclic", "plane=2", "arbitrary", ""],
+    "CUDA_VISIBLE_DEVICES": ["0,1", "", "0,0", "GPU-1f2e", "-1", "3"],
+    "SLURM_GPUS_ON_NODE": ["2", "0", "x", ""],
+}
+
+
+@st.composite
+def environments(draw: st.DrawFn) -> dict[str, str]:
+    environ = {}
+    for name, values in _VARIABLES.items():
+        value = draw(st.one_of(st.none(), st.sampled_from(values), st.text(max_size=12)))
+        if value is not None:
+            environ[name] = value
+    return environ
+
+
+@settings(max_examples=400, deadline=None)
+@given(environments(), st.integers(0, 2), st.booleans())
+def test_any_slurm_environment_gives_a_cluster_or_one_of_our_errors(
+    environ: dict[str, str], ps_per_node: int, evaluator: bool
+) -> None:
+    """However SLURM's variables are garbled, the core answers with a layout or with one of
+    its own errors (a named culprit and a hint), never with a stray exception."""
+    try:
+        step = read_slurm_step(environ)
+        tf_config(
+            lay_out_step(step, LayoutPolicy(ps_per_node=ps_per_node, evaluator=evaluator)),
+            step.rank,
+        )
+    except TfconfigSlurmError as error:
+        assert error.culprit and error.hint

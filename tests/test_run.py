@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli import REPOSITORY, run_module
+from tests.slurm_cluster import unavailable
 from tests.slurm_envs import captured
 
 RUN = "tfconfig_slurm.run"
@@ -176,6 +177,22 @@ def test_unwritable_output_root_creates_nothing(tmp_path: Path) -> None:
     assert result.stderr.count("\n") == 1
     assert "--output_root" in result.stderr and "is a file" in result.stderr
     assert blocker.read_text() == "not a directory\n"
+
+
+def test_a_full_output_root_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        unavailable("mounting a small file system to fill needs root")
+    full = tmp_path / "full"
+    full.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(full)], check=True)
+    try:
+        result = train(full)
+        assert result.returncode == 2
+        assert result.stderr.count("\n") == 1
+        assert "--output_root" in result.stderr and "MiB free" in result.stderr
+        assert list(full.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
 
 
 def test_a_planned_layout_does_not_train(tmp_path: Path) -> None:

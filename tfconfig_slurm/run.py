@@ -21,6 +21,7 @@ Parameter servers exit once every trainer has finished.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 from collections.abc import Sequence
@@ -258,6 +259,10 @@ def _cluster_role() -> tuple[ClusterRole | None, str, str]:
     return role, node, gpus
 
 
+# Less than this free, a run would fail at its first checkpoint, with a partial file left.
+_MIN_FREE_BYTES = 64 * 2**20
+
+
 def _check_writable(model_dir: Path) -> None:
     """Fails before anything is created when the model directory cannot be made or written."""
     existing = next(path for path in (model_dir, *model_dir.parents) if path.exists())
@@ -272,6 +277,15 @@ def _check_writable(model_dir: Path) -> None:
             "--output_root",
             f"cannot hold {model_dir}: {existing} is not writable",
             "choose a directory you can write, e.g. --output_root=/scratch/$USER/tf-output",
+        )
+    free = shutil.disk_usage(existing).free
+    if free < _MIN_FREE_BYTES:
+        raise UsageError(
+            "--output_root",
+            f"cannot hold {model_dir}: {existing} has only {free / 2**20:.1f} MiB free, and "
+            f"one checkpoint needs more (mnist_deep's: 40 MB)",
+            "free some space, or choose another file system, e.g. "
+            "--output_root=/scratch/$USER/tf-output",
         )
 
 

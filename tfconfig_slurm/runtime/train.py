@@ -111,8 +111,11 @@ def run_role(
     Told to stop, trainers stop at the next step boundary, after the chief's checkpoint."""
     if role.role == EVALUATOR:
         # The chief stays until the evaluator has evaluated the final step: if it leaves
-        # first, no final checkpoint will come.
-        watchdog.PeerWatch(role.named(CHIEF))
+        # first, no final checkpoint will come. Told to stop, the chief leaves first.
+        watchdog.PeerWatch(
+            role.named(CHIEF),
+            on_lost=lambda *lost: None if stop.requested else watchdog.exit_on_lost(*lost),
+        )
         _evaluate_until_final_step(experiment, settings, stop)
         return
     config = session_config(settings)
@@ -161,7 +164,7 @@ def run_role(
             # seconds (measured here). Also when training failed or there was nothing left
             # to train: the parameter servers must not wait for this trainer.
             lifecycle.send_stop_tokens(server.target, role.ps_count, role.trainers, role.trainer_id)
-            # Not before: the ps this trainer tells may die before it hears.
+            # Only now: a ps that died meanwhile would hold the tokens' session forever.
             peers.stop()
             logging.info("%s %d: told %d ps it is done", role.role, role.index, role.ps_count)
     report = {
