@@ -162,11 +162,16 @@ def checkpoint_step(model_dir: Path) -> int:
     return int(latest.group(1))
 
 
+# How long after its processes are gone a requeued run's end still took to reach slurmctld.
+_SETTLE_SECONDS = 3.0
+
+
 def release(cluster: SlurmCluster, job_id: str) -> None:
-    """Lets a requeued job start again now rather than in 121 s, as Slurm holds it: once
-    its first run has left the nodes. Earlier, the first run's batch script's exit status
-    arrived after the second start and ended the job (seen here)."""
+    """Lets a requeued job start again now rather than in 121 s, as Slurm holds it: once its
+    first run has left the nodes and a moment more. Released at once, that run's end reached
+    slurmctld 0.3 s after the second start and ended the job as FAILED (seen here)."""
     assert wait_until(lambda: not any(cluster.task_pids().values()), 60.0)
+    time.sleep(_SETTLE_SECONDS)
     released = cluster.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
     assert released.returncode == 0, released.stderr
 

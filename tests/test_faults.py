@@ -157,17 +157,23 @@ def test_usr1_checkpoints_requeues_and_resumes_losing_no_step(
     """As `#SBATCH --signal=USR1@90` warns a job before its time limit."""
     job = submit(slurm_cluster, tmp_path, "preempted", "--train_steps=200")
     logs = tmp_path / "preempted" / "logs"
-    wait_for(lambda: read_logs(logs), r"(?s)first step done.*first step done", START_SECONDS)
-    job_id = next(logs.glob("job*-task0.log")).name.split("-")[0].removeprefix("job")
-    signalled = slurm_cluster.run(["scancel", "--signal=USR1", job_id])
-    assert signalled.returncode == 0, signalled.stderr
-    wait_for(
-        lambda: slurm_cluster.run(["scontrol", "show", "job", job_id]).stdout,
-        r"(?s)JobState=PENDING.*Restarts=1",
-        END_SECONDS,
-    )
-    release(slurm_cluster, job_id)
-    ended = finish(slurm_cluster, job)
+    try:
+        wait_for(lambda: read_logs(logs), r"(?s)first step done.*first step done", START_SECONDS)
+        job_id = next(logs.glob("job*-task0.log")).name.split("-")[0].removeprefix("job")
+        signalled = slurm_cluster.run(["scancel", "--signal=USR1", job_id])
+        assert signalled.returncode == 0, signalled.stderr
+        wait_for(
+            lambda: slurm_cluster.run(["scontrol", "show", "job", job_id]).stdout,
+            r"(?s)JobState=PENDING.*Restarts=1",
+            END_SECONDS,
+        )
+        release(slurm_cluster, job_id)
+        ended = finish(slurm_cluster, job)
+    finally:
+        # A requeued job left behind would start again in 2 minutes, amid later tests.
+        if job.poll() is None:
+            slurm_cluster.run(["scancel", "--user=root"])
+            job.kill()
     assert (ended["JobState"], ended["ExitCode"], ended["Restarts"]) == ("COMPLETED", "0:0", "1")
     log = read_logs(logs)
     stopped_at = [
