@@ -283,7 +283,7 @@ def _check_writable(model_dir: Path) -> None:
         raise UsageError(
             "--output_root",
             f"cannot hold {model_dir}: {existing} has only {free / 2**20:.1f} MiB free, and "
-            f"one checkpoint needs more (mnist_deep's: 40 MB)",
+            "a checkpoint needs more (mnist_deep's: 40 MB)",
             "free some space, or choose another file system, e.g. "
             "--output_root=/scratch/$USER/tf-output",
         )

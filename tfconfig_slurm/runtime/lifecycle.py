@@ -3,10 +3,12 @@
 The Estimator's own parameter server calls `server.join()` and never returns, so a job never
 ends. Here each ps owns a queue (a FIFOQueue placed on it, found by its shared name); every
 trainer puts one token on every ps once its training session has closed (after the chief's
-final checkpoint), and a ps exits once it holds a token from every trainer. At start, workers wait
-for a token the chief puts on the first ps once its session has initialised the variables:
-without it a worker that comes first finds the model "not ready" and the Estimator's session
-manager sleeps 30 s before it looks again.
+final checkpoint), and a ps exits once it holds a token from every trainer. At start, workers
+wait for a token the chief puts on the first ps once its session has initialised the
+variables: without it a worker that comes first finds the model "not ready" and the
+Estimator's session manager sleeps 30 s before it looks again. Told to stop (preemption),
+each worker says it has stopped on a third queue on the first ps, and the chief stops last,
+so that its final checkpoint holds every step taken.
 
 A wait never ends by itself when a peer dies: the watchdog (runtime/watchdog.py) ends the
 waiting process instead. A ps tells its caller of each token as it comes, so that a trainer

@@ -100,6 +100,8 @@ class PeerWatch:
             with self._lock:
                 watched = sorted(self._watched)
             for name in watched:
+                if self._stopped.is_set():
+                    return
                 now = time.monotonic()
                 if _answers(self._addresses[name]):
                     last_answer[name] = now
