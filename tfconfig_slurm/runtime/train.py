@@ -151,12 +151,15 @@ def run_role(
     hook = lifecycle.StartBarrierHook(
         server.target, role.trainers, role.trainer_id, lambda: peers.release(f"{CHIEF} 0")
     )
-    preempted = lifecycle.PreemptionHook(stop, role.trainers, role.trainer_id)
+    hooks = [throughput, hook, lifecycle.PreemptionHook(stop, role.trainers, role.trainer_id)]
+    if not settings.sync_replicas:
+        # With --sync_replicas the chief must close it, to end its queue runner (sync.py).
+        hooks.append(lifecycle.LeaveSessionOpenHook())
     with _tf_config_environment(role.tf_config(environment="google")):
         try:
             tf.estimator.train_and_evaluate(
                 _estimator(experiment, settings, config, model_fn),
-                *_specs(experiment, settings, [throughput, hook, preempted]),
+                *_specs(experiment, settings, hooks),
             )
         finally:
             # After the training session has closed, from a session of its own: a ps that
