@@ -2,8 +2,8 @@
 
 The Estimator's own parameter server calls `server.join()` and never returns, so a job never
 ends. Here each ps owns a queue (a FIFOQueue placed on it, found by its shared name); every
-trainer puts one token on every ps once its training session has closed (after the chief's
-final checkpoint), and a ps exits once it holds a token from every trainer. At start, workers
+trainer puts one token on every ps once its training has ended (after the chief's final
+checkpoint), and a ps exits once it holds a token from every trainer. At start, workers
 wait for a token the chief puts on the first ps once its session has initialised the
 variables: without it a worker that comes first finds the model "not ready" and the
 Estimator's session manager sleeps 30 s before it looks again. Told to stop (preemption),
@@ -119,7 +119,7 @@ def wait_for_chief(target: str, trainers: int) -> None:
 
 def send_stop_tokens(target: str, ps_count: int, trainers: int, trainer_id: int) -> None:
     """Tells every ps that this trainer is done, from a session of its own, once its training
-    session has closed: whether it trained to the end, had nothing to train, or failed."""
+    has ended: whether it trained to the end, had nothing to train, or failed."""
     with tf.Graph().as_default():
         enqueue = tf.group(
             *(_stop_queue(index, trainers).enqueue(trainer_id) for index in range(ps_count))

@@ -162,10 +162,9 @@ def run_role(
                 *_specs(experiment, settings, hooks),
             )
         finally:
-            # After the training session has closed, from a session of its own: a ps that
-            # left while a trainer was still closing its session to it held that close for
-            # seconds (measured here). Also when training failed or there was nothing left
-            # to train: the parameter servers must not wait for this trainer.
+            # Once training has ended (the chief's final checkpoint written), from a session
+            # of its own; also when training failed or there was nothing left to train: the
+            # parameter servers must not wait for this trainer.
             lifecycle.send_stop_tokens(server.target, role.ps_count, role.trainers, role.trainer_id)
             # Only now: a ps that died meanwhile would hold the tokens' session forever.
             peers.stop()
