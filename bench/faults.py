@@ -39,9 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.slurm_cluster import (
     SCRIPT,
     STATE,
+    TRAINING,
     SlurmCluster,
     checkpoint_step,
     highest_step,
+    job_id_of,
     read_logs,
     release,
     submit,
@@ -106,10 +108,10 @@ def _run(cluster: SlurmCluster, folder: Path, fault: str) -> Outcome:
     )
     logs = folder / "bench" / "logs"
     try:
-        if not wait_until(lambda: read_logs(logs).count("first step done") >= 2, _START_SECONDS):
+        if not wait_until(lambda: re.search(TRAINING, read_logs(logs)) is not None, _START_SECONDS):
             raise RuntimeError(f"the job did not start training:\n{read_logs(logs)[-3000:]}")
         time.sleep(3.0)  # a few checkpoint intervals into training
-        job_id = next(logs.glob("job*-task0.log")).name.split("-")[0].removeprefix("job")
+        job_id = job_id_of(logs)
         if fault == "preempt":
             return _preempt(cluster, job_id, logs)
         if fault == "node_cut":
@@ -141,11 +143,7 @@ def _preempt(cluster: SlurmCluster, job_id: str, logs: Path) -> Outcome:
     signalled = time.monotonic()
     cluster.run(["scancel", "--signal=USR1", job_id])
 
-    def requeued() -> bool:
-        shown = cluster.run(["scontrol", "show", "job", job_id]).stdout
-        return bool(re.search(r"Restarts=1", shown))
-
-    if not wait_until(requeued, _BOUNDS["preempt"]):
+    if not wait_until(lambda: cluster.job(job_id)["Restarts"] == "1", _BOUNDS["preempt"]):
         return Outcome(None, None)
     seconds = time.monotonic() - signalled
     release(cluster, job_id)

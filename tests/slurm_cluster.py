@@ -27,6 +27,8 @@ STATE = Path("/tmp/tfconfig-slurm-cluster")
 NODES = ("node1", "node2", "node3")
 # A pending srun or sbatch --wait blocks forever: every call has a deadline.
 CALL_SECONDS = 240.0
+# In the logs of a 2-node job: both trainers have taken their first step.
+TRAINING = r"(?s)first step done.*first step done"
 
 
 SBATCH = REPOSITORY / "launch" / "mnist_deep.sbatch"
@@ -113,7 +115,7 @@ class SlurmCluster:
         """Ends what jobs left on a node, as its reboot would: Slurm's slurmstepd on a node
         that was cut off outlives its job by minutes here."""
         for pid in self.node_pids()[node]:
-            if not _command_line(pid).startswith("slurmd "):
+            if not _is_slurmd(_command_line(pid)):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
@@ -122,7 +124,7 @@ class SlurmCluster:
         left = {}
         for node, pids in self.node_pids().items():
             commands = [_command_line(pid) for pid in pids]
-            left[node] = [command for command in commands if command and "slurmd" not in command]
+            left[node] = [command for command in commands if command and not _is_slurmd(command)]
         return left
 
 
@@ -194,6 +196,15 @@ def highest_step(log: str) -> int:
 def read_logs(folder: Path) -> str:
     """Every task's log in a folder, in the order of their names."""
     return "".join(path.read_text(errors="replace") for path in sorted(folder.glob("*.log")))
+
+
+def job_id_of(logs: Path) -> str:
+    """The id of the job whose task logs (launch/mnist_deep.sbatch's) are in `logs`."""
+    return next(logs.glob("job*-task0.log")).name.split("-")[0].removeprefix("job")
+
+
+def _is_slurmd(command: str) -> bool:
+    return command.startswith("slurmd ")
 
 
 def _command_line(pid: int) -> str:

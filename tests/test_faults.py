@@ -18,10 +18,12 @@ import pytest
 from tests.cli import REPOSITORY
 from tests.slurm_cluster import (
     NODES,
+    TRAINING,
     SlurmCluster,
     checkpoint_step,
     finish,
     highest_step,
+    job_id_of,
     read_logs,
     release,
     submit,
@@ -68,7 +70,7 @@ def test_a_killed_task_ends_the_step_and_is_named(
     step = srun_training(slurm_cluster, tmp_path, "first", *TRAIN_FOREVER[1:])
     logs = tmp_path / "first"
     try:
-        wait_for(lambda: read_logs(logs), r"(?s)first step done.*first step done", START_SECONDS)
+        wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
         time.sleep(2.0)  # a checkpoint interval or two into training
         reached = highest_step(read_logs(logs))
         os.kill(slurm_cluster.task_pid(rank), signal.SIGKILL)
@@ -139,7 +141,7 @@ def test_a_killed_local_task_ends_the_cluster_and_is_named(tmp_path: Path, victi
             stderr=subprocess.STDOUT,
         )
     try:
-        wait_for(console.read_text, r"(?s)first step done.*first step done", START_SECONDS)
+        wait_for(console.read_text, TRAINING, START_SECONDS)
         pid = int(wait_for(console.read_text, rf"started {victim} at \S+ \(pid (\d+)\)", 1)[1])
         os.kill(pid, signal.SIGKILL)
         ended_within(cluster, END_SECONDS)
@@ -158,8 +160,8 @@ def test_usr1_checkpoints_requeues_and_resumes_losing_no_step(
     job = submit(slurm_cluster, tmp_path, "preempted", "--train_steps=200")
     logs = tmp_path / "preempted" / "logs"
     try:
-        wait_for(lambda: read_logs(logs), r"(?s)first step done.*first step done", START_SECONDS)
-        job_id = next(logs.glob("job*-task0.log")).name.split("-")[0].removeprefix("job")
+        wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
+        job_id = job_id_of(logs)
         signalled = slurm_cluster.run(["scancel", "--signal=USR1", job_id])
         assert signalled.returncode == 0, signalled.stderr
         wait_for(
@@ -194,8 +196,8 @@ def test_a_node_cut_off_ends_the_job_in_bounded_time(
     job = submit(slurm_cluster, tmp_path, "cut", *TRAIN_FOREVER[1:], nodes="node[1-2]")
     logs = tmp_path / "cut" / "logs"
     try:
-        wait_for(lambda: read_logs(logs), r"(?s)first step done.*first step done", START_SECONDS)
-        job_id = next(logs.glob("job*-task0.log")).name.split("-")[0].removeprefix("job")
+        wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
+        job_id = job_id_of(logs)
         subprocess.run(["ip", "link", "set", "tfsveth2", "down"], check=True)
         cut = time.monotonic()
         ended = wait_until(lambda: slurm_cluster.run_ended(job_id), 30.0 + END_SECONDS)
@@ -228,7 +230,7 @@ def test_the_batch_script_names_the_task_that_failed_first(
     job = submit(slurm_cluster, tmp_path, "named", *TRAIN_FOREVER[1:])
     logs = tmp_path / "named" / "logs"
     try:
-        wait_for(lambda: read_logs(logs), r"(?s)first step done.*first step done", START_SECONDS)
+        wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
         os.kill(slurm_cluster.task_pid(3), signal.SIGKILL)
         ended = finish(slurm_cluster, job)
     finally:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from tests.slurm_cluster import (
     checkpoint_step,
     finish,
     submit,
+    wait_until,
 )
 
 pytestmark = pytest.mark.slurm
@@ -98,12 +98,8 @@ def test_with_tfconfig_exports_the_task_s_place(slurm_cluster: SlurmCluster) -> 
 
 def left_behind(cluster: SlurmCluster) -> dict[str, list[str]]:
     """What jobs left on the nodes, after the few hundred ms slurmd takes to reap a step."""
-    deadline = time.monotonic() + 5.0
-    while (left := cluster.task_pids()) != {node: [] for node in NODES}:
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    return left
+    wait_until(lambda: not any(cluster.task_pids().values()), 5.0)
+    return cluster.task_pids()
 
 
 @pytest.fixture(scope="module")

@@ -195,18 +195,15 @@ def main(argv: Sequence[str]) -> int | None:
         log_every_steps=LOG_EVERY_STEPS.value,
         sync_replicas=SYNC_REPLICAS.value,
     )
-    status = 0
     if role is not None:
         train.run_role(experiment, settings, role, stop)
         logging.info("%s %d: done", role.role, role.index)
         # The first ps sees every trainer finish, so it is the one to requeue the job.
-        if stop.requested and role.role == PS and role.index == 0:
-            status = preemption.requeue(os.environ, MAX_REQUEUES.value, stop.signal_name)
+        requeues = role.role == PS and role.index == 0
     else:
         summary = train.train_single_process(experiment, settings, stop)
-        if summary is None:
-            status = preemption.requeue(os.environ, MAX_REQUEUES.value, stop.signal_name)
-        else:
+        requeues = True
+        if summary is not None:
             logging.info(
                 "done at step %d in %.1f s: %s; checkpoints and events in %s, summary in %s",
                 summary["global_step"],
@@ -215,6 +212,9 @@ def main(argv: Sequence[str]) -> int | None:
                 model_dir,
                 model_dir / train.SUMMARY_FILE,
             )
+    status = 0
+    if stop.requested and requeues:
+        status = preemption.requeue(os.environ, MAX_REQUEUES.value, stop.signal_name)
     train.exit_now(status)
 
 
