@@ -165,6 +165,31 @@ def test_bad_local_cluster_is_one_line(tmp_path: Path, spec: str) -> None:
     assert not (tmp_path / "mnist_deep").exists()
 
 
+@pytest.mark.parametrize(
+    ("flags", "module", "culprit"),
+    [
+        (("--hparams=learning_rat=3",), None, "--hparams: sets 'learning_rat'"),
+        ((), "HPARAMS = {}\ndef input_fn(mode, params): pass\n", "defines no model_fn"),
+    ],
+)
+def test_bad_input_found_in_the_tasks_is_one_line_and_exit_2(
+    tmp_path: Path, flags: tuple[str, ...], module: str | None, culprit: str
+) -> None:
+    """Every task refuses the same flags; the user reads the refusal once, as from one process."""
+    experiment = "mnist_deep"
+    if module is not None:
+        (tmp_path / "no_model.py").write_text(module)
+        experiment = str(tmp_path / "no_model.py")
+    result = run_cluster(tmp_path, "--train_steps=10", *flags, experiment=experiment)
+    assert result.returncode == 2
+    assert len(started_pids(result.stderr)) == 4
+    lines = [line for line in result.stderr.splitlines() if "] started " not in line]
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith("tfconfig-slurm-run: ") and culprit in lines[0]
+    assert "HINT: " in lines[0]
+    assert not [pid for pid in started_pids(result.stderr).values() if alive(pid)]
+
+
 def test_sync_replicas_take_one_gradient_from_every_trainer_each_step(tmp_path: Path) -> None:
     """Asynchronous trainers would each make about half the global steps; synchronous ones
     make every step together, from the first, and the chief's session closes without the

@@ -161,7 +161,7 @@ def main(argv: Sequence[str]) -> int | None:
     if LOCAL_CLUSTER.value:
         from tfconfig_slurm.runtime import local_cluster  # noqa: PLC0415
 
-        return local_cluster.run(LOCAL_CLUSTER.value, model_dir, sys.argv[1:])
+        return local_cluster.run(LOCAL_CLUSTER.value, model_dir, sys.argv[1:], PROGRAM)
 
     from tfconfig_slurm.runtime import train  # noqa: PLC0415  (imports TensorFlow)
 

@@ -5,7 +5,9 @@ workers and an evaluator as
 processes of `python -m tfconfig_slurm.run` with the same flags, each with its TF_CONFIG on
 free loopback ports; writes one log per task (`<model_dir>/logs/<role>-<index>.log`) and
 prefixes their lines on the console; waits for all, and when one fails stops the rest and
-fails too. Imports no TensorFlow: the parent only supervises.
+fails too. A task that fails on bad input (exit 2: every task reads the same flags, so every
+one fails alike) is reported as a single process would report it: its one line, once, and
+exit 2. Imports no TensorFlow: the parent only supervises.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import IO
 from absl import logging
 
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
-from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.errors import USAGE_EXIT_CODE, UsageError
 from tfconfig_slurm.runtime.role import ClusterRole
 
 _HINT = "e.g. --local_cluster=ps=1,workers=2"
@@ -66,8 +68,11 @@ def parse(spec: str) -> dict[str, int]:
     return counts
 
 
-def run(spec: str, model_dir: Path, arguments: Sequence[str]) -> int:
-    """Runs the cluster to the end; the exit status is 0 only if every task's is."""
+def run(spec: str, model_dir: Path, arguments: Sequence[str], program: str) -> int:
+    """Runs the cluster to the end; the exit status is 0 only if every task's is.
+
+    `program` starts the one line a task writes when it refuses its input (cli.fail).
+    """
     counts = parse(spec)
     # Free ports, distinct because all are bound at once, then released for the tasks to
     # bind: TensorFlow's gRPC server refuses SO_REUSEPORT, so nothing can hold them meanwhile.
@@ -88,19 +93,48 @@ def run(spec: str, model_dir: Path, arguments: Sequence[str]) -> int:
     tasks += [LocalTask(EVALUATOR, 0, "-") for _ in range(counts[EVALUATOR])]
     logs = model_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    refusals: dict[LocalTask, list[str]] = {task: [] for task in tasks}
     started = {
-        task: _start(task, cluster, counts[EVALUATOR] > 0, arguments, logs) for task in tasks
+        task: _start(
+            task,
+            cluster,
+            counts[EVALUATOR] > 0,
+            arguments,
+            logs,
+            refusals=refusals[task],
+            program=program,
+        )
+        for task in tasks
     }
+    interrupted = False
+    failed: LocalTask | None = None
     try:
-        return _supervise({task: process for task, (process, _) in started.items()})
+        failed = _supervise({task: process for task, (process, _) in started.items()})
     except KeyboardInterrupt:
         logging.error("interrupted: stopping every task")
         _stop(process for process, _ in started.values())
-        return 130
+        interrupted = True
     finally:
         # Every line a task wrote, its last error included, reaches log and console.
         for _, copier in started.values():
             copier.join()
+    if failed is not None and refusals[failed] and started[failed][0].returncode == USAGE_EXIT_CODE:
+        sys.stderr.write(refusals[failed][0])
+        return USAGE_EXIT_CODE
+    for task, lines in refusals.items():
+        sys.stderr.writelines(_prefix(task) + line for line in lines)
+    if failed is not None:
+        status = started[failed][0].returncode
+        logging.error(
+            "%s %d (pid %d) %s; the other tasks were stopped",
+            failed.role,
+            failed.index,
+            started[failed][0].pid,
+            f"was killed by {signal.Signals(-status).name}"
+            if status < 0
+            else f"failed with exit status {status}",
+        )
+    return 130 if interrupted else int(failed is not None)
 
 
 def _start(
@@ -109,6 +143,9 @@ def _start(
     has_evaluator: bool,
     arguments: Sequence[str],
     logs: Path,
+    *,
+    refusals: list[str],
+    program: str,
 ) -> tuple[subprocess.Popen[str], threading.Thread]:
     environ = dict(os.environ)
     role = ClusterRole(
@@ -131,23 +168,38 @@ def _start(
         start_new_session=True,
     )
     log = (logs / f"{task.role}-{task.index}.log").open("w")
-    prefix = f"[{task.role} {task.index}] "
     assert process.stdout is not None
-    copier = threading.Thread(target=_copy, args=(process.stdout, log, prefix), daemon=True)
+    copier = threading.Thread(
+        target=_copy,
+        args=(process.stdout, log, _prefix(task), refusals, f"{program}: "),
+        daemon=True,
+    )
     copier.start()
     logging.info("started %s %d at %s (pid %d)", task.role, task.index, task.address, process.pid)
     return process, copier
 
 
-def _copy(source: IO[str], log: IO[str], prefix: str) -> None:
+def _prefix(task: LocalTask) -> str:
+    return f"[{task.role} {task.index}] "
+
+
+def _copy(
+    source: IO[str], log: IO[str], prefix: str, refusals: list[str], refusal_start: str
+) -> None:
+    """Copies a task's lines to its log and, prefixed, to the console; a refusal of bad input
+    is held back for the supervisor, which shows it once for all tasks."""
     with log:
         for line in source:
             log.write(line)
             log.flush()
-            sys.stderr.write(prefix + line)
+            if line.startswith(refusal_start):
+                refusals.append(line)
+            else:
+                sys.stderr.write(prefix + line)
 
 
-def _supervise(processes: dict[LocalTask, subprocess.Popen[str]]) -> int:
+def _supervise(processes: dict[LocalTask, subprocess.Popen[str]]) -> LocalTask | None:
+    """Waits for every task; returns the first that failed, once the others are stopped."""
     running = dict(processes)
     while running:
         for task, process in list(running.items()):
@@ -156,20 +208,11 @@ def _supervise(processes: dict[LocalTask, subprocess.Popen[str]]) -> int:
                 continue
             del running[task]
             if status != 0:
-                logging.error(
-                    "%s %d (pid %d) %s; stopping the other tasks",
-                    task.role,
-                    task.index,
-                    process.pid,
-                    f"was killed by {signal.Signals(-status).name}"
-                    if status < 0
-                    else f"failed with exit status {status}",
-                )
                 _stop(running.values())
-                return 1
+                return task
             logging.info("%s %d finished", task.role, task.index)
         time.sleep(0.1)
-    return 0
+    return None
 
 
 def _stop(processes: Iterable[subprocess.Popen[str]]) -> None:
