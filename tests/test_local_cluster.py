@@ -44,9 +44,20 @@ def started_pids(log: str) -> dict[str, int]:
     }
 
 
+def leave_stale_reports(model_dir: Path, train_steps: int) -> None:
+    """Reports an earlier run with the same steps left, as a requeued job finds them."""
+    (model_dir / "trainers").mkdir(parents=True)
+    stale = {"role": "worker", "index": 5, "examples_per_sec": 1e9, "train_steps": train_steps}
+    (model_dir / "trainers" / "worker-5.json").write_text(json.dumps(stale | {"run": "old"}))
+    metrics = {"accuracy": 2.0, "global_step": 10**6}
+    earlier = {"run": "old", "train_steps": train_steps, "metrics": metrics}
+    (model_dir / "evaluator.json").write_text(json.dumps(earlier))
+
+
 @pytest.fixture(scope="module")
 def cluster_run(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp("cluster")
+    leave_stale_reports(root / "mnist_deep", 40)
     result = run_cluster(root, "--train_steps=40")
     assert result.returncode == 0, result.stderr[-4000:]
     return root / "mnist_deep", result.stderr
@@ -134,6 +145,7 @@ def test_a_failing_task_stops_the_others(tmp_path: Path) -> None:
 
 
 def test_an_evaluator_evaluates_instead_of_the_chief(tmp_path: Path) -> None:
+    leave_stale_reports(tmp_path / "mnist_deep", 40)
     result = run_module(
         RUN,
         "--experiment=mnist_deep",
@@ -147,8 +159,9 @@ def test_an_evaluator_evaluates_instead_of_the_chief(tmp_path: Path) -> None:
     evaluated = [int(step) for step in re.findall(r"evaluator 0: step (\d+):", result.stderr)]
     assert evaluated and evaluated == sorted(evaluated) and evaluated[-1] >= 40
     summary = json.loads((model_dir / "summary.json").read_text())
-    assert summary["eval"] == json.loads((model_dir / "evaluator.json").read_text())
+    assert summary["eval"] == json.loads((model_dir / "evaluator.json").read_text())["metrics"]
     assert summary["eval"]["global_step"] == evaluated[-1]
+    assert len(summary["trainers"]) == 2
     assert all(f"{task} finished" in result.stderr for task in ("evaluator 0", "ps 0"))
 
 

@@ -36,7 +36,7 @@ from tfconfig_slurm.cluster.layout import EVALUATOR, PS
 from tfconfig_slurm.cluster.step import in_job_step
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.runtime import preemption
-from tfconfig_slurm.runtime.role import RUNTIME_KEY, ClusterRole
+from tfconfig_slurm.runtime.role import RUN, RUNTIME_KEY, ClusterRole
 
 PROGRAM = "tfconfig-slurm-run"
 
@@ -243,7 +243,12 @@ def _cluster_role() -> tuple[ClusterRole | None, str, str]:
         task = layout.task(rank)
         os.environ["CUDA_VISIBLE_DEVICES"] = render.cuda_visible_devices(task)
         tf_config = render.tf_config(layout, rank)
-        tf_config[RUNTIME_KEY] = {EVALUATOR: layout.count(EVALUATOR) > 0}
+        shape = layout.shape
+        tf_config[RUNTIME_KEY] = {
+            EVALUATOR: layout.count(EVALUATOR) > 0,
+            # A requeued job keeps its job id and numbers its steps from 0 again.
+            RUN: f"{shape.job_id}.{shape.step_id}.{os.environ.get('SLURM_RESTART_COUNT', '0')}",
+        }
         role = ClusterRole.from_tf_config(tf_config)
         node, gpus = task.node, os.environ["CUDA_VISIBLE_DEVICES"]
     else:

@@ -20,9 +20,10 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
@@ -91,14 +92,20 @@ def run(spec: str, model_dir: Path, arguments: Sequence[str], program: str) -> i
         cluster.setdefault(task.role, []).append(task.address)
     # The evaluator is outside the cluster and serves nothing: it needs no port.
     tasks += [LocalTask(EVALUATOR, 0, "-") for _ in range(counts[EVALUATOR])]
+    every_role = ClusterRole(
+        cluster={job: tuple(addresses) for job, addresses in cluster.items()},
+        role=CHIEF,
+        index=0,
+        has_evaluator=counts[EVALUATOR] > 0,
+        run_id=uuid.uuid4().hex,
+    )
     logs = model_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     refusals: dict[LocalTask, list[str]] = {task: [] for task in tasks}
     started = {
         task: _start(
             task,
-            cluster,
-            counts[EVALUATOR] > 0,
+            replace(every_role, role=task.role, index=task.index),
             arguments,
             logs,
             refusals=refusals[task],
@@ -139,8 +146,7 @@ def run(spec: str, model_dir: Path, arguments: Sequence[str], program: str) -> i
 
 def _start(
     task: LocalTask,
-    cluster: dict[str, list[str]],
-    has_evaluator: bool,
+    role: ClusterRole,
     arguments: Sequence[str],
     logs: Path,
     *,
@@ -148,12 +154,6 @@ def _start(
     program: str,
 ) -> tuple[subprocess.Popen[str], threading.Thread]:
     environ = dict(os.environ)
-    role = ClusterRole(
-        cluster={job: tuple(tasks) for job, tasks in cluster.items()},
-        role=task.role,
-        index=task.index,
-        has_evaluator=has_evaluator,
-    )
     environ["TF_CONFIG"] = json.dumps(role.tf_config())
     if task.role in (PS, EVALUATOR):
         environ["CUDA_VISIBLE_DEVICES"] = ""

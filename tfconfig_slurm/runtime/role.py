@@ -11,8 +11,9 @@ from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
 from tfconfig_slurm.errors import UsageError
 
 # The runtime's own key in a TF_CONFIG (RunConfig ignores it): what the cluster spec cannot say,
-# because an evaluator is never part of it.
+# because an evaluator is never part of it, and which run of the cluster this is.
 RUNTIME_KEY = "tfconfig_slurm"
+RUN = "run"
 
 _HINT = (
     'expected {"cluster": {"chief": [...], "ps": [...], "worker": [...]}, '
@@ -29,6 +30,10 @@ class ClusterRole:
     index: int
     # Whether an evaluator task runs beside the cluster: then it evaluates, not the chief.
     has_evaluator: bool = False
+    # One run of the cluster (a SLURM step's attempt, a --local_cluster): the reports tasks
+    # leave in the model directory carry it, so that the chief never takes an earlier run's.
+    # None in a TF_CONFIG made elsewhere.
+    run_id: str | None = None
 
     @classmethod
     def from_tf_config(cls, tf_config: Mapping[str, Any]) -> ClusterRole:
@@ -45,7 +50,14 @@ class ClusterRole:
             raise UsageError("TF_CONFIG", "needs exactly one chief in its cluster", _HINT)
         runtime = tf_config.get(RUNTIME_KEY) or {}
         has_evaluator = role == EVALUATOR or bool(runtime.get(EVALUATOR, False))
-        return cls(cluster=cluster, role=role, index=index, has_evaluator=has_evaluator)
+        run_id = runtime.get(RUN)
+        return cls(
+            cluster=cluster,
+            role=role,
+            index=index,
+            has_evaluator=has_evaluator,
+            run_id=None if run_id is None else str(run_id),
+        )
 
     @classmethod
     def from_json(cls, text: str) -> ClusterRole:
@@ -92,6 +104,6 @@ class ClusterRole:
         config = {
             "cluster": self.jobs(),
             "task": {"type": self.role, "index": self.index},
-            RUNTIME_KEY: {EVALUATOR: self.has_evaluator},
+            RUNTIME_KEY: {EVALUATOR: self.has_evaluator, RUN: self.run_id},
         }
         return config | extra

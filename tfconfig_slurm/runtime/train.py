@@ -116,7 +116,7 @@ def run_role(
             role.named(CHIEF),
             on_lost=lambda *lost: None if stop.requested else watchdog.exit_on_lost(*lost),
         )
-        _evaluate_until_final_step(experiment, settings, stop)
+        _evaluate_until_final_step(experiment, settings, _run_marker(settings, role), stop)
         return
     config = session_config(settings)
     server = tf.distribute.Server(
@@ -169,12 +169,12 @@ def run_role(
             # Only now: a ps that died meanwhile would hold the tokens' session forever.
             peers.stop()
             logging.info("%s %d: told %d ps it is done", role.role, role.index, role.ps_count)
+    marker = _run_marker(settings, role)
     report = {
         "role": role.role,
         "index": role.index,
         "examples_per_sec": throughput.mean_examples_per_sec(),
-        # Marks the run: a report left by an earlier run with other steps is not this one's.
-        "train_steps": settings.train_steps,
+        **marker,
     }
     reports = settings.model_dir / _TRAINER_REPORTS
     reports.mkdir(exist_ok=True)
@@ -193,10 +193,10 @@ def run_role(
         with _tf_config_environment(None):
             local = _estimator(experiment, settings, session_config(settings))
             if role.has_evaluator:
-                metrics = _evaluator_result(settings.model_dir, settings.train_steps)
+                metrics = _evaluator_result(settings.model_dir, marker)
             else:
                 metrics = local.evaluate(experiment.eval_input_fn, steps=settings.eval_steps)
-            trainers = _trainer_reports(reports, role.trainers, settings.train_steps)
+            trainers = _trainer_reports(reports, role.trainers, marker)
             _finish(
                 experiment,
                 settings,
@@ -217,8 +217,22 @@ _EVALUATOR_RESULT = "evaluator.json"
 _EVALUATOR_WAIT_SECONDS = 600.0
 
 
+def _run_marker(settings: TrainingSettings, role: ClusterRole) -> dict[str, Any]:
+    """What the reports a task leaves in the model directory carry, so that the chief takes
+    this run's only: the cluster's run id, and the step it trains to (all there is to go by
+    with a TF_CONFIG made elsewhere, which has no run id)."""
+    return {"run": role.run_id, "train_steps": settings.train_steps}
+
+
+def _of_run(report: Mapping[str, Any], marker: Mapping[str, Any]) -> bool:
+    return all(report.get(key) == value for key, value in marker.items())
+
+
 def _evaluate_until_final_step(
-    experiment: Experiment, settings: TrainingSettings, stop: lifecycle.StopRequest
+    experiment: Experiment,
+    settings: TrainingSettings,
+    marker: Mapping[str, Any],
+    stop: lifecycle.StopRequest,
 ) -> None:
     """The evaluator: evaluates each new checkpoint until one reaches the final step, or
     until it is told to stop."""
@@ -236,14 +250,16 @@ def _evaluate_until_final_step(
             logging.info("evaluator 0: step %d: %s", step, metric_text(metrics))
             if step >= settings.train_steps:
                 result = {name: float(value) for name, value in metrics.items()}
-                write_json_atomically(settings.model_dir / _EVALUATOR_RESULT, result)
+                write_json_atomically(
+                    settings.model_dir / _EVALUATOR_RESULT, {**marker, "metrics": result}
+                )
                 return
 
 
-def _evaluator_result(model_dir: Path, train_steps: int) -> dict[str, Any]:
-    """The evaluator's last metrics, once they are of a step at or past train_steps: the
-    evaluator stops at the first such checkpoint, which asynchronous workers may have left
-    a step or two before the chief's very last one."""
+def _evaluator_result(model_dir: Path, marker: Mapping[str, Any]) -> dict[str, Any]:
+    """The metrics this run's evaluator wrote: of the first checkpoint at or past the final
+    step, which asynchronous workers may have left a step or two before the chief's very
+    last one."""
     path = model_dir / _EVALUATOR_RESULT
 
     def result() -> dict[str, Any] | None:
@@ -251,29 +267,32 @@ def _evaluator_result(model_dir: Path, train_steps: int) -> dict[str, Any]:
 
     final = lifecycle.poll(
         result,
-        lambda value: value is not None and value["global_step"] >= train_steps,
+        lambda value: value is not None and _of_run(value, marker),
         _EVALUATOR_WAIT_SECONDS,
     )
-    if final is None or final["global_step"] < train_steps:
+    if final is None or not _of_run(final, marker):
         logging.warning(
             "the evaluator gave no result for step %d within %.0f s",
-            train_steps,
+            marker["train_steps"],
             _EVALUATOR_WAIT_SECONDS,
         )
-        return {"global_step": train_steps}
-    return final
+        return {"global_step": marker["train_steps"]}
+    metrics: dict[str, Any] = final["metrics"]
+    return metrics
 
 
 def metric_text(metrics: Mapping[str, Any]) -> str:
     return ", ".join(f"{name} {float(value):.4g}" for name, value in sorted(metrics.items()))
 
 
-def _trainer_reports(folder: Path, trainers: int, train_steps: int) -> list[dict[str, Any]]:
+def _trainer_reports(
+    folder: Path, trainers: int, marker: Mapping[str, Any]
+) -> list[dict[str, Any]]:
     """Every trainer's report of this run, waiting a while for the ones not yet written."""
 
     def current() -> list[dict[str, Any]]:
         reports = [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
-        return [report for report in reports if report.get("train_steps") == train_steps]
+        return [report for report in reports if _of_run(report, marker)]
 
     return lifecycle.poll(current, lambda reports: len(reports) >= trainers, _REPORT_WAIT_SECONDS)
 
