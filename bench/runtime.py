@@ -3,10 +3,15 @@
 - teardown: seconds from the chief's last training step to the last process's exit, local
   cluster ps=1, workers=2 (the stock Estimator ps never exits). Target <= 2 s.
 - scaling: global examples/s of 2 trainers against 1 (each with a ps, every process held to
-  1 intra-op and 1 inter-op thread, same steps); target >= 1.6x. And 1 trainer + 1 ps against
-  one plain process with the same threads; target >= 0.9x.
+  1 intra-op and 1 inter-op thread, same steps); target >= 1.6x. Beside it, what this machine
+  gives two processes that share nothing: two plain processes at once against one, same
+  threads. And 1 trainer + 1 ps against one plain process with the same threads; target
+  >= 0.9x. For every configuration, the cores the machine had busy while the chief trained
+  (sampled from /proc/stat): the thread flags do not hold every configuration to the same.
 - start: seconds from a task's process start to its first step, per role, against
-  `python -c "import tensorflow"` in the same run. Target <= the import + 1.5 s.
+  `python -c "import tensorflow"` in the same run: alone, and in as many processes at once as
+  the cluster starts, as its tasks import it; and the part after the task's own imports (from
+  its first log line). Target <= the import + 1.5 s.
 
   .venv/bin/python bench/runtime.py [--steps 300] [--runs 3]
 """
@@ -16,11 +21,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,25 +35,71 @@ from typing import Any
 # absl's line prefix: I1122 02:19:56.091734 <thread> <file>:<line>] message
 _LOG_TIME = r"[IWE](\d{4}) (\d\d:\d\d:\d\d\.\d{6}) +\d+ \S+\] "
 _THREADS = ("--intra_op_threads=1", "--inter_op_threads=1")
+# The teardown cluster: chief, ps and two workers.
+_CLUSTER_TASKS = ("chief 0", "ps 0", "worker 0", "worker 1")
 
 
-def train(root: Path, name: str, *flags: str) -> tuple[str, dict[str, Any]]:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tfconfig_slurm.run",
-            "--experiment=mnist_deep",
-            f"--output_root={root}",
-            f"--experiment_id={name}",
-            "--log_every_steps=50",
-            *flags,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return result.stderr, json.loads((root / name / "summary.json").read_text())
+class CpuMeter:
+    """The machine's busy and total CPU time, sampled from /proc/stat in a thread."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        self._interval = interval
+        self._samples: list[tuple[float, int, int]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> CpuMeter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._done.wait(self._interval):
+            with open("/proc/stat") as stat:
+                jiffies = [int(field) for field in stat.readline().split()[1:9]]
+            idle = jiffies[3] + jiffies[4]  # idle and iowait
+            self._samples.append((time.time(), sum(jiffies) - idle, sum(jiffies)))
+
+    def busy_cores(self, start: float, end: float) -> float:
+        """The cores busy on average between two wall times, from the samples inside."""
+        inside = [sample for sample in self._samples if start <= sample[0] <= end]
+        if len(inside) < 2:
+            raise ValueError("too short a window to sample the CPU")
+        (_, busy0, total0), (_, busy1, total1) = inside[0], inside[-1]
+        return (busy1 - busy0) / (total1 - total0) * (os.cpu_count() or 1)
+
+
+def train(root: Path, names: list[str], *flags: str) -> list[tuple[str, dict[str, Any]]]:
+    """Runs one training per name at once, with the same flags; each one's log and summary."""
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tfconfig_slurm.run",
+                "--experiment=mnist_deep",
+                f"--output_root={root}",
+                f"--experiment_id={name}",
+                "--log_every_steps=50",
+                *flags,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in names
+    ]
+    logs = [process.communicate()[1] for process in processes]
+    for process, log in zip(processes, logs):
+        if process.returncode != 0:
+            raise RuntimeError(f"a training failed:\n{log[-3000:]}")
+    return [
+        (log, json.loads((root / name / "summary.json").read_text()))
+        for name, log in zip(names, logs)
+    ]
 
 
 def log_time(log: str, pattern: str) -> float:
@@ -60,17 +113,51 @@ def log_time(log: str, pattern: str) -> float:
     return stamp.timestamp()
 
 
-def global_examples_per_sec(summary: dict[str, Any]) -> float:
-    return float(sum(trainer["examples_per_sec"] for trainer in summary["trainers"]))
+def task_log(log: str, task: str) -> str:
+    """The lines a local cluster's task wrote ("[chief 0] ..."), without their prefix."""
+    prefix = f"[{task}] "
+    return "\n".join(line[len(prefix) :] for line in log.splitlines() if line.startswith(prefix))
 
 
-def median_seconds(command: list[str], runs: int) -> float:
+def chief_log(log: str) -> str:
+    """The chief's own lines: a cluster's chief 0, or the one process of a plain run."""
+    return task_log(log, "chief 0") or log
+
+
+def busy_while_training(meter: CpuMeter, log: str) -> float:
+    own = chief_log(log)
+    return meter.busy_cores(log_time(own, "first step done"), log_time(own, "last step done"))
+
+
+def global_examples_per_sec(*summaries: dict[str, Any]) -> float:
+    return float(sum(t["examples_per_sec"] for summary in summaries for t in summary["trainers"]))
+
+
+def import_seconds(at_once: int) -> float:
+    """The median wall time of `python -c "import tensorflow"` in `at_once` processes at once."""
+    start = time.perf_counter()
+    processes = [
+        subprocess.Popen([sys.executable, "-c", "import tensorflow"], stderr=subprocess.DEVNULL)
+        for _ in range(at_once)
+    ]
     times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run(command, capture_output=True, check=True)
+    for process in processes:
+        process.wait()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+class Figures:
+    """Each configuration's figures over the runs; medians at the end."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, list[float]] = {}
+
+    def add(self, name: str, value: float) -> None:
+        self._values.setdefault(name, []).append(value)
+
+    def __getitem__(self, name: str) -> float:
+        return statistics.median(self._values[name])
 
 
 def main() -> None:
@@ -79,57 +166,59 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs of each configuration")
     arguments = parser.parse_args()
     steps = f"--train_steps={arguments.steps}"
-    teardown: list[float] = []
-    starts: dict[str, list[float]] = {"chief": [], "worker": []}
-    plain: list[float] = []
-    one: list[float] = []
-    two: list[float] = []
-    with tempfile.TemporaryDirectory() as scratch:
+    figures = Figures()
+    throughput = {
+        "plain": (),
+        "one": ("--local_cluster=ps=1,workers=0",),
+        "two": ("--local_cluster=ps=1,workers=1",),
+    }
+    with tempfile.TemporaryDirectory() as scratch, CpuMeter() as meter:
         root = Path(scratch)
         for run in range(arguments.runs):
-            log, _ = train(root, f"teardown{run}", steps, "--local_cluster=ps=1,workers=2")
-            tasks = ("chief 0", "ps 0", "worker 0", "worker 1")
-            last_exit = max(log_time(log, rf"{task} finished") for task in tasks)
-            teardown.append(last_exit - task_log_time(log, "chief 0", r"last step done"))
-            for role, seconds in starts.items():
-                started = log_time(log, rf"started {role} 0 ")
-                seconds.append(task_log_time(log, f"{role} 0", r"first step done") - started)
-            plain.append(global_examples_per_sec(train(root, f"plain{run}", steps, *_THREADS)[1]))
-            one.append(
-                global_examples_per_sec(
-                    train(root, f"one{run}", steps, *_THREADS, "--local_cluster=ps=1,workers=0")[1]
-                )
-            )
-            two.append(
-                global_examples_per_sec(
-                    train(root, f"two{run}", steps, *_THREADS, "--local_cluster=ps=1,workers=1")[1]
-                )
-            )
-    import_tf = median_seconds([sys.executable, "-c", "import tensorflow"], arguments.runs)
-    median = statistics.median
+            [(log, _)] = train(root, [f"teardown{run}"], steps, "--local_cluster=ps=1,workers=2")
+            last_exit = max(log_time(log, rf"{task} finished") for task in _CLUSTER_TASKS)
+            last_step = log_time(task_log(log, "chief 0"), "last step done")
+            figures.add("teardown", last_exit - last_step)
+            for role in ("chief", "worker"):
+                own = task_log(log, f"{role} 0")
+                first_step = log_time(own, "first step done")
+                figures.add(f"start {role}", first_step - log_time(log, rf"started {role} 0 "))
+                # Its first line, once TensorFlow and the experiment are imported.
+                figures.add(f"imported {role}", first_step - log_time(own, rf"{role} 0 on "))
+            figures.add("import alone", import_seconds(1))
+            figures.add("import at once", import_seconds(len(_CLUSTER_TASKS)))
+            for name, flags in throughput.items():
+                [(log, summary)] = train(root, [f"{name}{run}"], steps, *_THREADS, *flags)
+                figures.add(name, global_examples_per_sec(summary))
+                figures.add(f"{name} cores", busy_while_training(meter, log))
+            pair = train(root, [f"pair{run}a", f"pair{run}b"], steps, *_THREADS)
+            figures.add("pair", global_examples_per_sec(*(summary for _, summary in pair)))
+            figures.add("pair cores", busy_while_training(meter, pair[0][0]))
     print(f"runtime: mnist_deep, {arguments.steps} steps, batch 64, {arguments.runs} runs each")
-    print(f"  teardown (ps=1, workers=2)   median {median(teardown):.2f} s  target <= 2 s")
+    print(f"  teardown (ps=1, workers=2)   median {figures['teardown']:.2f} s  target <= 2 s")
+    ratio(figures, "scaling 2 vs 1 trainer", "two", "one", "target >= 1.6x")
+    ratio(figures, "  2 plain processes vs 1", "pair", "plain", "what sharing nothing gives")
+    ratio(figures, "1 trainer + ps vs 1 process", "one", "plain", "target >= 0.9x")
+    alone, together = figures["import alone"], figures["import at once"]
     print(
-        f"  scaling 2 vs 1 trainer       {median(two):7.1f} vs {median(one):7.1f} examples/s "
-        f"= {median(two) / median(one):.2f}x  target >= 1.6x"
+        f"  import tensorflow            median {alone:.2f} s alone, {together:.2f} s in "
+        f"{len(_CLUSTER_TASKS)} processes at once"
     )
-    print(
-        f"  1 trainer + ps vs 1 process  {median(one):7.1f} vs {median(plain):7.1f} examples/s "
-        f"= {median(one) / median(plain):.2f}x  target >= 0.9x"
-    )
-    print(f"  import tensorflow            median {import_tf:.2f} s")
-    for role, seconds in starts.items():
+    for role in ("chief", "worker"):
+        start = figures[f"start {role}"]
         print(
-            f"  start to first step, {role:6s} median {median(seconds):.2f} s "
-            f"= import + {median(seconds) - import_tf:.2f} s  target <= import + 1.5 s"
+            f"  start to first step, {role:6s} median {start:.2f} s = import + {start - alone:.2f}"
+            f" s alone, + {start - together:.2f} s at once; {figures[f'imported {role}']:.2f} s"
+            " after its own imports  target <= import + 1.5 s"
         )
 
 
-def task_log_time(log: str, task: str, pattern: str) -> float:
-    """Like log_time, among the lines a local cluster's task wrote ("[chief 0] ...")."""
-    prefix = f"[{task}] "
-    own = "\n".join(line[len(prefix) :] for line in log.splitlines() if line.startswith(prefix))
-    return log_time(own, pattern)
+def ratio(figures: Figures, label: str, over: str, under: str, target: str) -> None:
+    print(
+        f"  {label:28s} {figures[over]:7.1f} vs {figures[under]:7.1f} examples/s "
+        f"= {figures[over] / figures[under]:.2f}x  {target}; cores busy "
+        f"{figures[f'{over} cores']:.1f} vs {figures[f'{under} cores']:.1f}"
+    )
 
 
 if __name__ == "__main__":
