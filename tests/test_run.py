@@ -223,3 +223,72 @@ def test_a_bad_tf_config_is_one_line(tmp_path: Path, tf_config: str, problem: st
     assert result.stderr.count("\n") == 1
     assert result.stderr.startswith("tfconfig-slurm-run: TF_CONFIG: ")
     assert problem in result.stderr
+
+
+THREAD_PROBE = """
+import json, os
+from pathlib import Path
+import tensorflow as tf
+
+HPARAMS = {}
+
+
+def input_fn(mode, params):
+    return tf.data.Dataset.from_tensors((tf.ones([400, 400]), tf.zeros([1]))).repeat()
+
+
+def _cpu_seconds_by_thread():
+    seconds = {}
+    for task in Path("/proc/self/task").iterdir():
+        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        seconds[task.name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return seconds
+
+
+class _Probe(tf.compat.v1.train.SessionRunHook):
+    # From the second step to the end, each thread's share of the CPU time the process used.
+    def after_run(self, run_context, run_values):
+        if not hasattr(self, "_start"):
+            self._start = _cpu_seconds_by_thread()
+
+    def end(self, session):
+        spent = {
+            thread: seconds - self._start.get(thread, 0.0)
+            for thread, seconds in _cpu_seconds_by_thread().items()
+        }
+        Path(os.environ["PROBE_FILE"]).write_text(json.dumps(sorted(spent.values())))
+
+
+def model_fn(features, labels, mode, params):
+    weights = tf.compat.v1.get_variable("weights", [400, 400])
+    hidden = features
+    for _ in range(6):
+        hidden = tf.tanh(tf.matmul(hidden, weights))
+    loss = tf.reduce_mean(hidden)
+    step = tf.compat.v1.train.get_global_step()
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(1e-4).minimize(loss, step)
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op, training_hooks=[_Probe()])
+"""
+
+
+@pytest.mark.parametrize(("threads", "held"), [(1, True), (2, False)])
+def test_thread_flags_hold_a_single_process(tmp_path: Path, threads: int, held: bool) -> None:
+    """TensorFlow 2 sizes a process's thread pools once, from its eager context; a Session's
+    ConfigProto alone left a single process given 1 thread computing on 2."""
+    experiment = tmp_path / "probe.py"
+    experiment.write_text(THREAD_PROBE)
+    probe = tmp_path / "threads.json"
+    result = run_module(
+        RUN,
+        f"--experiment={experiment}",
+        f"--output_root={tmp_path}",
+        "--train_steps=150",
+        "--eval_steps=1",
+        f"--intra_op_threads={threads}",
+        f"--inter_op_threads={threads}",
+        environ={"PROBE_FILE": str(probe)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    spent = json.loads(probe.read_text())
+    assert sum(spent) > 1.0, spent  # enough work to tell one thread from two
+    assert (spent[-1] / sum(spent) > 0.85) is held, spent

@@ -195,6 +195,7 @@ def main(argv: Sequence[str]) -> int | None:
         log_every_steps=LOG_EVERY_STEPS.value,
         sync_replicas=SYNC_REPLICAS.value,
     )
+    train.hold_threads(settings)
     if role is not None:
         train.run_role(experiment, settings, role, stop)
         logging.info("%s %d: done", role.role, role.index)

@@ -69,6 +69,18 @@ def session_config(settings: TrainingSettings) -> tf.compat.v1.ConfigProto:
     return config
 
 
+def hold_threads(settings: TrainingSettings) -> None:
+    """Holds this process's thread pools to the thread flags; call it before TensorFlow runs
+    anything.
+
+    TensorFlow 2 makes a process's thread pools once, as its eager context says, and a
+    Session's ConfigProto does not resize them: a single process given --intra_op_threads=1
+    --inter_op_threads=1 still kept 1.7 cores busy here (3080 examples/s; 2100 when held).
+    """
+    tf.config.threading.set_intra_op_parallelism_threads(settings.intra_op_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(settings.inter_op_threads)
+
+
 def resume_step(model_dir: Path) -> int | None:
     """The global step of the latest checkpoint in `model_dir`, or None without one."""
     checkpoint = tf.train.latest_checkpoint(str(model_dir))
