@@ -85,7 +85,11 @@ INTRA_OP_THREADS = flags.DEFINE_integer(
     "intra_op_threads", 0, "Threads inside one op (0: TensorFlow picks).", lower_bound=0
 )
 INTER_OP_THREADS = flags.DEFINE_integer(
-    "inter_op_threads", 0, "Ops run at once (0: TensorFlow picks).", lower_bound=0
+    "inter_op_threads",
+    0,
+    "Ops run at once (0: TensorFlow picks). With 1, a trainer in a cluster sends its "
+    "gradients to the ps only once its whole backward pass is done; 2 lets them overlap.",
+    lower_bound=0,
 )
 LOG_EVERY_STEPS = flags.DEFINE_integer(
     "log_every_steps",
