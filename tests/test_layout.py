@@ -36,6 +36,8 @@ def test_block_3x3_tf_config_exactly() -> None:
             ],
         },
         "task": {"type": "worker", "index": 1},
+        # The run it was made for: job 1, step 0, not requeued.
+        "tfconfig_slurm": {"evaluator": False, "run": "1.0.0"},
     }
     # A ps beside one trainer per GPU: each trainer still gets its own GPU (TF's gives none).
     assert [cuda_visible_devices(task) for task in layout.tasks] == [

@@ -209,12 +209,38 @@ def test_a_step_without_parameter_servers_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "mnist_deep").exists()
 
 
+def test_a_tf_config_inherited_into_a_step_is_set_aside(tmp_path: Path) -> None:
+    """Exported in the shell that ran sbatch, it reaches every task: the task takes its place
+    from SLURM instead, and the error names the flag, not a variable nobody meant."""
+    inherited = '{"cluster": {"chief": ["elsewhere:1"]}, "task": {"type": "chief", "index": 0}}'
+    environ = captured("uneven_n10_cpu", "task-0") | {"TF_CONFIG": inherited}
+    result = train(tmp_path, "--ps_per_node=0", environ=environ)
+    assert result.returncode == 2
+    assert "TF_CONFIG: set, but made elsewhere" in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("tfconfig-slurm-run: --ps_per_node: ")
+
+
+def test_a_tf_config_made_for_the_step_is_taken(tmp_path: Path) -> None:
+    environ = captured("uneven_n10_cpu", "task-0")
+    made = run_module("tfconfig_slurm.tfconfig", "--ps_per_node=0", environ=environ)
+    assert made.returncode == 0, made.stderr
+    result = train(tmp_path, environ=environ | {"TF_CONFIG": made.stdout.strip()})
+    assert result.returncode == 2
+    assert "set, but made" not in result.stderr
+    assert result.stderr.startswith("tfconfig-slurm-run: TF_CONFIG: gives a cluster without")
+
+
 @pytest.mark.parametrize(
     ("tf_config", "problem"),
     [
         ("{not json", "is not JSON"),
         ('{"cluster": {"chief": ["a:1"]}, "task": {"type": "boss", "index": 0}}', "boss"),
         ('{"cluster": {"chief": ["a:1"]}, "task": {"type": "chief", "index": 3}}', "lacks"),
+        (
+            '{"cluster": {"chief": ["a:1"]}, "task": {"type": "chief", "index": 0}, '
+            '"tfconfig_slurm": 7}',
+            "not an object",
+        ),
     ],
 )
 def test_a_bad_tf_config_is_one_line(tmp_path: Path, tf_config: str, problem: str) -> None:

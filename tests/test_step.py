@@ -43,14 +43,17 @@ def test_block_capture_every_value() -> None:
     assert step.shape.tasks_per_node == (3, 3, 3)
     assert step.shape.distribution == "block"
     assert step.shape.node_gpus == ("0", "1")
-    assert (step.shape.job_id, step.shape.step_id, step.restart_count) == (1, 0, 0)
+    assert (step.shape.job_id, step.shape.step_id, step.shape.restart_count) == (1, 0, 0)
+    assert step.shape.run_id == "1.0.0"
     assert (step.array_job_id, step.array_task_id) == (None, None)
 
 
 def test_array_and_requeue_ids() -> None:
     array_task = read_slurm_step(captured("array_1_a1", "task-3"))
     assert (array_task.array_job_id, array_task.array_task_id) == (9, 1)
-    assert read_slurm_step(captured("requeue", "after") | {"SLURM_STEP_ID": "0"}).restart_count == 1
+    requeued = read_slurm_step(captured("requeue", "after") | {"SLURM_STEP_ID": "0"})
+    assert requeued.shape.restart_count == 1
+    assert requeued.shape.run_id.endswith(".0.1")
 
 
 @pytest.mark.parametrize(
@@ -114,6 +117,31 @@ def test_job_variables_stand_in_for_missing_step_variables() -> None:
         ({"SLURM_GPUS_ON_NODE": "2"}, ("0", "1")),
         ({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}, ()),
         ({}, ()),
+        # Inherited from the submitting shell by a step that SLURM gave no GPUs.
+        ({"CUDA_VISIBLE_DEVICES": "0"}, ()),
+        ({"CUDA_VISIBLE_DEVICES": "0,1"}, ()),
+        ({"CUDA_VISIBLE_DEVICES": "0", "SLURM_GPUS_ON_NODE": "0"}, ()),
+        # Narrowed to one task's GPU by with-tfconfig: the saved value of this step (job 4242,
+        # step 0) stands for SLURM's; a saved value of another step does not.
+        (
+            {
+                "CUDA_VISIBLE_DEVICES": "3",
+                "SLURM_STEP_GPUS": "2,3",
+                "SLURM_GPUS_ON_NODE": "2",
+                "TFCONFIG_SLURM_STEP_GPUS": "4242.0:2,3",
+            },
+            ("2", "3"),
+        ),
+        ({"TFCONFIG_SLURM_STEP_GPUS": "4242.0:"}, ()),
+        ({"CUDA_VISIBLE_DEVICES": "0", "TFCONFIG_SLURM_STEP_GPUS": "4241.0:0,1"}, ()),
+        (
+            {
+                "CUDA_VISIBLE_DEVICES": "2,3",
+                "SLURM_STEP_GPUS": "2,3",
+                "TFCONFIG_SLURM_STEP_GPUS": "4242.1:7",
+            },
+            ("2", "3"),
+        ),
     ],
 )
 def test_gpu_ids_are_slurms(gpu_variables: dict[str, str], expected: tuple[str, ...]) -> None:

@@ -34,12 +34,15 @@ def test_export_lines_evaluate_in_a_shell() -> None:
     assert [shlex.split(line)[1].split("=", 1)[0] for line in lines] == [
         "TF_CONFIG",
         "CUDA_VISIBLE_DEVICES",
+        "TFCONFIG_SLURM_STEP_GPUS",
     ]
     assert json.loads(shlex.split(lines[0])[1].split("=", 1)[1])["task"] == {
         "type": "worker",
         "index": 0,
     }
     assert lines[1] == "export CUDA_VISIBLE_DEVICES=1"
+    # The node's GPUs as SLURM gave step 0 of job 1, for commands run with these exports.
+    assert lines[2] == "export TFCONFIG_SLURM_STEP_GPUS=1.0:0,1"
 
 
 def test_export_of_a_ps_hides_every_gpu() -> None:

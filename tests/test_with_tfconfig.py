@@ -53,17 +53,57 @@ def test_exports_and_passes_the_commands_own_flags() -> None:
     assert "rank 5 on node2 is worker 2" in result.stderr
 
 
-def test_refuses_to_overwrite_a_different_tf_config(tmp_path: Path) -> None:
-    marker = tmp_path / "ran"
+def test_an_inherited_tf_config_is_replaced_with_a_warning() -> None:
+    """A TF_CONFIG exported in the submitting shell reaches every task through srun."""
     environ = captured("block_3x3_gres2", "task-5") | {"TF_CONFIG": '{"cluster": {}}'}
-    result = wrap("touch", str(marker), environ=environ)
+    result = wrap(sys.executable, "-c", SHOW, environ=environ)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(json.loads(result.stdout)[0])["task"] == {"type": "worker", "index": 2}
+    assert "TF_CONFIG: set, but made elsewhere" in result.stderr
+    assert "unset TF_CONFIG before sbatch or srun" in result.stderr
+
+
+def test_refuses_to_overwrite_a_different_tf_config_of_this_step(tmp_path: Path) -> None:
+    environ = captured("block_3x3_gres2", "task-5")
+    shown = wrap("--port_base=12000", sys.executable, "-c", SHOW, environ=environ)
+    outer = json.loads(shown.stdout)
+    marker = tmp_path / "ran"
+    nested = environ | {
+        "TF_CONFIG": outer[0],
+        "CUDA_VISIBLE_DEVICES": outer[1],
+        "TFCONFIG_SLURM_STEP_GPUS": "1.0:0,1",
+    }
+    result = wrap("touch", str(marker), environ=nested)
     assert result.returncode == 2
-    assert result.stderr.startswith("with-tfconfig: TF_CONFIG: is already set")
+    assert result.stderr.startswith("with-tfconfig: TF_CONFIG: is already set for this job step")
     assert "--override" in result.stderr
     assert not marker.exists()
 
-    overridden = wrap("--override", sys.executable, "-c", SHOW, environ=environ)
-    assert json.loads(json.loads(overridden.stdout)[0])["task"]["index"] == 2
+    overridden = wrap("--override", sys.executable, "-c", SHOW, environ=nested)
+    assert json.loads(json.loads(overridden.stdout)[0])["task"] == {"type": "worker", "index": 2}
+
+
+def test_commands_under_the_wrapper_read_the_same_task() -> None:
+    """tfconfig-slurm and a nested with-tfconfig read the step as SLURM made it, although the
+    wrapper narrowed CUDA_VISIBLE_DEVICES to the task's own GPU."""
+    environ = captured("block_3x3_gres2", "task-5")
+    outer = wrap(sys.executable, "-m", "tfconfig_slurm.tfconfig", "--export", environ=environ)
+    assert outer.returncode == 0, outer.stderr
+    nested = wrap(
+        sys.executable,
+        "-m",
+        "tfconfig_slurm.with_tfconfig",
+        sys.executable,
+        "-c",
+        SHOW,
+        environ=environ,
+    )
+    assert nested.returncode == 0, nested.stderr
+    tf_config, gpus, _ = json.loads(nested.stdout)
+    assert json.loads(tf_config)["task"] == {"type": "worker", "index": 2}
+    assert gpus == "1"
+    assert "export CUDA_VISIBLE_DEVICES=1\n" in outer.stdout
+    assert "export TFCONFIG_SLURM_STEP_GPUS=1.0:0,1\n" in outer.stdout
 
 
 def test_the_same_tf_config_already_set_is_no_overwrite() -> None:

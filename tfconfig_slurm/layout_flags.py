@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from absl import flags
+from absl import flags, logging
 
 from tfconfig_slurm.cluster import (
     ClusterLayout,
@@ -20,6 +20,7 @@ from tfconfig_slurm.cluster import (
     lay_out,
     lay_out_step,
     read_slurm_step,
+    render,
 )
 from tfconfig_slurm.cluster.step import DISTRIBUTIONS, check_task_count
 from tfconfig_slurm.errors import UsageError
@@ -115,6 +116,30 @@ def resolve_layout(environ: Mapping[str, str]) -> ResolvedLayout:
         )
     step = read_slurm_step(environ)
     return ResolvedLayout(lay_out_step(step, policy), step.rank)
+
+
+def given_tf_config(environ: Mapping[str, str], shape: StepShape | None) -> str | None:
+    """The TF_CONFIG this process was given, or None.
+
+    Inside a job step (`shape`) only one made for this very step counts (or a --local_cluster
+    task's, from its launcher): sbatch and srun pass the submitting shell's environment on, and
+    a TF_CONFIG left there describes another cluster. It is set aside with one warning.
+    """
+    text = environ.get("TF_CONFIG")
+    if text is None or shape is None:
+        return text
+    run = render.tf_config_run(text)
+    if run is not None and (run == shape.run_id or run.startswith(render.LOCAL_RUN_PREFIX)):
+        return text
+    logging.warning(
+        "TF_CONFIG: set, but made %s, so it was inherited from the shell that submitted the "
+        "job; this task ignores it and takes its place in job step %d.%d from SLURM. HINT: "
+        "unset TF_CONFIG before sbatch or srun",
+        f"for another run ({run})" if run else "elsewhere, not by tfconfig-slurm for this step",
+        shape.job_id,
+        shape.step_id,
+    )
+    return None
 
 
 def planned_shape(policy: LayoutPolicy) -> StepShape:

@@ -33,10 +33,10 @@ from tfconfig_slurm import layout_flags
 from tfconfig_slurm.cli import run_cli
 from tfconfig_slurm.cluster import render
 from tfconfig_slurm.cluster.layout import EVALUATOR, PS
-from tfconfig_slurm.cluster.step import in_job_step
+from tfconfig_slurm.cluster.step import in_job_step, read_slurm_step
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.runtime import preemption
-from tfconfig_slurm.runtime.role import RUN, RUNTIME_KEY, ClusterRole
+from tfconfig_slurm.runtime.role import ClusterRole
 
 PROGRAM = "tfconfig-slurm-run"
 
@@ -226,15 +226,20 @@ def main(argv: Sequence[str]) -> int | None:
 def _cluster_role() -> tuple[ClusterRole | None, str, str]:
     """This process's role, its node and its GPUs; no role for a single process.
 
-    TF_CONFIG, when set, wins (launch/with-tfconfig, --local_cluster); inside a SLURM step of
-    several tasks the layout gives the role, and the task's GPUs are made its only visible
-    ones before TensorFlow starts.
+    A TF_CONFIG given to this task wins (launch/with-tfconfig, --local_cluster; in a job step
+    only one made for it, see layout_flags.given_tf_config); otherwise, inside a SLURM step of
+    several tasks, the layout gives the role, and the task environment is set before
+    TensorFlow starts.
     """
     node = socket.gethostname()
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "as TensorFlow finds them")
-    if "TF_CONFIG" in os.environ and not LOCAL_CLUSTER.value:
-        role = ClusterRole.from_json(os.environ["TF_CONFIG"])
-    elif in_job_step(os.environ) and not LOCAL_CLUSTER.value:
+    if LOCAL_CLUSTER.value:
+        return None, node, gpus
+    step = read_slurm_step(os.environ) if in_job_step(os.environ) else None
+    given = layout_flags.given_tf_config(os.environ, step.shape if step else None)
+    if given is not None:
+        role = ClusterRole.from_json(given)
+    elif step is not None and step.shape.num_tasks > 1:
         layout, rank = layout_flags.resolve_layout(os.environ)
         if rank is None:
             raise UsageError(
@@ -243,24 +248,16 @@ def _cluster_role() -> tuple[ClusterRole | None, str, str]:
                 "the job step",
                 "leave --nodelist out",
             )
-        if layout.shape.num_tasks == 1:
-            return None, node, gpus
-        task = layout.task(rank)
-        os.environ["CUDA_VISIBLE_DEVICES"] = render.cuda_visible_devices(task)
-        tf_config = render.tf_config(layout, rank)
-        shape = layout.shape
-        tf_config[RUNTIME_KEY] = {
-            EVALUATOR: layout.count(EVALUATOR) > 0,
-            # A requeued job keeps its job id and numbers its steps from 0 again.
-            RUN: f"{shape.job_id}.{shape.step_id}.{os.environ.get('SLURM_RESTART_COUNT', '0')}",
-        }
-        role = ClusterRole.from_tf_config(tf_config)
-        node, gpus = task.node, os.environ["CUDA_VISIBLE_DEVICES"]
+        environment = render.task_environment(layout, rank)
+        os.environ.update(environment)
+        role = ClusterRole.from_json(environment["TF_CONFIG"])
+        node, gpus = layout.task(rank).node, environment["CUDA_VISIBLE_DEVICES"]
     else:
+        os.environ.pop("TF_CONFIG", None)
         return None, node, gpus
     if role.ps_count == 0:
         raise UsageError(
-            "--ps_per_node" if in_job_step(os.environ) else "TF_CONFIG",
+            "--ps_per_node" if given is None else "TF_CONFIG",
             "gives a cluster without parameter servers, which Estimator training needs",
             "use --ps_per_node=1 (the default)",
         )

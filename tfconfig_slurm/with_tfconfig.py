@@ -4,7 +4,9 @@
   srun launch/with-tfconfig --ps_per_node=0 --override python my_script.py
 
 Layout flags go before the command; everything from the command on is passed to it untouched.
-A TF_CONFIG already set to something else is kept, and the command refused, unless --override.
+A TF_CONFIG inherited from the shell that submitted the job is replaced, with a warning; one
+already made for this step (a nested with-tfconfig) that differs is kept, and the command
+refused, unless --override.
 """
 
 from __future__ import annotations
@@ -44,12 +46,13 @@ def main(argv: Sequence[str]) -> None:
             "plans a layout, so it cannot give a task its TF_CONFIG",
             "run inside a job step without --nodelist; to see a plan use tfconfig-slurm --explain",
         )
-    tf_config = render.tf_config_json(layout, rank)
-    existing = os.environ.get("TF_CONFIG")
-    if existing is not None and existing != tf_config and not OVERRIDE.value:
+    environment = render.task_environment(layout, rank)
+    tf_config = environment["TF_CONFIG"]
+    given = layout_flags.given_tf_config(os.environ, layout.shape)
+    if given is not None and given != tf_config and not OVERRIDE.value:
         raise UsageError(
             "TF_CONFIG",
-            "is already set to a different value and would be overwritten",
+            "is already set for this job step, to a different layout, and would be overwritten",
             f"unset TF_CONFIG, or pass --override to replace it: srun {PROGRAM} --override ...",
         )
     size = len("TF_CONFIG=") + len(tf_config.encode()) + 1
@@ -70,9 +73,7 @@ def main(argv: Sequence[str]) -> None:
             "give the command as you would run it in the task, e.g. python my_script.py",
         )
     task = layout.task(rank)
-    environment = dict(os.environ)
-    environment["TF_CONFIG"] = tf_config
-    environment["CUDA_VISIBLE_DEVICES"] = render.cuda_visible_devices(task)
+    environment = {**os.environ, **environment}
     logging.info(
         "rank %d on %s is %s %d at %s with GPUs [%s]; running %s",
         rank,

@@ -1,4 +1,5 @@
-"""What the layout looks like to its readers: TF_CONFIG, shell exports, and the explain table."""
+"""What the layout looks like to its readers: TF_CONFIG, a task's environment, shell exports,
+and the explain table."""
 
 from __future__ import annotations
 
@@ -7,8 +8,16 @@ import shlex
 from typing import Any
 
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER, ClusterLayout, Task
+from tfconfig_slurm.cluster.step import STEP_GPUS, step_gpus_value
 
 EXPLAIN_KEYS = ("rank", "node", "local_id", "role", "index", "address", "gpus")
+# The package's own key in a TF_CONFIG (RunConfig and TensorFlow's resolvers ignore it): what
+# the cluster spec cannot say, because an evaluator is never part of it, and the run the
+# TF_CONFIG was made for (StepShape.run_id), which tells it from one inherited from elsewhere.
+RUNTIME_KEY = "tfconfig_slurm"
+RUN = "run"
+# The run id of a --local_cluster's TF_CONFIG, which its launcher hands each task itself.
+LOCAL_RUN_PREFIX = "local-"
 
 
 def tf_config(layout: ClusterLayout, rank: int) -> dict[str, Any]:
@@ -16,6 +25,7 @@ def tf_config(layout: ClusterLayout, rank: int) -> dict[str, Any]:
     return {
         "cluster": layout.cluster(),
         "task": {"type": layout.roles[rank], "index": layout.indices[rank]},
+        RUNTIME_KEY: {EVALUATOR: layout.count(EVALUATOR) > 0, RUN: layout.shape.run_id},
     }
 
 
@@ -29,11 +39,32 @@ def cuda_visible_devices(task: Task) -> str:
     return ",".join(task.gpus)
 
 
+def task_environment(layout: ClusterLayout, rank: int) -> dict[str, str]:
+    """What every command gives one rank's process: its TF_CONFIG, its GPUs, and the node's
+    GPUs as SLURM gave them (CUDA_VISIBLE_DEVICES no longer says, once narrowed)."""
+    return {
+        "TF_CONFIG": tf_config_json(layout, rank),
+        "CUDA_VISIBLE_DEVICES": cuda_visible_devices(layout.task(rank)),
+        STEP_GPUS: step_gpus_value(layout.shape),
+    }
+
+
+def tf_config_run(text: str) -> str | None:
+    """The run a TF_CONFIG was made for, by this package; None for one made elsewhere."""
+    try:
+        config = json.loads(text)
+    except ValueError:
+        return None
+    runtime = config.get(RUNTIME_KEY) if isinstance(config, dict) else None
+    run = runtime.get(RUN) if isinstance(runtime, dict) else None
+    return None if run is None else str(run)
+
+
 def export_lines(layout: ClusterLayout, rank: int) -> str:
-    """Shell lines for `eval`: TF_CONFIG and CUDA_VISIBLE_DEVICES of one rank."""
-    return (
-        f"export TF_CONFIG={shlex.quote(tf_config_json(layout, rank))}\n"
-        f"export CUDA_VISIBLE_DEVICES={shlex.quote(cuda_visible_devices(layout.task(rank)))}\n"
+    """Shell lines for `eval`: one rank's task environment."""
+    return "".join(
+        f"export {name}={shlex.quote(value)}\n"
+        for name, value in task_environment(layout, rank).items()
     )
 
 

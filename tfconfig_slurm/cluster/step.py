@@ -21,7 +21,9 @@ DISTRIBUTIONS = (BLOCK, CYCLIC)
 # come before the job's, because a step may run on only part of its job's allocation.
 # CUDA_VISIBLE_DEVICES leads the GPU sources because it is what CUDA reads in this task's
 # device namespace: under cgroup device constraints SLURM sets it relative to the task's
-# devices, while SLURM_STEP_GPUS keeps the node's numbering.
+# devices, while SLURM_STEP_GPUS keeps the node's numbering. It counts only where SLURM
+# allocated GPUs (one of "gpus_allocated" is set): sbatch and srun pass the submitting shell's
+# environment on, and a CUDA_VISIBLE_DEVICES left there describes some other machine.
 SOURCES: Mapping[str, tuple[str, ...]] = {
     "rank": ("SLURM_PROCID",),
     "node_index": ("SLURM_NODEID",),
@@ -38,7 +40,13 @@ SOURCES: Mapping[str, tuple[str, ...]] = {
     "distribution": ("SLURM_DISTRIBUTION",),
     "gpus": ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"),
     "gpus_on_node": ("SLURM_GPUS_ON_NODE",),
+    "gpus_allocated": ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE"),
 }
+# The node's GPUs as SLURM gave them to a step, `<job>.<step>:<ids>`, saved by the task
+# environment (environment.py) where it narrows CUDA_VISIBLE_DEVICES to one task's GPUs: a
+# command run under it (a nested with-tfconfig, tfconfig-slurm) reads the step as SLURM made
+# it. It counts only in the step it names, never when inherited by another.
+STEP_GPUS = "TFCONFIG_SLURM_STEP_GPUS"
 
 _RUN_IN_SRUN = "SLURM sets it in every task of a job step: run this inside srun"
 # SLURM's ids and counts are 32-bit; a longer number is garbage, and Python refuses to
@@ -62,10 +70,19 @@ class StepShape:
     node_gpus: tuple[str, ...]
     job_id: int
     step_id: int
+    # How often SLURM requeued the job: a requeued job keeps its id and numbers its steps
+    # from 0 again.
+    restart_count: int = 0
 
     @property
     def num_tasks(self) -> int:
         return sum(self.tasks_per_node)
+
+    @property
+    def run_id(self) -> str:
+        """This attempt at this step, `<job>.<step>.<restart count>`: what a TF_CONFIG made for
+        it carries, so that one inherited from elsewhere is told apart."""
+        return f"{self.job_id}.{self.step_id}.{self.restart_count}"
 
 
 @dataclass(frozen=True)
@@ -79,7 +96,6 @@ class SlurmStep:
     node_name: str | None
     array_job_id: int | None
     array_task_id: int | None
-    restart_count: int
 
 
 def in_job_step(environ: Mapping[str, str]) -> bool:
@@ -139,14 +155,16 @@ def read_slurm_step(environ: Mapping[str, str]) -> SlurmStep:
             _RUN_IN_SRUN,
         )
     node_name = _lookup(environ, "node_name")
+    job_and_step = _whole_number(environ, "job_id"), _whole_number(environ, "step_id")
     return SlurmStep(
         shape=StepShape(
             nodes=nodes,
             tasks_per_node=tasks_per_node,
             distribution=_distribution(environ),
-            node_gpus=_node_gpus(environ),
-            job_id=_whole_number(environ, "job_id"),
-            step_id=_whole_number(environ, "step_id"),
+            node_gpus=_node_gpus(environ, *job_and_step),
+            job_id=job_and_step[0],
+            step_id=job_and_step[1],
+            restart_count=_optional_whole_number(environ, "restart_count") or 0,
         ),
         rank=rank,
         node_index=node_index,
@@ -154,7 +172,6 @@ def read_slurm_step(environ: Mapping[str, str]) -> SlurmStep:
         node_name=node_name[1] if node_name else None,
         array_job_id=_optional_whole_number(environ, "array_job_id"),
         array_task_id=_optional_whole_number(environ, "array_task_id"),
-        restart_count=_optional_whole_number(environ, "restart_count") or 0,
     )
 
 
@@ -284,9 +301,25 @@ def _distribution(environ: Mapping[str, str]) -> str:
     return across_nodes
 
 
-def _node_gpus(environ: Mapping[str, str]) -> tuple[str, ...]:
+def step_gpus_value(shape: StepShape) -> str:
+    """The value of STEP_GPUS that records `shape`'s GPUs for commands run inside its task."""
+    return f"{shape.job_id}.{shape.step_id}:{','.join(shape.node_gpus)}"
+
+
+def _node_gpus(environ: Mapping[str, str], job_id: int, step_id: int) -> tuple[str, ...]:
+    saved, _, ids = environ.get(STEP_GPUS, "").partition(":")
+    if saved == f"{job_id}.{step_id}":
+        return tuple(filter(None, ids.split(",")))
+    if _lookup(environ, "gpus_allocated") is None:
+        return ()
+    return _allocated_gpus(environ)
+
+
+def _allocated_gpus(environ: Mapping[str, str]) -> tuple[str, ...]:
     found = _lookup(environ, "gpus")
     on_node = _optional_whole_number(environ, "gpus_on_node")
+    if on_node == 0:
+        return ()
     if found is None:
         # SLURM said how many but not which: its devices are then numbered from 0.
         return tuple(str(gpu) for gpu in range(on_node or 0))

@@ -29,6 +29,7 @@ from typing import IO
 
 from absl import logging
 
+from tfconfig_slurm.cluster import render
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
 from tfconfig_slurm.errors import USAGE_EXIT_CODE, UsageError
 from tfconfig_slurm.runtime.role import ClusterRole
@@ -97,7 +98,7 @@ def run(spec: str, model_dir: Path, arguments: Sequence[str], program: str) -> i
         role=CHIEF,
         index=0,
         has_evaluator=counts[EVALUATOR] > 0,
-        run_id=uuid.uuid4().hex,
+        run_id=render.LOCAL_RUN_PREFIX + uuid.uuid4().hex,
     )
     logs = model_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)

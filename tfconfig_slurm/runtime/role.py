@@ -8,12 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
+from tfconfig_slurm.cluster.render import RUN, RUNTIME_KEY
 from tfconfig_slurm.errors import UsageError
-
-# The runtime's own key in a TF_CONFIG (RunConfig ignores it): what the cluster spec cannot say,
-# because an evaluator is never part of it, and which run of the cluster this is.
-RUNTIME_KEY = "tfconfig_slurm"
-RUN = "run"
 
 _HINT = (
     'expected {"cluster": {"chief": [...], "ps": [...], "worker": [...]}, '
@@ -49,6 +45,8 @@ class ClusterRole:
         if len(cluster.get(CHIEF, ())) != 1:
             raise UsageError("TF_CONFIG", "needs exactly one chief in its cluster", _HINT)
         runtime = tf_config.get(RUNTIME_KEY) or {}
+        if not isinstance(runtime, Mapping):
+            raise UsageError("TF_CONFIG", f"has a {RUNTIME_KEY!r} that is not an object", _HINT)
         has_evaluator = role == EVALUATOR or bool(runtime.get(EVALUATOR, False))
         run_id = runtime.get(RUN)
         return cls(
