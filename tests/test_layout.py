@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from tests.slurm_envs import captured, task_env
-from tfconfig_slurm.cluster import ClusterLayout, LayoutPolicy, lay_out_step, read_slurm_step
+from tfconfig_slurm.cluster import (
+    ClusterLayout,
+    LayoutPolicy,
+    lay_out_step,
+    read_slurm_step,
+    render,
+)
 from tfconfig_slurm.cluster.layout import derived_port_base
 from tfconfig_slurm.cluster.render import cuda_visible_devices, tf_config
 from tfconfig_slurm.errors import LayoutError, UsageError
@@ -64,9 +70,40 @@ def test_slurm_gpu_ids_are_kept() -> None:
     assert [task.gpus for task in layout.tasks] == [(), ("2",), ("3",)] * 2
 
 
-def test_trainers_share_a_nodes_gpus_evenly() -> None:
-    layout = layout_of(task_env(["a"], [3], 0, gpus="0,1,2,3"))
-    assert [task.gpus for task in layout.tasks] == [(), ("0", "1"), ("2", "3")]
+def test_each_trainer_drives_one_gpu_and_the_others_are_named_idle() -> None:
+    """8 GPUs and 3 tasks a node: each trainer once got 4 GPUs and used one."""
+    layout = layout_of(task_env(["a", "b"], [3, 3], 0, gpus="0,1,2,3,4,5,6,7"))
+    assert [task.gpus for task in layout.tasks] == [(), ("0",), ("1",)] * 2
+    assert layout.idle_gpus == {"a": ("2", "3", "4", "5", "6", "7")} | {
+        "b": ("2", "3", "4", "5", "6", "7")
+    }
+    warning = render.idle_gpus_warning(layout)
+    assert warning is not None
+    assert warning.startswith("GPUs idle on 2 of 2 nodes (a: 2,3,4,5,6,7; b: 2,3,4,5,6,7)")
+    assert warning.endswith("HINT: one trainer per GPU: #SBATCH --ntasks-per-node=9")
+    assert "8 GPUs per node, 1 per trainer, 12 idle" in render.summary_line(layout)
+
+
+@pytest.mark.parametrize("gpus", [2, 4, 8])
+def test_the_evaluator_gets_a_gpu_its_nodes_trainers_left(gpus: int) -> None:
+    """#SBATCH --ntasks-per-node=<GPUs + 1> with --evaluator: the last node has one trainer
+    fewer, and its GPU goes to the evaluator, on nodes of 2, 4 and 8 GPUs alike."""
+    ids = ",".join(map(str, range(gpus)))
+    layout = layout_of(
+        task_env(["a", "b"], [gpus + 1] * 2, 0, gpus=ids), LayoutPolicy(evaluator=True)
+    )
+    evaluator = layout.tasks[-1]
+    assert (evaluator.role, evaluator.gpus) == ("evaluator", (str(gpus - 1),))
+    assert all(len(task.gpus) == 1 for task in layout.tasks if task.role in ("chief", "worker"))
+    assert layout.idle_gpus == {}
+    assert render.idle_gpus_warning(layout) is None
+    assert "1 per trainer, 1 for the evaluator;" in render.summary_line(layout)
+
+
+def test_an_evaluator_placed_first_by_roles_never_takes_a_trainers_gpu() -> None:
+    roles_ = ("evaluator", "ps", "chief", "worker")
+    layout = layout_of(task_env(["a"], [4], 0, gpus="0,1"), LayoutPolicy(roles=roles_))
+    assert [task.gpus for task in layout.tasks] == [(), (), ("0",), ("1",)]
 
 
 def test_cpu_only_step() -> None:
@@ -131,9 +168,9 @@ def test_evaluator_is_last_task_outside_the_cluster() -> None:
     assert tf_config(layout, 5)["task"] == {"type": "evaluator", "index": 0}
     in_cluster = [address for job in layout.cluster().values() for address in job]
     assert layout.task(5).address not in in_cluster
-    assert layout.task(5).gpus == ()
-    # Node b's one remaining trainer takes both of its GPUs.
-    assert layout.task(4).gpus == ("0", "1")
+    # Node b's one remaining trainer drives one GPU, and the evaluator takes the other.
+    assert layout.task(4).gpus == ("0",)
+    assert layout.task(5).gpus == ("1",)
 
 
 def test_ports_differ_between_jobs_and_steps_sharing_a_node() -> None:
@@ -176,14 +213,6 @@ def test_explicit_roles_under_cyclic_take_the_chief_from_the_first_node() -> Non
     assert roles(layout) == ["ps0", "worker0", "chief0", "ps1"]
 
 
-def test_evaluator_that_breaks_the_gpu_share_says_how_to_fix_it() -> None:
-    environ = task_env(["a", "b"], [5, 5], 0, gpus="0,1,2,3")
-    with pytest.raises(LayoutError) as raised:
-        layout_of(environ, LayoutPolicy(evaluator=True))
-    assert raised.value.culprit == "GPUs of node b"
-    assert "drop --evaluator" in raised.value.hint
-
-
 def test_address_template_and_port_base() -> None:
     layout = layout_of(
         task_env(["a", "b"], [2, 2], 0),
@@ -197,11 +226,11 @@ def test_address_template_and_port_base() -> None:
     ]
 
 
-def test_gpus_that_do_not_divide_name_the_fix() -> None:
+def test_fewer_gpus_than_trainers_name_the_fix() -> None:
     with pytest.raises(LayoutError) as raised:
         layout_of(task_env(["gpu01"], [4], 0, gpus="0,1"))
     assert raised.value.culprit == "GPUs of node gpu01"
-    assert "SLURM gave the node 2 GPUs (0,1), which its 3 trainers" in raised.value.problem
+    assert "SLURM gave the node 2 GPUs (0,1) for its 3 trainers" in raised.value.problem
     assert "#SBATCH --ntasks-per-node=3" in raised.value.hint
     assert "#SBATCH --gres=gpu:3" in raised.value.hint
 

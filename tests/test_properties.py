@@ -29,9 +29,8 @@ def steps(draw: st.DrawFn) -> tuple[list[str], list[int], str, str, list[int], L
     )
     ps_per_node = draw(st.integers(0, 2))
     if gpu_count and draw(st.booleans()):
-        # A step as users submit it: every node has ps plus trainers that divide its GPUs.
-        divisors = [count for count in range(1, gpu_count + 1) if gpu_count % count == 0]
-        trainers = draw(st.sampled_from(divisors))
+        # A step as users submit it: every node has ps plus at most one trainer per GPU.
+        trainers = draw(st.integers(1, gpu_count))
         ps_per_node = min(ps_per_node, 9 - trainers)
         tasks_per_node = [ps_per_node + trainers] * node_count
     else:
@@ -72,7 +71,14 @@ def test_every_rank_computes_the_same_sound_cluster(
         for node in set(nodes):
             held = [gpu for task in layout.tasks if task.node == node for gpu in task.gpus]
             assert len(held) == len(set(held))
-        assert all(not task.gpus for task in layout.tasks if task.role in ("ps", "evaluator"))
+        assert all(not task.gpus for task in layout.tasks if task.role == "ps")
+        # A trainer drives one GPU where the step has any; an evaluator takes one left free.
+        assert all(
+            len(task.gpus) == (1 if gpus else 0)
+            for task in layout.tasks
+            if task.role in ("chief", "worker")
+        )
+        assert all(len(task.gpus) <= 1 for task in layout.tasks)
     # Every rank, failing or not, reaches the same verdict.
     assert all(outcome == outcomes[0] for outcome in outcomes)
 

@@ -41,7 +41,8 @@ ROLES = flags.DEFINE_list(
 EVALUATOR = flags.DEFINE_boolean(
     "evaluator",
     LayoutPolicy.evaluator,
-    "Make the step's last task the evaluator: it is not in the cluster, takes no GPU, and "
+    "Make the step's last task the evaluator: it is not in the cluster, takes a GPU its "
+    "node's trainers left free (or none), and "
     "evaluates each new checkpoint.",
 )
 ADDRESS_TEMPLATE = flags.DEFINE_string(
@@ -115,7 +116,11 @@ def resolve_layout(environ: Mapping[str, str]) -> ResolvedLayout:
             "--nodelist='gpu[01-04]'",
         )
     step = read_slurm_step(environ)
-    return ResolvedLayout(lay_out_step(step, policy), step.rank)
+    layout = lay_out_step(step, policy)
+    warning = render.idle_gpus_warning(layout)
+    if warning:
+        logging.warning("%s", warning)
+    return ResolvedLayout(layout, step.rank)
 
 
 def given_tf_config(environ: Mapping[str, str], shape: StepShape | None) -> str | None:

@@ -32,7 +32,7 @@ from absl import flags, logging
 from tfconfig_slurm import layout_flags
 from tfconfig_slurm.cli import run_cli
 from tfconfig_slurm.cluster import render
-from tfconfig_slurm.cluster.layout import EVALUATOR, PS
+from tfconfig_slurm.cluster.layout import PS
 from tfconfig_slurm.cluster.step import in_job_step, read_slurm_step
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.runtime import preemption
@@ -261,7 +261,7 @@ def _cluster_role() -> tuple[ClusterRole | None, str, str]:
             "gives a cluster without parameter servers, which Estimator training needs",
             "use --ps_per_node=1 (the default)",
         )
-    if role.role in (PS, EVALUATOR):
+    if role.role == PS:
         gpus = ""
     return role, node, gpus
 

@@ -2,8 +2,8 @@
 
 Pure and deterministic: the same `StepShape` and `LayoutPolicy` give every task the same
 `ClusterLayout`. The default policy puts `ps_per_node` parameter servers first on each node and
-makes the other tasks trainers that share the node's GPUs; the first trainer of the first node
-is the chief.
+makes the other tasks trainers, each driving one of the node's GPUs; the first trainer of the
+first node is the chief. An evaluator takes a GPU its node's trainers left free.
 """
 
 from __future__ import annotations
@@ -139,22 +139,34 @@ class ClusterLayout:
 
     @functools.cached_property
     def gpus(self) -> tuple[tuple[str, ...], ...]:
-        """Each rank's GPUs: a node's trainers share its GPUs evenly, in rank order (which is
-        local-id order on a node); ps and evaluator get none."""
+        """Each rank's GPUs: one for each trainer, in rank order (which is local-id order on a
+        node), then one for an evaluator where one is left; none for a ps. A trainer drives
+        one GPU, so a node's further GPUs are left to nobody (`idle_gpus`)."""
         node_gpus = self.shape.node_gpus
+        gpus: list[tuple[str, ...]] = [()] * len(self.roles)
         if not node_gpus:
-            return ((),) * len(self.roles)
-        trainers_on = _trainers_per_node(self.placement, self.roles)
-        taken = dict.fromkeys(trainers_on, 0)
-        gpus: list[tuple[str, ...]] = []
-        for node, role in zip(self.placement.node_indices, self.roles):
-            if role in _TRAINERS:
-                share = len(node_gpus) // trainers_on[node]
-                gpus.append(node_gpus[taken[node] : taken[node] + share])
-                taken[node] += share
-            else:
-                gpus.append(())
+            return tuple(gpus)
+        taken: Counter[int] = Counter()
+        # Trainers first, so that an evaluator placed anywhere by --roles never takes a
+        # trainer's GPU; whether the trainers fit was checked when the layout was made.
+        for kinds in (_TRAINERS, (EVALUATOR,)):
+            for rank, (node, role) in enumerate(zip(self.placement.node_indices, self.roles)):
+                if role in kinds and taken[node] < len(node_gpus):
+                    gpus[rank] = (node_gpus[taken[node]],)
+                    taken[node] += 1
         return tuple(gpus)
+
+    @property
+    def idle_gpus(self) -> dict[str, tuple[str, ...]]:
+        """The GPUs no task of a node uses, by node name, for the nodes that have any."""
+        used: dict[int, set[str]] = {}
+        for node, gpus in zip(self.placement.node_indices, self.gpus):
+            used.setdefault(node, set()).update(gpus)
+        return {
+            self.shape.nodes[node]: idle
+            for node in range(len(self.shape.nodes))
+            if (idle := tuple(gpu for gpu in self.shape.node_gpus if gpu not in used[node]))
+        }
 
     def task(self, rank: int) -> Task:
         return Task(
@@ -301,38 +313,29 @@ def _trainers_per_node(placement: Placement, roles: Sequence[str]) -> Counter[in
 def _check_gpus_fit(
     shape: StepShape, placement: Placement, roles: Sequence[str], policy: LayoutPolicy
 ) -> None:
-    """Every node's trainers must split its GPUs evenly."""
+    """Every trainer of a node must have a GPU of its own, where the step has GPUs."""
     if not shape.node_gpus:
         return
     for node, trainers in sorted(_trainers_per_node(placement, roles).items()):
-        if len(shape.node_gpus) % trainers:
-            holds_evaluator = policy.evaluator and node == placement.node_indices[-1]
-            raise _gpus_do_not_fit(shape, node, trainers, policy, holds_evaluator)
+        if trainers > len(shape.node_gpus):
+            raise _too_few_gpus(shape, node, trainers, policy)
 
 
-def _gpus_do_not_fit(
-    shape: StepShape, node_index: int, trainers: int, policy: LayoutPolicy, holds_evaluator: bool
+def _too_few_gpus(
+    shape: StepShape, node_index: int, trainers: int, policy: LayoutPolicy
 ) -> LayoutError:
     have = len(shape.node_gpus)
     others = shape.tasks_per_node[node_index] - trainers
-    node = shape.nodes[node_index]
     problem = (
-        f"SLURM gave the node {have} GPUs ({','.join(shape.node_gpus)}), which its {trainers} "
+        f"SLURM gave the node {have} GPUs ({','.join(shape.node_gpus)}) for its {trainers} "
         f"trainers ({shape.tasks_per_node[node_index]} tasks, {others} of them ps or "
-        f"evaluator) cannot share evenly, so the layout needs a multiple of {trainers} GPUs"
+        "evaluator), and each trainer drives a GPU of its own"
     )
     if policy.roles is not None:
-        hint = "change --roles so that each node's trainers divide its GPUs"
-    elif holds_evaluator:
-        # The evaluator takes a task on one node only: no per-node #SBATCH line fixes it.
-        hint = (
-            f"the evaluator takes one of {node}'s tasks: drop --evaluator to evaluate on the "
-            "chief, or place it yourself with --roles"
-        )
+        hint = "change --roles so that no node has more trainers than GPUs"
     else:
-        fits = trainers * ((have + trainers - 1) // trainers)
         hint = (
-            f"one trainer per GPU: #SBATCH --ntasks-per-node={have + others}; or {fits} GPUs: "
-            f"#SBATCH --gres=gpu:{fits}"
+            f"one trainer per GPU: #SBATCH --ntasks-per-node={have + others}; or "
+            f"#SBATCH --gres=gpu:{trainers}"
         )
-    return LayoutError(f"GPUs of node {node}", problem, hint)
+    return LayoutError(f"GPUs of node {shape.nodes[node_index]}", problem, hint)

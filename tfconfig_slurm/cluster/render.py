@@ -79,11 +79,12 @@ def explain_records(layout: ClusterLayout) -> list[dict[str, Any]]:
 def summary_line(layout: ClusterLayout) -> str:
     shape = layout.shape
     # From the columns: building every Task again here would double --explain's work.
-    shares = sorted(
-        {len(gpus) for role, gpus in zip(layout.roles, layout.gpus) if role in (CHIEF, WORKER)}
-    )
+    evaluator_gpu = any(gpus for role, gpus in zip(layout.roles, layout.gpus) if role == EVALUATOR)
+    idle = sum(map(len, layout.idle_gpus.values()))
     gpus = (
-        f"{len(shape.node_gpus)} GPUs per node, {' or '.join(map(str, shares))} per trainer"
+        f"{len(shape.node_gpus)} GPUs per node, 1 per trainer"
+        + (", 1 for the evaluator" if evaluator_gpu else "")
+        + (f", {idle} idle" if idle else "")
         if shape.node_gpus
         else "no GPUs"
     )
@@ -96,6 +97,22 @@ def summary_line(layout: ClusterLayout) -> str:
     return (
         f"{len(shape.nodes)} nodes, {shape.num_tasks} tasks ({shape.distribution}): {described}; "
         f"{gpus}; ports from {layout.port_base}"
+    )
+
+
+def idle_gpus_warning(layout: ClusterLayout) -> str | None:
+    """One line naming the GPUs no task uses and the #SBATCH line that would use them."""
+    idle = layout.idle_gpus
+    if not idle:
+        return None
+    named = [f"{node}: {','.join(gpus)}" for node, gpus in list(idle.items())[:3]]
+    node, gpus = max(idle.items(), key=lambda item: len(item[1]))
+    tasks = layout.shape.tasks_per_node[layout.shape.nodes.index(node)]
+    return (
+        f"GPUs idle on {len(idle)} of {len(layout.shape.nodes)} nodes "
+        f"({'; '.join(named)}{'; ...' if len(idle) > 3 else ''}): each trainer drives one GPU, "
+        f"and these nodes have fewer trainers than GPUs. HINT: one trainer per GPU: #SBATCH "
+        f"--ntasks-per-node={tasks + len(gpus)}"
     )
 
 
@@ -120,4 +137,7 @@ def explain_table(layout: ClusterLayout) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
         for row in [header, *rows]
     )
+    warning = idle_gpus_warning(layout)
+    if warning:
+        lines.append(f"(warning: {warning})")
     return "\n".join(lines) + "\n"
