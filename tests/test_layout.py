@@ -180,6 +180,13 @@ def test_ports_differ_between_jobs_and_steps_sharing_a_node() -> None:
     assert all(base >= 10000 and base + 15 < 32768 for base in bases)
 
 
+def test_steps_of_one_job_never_share_ports() -> None:
+    """With step_id % 4, steps 0 and 4 of a job once got the same ports."""
+    blocks = (32768 - 10000) // 16
+    bases = [derived_port_base(4242, step, 9) for step in range(blocks)]
+    assert len(set(bases)) == blocks == 1423
+
+
 @pytest.mark.parametrize("busiest", [17, 24, 100])
 def test_port_blocks_hold_busy_nodes_below_the_ephemeral_range(busiest: int) -> None:
     bases = sorted(derived_port_base(job, 0, busiest) for job in range(5000))

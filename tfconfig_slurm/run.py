@@ -29,7 +29,7 @@ from pathlib import Path
 
 from absl import flags, logging
 
-from tfconfig_slurm import layout_flags
+from tfconfig_slurm import layout_flags, network
 from tfconfig_slurm.cli import run_cli
 from tfconfig_slurm.cluster import render
 from tfconfig_slurm.cluster.layout import PS
@@ -150,6 +150,8 @@ def main(argv: Sequence[str]) -> int | None:
             "choose one",
         )
     role, node, gpus = _cluster_role()
+    if role is not None:
+        network.check_task(role)
     if SYNC_REPLICAS.value and role is None and not LOCAL_CLUSTER.value:
         raise UsageError(
             "--sync_replicas",

@@ -17,9 +17,10 @@ from collections.abc import Sequence
 
 from absl import flags, logging
 
-from tfconfig_slurm import layout_flags
+from tfconfig_slurm import layout_flags, network
 from tfconfig_slurm.cli import run_cli
 from tfconfig_slurm.cluster import render
+from tfconfig_slurm.cluster.layout import EVALUATOR
 from tfconfig_slurm.errors import UsageError
 
 PROGRAM = "with-tfconfig"
@@ -73,6 +74,8 @@ def main(argv: Sequence[str]) -> None:
             "give the command as you would run it in the task, e.g. python my_script.py",
         )
     task = layout.task(rank)
+    if task.role != EVALUATOR:
+        network.check_port_free(f"{task.role} {task.index}", task.address)
     environment = {**os.environ, **environment}
     logging.info(
         "rank %d on %s is %s %d at %s with GPUs [%s]; running %s",

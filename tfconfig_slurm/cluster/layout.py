@@ -36,8 +36,11 @@ MAX_PORT = 65535
 _DERIVED_PORT_FLOOR = 10000
 _DERIVED_PORT_CEILING = 32768
 # Each (job, step) gets its own block of ports, 16 wide or the busiest node's task count
-# rounded up to a power of two: consecutive job ids, and the first few steps of one job, get
-# disjoint blocks, so jobs and steps sharing a node do not collide.
+# rounded up to a power of two. A job's steps take consecutive blocks from its job's first, so
+# they never share one (up to the number of blocks, 1423 at 16 wide); consecutive job ids
+# start _STEPS_PER_JOB blocks apart, so their first steps do not collide either. What still
+# can: step k + 4 of a job and step k of the next job id, and jobs whose ids differ by a
+# multiple of the block count; a task finds such a port in use at start and says so.
 _MIN_PORTS_PER_STEP = 16
 _STEPS_PER_JOB = 4
 
@@ -197,14 +200,14 @@ class ClusterLayout:
 
 
 def derived_port_base(job_id: int, step_id: int, tasks_on_busiest_node: int) -> int:
-    """A port base that differs between neighbouring jobs and between a job's first steps,
+    """A port base that differs between neighbouring jobs and between every step of a job,
     with room below the ephemeral range for the busiest node's tasks."""
     width = max(_MIN_PORTS_PER_STEP, 1 << (tasks_on_busiest_node - 1).bit_length())
     blocks = (_DERIVED_PORT_CEILING - _DERIVED_PORT_FLOOR) // width
     if blocks == 0:
         # More tasks on a node than the range holds: they start at the floor and run past it.
         return _DERIVED_PORT_FLOOR
-    block = (job_id * _STEPS_PER_JOB + step_id % _STEPS_PER_JOB) % blocks
+    block = (job_id * _STEPS_PER_JOB + step_id) % blocks
     return _DERIVED_PORT_FLOOR + block * width
 
 

@@ -1,0 +1,79 @@
+"""A task's start checks: a busy port and a name that does not resolve are one line each."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from tests.cli import run_module
+from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.network import check_addresses_resolve, check_port_free
+
+
+def _listening() -> socket.socket:
+    holder = socket.socket()
+    # As gRPC's servers do; the connections they leave in TIME_WAIT keep it.
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    return holder
+
+
+def test_a_port_another_process_listens_on_is_refused() -> None:
+    with _listening() as holder:
+        port = holder.getsockname()[1]
+        with pytest.raises(UsageError) as raised:
+            check_port_free("ps 0", f"node1:{port}")
+    assert raised.value.culprit == "--port_base"
+    assert f"gives ps 0 port {port}, which another process" in raised.value.problem
+
+
+def test_a_port_left_in_time_wait_by_an_earlier_task_is_free() -> None:
+    with _listening() as server:
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = server.accept()
+        # The side that closes first keeps the port in TIME_WAIT.
+        accepted.close()
+        client.close()
+    check_port_free("ps 0", f"node1:{port}")
+
+
+def test_a_name_that_does_not_resolve_is_refused_by_name() -> None:
+    with pytest.raises(UsageError) as raised:
+        check_addresses_resolve({"chief 0": "localhost:1", "ps 1": "gpu02-ib0.invalid:10000"})
+    assert raised.value.culprit == "--address_template"
+    assert "gives ps 1 the address 'gpu02-ib0.invalid', which does not resolve" in (
+        raised.value.problem
+    )
+
+
+def _tf_config(ps: str, chief: str) -> str:
+    return json.dumps(
+        {"cluster": {"chief": [chief], "ps": [ps]}, "task": {"type": "ps", "index": 0}}
+    )
+
+
+@pytest.mark.parametrize("problem", ["busy port", "unresolvable"])
+def test_the_runtime_stops_at_once_with_one_line(tmp_path: Path, problem: str) -> None:
+    with _listening() as holder:
+        busy = f"127.0.0.1:{holder.getsockname()[1]}"
+        tf_config = (
+            _tf_config(ps=busy, chief="127.0.0.1:1")
+            if problem == "busy port"
+            else _tf_config(ps="127.0.0.1:1", chief="nowhere.invalid:1")
+        )
+        result = run_module(
+            "tfconfig_slurm.run",
+            "--experiment=mnist_deep",
+            f"--output_root={tmp_path}",
+            environ={"TF_CONFIG": tf_config},
+        )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    culprit = "--port_base" if problem == "busy port" else "--address_template"
+    assert result.stderr.startswith(f"tfconfig-slurm-run: {culprit}: ")
+    assert not (tmp_path / "mnist_deep").exists()
