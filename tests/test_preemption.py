@@ -21,7 +21,7 @@ def test_signal_names_as_sbatch_takes_them(name: str, expected: signal.Signals |
     assert preemption.parse_signal(name) == expected
 
 
-@pytest.mark.parametrize("name", ["KILL", "SIGSTOP", "USR3", "10"])
+@pytest.mark.parametrize("name", ["KILL", "SIGSTOP", "USR3", "10", "QUIT"])
 def test_a_signal_that_cannot_be_caught_is_refused(name: str) -> None:
     with pytest.raises(UsageError, match="--preempt_signal"):
         preemption.parse_signal(name)

@@ -20,8 +20,10 @@ Parameter servers exit once every trainer has finished.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import shutil
+import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -125,7 +127,16 @@ PREEMPT_SIGNAL = flags.DEFINE_string(
     "USR1",
     "The signal that stops training at the next step with a checkpoint and requeues the "
     "SLURM job, as #SBATCH --signal=USR1@90 sends it before a time limit or preemption; '' "
-    "to leave signals alone.",
+    "to leave it alone. (SIGQUIT is taken: it writes every thread's Python stack to the "
+    "task's log, e.g. scancel --signal=QUIT JOBID, and the task runs on.)",
+)
+REQUEUE_ON_SIGTERM = flags.DEFINE_boolean(
+    "requeue_on_sigterm",
+    False,
+    "SIGTERM (a time limit or scancel without --signal's warning, a preemption) always stops "
+    "training at the next step with a checkpoint, within SLURM's 30 s KillWait; with this, "
+    "the job is also requeued. Off: SLURM requeues preempted jobs itself where its "
+    "PreemptMode says so, and a scancel means stop.",
 )
 MAX_REQUEUES = flags.DEFINE_integer(
     "max_requeues",
@@ -139,8 +150,14 @@ flags.adopt_module_key_flags(layout_flags)
 
 def main(argv: Sequence[str]) -> int | None:
     # First of all: SIGUSR1's default action ends the process, and it may come at any time.
+    # A hang is debuggable: the stacks of every thread, and nothing else happens.
+    faulthandler.register(signal.SIGQUIT, all_threads=True)
     stop = preemption.StopRequest()
-    stop.listen(preemption.parse_signal(PREEMPT_SIGNAL.value))
+    preempt = preemption.parse_signal(PREEMPT_SIGNAL.value)
+    stop.listen(preempt, signal.SIGTERM)
+    requeue_on = {preempt.name} if preempt else set()
+    if REQUEUE_ON_SIGTERM.value:
+        requeue_on.add(signal.SIGTERM.name)
     if EXPERIMENT.value is None:
         raise UsageError("--experiment", "is required", f"e.g. {PROGRAM} --experiment mnist_deep")
     if SAVE_CHECKPOINTS_STEPS.present and SAVE_CHECKPOINTS_SECS.present:
@@ -221,7 +238,7 @@ def main(argv: Sequence[str]) -> int | None:
             )
     status = 0
     if stop.requested and requeues:
-        status = preemption.requeue(os.environ, MAX_REQUEUES.value, stop.signal_name)
+        status = preemption.after_stop(os.environ, stop.signal_name, requeue_on, MAX_REQUEUES.value)
     train.exit_now(status)
 
 

@@ -1,17 +1,20 @@
 """A cluster of processes on this machine, for a user without SLURM and for the tests.
 
 `--local_cluster=ps=1,workers=2[,evaluator=1]` starts a chief, the parameter servers, the
-workers and an evaluator as
-processes of `python -m tfconfig_slurm.run` with the same flags, each with its TF_CONFIG on
-free loopback ports; writes one log per task (`<model_dir>/logs/<role>-<index>.log`) and
-prefixes their lines on the console; waits for all, and when one fails stops the rest and
-fails too. A task that fails on bad input (exit 2: every task reads the same flags, so every
-one fails alike) is reported as a single process would report it: its one line, once, and
-exit 2. Imports no TensorFlow: the parent only supervises.
+workers and an evaluator as processes of `python -m tfconfig_slurm.run` with the same flags,
+each with its TF_CONFIG on free loopback ports; writes one log per task
+(`<model_dir>/logs/<role>-<index>.log`) and prefixes their lines on the console; waits for
+all, and when one fails stops the rest and fails too. Told to stop itself (SIGTERM, SIGINT,
+SIGHUP), it passes SIGTERM on to every task, whose trainers stop at the next step with a
+checkpoint, and kills what is left after a grace: nothing is left behind. A task that fails
+on bad input (exit 2: every task reads the same flags, so every one fails alike) is reported
+as a single process would report it: its one line, once, and exit 2. Imports no TensorFlow:
+the parent only supervises.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,10 +24,11 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import FrameType
 from typing import IO
 
 from absl import logging
@@ -36,8 +40,38 @@ from tfconfig_slurm.runtime.role import ClusterRole
 
 _HINT = "e.g. --local_cluster=ps=1,workers=2"
 _COUNTS = {"ps": PS, "workers": WORKER, "evaluator": EVALUATOR}
-# How long a task that is told to stop gets before it is killed.
+# How long a task that is told to stop gets before it is killed: when another task failed,
+# and when the launcher was told to stop (time for the chief's checkpoint, within SLURM's
+# default KillWait of 30 s should the launcher itself run in a job).
 _STOP_GRACE_SECONDS = 5.0
+_SIGNALLED_GRACE_SECONDS = 25.0
+# What stops the launcher, and with it every task: a shell's Ctrl-C, a kill, a hang-up.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class _Signalled(Exception):  # noqa: N818  (a signal, not an error)
+    def __init__(self, signum: signal.Signals) -> None:
+        super().__init__(signum.name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _raising_on(signums: Sequence[signal.Signals]) -> Iterator[None]:
+    """Within the block, the first of these signals raises _Signalled in the main thread,
+    wherever it is; the ones after it are ignored, so that stopping the tasks is never cut
+    short and none is left behind."""
+
+    def handler(number: int, frame: FrameType | None) -> None:
+        for signum in signums:
+            signal.signal(signum, signal.SIG_IGN)
+        raise _Signalled(signal.Signals(number))
+
+    previous = {signum: signal.signal(signum, handler) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, action in previous.items():
+            signal.signal(signum, action)
 
 
 @dataclass(frozen=True)
@@ -103,29 +137,30 @@ def run(spec: str, model_dir: Path, arguments: Sequence[str], program: str) -> i
     logs = model_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     refusals: dict[LocalTask, list[str]] = {task: [] for task in tasks}
-    started = {
-        task: _start(
-            task,
-            replace(every_role, role=task.role, index=task.index),
-            arguments,
-            logs,
-            refusals=refusals[task],
-            program=program,
-        )
-        for task in tasks
-    }
-    interrupted = False
+    started: dict[LocalTask, tuple[subprocess.Popen[str], threading.Thread]] = {}
+    stopped_by: signal.Signals | None = None
     failed: LocalTask | None = None
-    try:
-        failed = _supervise({task: process for task, (process, _) in started.items()})
-    except KeyboardInterrupt:
-        logging.error("interrupted: stopping every task")
-        _stop(process for process, _ in started.values())
-        interrupted = True
-    finally:
-        # Every line a task wrote, its last error included, reaches log and console.
-        for _, copier in started.values():
-            copier.join()
+    with _raising_on(_STOP_SIGNALS):
+        try:
+            for task in tasks:
+                role = replace(every_role, role=task.role, index=task.index)
+                started[task] = _start(
+                    task, role, arguments, logs, refusals=refusals[task], program=program
+                )
+            failed = _supervise({task: process for task, (process, _) in started.items()})
+        except _Signalled as signalled:
+            stopped_by = signalled.signum
+            logging.warning(
+                "%s: stopping every task; trainers stop at the next step with a checkpoint "
+                "(tasks still running in %.0f s are killed)",
+                stopped_by.name,
+                _SIGNALLED_GRACE_SECONDS,
+            )
+            _stop((process for process, _ in started.values()), _SIGNALLED_GRACE_SECONDS)
+        finally:
+            # Every line a task wrote, its last error included, reaches log and console.
+            for _, copier in started.values():
+                copier.join()
     if failed is not None and refusals[failed] and started[failed][0].returncode == USAGE_EXIT_CODE:
         sys.stderr.write(refusals[failed][0])
         return USAGE_EXIT_CODE
@@ -142,7 +177,8 @@ def run(spec: str, model_dir: Path, arguments: Sequence[str], program: str) -> i
             if status < 0
             else f"failed with exit status {status}",
         )
-    return 130 if interrupted else int(failed is not None)
+    # As a shell reports a process that a signal ended.
+    return 128 + stopped_by if stopped_by is not None else int(failed is not None)
 
 
 def _start(
@@ -216,11 +252,11 @@ def _supervise(processes: dict[LocalTask, subprocess.Popen[str]]) -> LocalTask |
     return None
 
 
-def _stop(processes: Iterable[subprocess.Popen[str]]) -> None:
+def _stop(processes: Iterable[subprocess.Popen[str]], grace: float = _STOP_GRACE_SECONDS) -> None:
     remaining = [process for process in processes if process.poll() is None]
     for process in remaining:
         os.killpg(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + _STOP_GRACE_SECONDS
+    deadline = time.monotonic() + grace
     for process in remaining:
         try:
             process.wait(timeout=max(0.0, deadline - time.monotonic()))

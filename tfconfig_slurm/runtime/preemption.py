@@ -2,12 +2,15 @@
 job requeues itself to resume from the checkpoint written there.
 
 SLURM warns a job before its time limit or a preemption when asked to (`#SBATCH
---signal=USR1@90`: SIGUSR1 to every task of every step, 90 s ahead). The handler only sets a
-flag: trainers look at it between steps (lifecycle.PreemptionHook), the chief writes its
-final checkpoint once every worker has stopped, and the first parameter server, which sees
-every trainer finish, requeues the job with `scontrol requeue` (array tasks by their own id).
-The requeued run (SLURM_RESTART_COUNT > 0) resumes from that checkpoint. A job requeued
---max_requeues times already is not requeued again, and says so.
+--signal=USR1@90`: SIGUSR1 to every task of every step, 90 s ahead). Without that warning a
+time limit, `scancel` or a preemption sends SIGTERM, and SIGKILL after KillWait (30 s by
+default): SIGTERM stops training the same way, and requeues only when asked to
+(`--requeue_on_sigterm`; SLURM requeues preempted jobs itself where PreemptMode says so).
+A handler only sets a flag: trainers look at it between steps (lifecycle.PreemptionHook), the
+chief writes its final checkpoint once every worker has stopped, and the first parameter
+server, which sees every trainer finish, requeues the job with `scontrol requeue` (array
+tasks by their own id). The requeued run (SLURM_RESTART_COUNT > 0) resumes from that
+checkpoint. A job requeued --max_requeues times already is not requeued again, and says so.
 
 No TensorFlow here.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from types import FrameType
 
 from absl import logging
@@ -34,6 +37,12 @@ def parse_signal(name: str) -> signal.Signals | None:
     if not name:
         return None
     wanted = "SIG" + name.upper().removeprefix("SIG")
+    if wanted == "SIGQUIT":
+        raise UsageError(
+            "--preempt_signal",
+            "is QUIT, which writes every thread's stack to the log instead",
+            "give another, e.g. USR1 or USR2; '' to leave signals alone",
+        )
     if wanted not in signal.Signals.__members__ or wanted in ("SIGKILL", "SIGSTOP"):
         raise UsageError(
             "--preempt_signal",
@@ -50,21 +59,38 @@ class StopRequest:
         self._event = threading.Event()
         self.signal_name = ""
 
-    def listen(self, signum: signal.Signals | None) -> None:
-        """From now on, `signum` asks this task to stop; nothing else happens on it."""
-        if signum is None:
-            return
+    def listen(self, *signums: signal.Signals | None) -> None:
+        """From now on, each of `signums` asks this task to stop; nothing else happens on it."""
 
         def handler(number: int, frame: FrameType | None) -> None:
-            # Only a flag: the handler may run in the middle of anything.
-            self.signal_name = signal.Signals(number).name
+            # Only a flag: the handler may run in the middle of anything. The first signal
+            # names the stop.
+            if not self._event.is_set():
+                self.signal_name = signal.Signals(number).name
             self._event.set()
 
-        signal.signal(signum, handler)
+        for signum in filter(None, signums):
+            signal.signal(signum, handler)
 
     @property
     def requested(self) -> bool:
         return self._event.is_set()
+
+
+def after_stop(
+    environ: Mapping[str, str], stopped_on: str, requeue_on: Collection[str], max_requeues: int
+) -> int:
+    """What a task that stopped on a signal does last: requeues the job when the signal is one
+    of `requeue_on`, else says how to resume; the exit status this task should end with."""
+    if stopped_on in requeue_on:
+        return requeue(environ, max_requeues, stopped_on)
+    logging.info(
+        "stopped on %s with a checkpoint of every step taken; not requeueing the job (a "
+        "--preempt_signal requeues it, and SIGTERM with --requeue_on_sigterm): run again with "
+        "the same experiment id to resume",
+        stopped_on,
+    )
+    return 0
 
 
 def requeue(environ: Mapping[str, str], max_requeues: int, stopped_on: str) -> int:

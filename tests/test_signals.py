@@ -1,0 +1,104 @@
+"""SIGTERM (a time limit, scancel, a preemption without warning) stops training at a step with
+a checkpoint that holds every step taken; SIGQUIT writes every thread's stack and changes
+nothing; SIGTERM to a --local_cluster launcher stops every task and leaves none behind."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli import REPOSITORY
+from tests.slurm_cluster import checkpoint_step, wait_until
+from tests.test_local_cluster import alive, started_pids
+
+pytestmark = pytest.mark.tensorflow
+
+# Importing TensorFlow and reaching the first steps, on 2 cores.
+START_SECONDS = 120.0
+# SLURM's default KillWait: SIGKILL follows SIGTERM after this.
+KILL_WAIT_SECONDS = 30.0
+TRAIN_LONG = ("--experiment=mnist_deep", "--train_steps=1000000", "--log_every_steps=1")
+
+
+def start(root: Path, *flags: str) -> tuple[subprocess.Popen[str], Path]:
+    """The runtime as a user starts it, its console to a file the test reads as it grows."""
+    console = root / "console.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tfconfig_slurm.run", f"--output_root={root}", *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=console.open("w"),
+        cwd=REPOSITORY,
+        text=True,
+    )
+    return process, console
+
+
+def wait_for(console: Path, pattern: str, process: subprocess.Popen[str]) -> str:
+    seen = wait_until(lambda: re.search(pattern, console.read_text()) is not None, START_SECONDS)
+    if not seen:
+        process.kill()
+        pytest.fail(f"no {pattern!r}:\n{console.read_text()[-3000:]}")
+    return console.read_text()
+
+
+def ended(process: subprocess.Popen[str]) -> int:
+    try:
+        return process.wait(timeout=KILL_WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail(f"still running {KILL_WAIT_SECONDS:.0f} s after SIGTERM, when SLURM kills")
+
+
+def test_sigterm_checkpoints_every_step_and_sigquit_shows_stacks(tmp_path: Path) -> None:
+    process, console = start(tmp_path, *TRAIN_LONG)
+    wait_for(console, r"step \d+: [\d.]+ examples/s", process)
+    process.send_signal(signal.SIGQUIT)
+    log = wait_for(console, r"(?s)Current thread 0x.*File ", process)
+    assert "Thread 0x" in log  # the other threads too
+    assert process.poll() is None  # and it trains on
+    process.send_signal(signal.SIGTERM)
+    assert ended(process) == 0
+    log = console.read_text()
+    (stopped,) = map(int, re.findall(r"stopping on SIGTERM at global step (\d+)", log))
+    assert "not requeueing the job" in log
+    assert checkpoint_step(tmp_path / "mnist_deep") == stopped
+
+    resumed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tfconfig_slurm.run",
+            f"--output_root={tmp_path}",
+            "--experiment=mnist_deep",
+            f"--train_steps={stopped + 2}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPOSITORY,
+        timeout=300,
+        check=False,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from step {stopped}" in resumed.stderr
+
+
+def test_sigterm_to_a_local_cluster_stops_every_task_at_a_checkpoint(tmp_path: Path) -> None:
+    process, console = start(
+        tmp_path, *TRAIN_LONG, "--local_cluster=ps=1,workers=1", "--save_checkpoints_steps=50"
+    )
+    wait_for(console, r"(?s)first step done.*first step done", process)
+    process.send_signal(signal.SIGTERM)
+    assert ended(process) == 128 + signal.SIGTERM
+    log = console.read_text()
+    pids = started_pids(log)
+    assert sorted(pids) == ["chief 0", "ps 0", "worker 0"]
+    assert wait_until(lambda: not [pid for pid in pids.values() if alive(pid)], 5.0)
+    stopped = list(map(int, re.findall(r"stopping on SIGTERM at global step (\d+)", log)))
+    assert len(stopped) == 2  # the chief and the worker
+    assert checkpoint_step(tmp_path / "mnist_deep") == max(stopped)
+    assert "ps 0: 2 of 2 trainers finished" in log
