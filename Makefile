@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): setup.cfg pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.9 to 3.11 found (TensorFlow 2.15 needs one). HINT: apt-get install python3.11 python3.11-venv, or make PYTHON=/path/to/python3.11" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --config-settings editable_mode=compat -e '.[cpu,experiments,test,dev]'
+	$(BIN)/pip install --quiet --config-settings editable_mode=compat -e '.[cpu,test,dev]'
 	touch $@
 
 test: $(STAMP)

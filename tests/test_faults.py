@@ -189,6 +189,38 @@ def test_usr1_checkpoints_requeues_and_resumes_losing_no_step(
 
 
 @pytest.mark.slurm
+def test_scancel_checkpoints_every_step_taken_and_resubmitting_resumes(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """scancel, a time limit and a preemption without --signal send SIGTERM, then SIGKILL
+    after KillWait (30 s): every step taken before it is kept."""
+    job = submit(slurm_cluster, tmp_path, "cancelled", *TRAIN_FOREVER[1:])
+    logs = tmp_path / "cancelled" / "logs"
+    try:
+        wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
+        job_id = job_id_of(logs)
+        cancelled = slurm_cluster.run(["scancel", job_id])
+        assert cancelled.returncode == 0, cancelled.stderr
+        ended = finish(slurm_cluster, job)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert ended["JobState"] == "CANCELLED"
+    log = read_logs(logs)
+    stopped_at = [
+        int(step) for step in re.findall(r"stopping on SIGTERM at global step (\d+)", log)
+    ]
+    assert len(stopped_at) == 2, log[-3000:]  # the chief and the worker, before SIGKILL
+    assert re.search(r"ps 0: 2 of 2 trainers finished", log)
+    assert checkpoint_step(tmp_path / "cancelled") == max(stopped_at)
+
+    again = submit(slurm_cluster, tmp_path, "cancelled", f"--train_steps={max(stopped_at) + 5}")
+    resumed = finish(slurm_cluster, again)
+    assert (resumed["JobState"], resumed["ExitCode"]) == ("COMPLETED", "0:0"), resumed["stderr"]
+    assert f"resuming from step {max(stopped_at)}" in read_logs(logs)
+
+
+@pytest.mark.slurm
 def test_a_node_cut_off_ends_the_job_in_bounded_time(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:

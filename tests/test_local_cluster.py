@@ -124,7 +124,7 @@ def test_resumes_in_a_cluster(cluster_run) -> None:  # type: ignore[no-untyped-d
 
 FAILING_WORKER = """
 import json, os
-from experiments.mnist_deep import HPARAMS, input_fn, model_fn as _model_fn
+from tfconfig_slurm.experiments.mnist_deep import HPARAMS, input_fn, model_fn as _model_fn
 
 def model_fn(features, labels, mode, params):
     if json.loads(os.environ["TF_CONFIG"])["task"]["type"] == "worker":

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.tensorflow
 
-_EXPERIMENT = Path(__file__).parents[1] / "experiments" / "mnist_deep.py"
+_EXPERIMENT = Path(__file__).parents[1] / "tfconfig_slurm" / "experiments" / "mnist_deep.py"
 _STEMS = {
     "train-images-idx3-ubyte": (2051, 3),
     "train-labels-idx1-ubyte": (2049, 3),

@@ -17,6 +17,7 @@ from tests.slurm_cluster import (
     SlurmCluster,
     checkpoint_step,
     finish,
+    read_logs,
     submit,
     wait_until,
 )
@@ -94,6 +95,60 @@ def test_with_tfconfig_exports_the_task_s_place(slurm_cluster: SlurmCluster) -> 
         2: ("ps", 1, ""),
         3: ("worker", 0, "0"),
     }
+
+
+def test_an_inherited_tf_config_and_gpus_do_not_decide_a_task_s_place(
+    slurm_cluster: SlurmCluster,
+) -> None:
+    """Exported in the shell that runs srun, on a step without GPUs: srun passes both on."""
+    show = (
+        "import json, os; "
+        "print(json.dumps([os.environ.get(n) for n in ('TF_CONFIG', 'CUDA_VISIBLE_DEVICES')]))"
+    )
+    inherited = '{"cluster": {"chief": ["elsewhere:1"]}, "task": {"type": "chief", "index": 0}}'
+    step = slurm_cluster.run(
+        ["srun", "--nodes=2", "--ntasks-per-node=2", "--label", str(WITH_TFCONFIG), "python",
+         "-c", show],
+        TF_CONFIG=inherited,
+        CUDA_VISIBLE_DEVICES="0,1",
+    )  # fmt: skip
+    assert step.returncode == 0, step.stderr
+    seen = {}
+    for rank, lines in by_rank(step.stdout).items():
+        tf_config, gpus = json.loads(lines[-1])
+        config = json.loads(tf_config)
+        assert re.fullmatch(r"\d+\.0\.0", config["tfconfig_slurm"]["run"])
+        seen[rank] = (config["task"]["type"], config["task"]["index"], gpus)
+    assert seen == {0: ("ps", 0, ""), 1: ("chief", 0, ""), 2: ("ps", 1, ""), 3: ("worker", 0, "")}
+    assert step.stderr.count("TF_CONFIG: set, but made elsewhere") == 4
+
+
+def test_two_jobs_on_one_id_the_second_stops_at_start_naming_the_first(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    jobs = [submit(slurm_cluster, tmp_path, "shared", "--train_steps=30") for _ in range(2)]
+    ended = sorted((finish(slurm_cluster, job) for job in jobs), key=lambda job: job["JobState"])
+    assert [job["JobState"] for job in ended] == ["COMPLETED", "FAILED"], [
+        job["stderr"] for job in ended
+    ]
+    winner, loser = ended
+    logs = read_logs(tmp_path / "shared" / "logs")
+    refusal = f"is held by another run, SLURM job {winner['JobId']}"
+    assert refusal in logs
+    assert loser["ExitCode"] == "2:0"
+    assert checkpoint_step(tmp_path / "shared") >= 30
+    assert not (tmp_path / "shared" / "run.lock").exists()  # released at the end
+
+
+def test_a_lock_left_by_a_job_that_ended_is_taken_over(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    (tmp_path / "stale").mkdir()
+    gone = {"job": "999999", "host": "node1", "pid": 1}
+    (tmp_path / "stale" / "run.lock").write_text(json.dumps(gone))
+    job = finish(slurm_cluster, submit(slurm_cluster, tmp_path, "stale", "--train_steps=10"))
+    assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), job["stderr"]
+    assert checkpoint_step(tmp_path / "stale") >= 10
 
 
 def left_behind(cluster: SlurmCluster) -> dict[str, list[str]]:

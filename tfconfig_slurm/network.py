@@ -1,10 +1,10 @@
 """What a task checks of the network before its command starts a server: every peer's address
 resolves, and its own port is free.
 
-TensorFlow would find neither in time: a peer's name that does not resolve looks like a peer
-that never answers (the watchdog gives those 10 minutes to start), and gRPC opens its port
-with SO_REUSEPORT, so a second server on a busy port starts without a word and shares it.
-No TensorFlow here: only sockets.
+TensorFlow says neither well: a peer's name that does not resolve looks like a peer that
+never answers (the watchdog gives those 10 minutes to start), and a server on a busy port
+dies with a traceback ending in `UnknownError: Could not start gRPC server` (it binds
+`[::]:PORT` without SO_REUSEPORT, so it does fail). No TensorFlow here: only sockets.
 """
 
 from __future__ import annotations

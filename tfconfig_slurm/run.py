@@ -34,10 +34,10 @@ from absl import flags, logging
 from tfconfig_slurm import layout_flags, network
 from tfconfig_slurm.cli import run_cli
 from tfconfig_slurm.cluster import render
-from tfconfig_slurm.cluster.layout import PS
-from tfconfig_slurm.cluster.step import in_job_step, read_slurm_step
+from tfconfig_slurm.cluster.layout import CHIEF, PS
+from tfconfig_slurm.cluster.step import in_job_step, read_slurm_job, read_slurm_step
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.runtime import preemption
+from tfconfig_slurm.runtime import claim, preemption
 from tfconfig_slurm.runtime.role import ClusterRole
 
 PROGRAM = "tfconfig-slurm-run"
@@ -45,7 +45,8 @@ PROGRAM = "tfconfig-slurm-run"
 EXPERIMENT = flags.DEFINE_string(
     "experiment",
     None,
-    "The experiment: a name (experiments/NAME.py), a file path, or a module path.",
+    "The experiment: a name (NAME.py in ./experiments, else one that ships with the "
+    "package: mnist_deep), a file path, or a module path.",
 )
 OUTPUT_ROOT = flags.DEFINE_string(
     "output_root",
@@ -55,8 +56,14 @@ OUTPUT_ROOT = flags.DEFINE_string(
 EXPERIMENT_ID = flags.DEFINE_string(
     "experiment_id",
     os.environ.get("EXPERIMENT_ID"),
-    "The model directory's name under --output_root; the same id resumes (default: "
-    "$EXPERIMENT_ID, else the experiment's name).",
+    "The model directory's name under --output_root; the same id resumes, and only one run "
+    "at a time may train there (default: $EXPERIMENT_ID, else the experiment's name, and in "
+    "a SLURM job array <name>-<array task id>).",
+)
+PRINT_MODEL_DIR = flags.DEFINE_boolean(
+    "print_model_dir",
+    False,
+    "Print the model directory these flags train in, and exit (for batch scripts).",
 )
 TRAIN_STEPS = flags.DEFINE_integer(
     "train_steps", 1000, "Train until the global step reaches this.", lower_bound=1
@@ -149,12 +156,13 @@ flags.adopt_module_key_flags(layout_flags)
 
 
 def main(argv: Sequence[str]) -> int | None:
-    # First of all: SIGUSR1's default action ends the process, and it may come at any time.
-    # A hang is debuggable: the stacks of every thread, and nothing else happens.
-    faulthandler.register(signal.SIGQUIT, all_threads=True)
+    # First of all: the default action of SIGUSR1 and SIGTERM ends the process, and they may
+    # come at any time.
     stop = preemption.StopRequest()
     preempt = preemption.parse_signal(PREEMPT_SIGNAL.value)
     stop.listen(preempt, signal.SIGTERM)
+    # A hang is debuggable: SIGQUIT writes every thread's stack, and nothing else happens.
+    faulthandler.register(signal.SIGQUIT, all_threads=True)
     requeue_on = {preempt.name} if preempt else set()
     if REQUEUE_ON_SIGTERM.value:
         requeue_on.add(signal.SIGTERM.name)
@@ -179,19 +187,21 @@ def main(argv: Sequence[str]) -> int | None:
     from tfconfig_slurm.runtime import experiment as experiment_lib  # noqa: PLC0415
 
     name, _ = experiment_lib.locate(EXPERIMENT.value)
-    model_dir = Path(OUTPUT_ROOT.value, EXPERIMENT_ID.value or name)
+    model_dir = Path(OUTPUT_ROOT.value, EXPERIMENT_ID.value or _default_id(name))
+    if PRINT_MODEL_DIR.value:
+        sys.stdout.write(f"{model_dir}\n")
+        return 0
     _check_writable(model_dir)
     if LOCAL_CLUSTER.value:
-        from tfconfig_slurm.runtime import local_cluster  # noqa: PLC0415
-
-        return local_cluster.run(LOCAL_CLUSTER.value, model_dir, sys.argv[1:], PROGRAM)
+        return _run_local_cluster(model_dir)
 
     from tfconfig_slurm.runtime import train  # noqa: PLC0415  (imports TensorFlow)
 
     experiment = experiment_lib.load(EXPERIMENT.value)
     params = experiment_lib.with_overrides(experiment.hparams, HPARAMS.value)
     params.update(batch_size=BATCH_SIZE.value, data_dir=DATA_DIR.value)
-    model_dir.mkdir(parents=True, exist_ok=True)
+    # Only now, with the input checked: bad input leaves nothing behind.
+    held = _claim_model_dir(model_dir, role)
     resumed = train.resume_step(model_dir)
     logging.info(
         "%s on %s at %s with GPUs [%s], model directory %s, %s",
@@ -236,10 +246,53 @@ def main(argv: Sequence[str]) -> int | None:
                 model_dir,
                 model_dir / train.SUMMARY_FILE,
             )
+    # A run stopped on a signal keeps its directory, to resume there (as a requeued job).
+    if held is not None and not stop.requested:
+        held.release()
     status = 0
     if stop.requested and requeues:
         status = preemption.after_stop(os.environ, stop.signal_name, requeue_on, MAX_REQUEUES.value)
     train.exit_now(status)
+
+
+def _default_id(experiment: str) -> str:
+    """The experiment's name, and in a job array the array task's index after it, so that the
+    array's tasks train into directories of their own."""
+    job = read_slurm_job(os.environ)
+    if job is not None and job.array_task_id is not None:
+        return f"{experiment}-{job.array_task_id}"
+    return experiment
+
+
+def _run_local_cluster(model_dir: Path) -> int:
+    from tfconfig_slurm.runtime import local_cluster  # noqa: PLC0415
+
+    counts = local_cluster.parse(LOCAL_CLUSTER.value or "")
+    # The launcher holds the model directory for its tasks, which do not claim it.
+    held = claim.claim(model_dir, claim.this_holder(os.environ))
+    held.renew()
+    try:
+        return local_cluster.run(counts, model_dir, sys.argv[1:], PROGRAM)
+    finally:
+        held.release()
+
+
+def _claim_model_dir(model_dir: Path, role: ClusterRole | None) -> claim.Claim | None:
+    """Holds the model directory for this run (claim.py); returns the claim this task keeps
+    renewed and releases at the end: the chief's, or a single process's."""
+    if role is not None and (role.run_id or "").startswith(render.LOCAL_RUN_PREFIX):
+        return None
+    holder = claim.this_holder(os.environ)
+    owner = role is None or role.role == CHIEF
+    if not owner and holder.job is None:
+        # Outside SLURM, only the chief can tell its own run from another.
+        model_dir.mkdir(parents=True, exist_ok=True)
+        return None
+    held = claim.claim(model_dir, holder)
+    if not owner:
+        return None
+    held.renew()
+    return held
 
 
 def _cluster_role() -> tuple[ClusterRole | None, str, str]:

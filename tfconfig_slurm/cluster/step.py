@@ -98,6 +98,38 @@ class SlurmStep:
     array_task_id: int | None
 
 
+@dataclass(frozen=True)
+class SlurmJob:
+    """The SLURM job a process runs in, in a batch script as in a job step's task."""
+
+    job_id: int
+    array_job_id: int | None
+    array_task_id: int | None
+    restart_count: int
+
+    @property
+    def name(self) -> str:
+        """How scontrol and squeue name it: `<array job>_<task>` for an array task."""
+        if self.array_job_id is not None and self.array_task_id is not None:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return str(self.job_id)
+
+
+def read_slurm_job(environ: Mapping[str, str]) -> SlurmJob | None:
+    """The job this process runs in, or None outside SLURM.
+
+    Raises SlurmEnvironmentError naming the variable when one is garbled.
+    """
+    if _lookup(environ, "job_id") is None:
+        return None
+    return SlurmJob(
+        job_id=_whole_number(environ, "job_id"),
+        array_job_id=_optional_whole_number(environ, "array_job_id"),
+        array_task_id=_optional_whole_number(environ, "array_task_id"),
+        restart_count=_optional_whole_number(environ, "restart_count") or 0,
+    )
+
+
 def in_job_step(environ: Mapping[str, str]) -> bool:
     """True inside a task of a job step (srun), false in a batch shell or outside SLURM."""
     return _lookup(environ, "step_id") is not None and "SLURM_PROCID" in environ

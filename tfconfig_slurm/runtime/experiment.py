@@ -1,8 +1,9 @@
 """The experiment protocol: finding, importing and checking the module a user wrote.
 
-An experiment is a module, named as `experiments/<name>.py`, a dotted module path, or a file
-path. It defines `model_fn(features, labels, mode, params)` and either `input_fn(mode, params)`
-or both `train_input_fn(params)` and `eval_input_fn(params)`; optionally `HPARAMS` (a dict of
+An experiment is a module, named as `experiments/<name>.py` (in the working directory, else
+among the experiments that ship with the package), a dotted module path, or a file path. It
+defines `model_fn(features, labels, mode, params)` and either `input_fn(mode, params)` or
+both `train_input_fn(params)` and `eval_input_fn(params)`; optionally `HPARAMS` (a dict of
 defaults that `--hparams` may override) and `serving_input_receiver_fn` (exported at the end).
 """
 
@@ -20,9 +21,9 @@ from typing import Any, Callable
 
 from tfconfig_slurm.errors import UsageError
 
-# Where `--experiment NAME` looks for experiments/NAME.py: the working directory, then the
-# source tree this package runs from.
-_SEARCH_ROOTS = (Path.cwd(), Path(__file__).resolve().parents[2])
+# Where `--experiment NAME` looks for NAME.py: the working directory's experiments/, then the
+# experiments installed with the package (tfconfig_slurm/experiments).
+_SEARCH_FOLDERS = (Path.cwd() / "experiments", Path(__file__).resolve().parents[1] / "experiments")
 _HINT = "name a file experiments/NAME.py, a file path, or an importable module path"
 
 InputFn = Callable[[Mapping[str, Any]], Any]
@@ -51,8 +52,8 @@ def locate(spec: str) -> tuple[str, Path | None]:
         if not path.is_file():
             raise UsageError("--experiment", f"file {spec!r} does not exist", _HINT)
         return path.stem, path
-    for root in _SEARCH_ROOTS:
-        candidate = root / "experiments" / f"{spec}.py"
+    for folder in _SEARCH_FOLDERS:
+        candidate = folder / f"{spec}.py"
         if candidate.is_file():
             return spec, candidate
     try:
@@ -60,10 +61,10 @@ def locate(spec: str) -> tuple[str, Path | None]:
     except (ImportError, ValueError):
         found = None
     if found is None:
-        searched = ", ".join(str(root / "experiments") for root in _SEARCH_ROOTS)
+        searched = ", ".join(map(str, _SEARCH_FOLDERS))
         raise UsageError(
             "--experiment",
-            f"{spec!r} is neither experiments/{spec}.py (looked in {searched}) nor an "
+            f"{spec!r} is neither {spec}.py in an experiments folder (looked in {searched}) nor an "
             "importable module",
             _HINT,
         )

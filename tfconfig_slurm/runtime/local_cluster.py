@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -104,12 +104,12 @@ def parse(spec: str) -> dict[str, int]:
     return counts
 
 
-def run(spec: str, model_dir: Path, arguments: Sequence[str], program: str) -> int:
+def run(counts: Mapping[str, int], model_dir: Path, arguments: Sequence[str], program: str) -> int:
     """Runs the cluster to the end; the exit status is 0 only if every task's is.
 
-    `program` starts the one line a task writes when it refuses its input (cli.fail).
+    `counts` are the tasks by role, as `parse` reads them; `program` starts the one line a
+    task writes when it refuses its input (cli.fail).
     """
-    counts = parse(spec)
     # Free ports, distinct because all are bound at once, then released for the tasks to
     # bind: TensorFlow's gRPC server refuses SO_REUSEPORT, so nothing can hold them meanwhile.
     with ExitStack() as reservations:

@@ -25,6 +25,7 @@ from types import FrameType
 
 from absl import logging
 
+from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import UsageError
 
 # The exit status of a task that stopped on the signal but could not requeue the job.
@@ -95,17 +96,15 @@ def after_stop(
 
 def requeue(environ: Mapping[str, str], max_requeues: int, stopped_on: str) -> int:
     """Puts this SLURM job back in the queue; the exit status this task should end with."""
-    job = environ.get("SLURM_JOB_ID")
-    if not job:
+    job = read_slurm_job(environ)
+    if job is None:
         logging.warning(
             "stopped on %s outside a SLURM job: nothing to requeue; run again with the same "
             "experiment id to resume from the checkpoint",
             stopped_on,
         )
         return 0
-    array_job, array_task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
-    target = f"{array_job}_{array_task}" if array_job and array_task else job
-    restarts = int(environ.get("SLURM_RESTART_COUNT") or 0)
+    target, restarts = job.name, job.restart_count
     if restarts >= max_requeues:
         logging.error(
             "job %s stopped on %s and was requeued %d times already (--max_requeues=%d): not "

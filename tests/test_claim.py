@@ -1,0 +1,119 @@
+"""One model directory, one run: the lock a run holds, who shares it, and when it is taken over."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cli import run_module
+from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.runtime import claim
+from tfconfig_slurm.runtime.claim import Holder
+
+HOST = socket.gethostname()
+
+
+@pytest.fixture
+def other_process() -> Iterator[subprocess.Popen[bytes]]:
+    """A live process on this host, standing for another run."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_a_second_run_is_refused_naming_the_holder(
+    tmp_path: Path, other_process: subprocess.Popen[bytes]
+) -> None:
+    claim.claim(tmp_path / "run", Holder(job=None, host=HOST, pid=other_process.pid))
+    with pytest.raises(UsageError) as raised:
+        claim.claim(tmp_path / "run", claim.this_holder({}))
+    assert raised.value.culprit == "--experiment_id"
+    assert f"held by another run, process {other_process.pid} on {HOST}" in raised.value.problem
+    assert "give this run its own --experiment_id" in raised.value.hint
+
+
+def test_the_tasks_of_a_job_and_its_requeued_run_share_it(tmp_path: Path) -> None:
+    first = claim.claim(tmp_path, claim.this_holder({"SLURM_JOB_ID": "77"}))
+    again = claim.this_holder({"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1"})
+    assert claim.claim(tmp_path, Holder(job="77", host="node2", pid=1)).holder.job == "77"
+    assert claim.claim(tmp_path, again).lock == first.lock
+    # An array task is its own job: the array's other tasks are other runs.
+    array_task = claim.this_holder(
+        {"SLURM_JOB_ID": "78", "SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "1"}
+    )
+    assert array_task.job == "77_1"
+
+
+def test_a_lock_whose_process_ended_is_taken_over(tmp_path: Path) -> None:
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    claim.claim(tmp_path, Holder(job=None, host=HOST, pid=int(ended.stdout)))
+    mine = claim.claim(tmp_path, claim.this_holder({}))
+    assert json.loads(mine.lock.read_text())["pid"] == os.getpid()
+
+
+def test_a_lock_from_another_host_is_held_until_it_is_stale(tmp_path: Path) -> None:
+    claim.claim(tmp_path, Holder(job=None, host="node9", pid=1))
+    with pytest.raises(UsageError, match="process 1 on node9"):
+        claim.claim(tmp_path, claim.this_holder({}))
+    long_ago = time.time() - claim.STALE_SECONDS - 1
+    os.utime(tmp_path / claim.LOCK_FILE, (long_ago, long_ago))
+    claim.claim(tmp_path, claim.this_holder({}))
+
+
+def test_a_job_slurm_cannot_be_asked_about_is_held_until_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # no squeue
+    claim.claim(tmp_path, Holder(job="77", host="node1", pid=1))
+    with pytest.raises(UsageError, match="SLURM job 77"):
+        claim.claim(tmp_path, claim.this_holder({"SLURM_JOB_ID": "78"}))
+
+
+def test_renewal_and_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(claim, "RENEW_SECONDS", 0.05)
+    held = claim.claim(tmp_path, claim.this_holder({}))
+    long_ago = time.time() - 1000
+    os.utime(held.lock, (long_ago, long_ago))
+    held.renew()
+    time.sleep(0.3)
+    assert time.time() - held.lock.stat().st_mtime < 5
+    held.release()
+    assert not held.lock.exists()
+
+
+def test_release_leaves_a_lock_another_run_took_over(tmp_path: Path) -> None:
+    held = claim.claim(tmp_path, claim.this_holder({}))
+    (tmp_path / claim.LOCK_FILE).write_text(json.dumps({"job": "9", "host": "n", "pid": 1}))
+    held.release()
+    assert (tmp_path / claim.LOCK_FILE).exists()
+
+
+@pytest.mark.tensorflow
+def test_the_runtime_refuses_a_held_directory_with_one_line(
+    tmp_path: Path, other_process: subprocess.Popen[bytes]
+) -> None:
+    claim.claim(tmp_path / "mnist_deep", Holder(job=None, host=HOST, pid=other_process.pid))
+    result = run_module(
+        "tfconfig_slurm.run", "--experiment=mnist_deep", f"--output_root={tmp_path}"
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith(
+        "tfconfig-slurm-run: --experiment_id: "
+        f"{tmp_path / 'mnist_deep'} is held by another run, process {other_process.pid}"
+    )
+    assert sorted(path.name for path in (tmp_path / "mnist_deep").iterdir()) == ["run.lock"]

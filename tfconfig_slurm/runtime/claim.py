@@ -1,0 +1,217 @@
+"""One model directory, one run: a run holds its model directory while it trains.
+
+Two runs training into one directory resume each other's checkpoints and overwrite each
+other's summaries (four tasks of `sbatch --array=0-3` did, all with the default experiment
+id). The run that starts first writes `<model dir>/run.lock`, naming its holder: its SLURM job
+(which every task of its steps shares, and which a requeued job takes back) or, outside SLURM,
+its host and process. A run that finds another live holder there stops at start. A holder is
+gone, and its lock taken over, when SLURM says its job has ended (a requeued job waiting in
+the queue has not), when its process on this host has ended, or, where neither can be
+asked, when its lock has not been renewed for STALE_SECONDS: the holder renews it every
+RENEW_SECONDS while it trains, and removes it at the end (not when it requeues itself).
+
+No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tfconfig_slurm.cluster.step import SlurmJob, read_slurm_job
+from tfconfig_slurm.errors import UsageError
+
+LOCK_FILE = "run.lock"
+RENEW_SECONDS = 10.0
+STALE_SECONDS = 90.0
+# After taking over a lock, how long to wait before reading it back: two runs that found the
+# same stale lock both replace it, and the one whose lock is still there afterwards holds it.
+_SETTLE_SECONDS = 0.5
+_SQUEUE_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a model directory: a SLURM job (`job` set), or a process on a host."""
+
+    job: str | None
+    host: str
+    pid: int
+
+    def describe(self) -> str:
+        if self.job is not None:
+            return f"SLURM job {self.job}"
+        return f"process {self.pid} on {self.host}"
+
+    def same_run(self, other: Holder) -> bool:
+        """Whether `other` is this run: the same job (any task, any restart), or this process."""
+        if self.job is not None or other.job is not None:
+            return self.job == other.job
+        return (self.host, self.pid) == (other.host, other.pid)
+
+
+def this_holder(environ: Mapping[str, str]) -> Holder:
+    """The holder this process claims a model directory as."""
+    job: SlurmJob | None = read_slurm_job(environ)
+    return Holder(job=job.name if job else None, host=socket.gethostname(), pid=os.getpid())
+
+
+class Claim:
+    """A held model directory; `renew()` keeps it held from a thread, `release()` frees it."""
+
+    def __init__(self, lock: Path, holder: Holder) -> None:
+        self.lock = lock
+        self.holder = holder
+        self._stopped = threading.Event()
+
+    def renew(self) -> None:
+        """Renews the lock every RENEW_SECONDS from a daemon thread, until release()."""
+
+        def keep() -> None:
+            while not self._stopped.wait(RENEW_SECONDS):
+                with contextlib.suppress(OSError):
+                    os.utime(self.lock)
+
+        threading.Thread(target=keep, name="run-lock", daemon=True).start()
+
+    def release(self) -> None:
+        """Frees the directory, if this run still holds it."""
+        self._stopped.set()
+        current = _read(self.lock)
+        if current is not None and current[0].same_run(self.holder):
+            with contextlib.suppress(OSError):
+                self.lock.unlink()
+
+
+def claim(model_dir: Path, holder: Holder) -> Claim:
+    """Holds `model_dir` for `holder`'s run, or raises UsageError naming the live holder.
+
+    Creates the directory. A lock of the same run (another task of the job, a requeued job)
+    is shared; a stale one is taken over.
+    """
+    model_dir.mkdir(parents=True, exist_ok=True)
+    lock = model_dir / LOCK_FILE
+    if _create(lock, holder):
+        return Claim(lock, holder)
+    current = _read(lock)
+    if current is not None and current[0].same_run(holder):
+        return Claim(lock, holder)
+    if current is not None and not _gone(*current):
+        _refuse(model_dir, *current)
+    # Gone, or unreadable (a lock cut short by a full disk): take it over.
+    _write(lock, holder, replace=True)
+    time.sleep(_SETTLE_SECONDS)
+    current = _read(lock)
+    if current is not None and not current[0].same_run(holder):
+        _refuse(model_dir, *current)
+    return Claim(lock, holder)
+
+
+def _refuse(model_dir: Path, holder: Holder, age: float) -> None:
+    raise UsageError(
+        "--experiment_id",
+        f"{model_dir} is held by another run, {holder.describe()} (its lock was renewed "
+        f"{age:.0f} s ago); two runs in one model directory would resume each other's "
+        "checkpoints",
+        "give this run its own --experiment_id (or EXPERIMENT_ID), or wait for that run to "
+        f"end; a lock whose run is gone is taken over, at the latest {STALE_SECONDS:.0f} s "
+        "after it was last renewed",
+    )
+
+
+def _create(lock: Path, holder: Holder) -> bool:
+    """Writes the lock if none exists; False if one does."""
+    return _write(lock, holder, replace=False)
+
+
+def _write(lock: Path, holder: Holder, *, replace: bool) -> bool:
+    # Written whole under another name first, so that no reader sees half a lock.
+    with tempfile.NamedTemporaryFile(
+        "w", dir=lock.parent, prefix=f".{lock.name}.", delete=False
+    ) as stream:
+        json.dump(asdict(holder), stream)
+    try:
+        if replace:
+            os.replace(stream.name, lock)
+            return True
+        try:
+            os.link(stream.name, lock)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(stream.name)
+
+
+def _read(lock: Path) -> tuple[Holder, float] | None:
+    """The lock's holder and seconds since it was renewed; None if absent or unreadable."""
+    try:
+        age = time.time() - lock.stat().st_mtime
+        fields: dict[str, Any] = json.loads(lock.read_text())
+        return Holder(job=fields["job"], host=str(fields["host"]), pid=int(fields["pid"])), age
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _gone(holder: Holder, age: float) -> bool:
+    """Whether the holder's run has ended: as SLURM or this host's processes say, where they
+    can be asked, else by the lock's age."""
+    if holder.job is not None:
+        ended = _job_ended(holder.job)
+        if ended is not None:
+            return ended
+    elif holder.host == socket.gethostname():
+        try:
+            os.kill(holder.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+    return age > STALE_SECONDS
+
+
+# A job in these states may still train into the directory: a requeued job waits in the queue
+# to resume from its checkpoint there.
+_LIVE_STATES = {
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "SUSPENDED",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+}
+
+
+def _job_ended(job: str) -> bool | None:
+    """Whether SLURM says the job has ended; None when it cannot be asked."""
+    try:
+        result = subprocess.run(
+            ["squeue", "--noheader", "--jobs", job, "--format=%T"],
+            capture_output=True,
+            text=True,
+            timeout=_SQUEUE_SECONDS,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if result.returncode != 0:
+        # squeue refuses a job id it no longer remembers.
+        return True if "Invalid job id" in result.stderr else None
+    return result.stdout.strip() not in _LIVE_STATES
