@@ -230,3 +230,52 @@ def test_sync_replicas_take_one_gradient_from_every_trainer_each_step(tmp_path: 
     summary = json.loads((tmp_path / "mnist_deep" / "summary.json").read_text())
     assert summary["global_step"] == 30
     # The 120 s wait at the end, were it back, would run past run_module's 120 s timeout.
+
+
+# Each trainer signals itself as a step of its own begins, the one named first a step before
+# the other: that one stops while the other is already inside the next synchronous step.
+SIGNALLED_IN_TURN = """
+import json, os, signal
+import tensorflow as tf
+from tfconfig_slurm.experiments.mnist_deep import HPARAMS, input_fn, model_fn as _model_fn
+
+SIGNAL_AT = 4 if json.loads(os.environ["TF_CONFIG"])["task"]["type"] == "{first}" else 5
+
+def signal_at(step):
+    if step == SIGNAL_AT:
+        os.kill(os.getpid(), signal.{signal})
+    return step
+
+def model_fn(features, labels, mode, params):
+    if mode == tf.estimator.ModeKeys.TRAIN:
+        begun = tf.py_function(signal_at, [tf.compat.v1.train.get_global_step()], tf.int64)
+        with tf.control_dependencies([begun]):
+            features = tf.identity(features)
+    return _model_fn(features, labels, mode, params)
+"""
+
+
+@pytest.mark.parametrize(
+    ("first", "signal"), [("chief", "SIGUSR1"), ("worker", "SIGUSR1"), ("worker", "SIGTERM")]
+)
+def test_sync_replicas_signalled_a_step_apart_stop_together(
+    tmp_path: Path, first: str, signal: str
+) -> None:
+    """SLURM signals every task, not at one instant. Without the stopping trainer's token the
+    other waits inside its step forever (and the chief, if it is the one, checkpoints none)."""
+    experiment = tmp_path / "signalled.py"
+    experiment.write_text(SIGNALLED_IN_TURN.format(first=first, signal=signal))
+    result = run_module(
+        RUN,
+        f"--experiment={experiment}",
+        f"--output_root={tmp_path}",
+        "--local_cluster=ps=1,workers=1",
+        "--sync_replicas",
+        "--train_steps=1000",
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    stopped = re.findall(rf"\[(\w+) 0\] .*stopping on {signal} at global step (\d+)", result.stderr)
+    assert sorted(stopped) == [("chief", "5"), ("worker", "5")]
+    assert "workers stopped within" not in result.stderr
+    checkpoint = (tmp_path / "signalled" / "checkpoint").read_text()
+    assert 'model_checkpoint_path: "model.ckpt-5"' in checkpoint

@@ -33,6 +33,10 @@ STOP_GRACE_SECONDS = 1.0
 
 OnToken = Callable[[int], None]
 
+# The graph collection of ops a trainer runs as it stops, before it says so: they let a peer
+# blocked in a step that this trainer will not join (--sync_replicas, sync.py) end that step.
+RELEASE_PEERS = "tfconfig_slurm_release_peers"
+
 
 class StopRequest(Protocol):
     """Whether this task was told to stop (preemption.StopRequest)."""
@@ -179,9 +183,10 @@ class LeaveSessionOpenHook(tf.compat.v1.train.SessionRunHook):
 class PreemptionHook(tf.compat.v1.train.SessionRunHook):
     """Stops this trainer at the first step boundary after a stop request.
 
-    In a cluster each worker first says so on a queue on the first ps, and the chief stops
-    only once every worker has (or PREEMPT_WAIT_SECONDS passed): the final checkpoint, which
-    Estimator writes as the chief stops, then holds every step any trainer took.
+    It first runs the RELEASE_PEERS ops. In a cluster each worker then says so on a queue on
+    the first ps, and the chief stops only once every worker has (or PREEMPT_WAIT_SECONDS
+    passed): the final checkpoint, which Estimator writes as the chief stops, then holds every
+    step any trainer took.
     """
 
     def __init__(self, stop: StopRequest, trainers: int, trainer_id: int) -> None:
@@ -192,6 +197,7 @@ class PreemptionHook(tf.compat.v1.train.SessionRunHook):
 
     def begin(self) -> None:
         self._global_step = tf.compat.v1.train.get_global_step()
+        self._release = tf.compat.v1.get_collection(RELEASE_PEERS)
         self._say_stopped = self._count_stopped = None
         if self._trainers > 1:
             queue = _stopped_queue(self._trainers)
@@ -205,6 +211,8 @@ class PreemptionHook(tf.compat.v1.train.SessionRunHook):
             return
         self._done = True
         session = run_context.session
+        if self._release:
+            session.run(self._release)
         if self._say_stopped is not None:
             session.run(self._say_stopped)
         if self._count_stopped is not None:

@@ -10,6 +10,11 @@ At the end the chief's queue runner waits for gradients that never come, and the
 close waits 120 s for it (stop_grace_period_secs, which Estimator does not let one change).
 The chief's last hook therefore stops the coordinator and closes the raw session, after every
 other hook's end(), so the final checkpoint and the ps tokens are in first.
+
+Told to stop, a trainer stops at a step boundary, and a peer told a moment later may already
+be inside the next step, its gradient sent, waiting for a token that only a complete step
+brings. A trainer that stops therefore first queues a token for each peer
+(lifecycle.RELEASE_PEERS): the peer's step ends without an update, and it sees its stop.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.runtime import lifecycle
 
 ModelFn = Callable[..., Any]
 
@@ -80,6 +86,11 @@ def synchronous_model_fn(model_fn: ModelFn, replicas: int, is_chief: bool) -> Mo
                 "or leave --sync_replicas out",
             )
         hooks = [made[0].make_session_run_hook(is_chief, num_tokens=0)]
+        # Without these tokens a peer inside the step a stopping trainer never joins waits
+        # for its token forever, and keeps the parameter servers up with it.
+        tf.compat.v1.add_to_collection(
+            lifecycle.RELEASE_PEERS, made[0].get_init_tokens_op(replicas - 1)
+        )
         if is_chief:
             hooks.append(_CloseAtEndHook())
         return spec._replace(training_hooks=(*spec.training_hooks, *hooks))
