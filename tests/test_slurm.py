@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from tests.cli import REPOSITORY
 from tests.slurm_cluster import (
     NODES,
+    SBATCH,
     SMALL_JOB,
     SlurmCluster,
     checkpoint_step,
@@ -149,6 +151,26 @@ def test_a_lock_left_by_a_job_that_ended_is_taken_over(
     job = finish(slurm_cluster, submit(slurm_cluster, tmp_path, "stale", "--train_steps=10"))
     assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), job["stderr"]
     assert checkpoint_step(tmp_path / "stale") >= 10
+
+
+def test_array_tasks_train_their_own_experiment_into_their_own_directories(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """No EXPERIMENT_ID: the id follows --experiment, and each array task gets its own."""
+    shutil.copy(
+        REPOSITORY / "tfconfig_slurm" / "experiments" / "mnist_deep.py", tmp_path / "digits.py"
+    )
+    submitted = slurm_cluster.run(
+        ["sbatch", "--wait", "--parsable", "--array=0-1", *SMALL_JOB, str(SBATCH),
+         "--experiment=digits.py", "--train_steps=10"],
+        cwd=tmp_path,
+        TFCONFIG_SLURM_OUTPUT=str(tmp_path),
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    assert sorted(path.name for path in tmp_path.glob("digits-*")) == ["digits-0", "digits-1"]
+    for index in (0, 1):
+        assert checkpoint_step(tmp_path / f"digits-{index}") >= 10
+    assert not (tmp_path / "mnist_deep").exists()
 
 
 def left_behind(cluster: SlurmCluster) -> dict[str, list[str]]:
