@@ -12,6 +12,9 @@ measures:
 - preempt: `scancel --signal=USR1`, as `#SBATCH --signal=USR1@90` sends it. Bound: the job
   is requeued within 90 s. Steps lost: the step the trainers stopped at, less the step the
   requeued run resumes from.
+- scancel: `scancel JOBID`, SIGTERM to every task (as a time limit or a preemption without
+  warning sends it), SIGKILL after KillWait (30 s). Bound: every task has exited within
+  those 30 s. Steps lost: the step the trainers stopped at, less the latest checkpoint's.
 - node cut: node2's link down (`ip link set tfsveth2 down`). Bound: the job ends, non-zero,
   within SlurmdTimeout (30 s) + 60 s. Steps lost as for a kill. The link and node are
   restored after each run.
@@ -54,6 +57,7 @@ from tests.slurm_cluster import (
 _VICTIMS = {"kill_worker": 3, "kill_ps": 2, "kill_chief": 1}
 _BOUNDS = {"kill_worker": 60.0, "kill_ps": 60.0, "kill_chief": 60.0, "preempt": 90.0}
 _BOUNDS["node_cut"] = 30.0 + 60.0
+_BOUNDS["scancel"] = 30.0
 _START_SECONDS = 300.0
 
 
@@ -65,7 +69,7 @@ class Outcome(NamedTuple):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--faults", default=",".join([*_VICTIMS, "preempt", "node_cut"]))
+    parser.add_argument("--faults", default=",".join([*_VICTIMS, "preempt", "scancel", "node_cut"]))
     args = parser.parse_args()
     subprocess.run([str(SCRIPT), "up"], check=True)
     cluster = SlurmCluster(STATE / "slurm.conf")
@@ -114,6 +118,8 @@ def _run(cluster: SlurmCluster, folder: Path, fault: str) -> Outcome:
         job_id = job_id_of(logs)
         if fault == "preempt":
             return _preempt(cluster, job_id, logs)
+        if fault == "scancel":
+            return _scancel(cluster, job_id, logs, folder / "bench")
         if fault == "node_cut":
             subprocess.run(["ip", "link", "set", "tfsveth2", "down"], check=True)
         else:
@@ -156,6 +162,18 @@ def _preempt(cluster: SlurmCluster, job_id: str, logs: Path) -> Outcome:
     )
     resumed = int(resuming.findall(log)[0])
     return Outcome(seconds, stopped - resumed)
+
+
+def _scancel(cluster: SlurmCluster, job_id: str, logs: Path, model_dir: Path) -> Outcome:
+    cancelled = time.monotonic()
+    cluster.run(["scancel", job_id])
+    if not wait_until(lambda: not any(cluster.task_pids().values()), _BOUNDS["scancel"]):
+        return Outcome(None, None)
+    seconds = time.monotonic() - cancelled
+    stopped = re.findall(r"stopping on SIGTERM at global step (\d+)", read_logs(logs))
+    if not stopped:
+        return Outcome(seconds, None)
+    return Outcome(seconds, max(map(int, stopped)) - checkpoint_step(model_dir))
 
 
 if __name__ == "__main__":

@@ -190,7 +190,7 @@ def wait_until(done: Callable[[], bool], seconds: float) -> bool:
 
 def highest_step(log: str) -> int:
     """The highest global step trainers logged (with --log_every_steps=1, the last reached)."""
-    return max(map(int, re.findall(r"step (\d+): [\d.]+ examples/s", log)), default=0)
+    return max(map(int, re.findall(r"step (\d+): loss \S+, [\d.]+ examples/s", log)), default=0)
 
 
 def read_logs(folder: Path) -> str:

@@ -279,3 +279,32 @@ def test_sync_replicas_signalled_a_step_apart_stop_together(
     assert "workers stopped within" not in result.stderr
     checkpoint = (tmp_path / "signalled" / "checkpoint").read_text()
     assert 'model_checkpoint_path: "model.ckpt-5"' in checkpoint
+
+
+SHARD_PROBE = """
+import json, os
+from pathlib import Path
+from tfconfig_slurm.experiments.mnist_deep import HPARAMS, model_fn, input_fn as _input_fn
+
+def input_fn(mode, params):
+    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {"type": "single"})
+    seen = {"mode": mode, "share": [params["num_trainers"], params["trainer_index"]]}
+    name = f"{task['type']}{task.get('index', '')}-{mode}.json"
+    Path(params["data_dir"], name).write_text(json.dumps(seen))
+    return _input_fn(mode, params)
+"""
+
+
+def test_params_tell_each_trainer_its_share_of_the_data(tmp_path: Path) -> None:
+    experiment = tmp_path / "shards.py"
+    experiment.write_text(SHARD_PROBE)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    result = run_cluster(
+        tmp_path, "--train_steps=4", f"--data_dir={seen}", experiment=str(experiment)
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    shares = {path.stem: json.loads(path.read_text())["share"] for path in seen.iterdir()}
+    # Three trainers (chief, worker 0, worker 1) read shards 0, 1 and 2 of three.
+    trained = {name: share for name, share in shares.items() if name.endswith("-train")}
+    assert trained == {"chief0-train": [3, 0], "worker0-train": [3, 1], "worker1-train": [3, 2]}

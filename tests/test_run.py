@@ -52,7 +52,8 @@ def test_trains_evaluates_and_reports(trained: tuple[Path, str]) -> None:
     assert any((model_dir / "export").iterdir())
     assert "starting at step 0" in log
     assert "scikit-learn" in log
-    assert re.search(r"step \d+: [\d.]+ examples/s, [\d.]+ global steps/s", log)
+    # The loss beside the speed, in every trainer's log (Estimator's own lines are silenced).
+    assert re.search(r"step \d+: loss \d[\d.e+-]*, [\d.]+ examples/s, [\d.]+ global steps/s", log)
 
 
 def test_event_files_hold_loss_accuracy_and_throughput(trained: tuple[Path, str]) -> None:

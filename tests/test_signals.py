@@ -56,7 +56,7 @@ def ended(process: subprocess.Popen[str]) -> int:
 
 def test_sigterm_checkpoints_every_step_and_sigquit_shows_stacks(tmp_path: Path) -> None:
     process, console = start(tmp_path, *TRAIN_LONG)
-    wait_for(console, r"step \d+: [\d.]+ examples/s", process)
+    wait_for(console, r"step \d+: loss \S+, [\d.]+ examples/s", process)
     process.send_signal(signal.SIGQUIT)
     log = wait_for(console, r"(?s)Current thread 0x.*File ", process)
     assert "Thread 0x" in log  # the other threads too

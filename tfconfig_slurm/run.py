@@ -34,7 +34,7 @@ from absl import flags, logging
 from tfconfig_slurm import layout_flags, network
 from tfconfig_slurm.cli import run_cli
 from tfconfig_slurm.cluster import render
-from tfconfig_slurm.cluster.layout import CHIEF, PS
+from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
 from tfconfig_slurm.cluster.step import in_job_step, read_slurm_job, read_slurm_step
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.runtime import claim, preemption
@@ -103,7 +103,7 @@ INTER_OP_THREADS = flags.DEFINE_integer(
 LOG_EVERY_STEPS = flags.DEFINE_integer(
     "log_every_steps",
     100,
-    "Log examples/s and global steps/s, and write scalars, every N steps.",
+    "Log the loss, examples/s and global steps/s, and write scalars, every N steps.",
     lower_bound=1,
 )
 GPU_MEMORY_GROWTH = flags.DEFINE_boolean(
@@ -199,7 +199,15 @@ def main(argv: Sequence[str]) -> int | None:
 
     experiment = experiment_lib.load(EXPERIMENT.value)
     params = experiment_lib.with_overrides(experiment.hparams, HPARAMS.value)
-    params.update(batch_size=BATCH_SIZE.value, data_dir=DATA_DIR.value)
+    # Which share of the training data this process reads: trainer i of n reads shard i
+    # (dataset.shard(n, i)); a single process and the evaluator read all of theirs.
+    trainer = role if role is not None and role.role in (CHIEF, WORKER) else None
+    params.update(
+        batch_size=BATCH_SIZE.value,
+        data_dir=DATA_DIR.value,
+        num_trainers=trainer.trainers if trainer else 1,
+        trainer_index=trainer.trainer_id if trainer else 0,
+    )
     # Only now, with the input checked: bad input leaves nothing behind.
     held = _claim_model_dir(model_dir, role)
     resumed = train.resume_step(model_dir)

@@ -60,6 +60,8 @@ def input_fn(mode: str, params: dict[str, Any]) -> tf.data.Dataset:
         ),
     ).unbatch()
     if training:
+        # Each trainer of a cluster reads its own share of the examples.
+        dataset = dataset.shard(params.get("num_trainers", 1), params.get("trainer_index", 0))
         dataset = dataset.shuffle(params["shuffle_buffer"]).repeat()
     return dataset.batch(params["batch_size"]).prefetch(2)
 

@@ -13,15 +13,16 @@ _Mark = tuple[float, int, int]
 
 
 class ThroughputHook(tf.compat.v1.train.SessionRunHook):
-    """Logs examples/s and global steps/s every `every_steps` local steps, as the HPC centres'
-    scripts report training speed, and writes both as scalars; at the end, the run's means."""
+    """Logs the loss, examples/s and global steps/s every `every_steps` local steps, as the
+    HPC centres' scripts report training, and writes the speeds as scalars (Estimator writes
+    the loss); at the end, the run's means. Estimator's own step lines are silenced."""
 
     def __init__(self, batch_size: int, summary_dir: str, every_steps: int) -> None:
         self._batch_size = batch_size
         self._summary_dir = summary_dir
         self._every_steps = every_steps
         self._writer: Any | None = None
-        self._global_step: tf.Tensor | None = None
+        self._fetches: dict[str, Any] = {}
         self._local_steps = 0
         # The means leave the first step out: it includes building the session.
         self._first: _Mark | None = None
@@ -29,15 +30,21 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
         self._last: _Mark | None = None
 
     def begin(self) -> None:
-        self._global_step = tf.compat.v1.train.get_global_step()
+        self._fetches = {"step": tf.compat.v1.train.get_global_step()}
+        # Estimator puts the EstimatorSpec's loss last in this collection, after any the
+        # model_fn's tf.compat.v1.losses added.
+        losses = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.LOSSES)
+        if losses:
+            self._fetches["loss"] = losses[-1]
         self._writer = tf.compat.v1.summary.FileWriterCache.get(self._summary_dir)
 
     def before_run(self, run_context: Any) -> tf.compat.v1.train.SessionRunArgs:
-        return tf.compat.v1.train.SessionRunArgs(self._global_step)
+        return tf.compat.v1.train.SessionRunArgs(self._fetches)
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
         self._local_steps += 1
-        mark = (time.monotonic(), self._local_steps, int(run_values.results))
+        results = run_values.results
+        mark = (time.monotonic(), self._local_steps, int(results["step"]))
         if self._first is None:
             self._first = self._window = mark
             logging.info("first step done (global step %d)", mark[2])
@@ -46,7 +53,10 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
         assert self._window is not None
         if mark[1] - self._window[1] >= self._every_steps and mark[0] > self._window[0]:
             examples, steps = self._rates(self._window, mark)
-            logging.info("step %d: %.1f examples/s, %.2f global steps/s", mark[2], examples, steps)
+            loss = f"loss {float(results['loss']):.4g}, " if "loss" in results else ""
+            logging.info(
+                "step %d: %s%.1f examples/s, %.2f global steps/s", mark[2], loss, examples, steps
+            )
             self._record(examples, steps, mark[2])
             self._window = mark
 
