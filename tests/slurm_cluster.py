@@ -97,19 +97,23 @@ class SlurmCluster:
             found[node] = [int(pid) for pid in listed.stdout.split()]
         return found
 
-    def task_pid(self, rank: int) -> int:
-        """The pid of a running task of the tfconfig_slurm runtime, by its rank in the step."""
+    def task_pid(self, rank: int, running: str = "tfconfig_slurm.run") -> int:
+        """The pid of a running task's process, by its rank in the step: by default the
+        tfconfig_slurm runtime; else the command `running` names, not its with-tfconfig."""
         for pids in self.node_pids().values():
             for pid in pids:
                 try:
                     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
                 except OSError:
                     continue
-                if f"SLURM_PROCID={rank}".encode() in environ and "tfconfig_slurm.run" in (
-                    _command_line(pid)
+                command = _command_line(pid)
+                if (
+                    f"SLURM_PROCID={rank}".encode() in environ
+                    and running in command
+                    and "tfconfig_slurm.with_tfconfig" not in command
                 ):
                     return pid
-        raise AssertionError(f"no task of rank {rank} runs on any node")
+        raise AssertionError(f"no task of rank {rank} runs {running} on any node")
 
     def clear(self, node: str) -> None:
         """Ends what jobs left on a node, as its reboot would: Slurm's slurmstepd on a node

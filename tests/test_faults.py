@@ -152,6 +152,40 @@ def test_a_killed_local_task_ends_the_cluster_and_is_named(tmp_path: Path, victi
     assert f"{victim} (pid {pid}) was killed by SIGKILL" in console.read_text()
 
 
+PREMADE = REPOSITORY / "tests" / "fixtures" / "premade_estimator.py"
+WITH_TFCONFIG = REPOSITORY / "launch" / "with-tfconfig"
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize(("victim", "rank"), [("ps 1", 2), ("worker 0", 3), ("chief 0", 1)])
+def test_a_killed_script_under_with_tfconfig_ends_a_plain_srun_step(
+    slurm_cluster: SlurmCluster, tmp_path: Path, victim: str, rank: int
+) -> None:
+    """A stock Estimator script's process killed, as by the OOM killer, in a step without
+    --kill-on-bad-exit: the supervisors of the others see its port fall silent."""
+    model_dir = tmp_path / "model"
+    step = subprocess.Popen(
+        ["srun", "--nodes=2", "--ntasks-per-node=2", str(WITH_TFCONFIG), "python", str(PREMADE),
+         str(model_dir), "1000000"],
+        env=slurm_cluster.environ(), cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        # Training is under way once its first checkpoint is written (every 50 steps).
+        if not wait_until((model_dir / "checkpoint").exists, START_SECONDS):
+            step.kill()
+            pytest.fail(f"no checkpoint:\n{step.communicate()[1][-3000:]}")
+        os.kill(slurm_cluster.task_pid(rank, running=PREMADE.name), signal.SIGKILL)
+        ended_within(step, END_SECONDS)
+    finally:
+        if step.poll() is None:
+            step.kill()
+    _, stderr = step.communicate()
+    assert step.returncode != 0
+    assert re.search(rf"{victim} at node\d:\d+ has not answered for \d+ s", stderr), stderr[-3000:]
+    assert wait_until(lambda: not any(slurm_cluster.task_pids().values()), 10.0)
+
+
 @pytest.mark.slurm
 def test_usr1_checkpoints_requeues_and_resumes_losing_no_step(
     slurm_cluster: SlurmCluster, tmp_path: Path

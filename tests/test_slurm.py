@@ -27,6 +27,11 @@ from tests.slurm_cluster import (
 pytestmark = pytest.mark.slurm
 
 WITH_TFCONFIG = REPOSITORY / "launch" / "with-tfconfig"
+# A stock premade-Estimator script: its parameter servers never return by themselves.
+PREMADE = REPOSITORY / "tests" / "fixtures" / "premade_estimator.py"
+# 2 nodes x (1 ps + 1 trainer), no GPUs: ps 0 and the chief on the first node, ps 1 and
+# worker 0 on the second.
+TWO_BY_TWO = ("--nodes=2", "--ntasks-per-node=2")
 
 
 def by_rank(output: str) -> dict[int, list[str]]:
@@ -171,6 +176,23 @@ def test_array_tasks_train_their_own_experiment_into_their_own_directories(
     for index in (0, 1):
         assert checkpoint_step(tmp_path / f"digits-{index}") >= 10
     assert not (tmp_path / "mnist_deep").exists()
+
+
+def test_a_stock_estimator_script_under_with_tfconfig_ends_by_itself(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """Its parameter servers sit in server.join(): the wrapper ends them once both trainers'
+    scripts have returned, and the plain srun step completes."""
+    step = slurm_cluster.run(
+        ["srun", *TWO_BY_TWO, "--label", str(WITH_TFCONFIG), "python", str(PREMADE),
+         str(tmp_path / "model"), "200"],
+    )  # fmt: skip
+    assert step.returncode == 0, step.stderr[-3000:]
+    assert step.stdout.count("train_and_evaluate returned") == 2
+    for ps in ("ps 0", "ps 1"):
+        assert f"{ps}: every trainer finished; ending its command" in step.stderr
+    assert checkpoint_step(tmp_path / "model") == 200
+    assert left_behind(slurm_cluster) == {node: [] for node in NODES}
 
 
 def left_behind(cluster: SlurmCluster) -> dict[str, list[str]]:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from tfconfig_slurm.runtime import watchdog
 from tfconfig_slurm.runtime.watchdog import PeerWatch
 
-FAST = {"lost_after": 0.3, "probe_seconds": 0.05}
+FAST: dict[str, Any] = {"lost_after": 0.3, "probe_seconds": 0.05}
 # Far longer than any loss takes with FAST: a test waits this long only when it fails.
 PATIENCE = 10.0
 
@@ -79,3 +82,40 @@ def test_a_peer_that_never_started_is_not_lost_within_the_allowance() -> None:
         assert not lost.event.wait(1.0)
         watch.stop()
     assert lost.reported == []
+
+
+def test_a_peer_that_says_it_finished_is_released_not_lost(
+    listener: tuple[socket.socket, str],
+) -> None:
+    """As a trainer under with-tfconfig says so on its port once its command exits 0."""
+    server, address = listener
+    # A gRPC server first sends a frame of its own; the finished trainer, FINISHED.
+    answer = [b"\x00\x00\x18\x04"]
+
+    def serve() -> None:
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                return
+            with contextlib.suppress(OSError), connection:
+                connection.sendall(answer[0])
+
+    threading.Thread(target=serve, daemon=True).start()
+    lost, finished = Lost(), threading.Event()
+    names: list[str] = []
+
+    def on_finished(name: str) -> None:
+        names.append(name)
+        finished.set()
+
+    watch = PeerWatch({"worker 0": address}, on_lost=lost, on_finished=on_finished, **FAST)
+    try:
+        assert not finished.wait(0.5)
+        answer[0] = watchdog.FINISHED
+        assert finished.wait(PATIENCE)
+        server.close()
+        assert not lost.event.wait(1.0)
+    finally:
+        watch.stop()
+    assert names == ["worker 0"]

@@ -1,9 +1,12 @@
-"""Run a command with this SLURM task's TF_CONFIG and CUDA_VISIBLE_DEVICES exported.
+"""Run a command as this SLURM task: with its TF_CONFIG and CUDA_VISIBLE_DEVICES, supervised.
 
-  srun launch/with-tfconfig python my_script.py --my_flag=1
+  srun launch/with-tfconfig python my_estimator_script.py --my_flag=1
   srun launch/with-tfconfig --ps_per_node=0 --override python my_script.py
 
 Layout flags go before the command; everything from the command on is passed to it untouched.
+The command runs as a child: signals reach it, its exit status comes back out, a parameter
+server's command (which never returns) is ended once every trainer's has exited 0, and a task
+whose peer is lost is ended by name with exit status 3 (see tfconfig_slurm/supervise.py).
 A TF_CONFIG inherited from the shell that submitted the job is replaced, with a warning; one
 already made for this step (a nested with-tfconfig) that differs is kept, and the command
 refused, unless --override.
@@ -17,11 +20,12 @@ from collections.abc import Sequence
 
 from absl import flags, logging
 
-from tfconfig_slurm import layout_flags, network
+from tfconfig_slurm import layout_flags, network, supervise
 from tfconfig_slurm.cli import run_cli
 from tfconfig_slurm.cluster import render
 from tfconfig_slurm.cluster.layout import EVALUATOR
 from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.runtime.role import ClusterRole
 
 PROGRAM = "with-tfconfig"
 # Linux refuses to exec with any single "NAME=value" string longer than MAX_ARG_STRLEN
@@ -34,7 +38,7 @@ OVERRIDE = flags.DEFINE_boolean(
 flags.adopt_module_key_flags(layout_flags)
 
 
-def main(argv: Sequence[str]) -> None:
+def main(argv: Sequence[str]) -> int:
     command = list(argv[1:])
     if not command:
         raise UsageError(
@@ -88,13 +92,14 @@ def main(argv: Sequence[str]) -> None:
         command[0],
     )
     try:
-        os.execve(program, command, environment)
+        child = supervise.start(program, command, environment)
     except OSError as error:
         raise UsageError(
             repr(command[0]),
             f"cannot be run ({error.strerror})",
             "give a program on PATH or a path to an executable file",
         ) from None
+    return supervise.supervise(child, ClusterRole.from_json(tf_config))
 
 
 def run() -> None:

@@ -39,7 +39,12 @@ PROBE_SECONDS = 1.0
 PROBES_PER_SECOND = 50.0
 _CONNECT_TIMEOUT_SECONDS = 1.0
 
+# What a trainer supervised by with-tfconfig answers on its port once its command has
+# finished (supervise.py): it did not crash. A gRPC server answers with its own first frame.
+FINISHED = b"tfconfig-slurm: finished\n"
+
 OnLost = Callable[[str, str, float], None]
+OnFinished = Callable[[str], None]
 
 
 def exit_on_lost(name: str, address: str, silent_for: float) -> None:
@@ -60,18 +65,22 @@ def exit_on_lost(name: str, address: str, silent_for: float) -> None:
 
 class PeerWatch:
     """Watches peers (`{"ps 0": "node1:10256", ...}`) from a daemon thread until each is
-    released: a peer that has finished its work may go away without being lost."""
+    released: a peer that has finished its work may go away without being lost. With
+    `on_finished`, a peer that answers FINISHED is released, and on_finished told."""
 
     def __init__(
         self,
         peers: Mapping[str, str],
         on_lost: OnLost = exit_on_lost,
+        *,
         lost_after: float = LOST_AFTER_SECONDS,
         start_seconds: float = START_SECONDS,
         probe_seconds: float = PROBE_SECONDS,
+        on_finished: OnFinished | None = None,
     ) -> None:
         self._addresses = dict(peers)
         self._on_lost = on_lost
+        self._on_finished = on_finished
         self._lost_after = lost_after
         self._start_seconds = start_seconds
         self._interval = max(probe_seconds, len(peers) / PROBES_PER_SECOND)
@@ -87,9 +96,9 @@ class PeerWatch:
             self._watched.difference_update(names)
 
     def stop(self) -> None:
-        """Stops watching every peer, and the thread."""
+        """Stops watching every peer at once; the thread ends after the probe it is in, if
+        any, and reports nothing more."""
         self._stopped.set()
-        self._thread.join()
 
     def _watch(self) -> None:
         started = time.monotonic()
@@ -103,7 +112,13 @@ class PeerWatch:
                 if self._stopped.is_set():
                     return
                 now = time.monotonic()
-                if _answers(self._addresses[name]):
+                answer = _probe(self._addresses[name], read=self._on_finished is not None)
+                if answer == FINISHED and self._on_finished is not None:
+                    self.release(name)
+                    if not self._stopped.is_set():
+                        self._on_finished(name)
+                    continue
+                if answer is not None:
                     last_answer[name] = now
                     failing_since.pop(name, None)
                     continue
@@ -122,10 +137,23 @@ class PeerWatch:
         self._on_lost(name, self._addresses[name], silent_for)
 
 
-def _answers(address: str) -> bool:
+def answers(address: str) -> bool:
+    """Whether anything listens at `address`."""
+    return _probe(address, read=False) is not None
+
+
+def _probe(address: str, *, read: bool) -> bytes | None:
+    """None if nothing listens at `address`; else, with `read`, the first bytes it sends."""
     host, _, port = address.rpartition(":")
     try:
-        with socket.create_connection((host, int(port)), timeout=_CONNECT_TIMEOUT_SECONDS):
-            return True
+        with socket.create_connection(
+            (host, int(port)), timeout=_CONNECT_TIMEOUT_SECONDS
+        ) as connection:
+            if not read:
+                return b""
+            try:
+                return connection.recv(len(FINISHED))
+            except socket.timeout:
+                return b""
     except OSError:
-        return False
+        return None
