@@ -210,6 +210,30 @@ def test_a_step_without_parameter_servers_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "mnist_deep").exists()
 
 
+@pytest.mark.parametrize(
+    ("flags", "environ", "expected"),
+    [
+        ((), {}, "mnist_deep"),
+        (("--experiment_id=lr5e-4",), {}, "lr5e-4"),
+        # A job array's tasks: each its own directory, by default.
+        (
+            (),
+            {"SLURM_JOB_ID": "12", "SLURM_ARRAY_JOB_ID": "9", "SLURM_ARRAY_TASK_ID": "3"},
+            "mnist_deep-3",
+        ),
+        # An inherited TF_CONFIG in a batch script has no say in where the run goes.
+        ((), {"SLURM_JOB_ID": "12", "TF_CONFIG": "{not json"}, "mnist_deep"),
+    ],
+)
+def test_print_model_dir_names_the_directory_and_creates_nothing(
+    tmp_path: Path, flags: tuple[str, ...], environ: dict[str, str], expected: str
+) -> None:
+    result = train(tmp_path, "--print_model_dir", *flags, environ=environ)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{tmp_path / expected}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_tf_config_inherited_into_a_step_is_set_aside(tmp_path: Path) -> None:
     """Exported in the shell that ran sbatch, it reaches every task: the task takes its place
     from SLURM instead, and the error names the flag, not a variable nobody meant."""

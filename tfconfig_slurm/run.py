@@ -174,6 +174,14 @@ def main(argv: Sequence[str]) -> int | None:
             "and --save_checkpoints_secs exclude each other",
             "choose one",
         )
+    # Checked before TensorFlow is imported, so that bad input fails at once.
+    from tfconfig_slurm.runtime import experiment as experiment_lib  # noqa: PLC0415
+
+    name, _ = experiment_lib.locate(EXPERIMENT.value)
+    model_dir = Path(OUTPUT_ROOT.value, EXPERIMENT_ID.value or _default_id(name))
+    if PRINT_MODEL_DIR.value:
+        sys.stdout.write(f"{model_dir}\n")
+        return 0
     role, node, gpus = _cluster_role()
     if role is not None:
         network.check_task(role)
@@ -183,14 +191,6 @@ def main(argv: Sequence[str]) -> int | None:
             "synchronises the trainers of a cluster, and this trains in one process",
             "add --local_cluster=ps=1,workers=1, or run it in a SLURM step of several tasks",
         )
-    # Checked before TensorFlow is imported, so that bad input fails at once.
-    from tfconfig_slurm.runtime import experiment as experiment_lib  # noqa: PLC0415
-
-    name, _ = experiment_lib.locate(EXPERIMENT.value)
-    model_dir = Path(OUTPUT_ROOT.value, EXPERIMENT_ID.value or _default_id(name))
-    if PRINT_MODEL_DIR.value:
-        sys.stdout.write(f"{model_dir}\n")
-        return 0
     _check_writable(model_dir)
     if LOCAL_CLUSTER.value:
         return _run_local_cluster(model_dir)
