@@ -223,12 +223,13 @@ def test_usr1_checkpoints_requeues_and_resumes_losing_no_step(
 
 
 @pytest.mark.slurm
+@pytest.mark.parametrize("updates", [(), ("--sync_replicas",)], ids=["async", "sync"])
 def test_scancel_checkpoints_every_step_taken_and_resubmitting_resumes(
-    slurm_cluster: SlurmCluster, tmp_path: Path
+    slurm_cluster: SlurmCluster, tmp_path: Path, updates: tuple[str, ...]
 ) -> None:
     """scancel, a time limit and a preemption without --signal send SIGTERM, then SIGKILL
-    after KillWait (30 s): every step taken before it is kept."""
-    job = submit(slurm_cluster, tmp_path, "cancelled", *TRAIN_FOREVER[1:])
+    after KillWait (30 s): every step taken before it is kept, synchronous updates too."""
+    job = submit(slurm_cluster, tmp_path, "cancelled", *TRAIN_FOREVER[1:], *updates)
     logs = tmp_path / "cancelled" / "logs"
     try:
         wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
@@ -248,7 +249,9 @@ def test_scancel_checkpoints_every_step_taken_and_resubmitting_resumes(
     assert re.search(r"ps 0: 2 of 2 trainers finished", log)
     assert checkpoint_step(tmp_path / "cancelled") == max(stopped_at)
 
-    again = submit(slurm_cluster, tmp_path, "cancelled", f"--train_steps={max(stopped_at) + 5}")
+    again = submit(
+        slurm_cluster, tmp_path, "cancelled", f"--train_steps={max(stopped_at) + 5}", *updates
+    )
     resumed = finish(slurm_cluster, again)
     assert (resumed["JobState"], resumed["ExitCode"]) == ("COMPLETED", "0:0"), resumed["stderr"]
     assert f"resuming from step {max(stopped_at)}" in read_logs(logs)

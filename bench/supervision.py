@@ -1,0 +1,131 @@
+"""What with-tfconfig's supervision costs as a job grows: one watcher (a parameter server's
+wrapper, or the runtime's watchdog) and N peers listening on loopback, in one process.
+
+For each N it measures, with the watcher's real settings (runtime/watchdog.py):
+- round: seconds from the watcher's start until every peer has answered once;
+- finished: seconds from every peer answering FINISHED (as a trainer's wrapper does once its
+  command exited 0) until the watcher has seen them all: a parameter server's wait from the
+  last trainer's end to its own;
+- lost: seconds from one peer's port closing until the watcher names it;
+- probes/s made by the watcher, and its CPU seconds per round.
+
+  .venv/bin/python bench/supervision.py [--peers 100,1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import selectors
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tfconfig_slurm.runtime import watchdog
+
+# A gRPC server's first bytes (an HTTP/2 SETTINGS frame header): what a training peer answers.
+_TRAINING = b"\x00\x00\x18\x04\x00\x00\x00\x00\x00"
+
+
+class Peers:
+    """N listening sockets, answered from one thread: as training peers, then as finished."""
+
+    def __init__(self, count: int) -> None:
+        self.answer = _TRAINING
+        self.connections = 0
+        self._selector = selectors.DefaultSelector()
+        self.sockets: dict[str, socket.socket] = {}
+        for index in range(count):
+            listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+            listener.setblocking(False)
+            self._selector.register(listener, selectors.EVENT_READ)
+            self.sockets[f"worker {index}"] = listener
+        self._stopped = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def addresses(self) -> dict[str, str]:
+        return {name: f"127.0.0.1:{sock.getsockname()[1]}" for name, sock in self.sockets.items()}
+
+    def close(self, name: str) -> None:
+        listener = self.sockets.pop(name)
+        self._selector.unregister(listener)
+        listener.close()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        for listener in self.sockets.values():
+            listener.close()
+
+    def _serve(self) -> None:
+        while not self._stopped.is_set():
+            for key, _ in self._selector.select(timeout=0.1):
+                with contextlib.suppress(OSError):
+                    connection, _ = key.fileobj.accept()  # type: ignore[union-attr]
+                    with connection:
+                        connection.sendall(self.answer)
+                    self.connections += 1
+
+
+def measure(count: int) -> str:
+    peers = Peers(count)
+    addresses = peers.addresses()
+    finished: list[str] = []
+    lost: list[tuple[str, float]] = []
+    all_finished, one_lost = threading.Event(), threading.Event()
+
+    def on_finished(name: str) -> None:
+        finished.append(name)
+        if len(finished) == len(peers.sockets):
+            all_finished.set()
+
+    def on_lost(name: str, address: str, silent_for: float) -> None:
+        lost.append((name, time.monotonic()))
+        one_lost.set()
+
+    started, cpu = time.monotonic(), time.process_time()
+    watch = watchdog.PeerWatch(addresses, on_lost=on_lost)
+    # Every peer answered once: the watcher's first round is over.
+    while peers.connections < count:
+        time.sleep(0.05)
+    round_seconds = time.monotonic() - started
+    cpu_per_round = time.process_time() - cpu
+    probes_per_second = peers.connections / round_seconds
+    victim = "worker 0"
+    closed = time.monotonic()
+    peers.close(victim)
+    one_lost.wait(4 * round_seconds + 10)
+    lost_seconds = lost[0][1] - closed if lost else float("nan")
+    watch.stop()
+
+    # A parameter server's end: every trainer finished at once.
+    watch = watchdog.PeerWatch(peers.addresses(), on_lost=on_lost, on_finished=on_finished)
+    time.sleep(1.0)
+    peers.answer = watchdog.FINISHED
+    told = time.monotonic()
+    all_finished.wait(4 * round_seconds + 10)
+    finished_seconds = time.monotonic() - told if all_finished.is_set() else float("nan")
+    watch.stop()
+    peers.stop()
+    return (
+        f"| {count} | {round_seconds:.1f} | {probes_per_second:.0f} | {cpu_per_round:.2f} "
+        f"| {lost_seconds:.1f} | {finished_seconds:.1f} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", default="100,1000")
+    args = parser.parse_args()
+    print("| peers | round (s) | probes/s | CPU s per round | lost: named after (s) "
+          "| finished: all seen after (s) |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for count in map(int, args.peers.split(",")):
+        print(measure(count), flush=True)
+
+
+if __name__ == "__main__":
+    main()
