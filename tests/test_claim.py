@@ -95,6 +95,19 @@ def test_renewal_and_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert not held.lock.exists()
 
 
+def test_a_file_system_without_hard_links_still_takes_one_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, other_process: subprocess.Popen[bytes]
+) -> None:
+    def no_links(source: str, target: Path) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    held = claim.claim(tmp_path, Holder(job=None, host=HOST, pid=other_process.pid))
+    assert json.loads(held.lock.read_text())["pid"] == other_process.pid
+    with pytest.raises(UsageError, match=f"process {other_process.pid} on"):
+        claim.claim(tmp_path, claim.this_holder({}))
+
+
 def test_release_leaves_a_lock_another_run_took_over(tmp_path: Path) -> None:
     held = claim.claim(tmp_path, claim.this_holder({}))
     (tmp_path / claim.LOCK_FILE).write_text(json.dumps({"job": "9", "host": "n", "pid": 1}))

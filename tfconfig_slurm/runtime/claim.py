@@ -148,6 +148,15 @@ def _write(lock: Path, holder: Holder, *, replace: bool) -> bool:
             os.link(stream.name, lock)
         except FileExistsError:
             return False
+        except OSError:
+            # A file system without hard links: created exclusively, then written (a reader
+            # in between finds it unreadable, which only a later run would act on).
+            try:
+                descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+            except FileExistsError:
+                return False
+            with os.fdopen(descriptor, "w") as created:
+                json.dump(asdict(holder), created)
         return True
     finally:
         with contextlib.suppress(FileNotFoundError):
