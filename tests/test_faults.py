@@ -236,16 +236,12 @@ def test_scancel_checkpoints_every_step_taken_and_resubmitting_resumes(
         job_id = job_id_of(logs)
         cancelled = slurm_cluster.run(["scancel", job_id])
         assert cancelled.returncode == 0, cancelled.stderr
-        finish(slurm_cluster, job)
-        # sbatch --wait returns once the batch script has ended (at once, on SIGTERM); the job
-        # is COMPLETING until its tasks have gone, and holds its model directory till then.
-        assert wait_until(
-            lambda: slurm_cluster.job(job_id)["JobState"] != "COMPLETING", END_SECONDS
-        )
+        # Until its tasks have gone the job is COMPLETING, and holds its model directory.
+        ended = finish(slurm_cluster, job)
     finally:
         if job.poll() is None:
             job.kill()
-    assert slurm_cluster.job(job_id)["JobState"] == "CANCELLED"
+    assert ended["JobState"] == "CANCELLED"
     log = read_logs(logs)
     stopped_at = [
         int(step) for step in re.findall(r"stopping on SIGTERM at global step (\d+)", log)
