@@ -282,7 +282,13 @@ def test_a_node_cut_off_ends_the_job_in_bounded_time(
     try:
         assert ended, f"the job still ran {took:.0f} s after node2 was cut off"
         # launch/mnist_deep.sbatch asks for --requeue: Slurm requeues a job whose node failed.
-        assert (state["JobState"], state["Restarts"]) in (("FAILED", "0"), ("PENDING", "1"))
+        # Restarts=1 is the requeue; the job may still be COMPLETING its first run then, on
+        # its way back to PENDING (seen once in 5 CI runs).
+        assert (state["JobState"], state["Restarts"]) in (
+            ("FAILED", "0"),
+            ("PENDING", "1"),
+            ("COMPLETING", "1"),
+        )
         # The tasks cut off with node2 ended too, by the watchdog: none hangs there.
         assert wait_until(lambda: not runtime_left(slurm_cluster), 30.0)
     finally:
