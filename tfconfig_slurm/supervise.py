@@ -139,7 +139,8 @@ def _say_finished(role: ClusterRole) -> None:
     stopped = threading.Event()
     threading.Thread(target=_answer, args=(listener, stopped), daemon=True).start()
     servers = role.named(PS)
-    lasts = max(_FINISHED_SECONDS, 3 * role.trainers / watchdog.PROBES_PER_SECOND)
+    # Long enough for a parameter server watching every trainer to probe this one.
+    lasts = max(_FINISHED_SECONDS, 3 * watchdog.round_seconds(role.trainers))
     deadline = time.monotonic() + lasts
     while time.monotonic() < deadline and any(map(watchdog.answers, servers.values())):
         time.sleep(watchdog.PROBE_SECONDS)

@@ -83,7 +83,7 @@ class PeerWatch:
         self._on_finished = on_finished
         self._lost_after = lost_after
         self._start_seconds = start_seconds
-        self._interval = max(probe_seconds, len(peers) / PROBES_PER_SECOND)
+        self._interval = round_seconds(len(peers), probe_seconds)
         self._lock = threading.Lock()
         self._watched = set(peers)
         self._stopped = threading.Event()
@@ -135,6 +135,11 @@ class PeerWatch:
                 return
             self._watched.discard(name)
         self._on_lost(name, self._addresses[name], silent_for)
+
+
+def round_seconds(peers: int, probe_seconds: float = PROBE_SECONDS) -> float:
+    """How often a watcher of `peers` peers probes each of them."""
+    return max(probe_seconds, peers / PROBES_PER_SECOND)
 
 
 def answers(address: str) -> bool:
