@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.slurm_envs import task_env
@@ -43,3 +45,36 @@ def test_run_config_reads_each_role(
         config.num_worker_replicas,
         config.is_chief,
     ) == expected
+
+
+@pytest.mark.tensorflow
+def test_a_users_estimator_remade_for_a_task_keeps_its_settings_and_takes_the_cluster(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    from tfconfig_slurm.runtime import estimators  # noqa: PLC0415
+
+    step = read_slurm_step(task_env(NODES, [2, 2], 3))
+    layout = lay_out_step(step, LayoutPolicy())
+    session = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=3)
+    user = tf.estimator.DNNClassifier(
+        feature_columns=[tf.feature_column.numeric_column("x")],
+        hidden_units=[4],
+        config=tf.estimator.RunConfig(
+            model_dir=str(tmp_path),
+            save_checkpoints_steps=7,
+            keep_checkpoint_max=2,
+            session_config=session,
+            tf_random_seed=11,
+        ),
+    )
+    # Built before the runtime knew the task: no cluster. A TF_CONFIG left around is not read.
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"chief": ["x:1"]}, "task": {}}')
+    remade = estimators.for_task(user, json.loads(tf_config_json(layout, 3)))
+    config = remade.config
+    assert (config.task_type, config.task_id, config.num_ps_replicas) == ("worker", 0, 2)
+    assert (config.save_checkpoints_steps, config.keep_checkpoint_max) == (7, 2)
+    assert (config.tf_random_seed, config.model_dir) == (11, str(tmp_path))
+    assert config.session_config.intra_op_parallelism_threads == 3
+    assert config.experimental_max_worker_delay_secs == 0
+    alone = estimators.for_task(user, None).config
+    assert (alone.task_type, alone.num_ps_replicas, alone.is_chief) == ("worker", 0, True)

@@ -29,6 +29,8 @@ pytestmark = pytest.mark.slurm
 WITH_TFCONFIG = REPOSITORY / "launch" / "with-tfconfig"
 # A stock premade-Estimator script: its parameter servers never return by themselves.
 PREMADE = REPOSITORY / "tests" / "fixtures" / "premade_estimator.py"
+# The same script changed in one line: it calls tfconfig_slurm.train_and_evaluate.
+ONE_IMPORT = REPOSITORY / "tests" / "fixtures" / "one_import_estimator.py"
 # 2 nodes x (1 ps + 1 trainer), no GPUs: ps 0 and the chief on the first node, ps 1 and
 # worker 0 on the second.
 TWO_BY_TWO = ("--nodes=2", "--ntasks-per-node=2")
@@ -193,6 +195,35 @@ def test_a_stock_estimator_script_under_with_tfconfig_ends_by_itself(
         assert f"{ps}: every trainer finished; ending its command" in step.stderr
     assert checkpoint_step(tmp_path / "model") == 200
     assert left_behind(slurm_cluster) == {node: [] for node in NODES}
+
+
+def test_a_one_import_script_under_plain_srun_trains_as_a_cluster_and_resumes(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """No wrapper and no TF_CONFIG: each task takes its place from SLURM, the parameter servers
+    exit by themselves, and only the chief returns the final metrics."""
+    model_dir = tmp_path / "model"
+    command = ["srun", *TWO_BY_TWO, "--label", "python", str(ONE_IMPORT), str(model_dir)]
+    step = slurm_cluster.run([*command, "200"])
+    assert step.returncode == 0, step.stderr[-3000:]
+    [returned] = re.findall(r"^(\d+): returned (\{.*\})$", step.stdout, re.M)
+    rank, metrics = int(returned[0]), json.loads(returned[1])
+    logs = by_rank(step.stderr)
+    assert any(re.search(r"chief 0 on node\d", line) for line in logs[rank])
+    for ps in ("ps 0", "ps 1"):
+        assert f"{ps}: 2 of 2 trainers finished" in step.stderr
+    summary = json.loads((model_dir / "summary.json").read_text())
+    assert summary["global_step"] == metrics["global_step"] >= 200
+    assert {trainer["role"] for trainer in summary["trainers"]} == {"chief", "worker"}
+    assert {trainer["run"] for trainer in summary["trainers"]} == {summary["trainers"][0]["run"]}
+    # The script's RunConfig keeps 2 checkpoints; the cluster did not change that.
+    assert len(list(model_dir.glob("model.ckpt-*.index"))) == 2
+    assert left_behind(slurm_cluster) == {node: [] for node in NODES}
+    reached = checkpoint_step(model_dir)
+    again = slurm_cluster.run([*command, "300"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert re.search(rf"chief 0 on node\d at .* resuming from step {reached}$", again.stderr, re.M)
+    assert checkpoint_step(model_dir) >= 300
 
 
 def left_behind(cluster: SlurmCluster) -> dict[str, list[str]]:

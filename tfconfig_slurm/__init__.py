@@ -1,8 +1,12 @@
 """tfconfig-slurm: TensorFlow Estimator training on SLURM.
 
-`tfconfig_slurm.cluster` turns a SLURM task's environment into its TF_CONFIG without importing
-TensorFlow; `python -m tfconfig_slurm.tfconfig` prints or explains it.
+`tfconfig_slurm.train_and_evaluate` is tf.estimator.train_and_evaluate as a task of a SLURM
+step (it imports TensorFlow when first used); `input_shard()` says which share of the data a
+trainer reads. `tfconfig_slurm.cluster` turns a SLURM task's environment into its TF_CONFIG
+without importing TensorFlow; `python -m tfconfig_slurm.tfconfig` prints or explains it.
 """
+
+from typing import Any
 
 from tfconfig_slurm.cluster import ClusterLayout, LayoutPolicy, SlurmStep, StepShape, Task
 from tfconfig_slurm.errors import (
@@ -11,6 +15,7 @@ from tfconfig_slurm.errors import (
     TfconfigSlurmError,
     UsageError,
 )
+from tfconfig_slurm.runtime.role import Shard, input_shard
 
 __version__ = "0.1.0"
 
@@ -18,10 +23,22 @@ __all__ = [
     "ClusterLayout",
     "LayoutError",
     "LayoutPolicy",
+    "Shard",
     "SlurmEnvironmentError",
     "SlurmStep",
     "StepShape",
     "Task",
     "TfconfigSlurmError",
     "UsageError",
+    "input_shard",
+    "train_and_evaluate",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The layout tools never import TensorFlow; the runtime only when it is asked for.
+    if name == "train_and_evaluate":
+        from tfconfig_slurm.runtime.api import train_and_evaluate  # noqa: PLC0415
+
+        return train_and_evaluate
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

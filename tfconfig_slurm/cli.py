@@ -59,18 +59,22 @@ def run_cli(
         sys.stdout.write(_usage(main, full=HELPFULL.value))
         sys.exit(0)
     if logs:
-        # Imported only here, so that a command that does not log does not pay for it.
-        from absl import logging  # noqa: PLC0415
-
-        # As absl.app does: absl's handler on stderr, INFO unless --verbosity says otherwise.
-        logging.use_absl_handler()
-        verbosity = flags.FLAGS["verbosity"]
-        if verbosity.using_default_value:
-            verbosity.value = 0
+        start_logging()
     try:
         sys.exit(main(argv))
     except TfconfigSlurmError as error:
         fail(program, error.one_line())
+
+
+def start_logging() -> None:
+    """As absl.app does: absl's handler on stderr, INFO unless --verbosity says otherwise."""
+    # Imported only here, so that a command that does not log does not pay for it.
+    from absl import logging  # noqa: PLC0415
+
+    logging.use_absl_handler()
+    verbosity = flags.FLAGS["verbosity"]
+    if verbosity.using_default_value:
+        verbosity.value = 0
 
 
 def _usage(main: Main, *, full: bool) -> str:

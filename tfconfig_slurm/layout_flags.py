@@ -1,8 +1,9 @@
 """The layout flags every command shares, and the one way to turn them into a layout.
 
 Inside a job step the layout comes from SLURM's variables; with `--nodelist` it is planned from
-flags, so a user sees it before submitting. Both `tfconfig-slurm` and the training runtime
-resolve a task's place through `resolve_layout`.
+flags, so a user sees it before submitting. `tfconfig-slurm` and `with-tfconfig` resolve a
+task's layout through `resolve_layout`; the training runtime takes `step_policy` to
+runtime/place.py, which lays the step out the same way.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from absl import flags, logging
+from absl import flags
 
 from tfconfig_slurm.cluster import (
     ClusterLayout,
@@ -18,12 +19,11 @@ from tfconfig_slurm.cluster import (
     StepShape,
     expand_nodes,
     lay_out,
-    lay_out_step,
     read_slurm_step,
-    render,
 )
 from tfconfig_slurm.cluster.step import DISTRIBUTIONS, check_task_count
 from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.runtime import place
 
 PS_PER_NODE = flags.DEFINE_integer(
     "ps_per_node",
@@ -104,47 +104,24 @@ def policy_from_flags() -> LayoutPolicy:
 
 def resolve_layout(environ: Mapping[str, str]) -> ResolvedLayout:
     """This task's layout from SLURM's variables, or a planned one when --nodelist is given."""
-    policy = policy_from_flags()
     if NODELIST.value is not None:
+        policy = policy_from_flags()
         return ResolvedLayout(lay_out(planned_shape(policy), policy), None)
-    given = [f"--{name}" for name in _PLAN_FLAGS if flags.FLAGS[name].present]
+    step = read_slurm_step(environ)
+    return ResolvedLayout(place.step_layout(step, step_policy()), step.rank)
+
+
+def step_policy() -> LayoutPolicy:
+    """The policy for laying out the job step this runs in: the planning flags are refused."""
+    given = [f"--{name}" for name in ("nodelist", *_PLAN_FLAGS) if flags.FLAGS[name].present]
     if given:
         raise UsageError(
             given[0],
-            "describes a planned step, so it goes with --nodelist",
-            "inside a job step SLURM says how many tasks and GPUs there are; to plan, add "
-            "--nodelist='gpu[01-04]'",
+            "describes a planned step (tfconfig-slurm --explain --nodelist=...), not this one",
+            "inside a job step SLURM says how many tasks and GPUs there are: leave it out; to "
+            "plan a step, tfconfig-slurm --explain --nodelist='gpu[01-04]'",
         )
-    step = read_slurm_step(environ)
-    layout = lay_out_step(step, policy)
-    warning = render.idle_gpus_warning(layout)
-    if warning:
-        logging.warning("%s", warning)
-    return ResolvedLayout(layout, step.rank)
-
-
-def given_tf_config(environ: Mapping[str, str], shape: StepShape | None) -> str | None:
-    """The TF_CONFIG this process was given, or None.
-
-    Inside a job step (`shape`) only one made for this very step counts (or a --local_cluster
-    task's, from its launcher): sbatch and srun pass the submitting shell's environment on, and
-    a TF_CONFIG left there describes another cluster. It is set aside with one warning.
-    """
-    text = environ.get("TF_CONFIG")
-    if text is None or shape is None:
-        return text
-    run = render.tf_config_run(text)
-    if run is not None and (run == shape.run_id or run.startswith(render.LOCAL_RUN_PREFIX)):
-        return text
-    logging.warning(
-        "TF_CONFIG: set, but made %s, so it was inherited from the shell that submitted the "
-        "job; this task ignores it and takes its place in job step %d.%d from SLURM. HINT: "
-        "unset TF_CONFIG before sbatch or srun",
-        f"for another run ({run})" if run else "elsewhere, not by tfconfig-slurm for this step",
-        shape.job_id,
-        shape.step_id,
-    )
-    return None
+    return policy_from_flags()
 
 
 def planned_shape(policy: LayoutPolicy) -> StepShape:

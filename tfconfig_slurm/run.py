@@ -22,23 +22,19 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import shutil
 import signal
-import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from absl import flags, logging
+from absl import flags
 
 from tfconfig_slurm import layout_flags, network
 from tfconfig_slurm.cli import run_cli
-from tfconfig_slurm.cluster import render
-from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
-from tfconfig_slurm.cluster.step import in_job_step, read_slurm_job, read_slurm_step
+from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.runtime import claim, preemption
-from tfconfig_slurm.runtime.role import ClusterRole
+from tfconfig_slurm.runtime import claim, local_cluster, model_dir, place, preemption
+from tfconfig_slurm.runtime.role import input_shard
 
 PROGRAM = "tfconfig-slurm-run"
 
@@ -178,53 +174,44 @@ def main(argv: Sequence[str]) -> int | None:
     from tfconfig_slurm.runtime import experiment as experiment_lib  # noqa: PLC0415
 
     name, _ = experiment_lib.locate(EXPERIMENT.value)
-    model_dir = Path(OUTPUT_ROOT.value, EXPERIMENT_ID.value or _default_id(name))
+    directory = Path(OUTPUT_ROOT.value, EXPERIMENT_ID.value or _default_id(name))
     if PRINT_MODEL_DIR.value:
-        sys.stdout.write(f"{model_dir}\n")
+        sys.stdout.write(f"{directory}\n")
         return 0
-    role, node, gpus = _cluster_role()
-    if role is not None:
-        network.check_task(role)
-    if SYNC_REPLICAS.value and role is None and not LOCAL_CLUSTER.value:
+    policy = layout_flags.step_policy()
+    if LOCAL_CLUSTER.value:
+        counts = local_cluster.parse(LOCAL_CLUSTER.value)
+        model_dir.check_writable(directory, claim.CLI_NAMING)
+        # The trailing --local_cluster= overrides the launcher's: a task runs one role.
+        command = [sys.executable, "-m", "tfconfig_slurm.run", *sys.argv[1:], "--local_cluster="]
+        return local_cluster.run(counts, directory, command, PROGRAM, claim.CLI_NAMING)
+    where = place.find(os.environ, policy, "--ps_per_node")
+    if where.role is not None:
+        network.check_task(where.role)
+    elif SYNC_REPLICAS.value:
         raise UsageError(
             "--sync_replicas",
             "synchronises the trainers of a cluster, and this trains in one process",
             "add --local_cluster=ps=1,workers=1, or run it in a SLURM step of several tasks",
         )
-    _check_writable(model_dir)
-    if LOCAL_CLUSTER.value:
-        return _run_local_cluster(model_dir)
+    model_dir.check_writable(directory, claim.CLI_NAMING)
 
-    from tfconfig_slurm.runtime import train  # noqa: PLC0415  (imports TensorFlow)
+    # Imports TensorFlow.
+    from tfconfig_slurm.runtime import experiment_training, tf_process, train  # noqa: PLC0415
 
     experiment = experiment_lib.load(EXPERIMENT.value)
     params = experiment_lib.with_overrides(experiment.hparams, HPARAMS.value)
-    # Which share of the training data this process reads: trainer i of n reads shard i
-    # (dataset.shard(n, i)); a single process and the evaluator read all of theirs.
-    trainer = role if role is not None and role.role in (CHIEF, WORKER) else None
+    shard = input_shard(os.environ)
     params.update(
         batch_size=BATCH_SIZE.value,
         data_dir=DATA_DIR.value,
-        num_trainers=trainer.trainers if trainer else 1,
-        trainer_index=trainer.trainer_id if trainer else 0,
+        num_trainers=shard.num_shards,
+        trainer_index=shard.shard_index,
     )
-    # Only now, with the input checked: bad input leaves nothing behind.
-    held = _claim_model_dir(model_dir, role)
-    resumed = train.resume_step(model_dir)
-    logging.info(
-        "%s on %s at %s with GPUs [%s], model directory %s, %s",
-        f"{role.role} {role.index}" if role else "chief 0 (single process)",
-        node,
-        role.address if role else "-",
-        gpus,
-        model_dir,
-        f"resuming from step {resumed}" if resumed is not None else "starting at step 0",
-    )
-    settings = train.TrainingSettings(
-        model_dir=model_dir,
+    settings = experiment_training.TrainingSettings(
+        model_dir=directory,
         train_steps=TRAIN_STEPS.value,
         eval_steps=EVAL_STEPS.value,
-        batch_size=BATCH_SIZE.value,
         params=params,
         save_checkpoints_steps=SAVE_CHECKPOINTS_STEPS.value,
         save_checkpoints_secs=SAVE_CHECKPOINTS_SECS.value,
@@ -236,31 +223,15 @@ def main(argv: Sequence[str]) -> int | None:
         log_every_steps=LOG_EVERY_STEPS.value,
         sync_replicas=SYNC_REPLICAS.value,
     )
-    train.hold_threads(settings)
-    if role is not None:
-        train.run_role(experiment, settings, role, stop)
-        logging.info("%s %d: done", role.role, role.index)
-        # The first ps sees every trainer finish, so it is the one to requeue the job.
-        requeues = role.role == PS and role.index == 0
-    else:
-        summary = train.train_single_process(experiment, settings, stop)
-        requeues = True
-        if summary is not None:
-            logging.info(
-                "done at step %d in %.1f s: %s; checkpoints and events in %s, summary in %s",
-                summary["global_step"],
-                summary["wall_time_s"],
-                train.metric_text(summary["eval"]),
-                model_dir,
-                model_dir / train.SUMMARY_FILE,
-            )
-    # A run stopped on a signal keeps its directory, to resume there (as a requeued job).
-    if held is not None and not stop.requested:
-        held.release()
-    status = 0
-    if stop.requested and requeues:
-        status = preemption.after_stop(os.environ, stop.signal_name, requeue_on, MAX_REQUEUES.value)
-    train.exit_now(status)
+    tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
+    train.run(
+        experiment_training.training(experiment, settings, where.role),
+        where,
+        stop,
+        train.StopPolicy(requeue_on, MAX_REQUEUES.value),
+        claim.CLI_NAMING,
+    )
+    tf_process.exit_now(0)
 
 
 def _default_id(experiment: str) -> str:
@@ -270,110 +241,6 @@ def _default_id(experiment: str) -> str:
     if job is not None and job.array_task_id is not None:
         return f"{experiment}-{job.array_task_id}"
     return experiment
-
-
-def _run_local_cluster(model_dir: Path) -> int:
-    from tfconfig_slurm.runtime import local_cluster  # noqa: PLC0415
-
-    counts = local_cluster.parse(LOCAL_CLUSTER.value or "")
-    # The launcher holds the model directory for its tasks, which do not claim it.
-    held = claim.claim(model_dir, claim.this_holder(os.environ))
-    held.renew()
-    try:
-        return local_cluster.run(counts, model_dir, sys.argv[1:], PROGRAM)
-    finally:
-        held.release()
-
-
-def _claim_model_dir(model_dir: Path, role: ClusterRole | None) -> claim.Claim | None:
-    """Holds the model directory for this run (claim.py); returns the claim this task keeps
-    renewed and releases at the end: the chief's, or a single process's."""
-    if role is not None and (role.run_id or "").startswith(render.LOCAL_RUN_PREFIX):
-        return None
-    holder = claim.this_holder(os.environ)
-    owner = role is None or role.role == CHIEF
-    if not owner and holder.job is None:
-        # Outside SLURM, only the chief can tell its own run from another.
-        model_dir.mkdir(parents=True, exist_ok=True)
-        return None
-    held = claim.claim(model_dir, holder)
-    if not owner:
-        return None
-    held.renew()
-    return held
-
-
-def _cluster_role() -> tuple[ClusterRole | None, str, str]:
-    """This process's role, its node and its GPUs; no role for a single process.
-
-    A TF_CONFIG given to this task wins (launch/with-tfconfig, --local_cluster; in a job step
-    only one made for it, see layout_flags.given_tf_config); otherwise, inside a SLURM step of
-    several tasks, the layout gives the role, and the task environment is set before
-    TensorFlow starts.
-    """
-    node = socket.gethostname()
-    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "as TensorFlow finds them")
-    if LOCAL_CLUSTER.value:
-        return None, node, gpus
-    step = read_slurm_step(os.environ) if in_job_step(os.environ) else None
-    given = layout_flags.given_tf_config(os.environ, step.shape if step else None)
-    if given is not None:
-        role = ClusterRole.from_json(given)
-    elif step is not None and step.shape.num_tasks > 1:
-        layout, rank = layout_flags.resolve_layout(os.environ)
-        if rank is None:
-            raise UsageError(
-                "--nodelist",
-                "plans a layout for tfconfig-slurm --explain; training takes its layout from "
-                "the job step",
-                "leave --nodelist out",
-            )
-        environment = render.task_environment(layout, rank)
-        os.environ.update(environment)
-        role = ClusterRole.from_json(environment["TF_CONFIG"])
-        node, gpus = layout.task(rank).node, environment["CUDA_VISIBLE_DEVICES"]
-    else:
-        os.environ.pop("TF_CONFIG", None)
-        return None, node, gpus
-    if role.ps_count == 0:
-        raise UsageError(
-            "--ps_per_node" if given is None else "TF_CONFIG",
-            "gives a cluster without parameter servers, which Estimator training needs",
-            "use --ps_per_node=1 (the default)",
-        )
-    if role.role == PS:
-        gpus = ""
-    return role, node, gpus
-
-
-# Less than this free, a run would fail at its first checkpoint, with a partial file left.
-_MIN_FREE_BYTES = 64 * 2**20
-
-
-def _check_writable(model_dir: Path) -> None:
-    """Fails before anything is created when the model directory cannot be made or written."""
-    existing = next(path for path in (model_dir, *model_dir.parents) if path.exists())
-    if not existing.is_dir():
-        raise UsageError(
-            "--output_root",
-            f"cannot hold {model_dir}: {existing} is a file, not a directory",
-            "choose a directory, e.g. --output_root=/scratch/$USER/tf-output",
-        )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(
-            "--output_root",
-            f"cannot hold {model_dir}: {existing} is not writable",
-            "choose a directory you can write, e.g. --output_root=/scratch/$USER/tf-output",
-        )
-    free = shutil.disk_usage(existing).free
-    if free < _MIN_FREE_BYTES:
-        raise UsageError(
-            "--output_root",
-            f"cannot hold {model_dir}: {existing} has only {free / 2**20:.1f} MiB free, and "
-            "a checkpoint needs more (mnist_deep's: 40 MB)",
-            "free some space, or choose another file system, e.g. "
-            "--output_root=/scratch/$USER/tf-output",
-        )
 
 
 def run() -> None:

@@ -25,6 +25,7 @@ from tfconfig_slurm.cli import run_cli
 from tfconfig_slurm.cluster import render
 from tfconfig_slurm.cluster.layout import EVALUATOR
 from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.runtime import place
 from tfconfig_slurm.runtime.role import ClusterRole
 
 PROGRAM = "with-tfconfig"
@@ -53,7 +54,7 @@ def main(argv: Sequence[str]) -> int:
         )
     environment = render.task_environment(layout, rank)
     tf_config = environment["TF_CONFIG"]
-    given = layout_flags.given_tf_config(os.environ, layout.shape)
+    given = place.given_tf_config(os.environ, layout.shape)
     if given is not None and given != tf_config and not OVERRIDE.value:
         raise UsageError(
             "TF_CONFIG",

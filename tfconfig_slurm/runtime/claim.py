@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tfconfig_slurm.cluster.step import SlurmJob, read_slurm_job
 from tfconfig_slurm.errors import UsageError
@@ -93,8 +93,29 @@ class Claim:
                 self.lock.unlink()
 
 
-def claim(model_dir: Path, holder: Holder) -> Claim:
-    """Holds `model_dir` for `holder`'s run, or raises UsageError naming the live holder.
+class Naming(NamedTuple):
+    """How a user names a model directory, for the errors about it."""
+
+    # The setting that chooses where it goes, and an example of a better one.
+    root: str
+    root_example: str
+    # The setting that tells one run's directory from another's, and how to change it.
+    run: str
+    run_fix: str
+
+
+# `python -m tfconfig_slurm.run`'s.
+CLI_NAMING = Naming(
+    "--output_root",
+    "--output_root=/scratch/$USER/tf-output",
+    "--experiment_id",
+    "give this run its own --experiment_id (or EXPERIMENT_ID)",
+)
+
+
+def claim(model_dir: Path, holder: Holder, naming: Naming = CLI_NAMING) -> Claim:
+    """Holds `model_dir` for `holder`'s run, or raises UsageError naming the live holder and
+    the setting to change.
 
     Creates the directory. A lock of the same run (another task of the job, a requeued job)
     is shared; a stale one is taken over.
@@ -107,25 +128,24 @@ def claim(model_dir: Path, holder: Holder) -> Claim:
     if current is not None and current[0].same_run(holder):
         return Claim(lock, holder)
     if current is not None and not _gone(*current):
-        _refuse(model_dir, *current)
+        _refuse(model_dir, naming, *current)
     # Gone, or unreadable (a lock cut short by a full disk): take it over.
     _write(lock, holder, replace=True)
     time.sleep(_SETTLE_SECONDS)
     current = _read(lock)
     if current is not None and not current[0].same_run(holder):
-        _refuse(model_dir, *current)
+        _refuse(model_dir, naming, *current)
     return Claim(lock, holder)
 
 
-def _refuse(model_dir: Path, holder: Holder, age: float) -> None:
+def _refuse(model_dir: Path, naming: Naming, holder: Holder, age: float) -> None:
     raise UsageError(
-        "--experiment_id",
+        naming.run,
         f"{model_dir} is held by another run, {holder.describe()} (its lock was renewed "
         f"{age:.0f} s ago); two runs in one model directory would resume each other's "
         "checkpoints",
-        "give this run its own --experiment_id (or EXPERIMENT_ID), or wait for that run to "
-        f"end; a lock whose run is gone is taken over, at the latest {STALE_SECONDS:.0f} s "
-        "after it was last renewed",
+        f"{naming.run_fix}, or wait for that run to end; a lock whose run is gone is taken "
+        f"over, at the latest {STALE_SECONDS:.0f} s after it was last renewed",
     )
 
 

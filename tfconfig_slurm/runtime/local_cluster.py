@@ -1,15 +1,16 @@
 """A cluster of processes on this machine, for a user without SLURM and for the tests.
 
-`--local_cluster=ps=1,workers=2[,evaluator=1]` starts a chief, the parameter servers, the
-workers and an evaluator as processes of `python -m tfconfig_slurm.run` with the same flags,
-each with its TF_CONFIG on free loopback ports; writes one log per task
-(`<model_dir>/logs/<role>-<index>.log`) and prefixes their lines on the console; waits for
-all, and when one fails stops the rest and fails too. Told to stop itself (SIGTERM, SIGINT,
-SIGHUP), it passes SIGTERM on to every task, whose trainers stop at the next step with a
-checkpoint, and kills what is left after a grace: nothing is left behind. A task that fails
-on bad input (exit 2: every task reads the same flags, so every one fails alike) is reported
-as a single process would report it: its one line, once, and exit 2. Imports no TensorFlow:
-the parent only supervises.
+`--local_cluster=ps=1,workers=2[,evaluator=1]` (or TFCONFIG_SLURM_LOCAL_CLUSTER for a user's
+script) starts a chief, the parameter servers, the workers and an evaluator as processes of the
+same command (`python -m tfconfig_slurm.run` with the same flags, or the user's script), each
+with its TF_CONFIG on free loopback ports, and holds the model directory for them; writes one
+log per task (`<model_dir>/logs/<role>-<index>.log`) and prefixes their lines on the console;
+waits for all, and when one fails stops the rest and fails too. Told to stop itself (SIGTERM,
+SIGINT, SIGHUP), it passes SIGTERM on to every task, whose trainers stop at the next step with
+a checkpoint, and kills what is left after a grace: nothing is left behind. A task that fails
+on bad input (exit 2: every task reads the same flags, so every one fails alike) is reported as
+a single process would report it: its one line, once, and exit 2. Imports no TensorFlow: the
+parent only supervises.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ from absl import logging
 from tfconfig_slurm.cluster import render
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
 from tfconfig_slurm.errors import USAGE_EXIT_CODE, UsageError
+from tfconfig_slurm.runtime import claim
 from tfconfig_slurm.runtime.role import ClusterRole
 
-_HINT = "e.g. --local_cluster=ps=1,workers=2"
 _COUNTS = {"ps": PS, "workers": WORKER, "evaluator": EVALUATOR}
 # How long a task that is told to stop gets before it is killed: when another task failed,
 # and when the launcher was told to stop (time for the chief's checkpoint, within SLURM's
@@ -81,35 +82,54 @@ class LocalTask:
     address: str
 
 
-def parse(spec: str) -> dict[str, int]:
-    """`ps=1,workers=2,evaluator=1` as {"ps": 1, "worker": 2, "evaluator": 1}."""
+def parse(spec: str, culprit: str = "--local_cluster") -> dict[str, int]:
+    """`ps=1,workers=2,evaluator=1` as {"ps": 1, "worker": 2, "evaluator": 1}; `culprit`
+    names the setting in errors."""
     counts = {PS: 0, WORKER: 0, EVALUATOR: 0}
+    hint = f"e.g. {culprit}=ps=1,workers=2"
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, value = (piece.strip() for piece in item.partition("="))
         if name not in _COUNTS or not (value.isascii() and value.isdigit()) or len(value) > 3:
             raise UsageError(
-                "--local_cluster",
+                culprit,
                 f"has {item!r}, expected ps=N, workers=N or evaluator=0/1",
-                _HINT,
+                hint,
             )
         counts[_COUNTS[name]] = int(value)
     if counts[EVALUATOR] > 1:
-        raise UsageError("--local_cluster", "asks for more than one evaluator", _HINT)
+        raise UsageError(culprit, "asks for more than one evaluator", hint)
     if counts[PS] < 1:
         raise UsageError(
-            "--local_cluster",
+            culprit,
             f"is {spec!r}: Estimator training in a cluster needs at least one ps",
-            _HINT,
+            hint,
         )
     return counts
 
 
-def run(counts: Mapping[str, int], model_dir: Path, arguments: Sequence[str], program: str) -> int:
-    """Runs the cluster to the end; the exit status is 0 only if every task's is.
+def run(
+    counts: Mapping[str, int],
+    model_dir: Path,
+    command: Sequence[str],
+    program: str,
+    naming: claim.Naming,
+) -> int:
+    """Runs the cluster of `command` to the end; the exit status is 0 only if every task's is.
 
-    `counts` are the tasks by role, as `parse` reads them; `program` starts the one line a
+    `counts` are the tasks by role, as `parse` reads them. The launcher holds the model
+    directory for its tasks, which do not claim it; `naming` says how the user names it, in
+    the error that another run holds it. `program` starts the one line a
     task writes when it refuses its input (cli.fail).
     """
+    held = claim.claim(model_dir, claim.this_holder(os.environ), naming)
+    held.renew()
+    try:
+        return _run(counts, model_dir, command, program)
+    finally:
+        held.release()
+
+
+def _run(counts: Mapping[str, int], model_dir: Path, command: Sequence[str], program: str) -> int:
     # Free ports, distinct because all are bound at once, then released for the tasks to
     # bind: TensorFlow's gRPC server refuses SO_REUSEPORT, so nothing can hold them meanwhile.
     with ExitStack() as reservations:
@@ -145,7 +165,7 @@ def run(counts: Mapping[str, int], model_dir: Path, arguments: Sequence[str], pr
             for task in tasks:
                 role = replace(every_role, role=task.role, index=task.index)
                 started[task] = _start(
-                    task, role, arguments, logs, refusals=refusals[task], program=program
+                    task, role, command, logs, refusals=refusals[task], program=program
                 )
             failed = _supervise({task: process for task, (process, _) in started.items()})
         except _Signalled as signalled:
@@ -184,7 +204,7 @@ def run(counts: Mapping[str, int], model_dir: Path, arguments: Sequence[str], pr
 def _start(
     task: LocalTask,
     role: ClusterRole,
-    arguments: Sequence[str],
+    command: Sequence[str],
     logs: Path,
     *,
     refusals: list[str],
@@ -195,8 +215,7 @@ def _start(
     if task.role in (PS, EVALUATOR):
         environ["CUDA_VISIBLE_DEVICES"] = ""
     process = subprocess.Popen(
-        # The trailing --local_cluster= overrides the parent's: a task runs one role.
-        [sys.executable, "-m", "tfconfig_slurm.run", *arguments, "--local_cluster="],
+        command,
         env=environ,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
 from tfconfig_slurm.cluster.render import RUN, RUNTIME_KEY
@@ -105,3 +106,21 @@ class ClusterRole:
             RUNTIME_KEY: {EVALUATOR: self.has_evaluator, RUN: self.run_id},
         }
         return config | extra
+
+
+class Shard(NamedTuple):
+    """Which share of the training data a process reads: dataset.shard(*shard)."""
+
+    num_shards: int
+    shard_index: int
+
+
+def input_shard(environ: Mapping[str, str] = os.environ) -> Shard:
+    """This process's share of the training data, from its TF_CONFIG: trainer i of n (the
+    chief 0, worker k k + 1) reads shard i of n; a single process, a parameter server and the
+    evaluator read everything, Shard(1, 0)."""
+    text = environ.get("TF_CONFIG")
+    role = ClusterRole.from_json(text) if text else None
+    if role is None or role.role not in (CHIEF, WORKER):
+        return Shard(1, 0)
+    return Shard(role.trainers, role.trainer_id)

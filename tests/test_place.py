@@ -1,0 +1,92 @@
+"""runtime/place.py and the shard of a trainer: a process's place from its environment, and the
+TFCONFIG_SLURM_* variables a user's script sets its layout with. SLURM faked by dictionaries."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.slurm_envs import task_env
+from tfconfig_slurm.cluster import LayoutPolicy
+from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.runtime import place
+from tfconfig_slurm.runtime.role import Shard, input_shard
+
+NODES = ["n1", "n2"]
+
+
+def test_the_variables_set_every_field_of_the_layout_policy() -> None:
+    policy = place.policy_from_environ(
+        {
+            "TFCONFIG_SLURM_PS_PER_NODE": "2",
+            "TFCONFIG_SLURM_ROLES": "ps, chief,worker",
+            "TFCONFIG_SLURM_EVALUATOR": "yes",
+            "TFCONFIG_SLURM_ADDRESS_TEMPLATE": "{node}-ib0",
+            "TFCONFIG_SLURM_PORT_BASE": "23000",
+        }
+    )
+    assert policy == LayoutPolicy(
+        ps_per_node=2,
+        roles=("ps", "chief", "worker"),
+        evaluator=True,
+        address_template="{node}-ib0",
+        port_base=23000,
+    )
+    assert place.policy_from_environ({}) == LayoutPolicy()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "problem"),
+    [
+        ("TFCONFIG_SLURM_PS_PER_NODE", "one", "expected a number"),
+        ("TFCONFIG_SLURM_PS_PER_NODE", "-1", "expected 0 or more"),
+        ("TFCONFIG_SLURM_EVALUATOR", "maybe", "expected 1 or 0"),
+        ("TFCONFIG_SLURM_ROLES", "ps,boss", "'boss'"),
+        ("TFCONFIG_SLURM_PORT_BASE", "80", "expected a port"),
+    ],
+)
+def test_a_bad_variable_is_named_in_the_error(variable: str, value: str, problem: str) -> None:
+    with pytest.raises(UsageError) as raised:
+        place.policy_from_environ({variable: value})
+    assert raised.value.culprit == variable
+    assert problem in raised.value.problem
+
+
+def test_outside_a_step_a_process_trains_alone_and_drops_a_tf_config_it_was_not_given() -> None:
+    environ = {"SLURM_JOB_ID": "7"}
+    where = place.find(environ, LayoutPolicy(), "--ps_per_node")
+    assert where.role is None
+    assert where.layout_source == "--ps_per_node"
+
+
+def test_in_a_step_the_task_takes_its_role_and_its_environment_is_set() -> None:
+    environ = task_env(NODES, [2, 2], 3, gpus="0")
+    where = place.find(environ, LayoutPolicy(), "--ps_per_node")
+    assert where.role is not None
+    assert (where.role.role, where.role.index, where.node) == ("worker", 0, "n2")
+    assert json.loads(environ["TF_CONFIG"])["task"] == {"type": "worker", "index": 0}
+    assert environ["CUDA_VISIBLE_DEVICES"] == where.gpus
+    # The same environment again: the TF_CONFIG now set is this step's, and is taken as given.
+    again = place.find(environ, LayoutPolicy(ps_per_node=0), "--ps_per_node")
+    assert again.role == where.role
+    assert again.layout_source == "TF_CONFIG"
+
+
+def test_a_single_task_step_trains_alone() -> None:
+    where = place.find(task_env(["n1"], [1], 0), LayoutPolicy(), "--ps_per_node")
+    assert where.role is None
+
+
+@pytest.mark.parametrize(
+    ("rank", "shard"),
+    [(0, Shard(1, 0)), (1, Shard(2, 0)), (2, Shard(1, 0)), (3, Shard(2, 1))],
+)
+def test_trainer_i_of_n_reads_shard_i_and_the_rest_read_everything(rank: int, shard: Shard) -> None:
+    environ = task_env(NODES, [2, 2], rank)
+    place.find(environ, LayoutPolicy(), "--ps_per_node")
+    assert input_shard(environ) == shard
+
+
+def test_a_process_without_tf_config_reads_everything() -> None:
+    assert input_shard({}) == Shard(num_shards=1, shard_index=0)
