@@ -9,7 +9,13 @@ For each N it measures, with the watcher's real settings (runtime/watchdog.py):
 - lost: seconds from one peer's port closing until the watcher names it;
 - probes/s made by the watcher, and its CPU seconds per round.
 
-  .venv/bin/python bench/supervision.py [--peers 100,1000]
+Then the tree of trainers that with-tfconfig's finished trainers form (runtime/watch_plan.py),
+with the real supervise.say_finished of every trainer, each in a thread of this process, and
+fake parameter servers listening: every trainer but the deepest one finishes, and then that
+one; "tree" is the seconds from its finish until ps 0's watcher sees the chief say FINISHED
+(every trainer finished), which is when ps 0's wrapper ends its command.
+
+  .venv/bin/python bench/supervision.py [--peers 100,1000] [--trees 100,1000]
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tfconfig_slurm.runtime import watchdog
+from tfconfig_slurm import supervise
+from tfconfig_slurm.runtime import watch_plan, watchdog
+from tfconfig_slurm.runtime.role import ClusterRole
 
 # A gRPC server's first bytes (an HTTP/2 SETTINGS frame header): what a training peer answers.
 _TRAINING = b"\x00\x00\x18\x04\x00\x00\x00\x00\x00"
@@ -116,15 +124,67 @@ def measure(count: int) -> str:
     )
 
 
+def measure_tree(trainers: int) -> str:
+    """The last trainer's finish until ps 0's watcher sees the chief say FINISHED."""
+    servers = Peers(max(1, trainers // 8))
+    ports = _free_ports(trainers)
+    jobs = {
+        "chief": (f"127.0.0.1:{ports[0]}",),
+        "worker": tuple(f"127.0.0.1:{port}" for port in ports[1:]),
+        "ps": tuple(servers.addresses().values()),
+    }
+    roles = [ClusterRole(jobs, "chief", 0)]
+    roles += [ClusterRole(jobs, "worker", index) for index in range(trainers - 1)]
+    lost: list[str] = []
+
+    def on_lost(name: str, address: str, silent_for: float) -> None:
+        lost.append(name)
+
+    def finish(role: ClusterRole) -> None:
+        supervise.say_finished(role, on_lost)
+
+    last = roles[-1]
+    for role in roles[:-1]:
+        threading.Thread(target=finish, args=(role,), daemon=True).start()
+    # Every other trainer finished and waits on its children: let them settle.
+    time.sleep(3.0)
+    everyone = threading.Event()
+    chief = watchdog.PeerWatch(
+        {"chief 0": jobs["chief"][0]}, on_lost=on_lost, on_finished=lambda name: everyone.set()
+    )
+    time.sleep(1.5)
+    finished = time.monotonic()
+    threading.Thread(target=finish, args=(last,), daemon=True).start()
+    everyone.wait(120.0)
+    seconds = time.monotonic() - finished if everyone.is_set() else float("nan")
+    chief.stop()
+    servers.stop()
+    depth, below = 0, trainers - 1
+    while below > 0:
+        depth, below = depth + 1, below - watch_plan.FAN_OUT ** (depth + 1)
+    return f"| {trainers} | {depth} | {seconds:.1f} | {len(lost)} |"
+
+
+def _free_ports(count: int) -> list[int]:
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.create_server(("0.0.0.0", 0))) for _ in range(count)]
+        return [sock.getsockname()[1] for sock in sockets]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", default="100,1000")
+    parser.add_argument("--trees", default="100,1000")
     args = parser.parse_args()
     print("| peers | round (s) | probes/s | CPU s per round | lost: named after (s) "
           "| finished: all seen after (s) |")  # fmt: skip
     print("|---|---|---|---|---|---|")
-    for count in map(int, args.peers.split(",")):
-        print(measure(count), flush=True)
+    for count in filter(None, args.peers.split(",")):
+        print(measure(int(count)), flush=True)
+    print("\n| trainers | tree depth | tree: last finish to the chief's FINISHED (s) | lost |")
+    print("|---|---|---|---|")
+    for count in filter(None, args.trees.split(",")):
+        print(measure_tree(int(count)), flush=True)
 
 
 if __name__ == "__main__":

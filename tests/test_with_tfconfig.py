@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -181,3 +184,89 @@ def test_bad_command(arguments: tuple[str, ...], culprit: str) -> None:
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1
     assert result.stderr.startswith(f"with-tfconfig: {culprit}")
+
+
+def wrap_step(
+    port_base: int, tasks: int, seconds_of: dict[int, str], default: str
+) -> list[subprocess.Popen[str]]:
+    """Every task of a one-node step on loopback under the wrapper, 2 ps (ranks 0 and 1) and
+    the rest trainers, each running SERVER for its seconds."""
+    return [
+        subprocess.Popen(
+            [WRAPPER, "--ps_per_node=2", f"--port_base={port_base}", *SERVER,
+             seconds_of.get(rank, default)],
+            env={
+                "PATH": os.environ["PATH"],
+                "TFCONFIG_SLURM_PYTHON": sys.executable,
+                **task_env(["localhost"], [tasks], rank),
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(tasks)
+    ]  # fmt: skip
+
+
+# A stand-in for a TensorFlow server: listens on its task's port for its seconds, then exits
+# 0, or 1 for negative seconds.
+SERVER = [
+    sys.executable,
+    "-c",
+    """import json, os, socket, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+task = config["task"]
+port = int(config["cluster"][task["type"]][task["index"]].rpartition(":")[2])
+server = socket.create_server(("0.0.0.0", port))
+seconds = float(sys.argv[1])
+end = time.monotonic() + abs(seconds)
+while time.monotonic() < end:
+    server.settimeout(max(0.01, end - time.monotonic()))
+    try:
+        server.accept()[0].close()
+    except OSError:
+        pass
+sys.exit(seconds < 0)""",
+]
+
+
+def ended(step: list[subprocess.Popen[str]], seconds: float) -> tuple[list[int | None], str]:
+    """Each task's exit status (None: still running, then killed) and all their logs."""
+    deadline = time.monotonic() + seconds
+    for process in step:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+    statuses = [process.poll() for process in step]
+    for process in step:
+        process.kill()
+    return statuses, "".join(f"== {process.communicate()[1]}" for process in step)
+
+
+def test_eighteen_trainers_finish_through_their_tree_and_the_servers_end_exit_0() -> None:
+    """The chief (16 children) and worker 0 (1 child) wait for the trainers below them; the
+    chief's FINISHED ends ps 0's command, and ps 0's FINISHED ps 1's."""
+    statuses, logs = ended(wrap_step(27100, 20, {0: "600", 1: "600"}, "3"), 60)
+    assert statuses == [0] * 20, logs
+    assert "ps 0: every trainer finished; ending its command" in logs
+    assert "chief 0 said so" in logs and "ps 0 said so" in logs
+    assert "chief 0: its command and the 17 trainers below it finished" in logs
+
+
+def test_a_trainer_that_fails_after_the_others_finished_ends_every_task() -> None:
+    """The last trainer (below worker 0 in the tree) fails: worker 0 and its ps take it for
+    lost, and the step ends, non-zero, every task gone."""
+    statuses, logs = ended(wrap_step(27200, 20, {0: "600", 1: "600", 19: "-6"}, "3"), 60)
+    assert statuses[19] == 1, logs
+    assert None not in statuses and 3 in statuses and 0 not in statuses[:2], statuses
+    assert "worker 16 at localhost:27219 has not answered" in logs
+
+
+def test_a_finished_trainer_s_wrapper_still_ends_on_sigterm() -> None:
+    """Once its command has exited there is nothing to pass a signal on to: scancel ends it."""
+    step = wrap_step(27300, 4, {2: "1"}, "600")
+    try:
+        time.sleep(4.0)
+        step[2].terminate()
+        assert step[2].wait(timeout=5) == -signal.SIGTERM
+    finally:
+        ended(step, 0)

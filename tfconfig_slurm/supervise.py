@@ -29,12 +29,12 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from absl import logging
 
 from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
-from tfconfig_slurm.runtime import watchdog
+from tfconfig_slurm.runtime import watch_plan, watchdog
 from tfconfig_slurm.runtime.role import ClusterRole
 
 # The signals a supervisor passes on to its command.
@@ -46,11 +46,12 @@ FORWARDED = (
     signal.SIGUSR2,
     signal.SIGQUIT,
 )
+_STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # How long a parameter server's command, once every trainer has finished, has to end on
 # SIGTERM before it is killed.
 _END_GRACE_SECONDS = 5.0
-# How long a finished trainer says so at most, should a parameter server never leave; at
-# least three of a parameter server's rounds of probes.
+# How long a task that finished says so at most, should the peers that wait for it never
+# leave.
 _FINISHED_SECONDS = 60.0
 _PR_SET_PDEATHSIG = 1
 
@@ -80,37 +81,51 @@ def supervise(child: Child, role: ClusterRole) -> int:
     if role.role == PS:
         return _serve_until_trainers_finish(child, role, lost)
     if role.role in (CHIEF, WORKER) and role.ps_count:
-        peers = watchdog.PeerWatch(role.named(PS), on_lost=lost)
+        peers = watchdog.PeerWatch(watch_plan.paired(role), on_lost=lost)
         status = _status(child.wait())
         peers.stop()
+        # Nothing left to pass signals on to: the stopping ones end this process, as they
+        # would any (scancel), the others are ignored.
+        for signum in FORWARDED:
+            signal.signal(signum, signal.SIG_DFL if signum in _STOPPING else signal.SIG_IGN)
         if status == 0:
-            _say_finished(role)
+            say_finished(role, lost)
         return status
     return _status(child.wait())
 
 
 def _serve_until_trainers_finish(child: Child, role: ClusterRole, lost: watchdog.OnLost) -> int:
-    finished: list[str] = []
+    """A ps: its paired trainers and the other parameter servers watched; the command ended
+    once the chief (for ps 0) or ps 0 (for the others) says every trainer finished."""
+    servers = role.named(PS)
+    herald = {f"{CHIEF} 0": role.named(CHIEF)[f"{CHIEF} 0"]} if role.index == 0 else {
+        f"{PS} 0": servers[f"{PS} 0"]
+    }  # fmt: skip
     everyone = threading.Event()
 
     def on_finished(name: str) -> None:
-        finished.append(name)
-        logging.info(
-            "ps %d: %s finished (%d of %d)", role.index, name, len(finished), role.trainers
-        )
-        if len(finished) == role.trainers:
+        if name in herald:
             everyone.set()
 
-    trainers = watchdog.PeerWatch(role.named(CHIEF, WORKER), on_lost=lost, on_finished=on_finished)
+    near = watchdog.PeerWatch(
+        {**watch_plan.paired(role), **herald}, on_lost=lost, on_finished=on_finished
+    )
+    mesh = watch_plan.other_servers(role)
+    for name in herald:
+        mesh.pop(name, None)
+    # Another ps that ended its command says FINISHED: released, not lost.
+    far = watchdog.PeerWatch(mesh, on_lost=lost, on_finished=lambda name: None)
     while child.poll() is None and not everyone.wait(0.2):
         pass
-    trainers.stop()
+    near.stop()
+    far.stop()
     if child.poll() is not None:
         return _status(child.wait())
     logging.info(
-        "ps %d: every trainer finished; ending its command (a parameter server's server.join() "
-        "never returns)",
+        "ps %d: every trainer finished; ending its command (a parameter server's "
+        "server.join() never returns; %s said so)",
         role.index,
+        next(iter(herald)),
     )
     child.terminate()
     try:
@@ -118,44 +133,84 @@ def _serve_until_trainers_finish(child: Child, role: ClusterRole, lost: watchdog
     except subprocess.TimeoutExpired:
         child.kill()
         child.wait()
+    # The other parameter servers learn it from ps 0, and watch each other meanwhile.
+    with _answering(role) as answer:
+        answer.append(watchdog.FINISHED)
+        _until_gone(watch_plan.other_servers(role) if role.index == 0 else {})
     return 0
 
 
-def _say_finished(role: ClusterRole) -> None:
-    """Answers FINISHED on this trainer's port until no parameter server answers any more."""
+def say_finished(role: ClusterRole, lost: watchdog.OnLost) -> None:
+    """A trainer whose command exited 0: waits until each of its children in the tree of
+    trainers says FINISHED (its port answering meanwhile that it is alive), then says
+    FINISHED itself until its paired parameter servers have gone."""
+    with _answering(role) as answer:
+        children = watch_plan.children(role)
+        if children:
+            waiting = set(children)
+            done = threading.Event()
+
+            def on_finished(name: str) -> None:
+                waiting.discard(name)
+                if not waiting:
+                    done.set()
+
+            watch = watchdog.PeerWatch(children, on_lost=lost, on_finished=on_finished)
+            # A child lost meanwhile ends this process.
+            done.wait()
+            watch.stop()
+        logging.info(
+            "%s %d: its command and the %d trainers below it finished",
+            role.role,
+            role.index,
+            watch_plan.trainers_below(role),
+        )
+        answer.append(watchdog.FINISHED)
+        _until_gone(watch_plan.paired(role))
+
+
+@contextlib.contextmanager
+def _answering(role: ClusterRole) -> Iterator[list[bytes]]:
+    """Within the block, this task's port (free again) answers the last of the list it yields
+    (WAITING at first: alive, not finished)."""
     port = int(role.address.rpartition(":")[2])
+    answer = [watchdog.WAITING]
     try:
         listener = socket.create_server(("0.0.0.0", port), reuse_port=False)
     except OSError as error:
         logging.warning(
-            "%s %d finished, but cannot say so on port %d (%s): the parameter servers will "
-            "take it for lost",
+            "%s %d finished, but cannot say so on port %d (%s): its watchers will take it for lost",
             role.role,
             role.index,
             port,
             error.strerror,
         )
+        yield answer
         return
     stopped = threading.Event()
-    threading.Thread(target=_answer, args=(listener, stopped), daemon=True).start()
-    servers = role.named(PS)
-    # Long enough for a parameter server watching every trainer to probe this one.
-    lasts = max(_FINISHED_SECONDS, 3 * watchdog.round_seconds(role.trainers))
-    deadline = time.monotonic() + lasts
-    while time.monotonic() < deadline and any(map(watchdog.answers, servers.values())):
+    threading.Thread(target=_answer, args=(listener, stopped, answer), daemon=True).start()
+    try:
+        yield answer
+    finally:
+        stopped.set()
+        listener.close()
+
+
+def _until_gone(peers: dict[str, str]) -> None:
+    """Returns once none of `peers` answers any more, or after _FINISHED_SECONDS."""
+    deadline = time.monotonic() + _FINISHED_SECONDS
+    while time.monotonic() < deadline and any(map(watchdog.answers, peers.values())):
         time.sleep(watchdog.PROBE_SECONDS)
-    stopped.set()
-    listener.close()
 
 
-def _answer(listener: socket.socket, stopped: threading.Event) -> None:
+def _answer(listener: socket.socket, stopped: threading.Event, answer: list[bytes]) -> None:
     while not stopped.is_set():
         try:
             connection, _ = listener.accept()
         except OSError:
             return
         with contextlib.suppress(OSError), connection:
-            connection.sendall(watchdog.FINISHED)
+            connection.sendall(answer[-1])
 
 
 def _forward(child: Child, signum: int) -> None:

@@ -138,16 +138,13 @@ class StartBarrierHook(tf.compat.v1.train.SessionRunHook):
 
     On the chief, once the session has initialised the variables, it lets each worker start.
     A worker waits for that in `begin()`: its graph is built by then, and its session not yet
-    created, so the session finds the model ready at once. Then it calls `on_started`.
+    created, so the session finds the model ready at once.
     """
 
-    def __init__(
-        self, target: str, trainers: int, trainer_id: int, on_started: Callable[[], None]
-    ) -> None:
+    def __init__(self, target: str, trainers: int, trainer_id: int) -> None:
         self._target = target
         self._trainers = trainers
         self._trainer_id = trainer_id
-        self._on_started = on_started
 
     def begin(self) -> None:
         workers = self._trainers - 1
@@ -159,7 +156,6 @@ class StartBarrierHook(tf.compat.v1.train.SessionRunHook):
         )
         if not is_chief:
             wait_for_chief(self._target, self._trainers)
-            self._on_started()
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         if self._start is not None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import tensorflow as tf
 from absl import logging
 
-from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
+from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.runtime import (
     claim,
@@ -28,6 +28,7 @@ from tfconfig_slurm.runtime import (
     preemption,
     reports,
     trainer,
+    watch_plan,
     watchdog,
 )
 from tfconfig_slurm.runtime.place import Place
@@ -167,7 +168,10 @@ def _server(estimator: tf.estimator.Estimator, role: ClusterRole) -> tf.distribu
 def _serve(estimator: tf.estimator.Estimator, role: ClusterRole) -> None:
     """A parameter server: serves until every trainer has finished."""
     server = _server(estimator, role)
-    unfinished = watchdog.PeerWatch(role.named(CHIEF, WORKER))
+    # Its paired trainers, released as their tokens come, and the other parameter servers,
+    # which leave only once they hold every token too (watch_plan.py).
+    unfinished = watchdog.PeerWatch(watch_plan.paired(role))
+    servers = watchdog.PeerWatch(watch_plan.other_servers(role))
     lifecycle.serve_until_trainers_finish(
         server,
         role.index,
@@ -175,3 +179,4 @@ def _serve(estimator: tf.estimator.Estimator, role: ClusterRole) -> None:
         lambda token: unfinished.release(role.trainer_name(token)),
     )
     unfinished.stop()
+    servers.stop()

@@ -12,8 +12,8 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
-from tfconfig_slurm.runtime import estimators, lifecycle, reports, watchdog
+from tfconfig_slurm.cluster.layout import CHIEF
+from tfconfig_slurm.runtime import estimators, lifecycle, reports, watch_plan, watchdog
 from tfconfig_slurm.runtime.hooks import ThroughputHook
 from tfconfig_slurm.runtime.role import ClusterRole
 
@@ -48,11 +48,9 @@ def run(
         config.device_filters.extend(["/job:ps", f"/job:{role.role}/task:{role.index}"])
     model_dir = Path(user.model_dir)
     throughput = throughput_hook(user, role)
-    # A trainer waits on every ps, and a worker on the chief until the chief lets it start.
-    peers = watchdog.PeerWatch(role.named(PS, CHIEF) if role.role == WORKER else role.named(PS))
-    barrier = lifecycle.StartBarrierHook(
-        server.target, role.trainers, role.trainer_id, lambda: peers.release(f"{CHIEF} 0")
-    )
+    # A lost peer reaches this trainer through the parameter servers it is paired with.
+    peers = watchdog.PeerWatch(watch_plan.paired(role))
+    barrier = lifecycle.StartBarrierHook(server.target, role.trainers, role.trainer_id)
     hooks = [throughput, barrier, lifecycle.PreemptionHook(stop, role.trainers, role.trainer_id)]
     if leave_session_open:
         hooks.append(lifecycle.LeaveSessionOpenHook())

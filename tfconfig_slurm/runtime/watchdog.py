@@ -42,6 +42,9 @@ _CONNECT_TIMEOUT_SECONDS = 1.0
 # What a trainer supervised by with-tfconfig answers on its port once its command has
 # finished (supervise.py): it did not crash. A gRPC server answers with its own first frame.
 FINISHED = b"tfconfig-slurm: finished\n"
+# What it answers before that, while trainers below it in the tree of trainers have not
+# finished (watch_plan.py): alive, not finished. The same length: a probe reads that much.
+WAITING = b"tfconfig-slurm: waiting.\n"
 
 OnLost = Callable[[str, str, float], None]
 OnFinished = Callable[[str], None]

@@ -1,0 +1,72 @@
+"""Which peers each task of a cluster watches (watchdog.py), so that a loss reaches every task
+while no task probes more than a few: at 500 nodes x 8 GPUs (4,000 trainers, 500 ps) a ps
+that probed every trainer took 80 s a round (bench/RESULTS.md). No TensorFlow here.
+
+- Trainers and parameter servers are paired off: with m = min(trainers, ps), trainer t and
+  ps p watch each other when t % m == p % m. Each trainer so watches ceil(ps / trainers)
+  parameter servers (1 at that scale), and each ps ceil(trainers / ps) trainers (8).
+- The parameter servers watch each other (the mesh), at the watchdog's rate limit.
+
+A lost trainer is seen by its ps, which ends; the other parameter servers see that ps end,
+and end; every trainer sees its own ps end. A lost ps is seen by its trainers and by the mesh
+the same way. Three watches from any task to any other.
+
+`launch/with-tfconfig`'s trainers also tell the parameter servers that they finished, which
+the runtime's trainers do through its stop tokens: along a tree of the trainers (the chief
+its root, FAN_OUT children each), a trainer whose command exited 0 waits until each of its
+children says its subtree finished, then says so for its own (supervise.py). The chief so
+says when every trainer has finished.
+"""
+
+from __future__ import annotations
+
+from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
+from tfconfig_slurm.runtime.role import ClusterRole
+
+FAN_OUT = 16
+
+
+def paired(role: ClusterRole) -> dict[str, str]:
+    """The peers of the other kind this trainer or ps watches, by name."""
+    trainers, servers = role.trainers, role.ps_count
+    if not trainers or not servers:
+        return {}
+    pairs = min(trainers, servers)
+    if role.role == PS:
+        mine = role.index % pairs
+        names = [role.trainer_name(t) for t in range(trainers) if t % pairs == mine]
+    else:
+        mine = role.trainer_id % pairs
+        names = [f"{PS} {p}" for p in range(servers) if p % pairs == mine]
+    everyone = role.named(PS, CHIEF, WORKER)
+    return {name: everyone[name] for name in names}
+
+
+def other_servers(role: ClusterRole) -> dict[str, str]:
+    """Every parameter server but this one: the mesh a ps watches."""
+    return {name: address for name, address in role.named(PS).items() if name != _own(role)}
+
+
+def children(role: ClusterRole) -> dict[str, str]:
+    """This trainer's children in the tree of trainers, by name."""
+    everyone = role.named(CHIEF, WORKER)
+    names = map(role.trainer_name, _child_ids(role.trainer_id, role.trainers))
+    return {name: everyone[name] for name in names}
+
+
+def trainers_below(role: ClusterRole) -> int:
+    """How many trainers the tree has below this one."""
+    count, level = 0, [role.trainer_id]
+    while level:
+        level = [child for parent in level for child in _child_ids(parent, role.trainers)]
+        count += len(level)
+    return count
+
+
+def _child_ids(trainer_id: int, trainers: int) -> range:
+    first = trainer_id * FAN_OUT + 1
+    return range(first, min(first + FAN_OUT, trainers))
+
+
+def _own(role: ClusterRole) -> str:
+    return f"{role.role} {role.index}"
