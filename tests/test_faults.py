@@ -99,7 +99,11 @@ def test_a_killed_task_ends_the_step_and_is_named(
         "--log_every_steps=1",
     )
     assert rerun.wait(timeout=START_SECONDS) == 0, read_logs(tmp_path / "second")[-3000:]
-    assert f"resuming from step {resumed_from}" in read_logs(tmp_path / "second")
+    # The step stored in a checkpoint may be a step or two past its name: asynchronous
+    # workers update the ps's global step while the chief writes it (seen: ckpt-21 held 22).
+    resumed = re.search(r"resuming from step (\d+)", read_logs(tmp_path / "second"))
+    assert resumed is not None
+    assert resumed_from <= int(resumed.group(1)) <= resumed_from + 2
     assert checkpoint_step(model_dir) >= resumed_from + 5
 
 
@@ -182,7 +186,9 @@ def test_a_killed_script_under_with_tfconfig_ends_a_plain_srun_step(
             step.kill()
     _, stderr = step.communicate()
     assert step.returncode != 0
-    assert re.search(rf"{victim} at node\d:\d+ has not answered for \d+ s", stderr), stderr[-3000:]
+    # Its wrapper says the command failed; were the wrapper gone too, its port falls silent.
+    said = rf"{victim} at node\d:\d+ (says its command failed|has not answered for \d+ s)"
+    assert re.search(said, stderr), stderr[-3000:]
     assert wait_until(lambda: not any(slurm_cluster.task_pids().values()), 10.0)
 
 

@@ -258,7 +258,7 @@ def test_a_trainer_that_fails_after_the_others_finished_ends_every_task() -> Non
     statuses, logs = ended(wrap_step(27200, 20, {0: "600", 1: "600", 19: "-6"}, "3"), 60)
     assert statuses[19] == 1, logs
     assert None not in statuses and 3 in statuses and 0 not in statuses[:2], statuses
-    assert "worker 16 at localhost:27219 has not answered" in logs
+    assert "worker 16 at localhost:27219 says its command failed" in logs
 
 
 def test_a_finished_trainer_s_wrapper_still_ends_on_sigterm() -> None:
@@ -270,3 +270,31 @@ def test_a_finished_trainer_s_wrapper_still_ends_on_sigterm() -> None:
         assert step[2].wait(timeout=5) == -signal.SIGTERM
     finally:
         ended(step, 0)
+
+
+def test_commands_that_never_listen_end_at_once_with_their_status() -> None:
+    """Commands that print and exit (no server): nothing waits for a peer that never was."""
+    step = [
+        subprocess.Popen(
+            [WRAPPER, "--port_base=27500", sys.executable, "-c", "print('hi')"],
+            env={
+                "PATH": os.environ["PATH"],
+                "TFCONFIG_SLURM_PYTHON": sys.executable,
+                **task_env(["localhost"], [4], rank),
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(4)
+    ]
+    statuses, logs = ended(step, 20)
+    assert statuses == [0, 0, 0, 0], logs
+
+
+def test_a_worker_that_finishes_long_before_the_chief_waits_for_it() -> None:
+    """Worker 0 finishes first; the chief, its parent in the tree, sees it only once its own
+    command has finished: the worker still says FINISHED then."""
+    statuses, logs = ended(wrap_step(27400, 4, {0: "600", 1: "600", 2: "8"}, "1"), 60)
+    assert statuses == [0, 0, 0, 0], logs
+    assert "chief 0: its command and the 1 trainers below it finished" in logs

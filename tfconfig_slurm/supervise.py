@@ -6,15 +6,17 @@ passed on to it, and its exit status comes back out (128 + N for a child a signa
 child dies with the supervisor (PR_SET_PDEATHSIG), so no task outlives its srun. Around it,
 by role:
 
-- A trainer (chief, worker) watches every parameter server: one that stops answering while
-  the trainer trains ends it, by name, with exit status 3 (watchdog.py). When its command
-  exits 0 the trainer says so on its own port, free again, with FINISHED until the
-  parameter servers have gone: the command finished, it did not crash. A trainer whose
-  command failed leaves with its status and says nothing; its port falls silent, and the
-  parameter servers take it for lost.
-- A parameter server watches every trainer. A stock Estimator or TF2 parameter server never
-  returns (`server.join()`): once every trainer has said FINISHED, its command is ended and
-  the task exits 0. A trainer lost first ends it with exit status 3, by name.
+- Who watches whom is runtime/watch_plan.py's: a trainer its paired parameter servers, a
+  parameter server its paired trainers and the other parameter servers. A watched task that
+  stops answering ends the watcher, by name, with exit status 3 (watchdog.py).
+- When a trainer's command exits 0, the trainer answers on its own port, free again: alive
+  (WAITING) until the trainers below it in the tree of trainers have finished, then
+  FINISHED, until its parameter servers have gone and its parent has seen it.
+- A stock Estimator or TF2 parameter server never returns (`server.join()`): ps 0 ends its
+  command once the chief says FINISHED (every trainer finished), says FINISHED itself, and
+  the other parameter servers end theirs on that; each exits 0.
+- A task whose command failed answers FAILED for a while, then leaves with its status: its
+  watchers end at once, even if its command died before it ever listened.
 - An evaluator is only supervised.
 
 No TensorFlow here: processes, signals and sockets.
@@ -84,14 +86,35 @@ def supervise(child: Child, role: ClusterRole) -> int:
         peers = watchdog.PeerWatch(watch_plan.paired(role), on_lost=lost)
         status = _status(child.wait())
         peers.stop()
-        # Nothing left to pass signals on to: the stopping ones end this process, as they
-        # would any (scancel), the others are ignored.
-        for signum in FORWARDED:
-            signal.signal(signum, signal.SIG_DFL if signum in _STOPPING else signal.SIG_IGN)
+        _after_command()
         if status == 0:
             say_finished(role, lost)
+        else:
+            _say_failed(role)
         return status
     return _status(child.wait())
+
+
+def _after_command() -> None:
+    """Nothing left to pass signals on to: the stopping ones end this process, as they would
+    any (scancel), the others are ignored."""
+    for signum in FORWARDED:
+        signal.signal(signum, signal.SIG_DFL if signum in _STOPPING else signal.SIG_IGN)
+
+
+def _say_failed(role: ClusterRole) -> None:
+    """Answers FAILED on the task's port long enough for every watcher to probe it twice: a
+    command that died before its server listened would otherwise be waited for."""
+    seconds = 2 * watchdog.round_seconds(max(role.ps_count, 1)) + watchdog.LOST_AFTER_SECONDS
+    logging.error(
+        "%s %d: its command failed; saying so on its port for %.0f s, then exiting",
+        role.role,
+        role.index,
+        seconds,
+    )
+    with _answering(role) as answer:
+        answer.append(watchdog.FAILED)
+        time.sleep(seconds)
 
 
 def _serve_until_trainers_finish(child: Child, role: ClusterRole, lost: watchdog.OnLost) -> int:
@@ -120,7 +143,11 @@ def _serve_until_trainers_finish(child: Child, role: ClusterRole, lost: watchdog
     near.stop()
     far.stop()
     if child.poll() is not None:
-        return _status(child.wait())
+        status = _status(child.wait())
+        _after_command()
+        if status != 0:
+            _say_failed(role)
+        return status
     logging.info(
         "ps %d: every trainer finished; ending its command (a parameter server's "
         "server.join() never returns; %s said so)",
@@ -143,7 +170,8 @@ def _serve_until_trainers_finish(child: Child, role: ClusterRole, lost: watchdog
 def say_finished(role: ClusterRole, lost: watchdog.OnLost) -> None:
     """A trainer whose command exited 0: waits until each of its children in the tree of
     trainers says FINISHED (its port answering meanwhile that it is alive), then says
-    FINISHED itself until its paired parameter servers have gone."""
+    FINISHED itself until its paired parameter servers have gone (they need only see it
+    once), and until its parent has seen it: its parent may finish much later."""
     with _answering(role) as answer:
         children = watch_plan.children(role)
         if children:
@@ -167,6 +195,9 @@ def say_finished(role: ClusterRole, lost: watchdog.OnLost) -> None:
         )
         answer.append(watchdog.FINISHED)
         _until_gone(watch_plan.paired(role))
+        parent = watch_plan.parent(role)
+        if parent is not None:
+            _until_finished_or_gone(parent)
 
 
 @contextlib.contextmanager
@@ -200,6 +231,24 @@ def _until_gone(peers: dict[str, str]) -> None:
     """Returns once none of `peers` answers any more, or after _FINISHED_SECONDS."""
     deadline = time.monotonic() + _FINISHED_SECONDS
     while time.monotonic() < deadline and any(map(watchdog.answers, peers.values())):
+        time.sleep(watchdog.PROBE_SECONDS)
+
+
+def _until_finished_or_gone(address: str) -> None:
+    """Returns once the task at `address` says FINISHED, or has not answered for
+    watchdog.LOST_AFTER_SECONDS (lost: its own watchers end the step)."""
+    silent_since = None
+    while True:
+        finished = watchdog.says_finished(address)
+        if finished:
+            return
+        now = time.monotonic()
+        if finished is None:
+            silent_since = silent_since or now
+            if now - silent_since >= watchdog.LOST_AFTER_SECONDS:
+                return
+        else:
+            silent_since = None
         time.sleep(watchdog.PROBE_SECONDS)
 
 

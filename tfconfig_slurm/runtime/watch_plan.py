@@ -14,8 +14,8 @@ the same way. Three watches from any task to any other.
 `launch/with-tfconfig`'s trainers also tell the parameter servers that they finished, which
 the runtime's trainers do through its stop tokens: along a tree of the trainers (the chief
 its root, FAN_OUT children each), a trainer whose command exited 0 waits until each of its
-children says its subtree finished, then says so for its own (supervise.py). The chief so
-says when every trainer has finished.
+children says its subtree finished, then says so for its own (supervise.py), until its
+parent has said so too. The chief so says when every trainer has finished.
 """
 
 from __future__ import annotations
@@ -52,6 +52,14 @@ def children(role: ClusterRole) -> dict[str, str]:
     everyone = role.named(CHIEF, WORKER)
     names = map(role.trainer_name, _child_ids(role.trainer_id, role.trainers))
     return {name: everyone[name] for name in names}
+
+
+def parent(role: ClusterRole) -> str | None:
+    """The address of this trainer's parent in the tree of trainers; None for the chief."""
+    if role.trainer_id == 0:
+        return None
+    name = role.trainer_name((role.trainer_id - 1) // FAN_OUT)
+    return role.named(CHIEF, WORKER)[name]
 
 
 def trainers_below(role: ClusterRole) -> int:

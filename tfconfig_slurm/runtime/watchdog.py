@@ -38,6 +38,7 @@ START_SECONDS = 600.0
 PROBE_SECONDS = 1.0
 PROBES_PER_SECOND = 50.0
 _CONNECT_TIMEOUT_SECONDS = 1.0
+_READ_TIMEOUT_SECONDS = 0.25
 
 # What a trainer supervised by with-tfconfig answers on its port once its command has
 # finished (supervise.py): it did not crash. A gRPC server answers with its own first frame.
@@ -45,6 +46,9 @@ FINISHED = b"tfconfig-slurm: finished\n"
 # What it answers before that, while trainers below it in the tree of trainers have not
 # finished (watch_plan.py): alive, not finished. The same length: a probe reads that much.
 WAITING = b"tfconfig-slurm: waiting.\n"
+# What it answers for a while once its command has failed: lost at once, even by a watcher
+# that never heard from it (the command may have died before its server ever listened).
+FAILED = b"tfconfig-slurm: failed..\n"
 
 OnLost = Callable[[str, str, float], None]
 OnFinished = Callable[[str], None]
@@ -52,13 +56,19 @@ OnFinished = Callable[[str], None]
 
 def exit_on_lost(name: str, address: str, silent_for: float) -> None:
     """Says which peer is gone and ends this process at once: it may be hung inside
-    TensorFlow, where nothing but an exit reaches it."""
+    TensorFlow, where nothing but an exit reaches it. `silent_for` is 0 for a peer that
+    said its command failed."""
+    why = (
+        "says its command failed"
+        if silent_for == 0
+        else f"has not answered for {silent_for:.0f} s: it died or its node is cut off"
+    )
     logging.error(
-        "%s at %s has not answered for %.0f s: it died or its node is cut off; ending this "
-        "task (exit %d) so that the job ends instead of waiting for it forever",
+        "%s at %s %s; ending this task (exit %d) so that the job ends instead of waiting for "
+        "it forever",
         name,
         address,
-        silent_for,
+        why,
         EXIT_PEER_LOST,
     )
     logging.flush()
@@ -115,7 +125,10 @@ class PeerWatch:
                 if self._stopped.is_set():
                     return
                 now = time.monotonic()
-                answer = _probe(self._addresses[name], read=self._on_finished is not None)
+                answer = _probe(self._addresses[name], read=True)
+                if answer == FAILED:
+                    self._lose(name, 0.0)
+                    continue
                 if answer == FINISHED and self._on_finished is not None:
                     self.release(name)
                     if not self._stopped.is_set():
@@ -150,18 +163,26 @@ def answers(address: str) -> bool:
     return _probe(address, read=False) is not None
 
 
+def says_finished(address: str) -> bool | None:
+    """Whether the task at `address` answers FINISHED; None if nothing listens there."""
+    answer = _probe(address, read=True)
+    return None if answer is None else answer == FINISHED
+
+
 def _probe(address: str, *, read: bool) -> bytes | None:
-    """None if nothing listens at `address`; else, with `read`, the first bytes it sends."""
+    """None if nothing listens at `address`; else, with `read`, the first bytes it sends (b""
+    for none soon: a listener that accepted is alive whatever it says)."""
     host, _, port = address.rpartition(":")
     try:
-        with socket.create_connection(
-            (host, int(port)), timeout=_CONNECT_TIMEOUT_SECONDS
-        ) as connection:
-            if not read:
-                return b""
-            try:
-                return connection.recv(len(FINISHED))
-            except socket.timeout:
-                return b""
+        connection = socket.create_connection((host, int(port)), timeout=_CONNECT_TIMEOUT_SECONDS)
     except OSError:
         return None
+    with connection:
+        if not read:
+            return b""
+        # A gRPC server sends its first frame at once, and a wrapper its answer.
+        connection.settimeout(_READ_TIMEOUT_SECONDS)
+        try:
+            return connection.recv(len(FINISHED))
+        except OSError:
+            return b""
