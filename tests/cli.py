@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -26,3 +29,33 @@ def run_module(
         cwd=REPOSITORY,
         check=False,
     )
+
+
+@contextlib.contextmanager
+def tensorboard(root: Path) -> Iterator[str]:
+    """`launch/tensorboard root` on a free port, every run loaded before it serves; yields its
+    URL."""
+    server = subprocess.Popen(
+        [str(REPOSITORY / "launch" / "tensorboard"), str(root),
+         "--load_fast=false", "--reload_task=blocking", "--reload_interval=0"],
+        env={
+            "PATH": os.environ["PATH"],
+            "TFCONFIG_SLURM_PYTHON": sys.executable,
+            "TENSORBOARD_PORT": "0",
+        },
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert server.stderr is not None
+        # TensorBoard names the port it took once it serves; a line for each notice before.
+        lines = iter(server.stderr.readline, "")
+        url = next(
+            (found[0] for line in lines if (found := re.findall(r"http://localhost:\d+/", line))),
+            None,
+        )
+        assert url is not None, "TensorBoard ended without serving"
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -6,13 +6,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.cli import REPOSITORY, run_module
+from tests.cli import run_module, tensorboard
 from tests.slurm_cluster import unavailable
 from tests.slurm_envs import captured
 
@@ -74,30 +73,11 @@ def test_event_files_hold_loss_accuracy_and_throughput(trained: tuple[Path, str]
 
 def test_launch_tensorboard_serves_the_output_root(trained: tuple[Path, str]) -> None:
     model_dir, _ = trained
-    server = subprocess.Popen(
-        [str(REPOSITORY / "launch" / "tensorboard"), str(model_dir.parent)],
-        env={
-            "PATH": os.environ["PATH"],
-            "TFCONFIG_SLURM_PYTHON": sys.executable,
-            "TENSORBOARD_PORT": "0",
-        },
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stderr is not None
-        # TensorBoard names the port it took once it serves; a line for each notice before.
-        lines = iter(server.stderr.readline, "")
-        url = next(
-            (found[0] for line in lines if (found := re.findall(r"http://localhost:\d+/", line))),
-            None,
-        )
-        assert url is not None, "TensorBoard ended without serving"
-        with urllib.request.urlopen(f"{url}data/plugin/scalars/tags", timeout=60) as response:
-            tags = json.load(response)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    with (
+        tensorboard(model_dir.parent) as url,
+        urllib.request.urlopen(f"{url}data/plugin/scalars/tags", timeout=60) as response,
+    ):
+        tags = json.load(response)
     assert {"loss", "accuracy", "examples_per_sec"} <= set(tags["first"])
 
 

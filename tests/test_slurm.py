@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import re
 import shutil
+import signal
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.cli import REPOSITORY
+from tests.cli import REPOSITORY, tensorboard
 from tests.slurm_cluster import (
     NODES,
     SBATCH,
@@ -19,6 +23,7 @@ from tests.slurm_cluster import (
     SlurmCluster,
     checkpoint_step,
     finish,
+    job_id_of,
     read_logs,
     submit,
     wait_until,
@@ -307,3 +312,104 @@ def test_two_jobs_on_the_same_nodes_at_once_both_complete(
     assert {job["NodeList"] for job in ended} == {"node[2-3]"}
     for name in ("first", "second"):
         assert checkpoint_step(tmp_path / name) >= 20
+
+
+SWEEP = REPOSITORY / "launch" / "sweep"
+# One node, a ps and a trainer, per run: the three runs of a sweep train side by side.
+ONE_NODE = ("--sbatch_option=--nodes=1", "--sbatch_option=--ntasks-per-node=2",
+            "--sbatch_option=--gres=gpu:1")  # fmt: skip
+
+
+def runs_table(cluster: SlurmCluster, root: Path) -> list[dict[str, Any]]:
+    table = cluster.run(["python", "-m", "tfconfig_slurm.commands", "runs", str(root), "--json"])
+    assert table.returncode == 0, table.stderr
+    runs: list[dict[str, Any]] = json.loads(table.stdout)
+    return runs
+
+
+def queued(cluster: SlurmCluster, job: str) -> bool:
+    return bool(cluster.run(["squeue", "--noheader", "--jobs", job]).stdout.strip())
+
+
+def test_a_sweep_of_three_lines_trains_three_runs_that_the_table_and_tensorboard_list(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    (tmp_path / "lr.sweep").write_text(
+        "# three learning rates\nlearning_rate=0.001\nlearning_rate=0.002,dropout=0.3\n"
+        "learning_rate=0.004\n"
+    )
+    submitted = slurm_cluster.run(
+        [str(SWEEP), *ONE_NODE, "lr.sweep", "--train_steps=10", "--log_every_steps=5"],
+        cwd=tmp_path,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip()
+    assert wait_until(lambda: not queued(slurm_cluster, job), 300)
+    root = tmp_path / "tf-output"
+    runs = runs_table(slurm_cluster, root)
+    assert [(run["experiment_id"], run["state"], run["global_step"]) for run in runs] == [
+        (f"lr-{index}", "done", 10) for index in range(3)
+    ], [(run["experiment_id"], run["state"]) for run in runs]
+    assert [run["job_id"] for run in runs] == [f"{job}_{index}" for index in range(3)]
+    assert [(run["hparams"]["learning_rate"], run["hparams"]["dropout"]) for run in runs] == [
+        (0.001, 0.5),
+        (0.002, 0.3),
+        (0.004, 0.5),
+    ]
+    assert all(0.0 <= run["eval"]["accuracy"] <= 1.0 for run in runs)
+    # TensorBoard's HParams dashboard: one session a run, with its hparams and eval metrics.
+    with tensorboard(root) as url:
+        request = urllib.request.Request(
+            f"{url}data/plugin/hparams/session_groups",
+            data=json.dumps(
+                {"allowedStatuses": ["STATUS_UNKNOWN"], "startIndex": 0, "sliceSize": 100}
+            ).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            groups = json.load(response)["sessionGroups"]
+    sessions = {
+        group["sessions"][0]["name"]: (group["hparams"], group["metricValues"]) for group in groups
+    }
+    assert sorted(sessions) == ["lr-0", "lr-1", "lr-2"]
+    assert sessions["lr-1"][0]["learning_rate"] == pytest.approx(0.002)
+    assert sessions["lr-1"][0]["dropout"] == pytest.approx(0.3)
+    metrics = {(value["name"]["group"], value["name"]["tag"]) for value in sessions["lr-1"][1]}
+    assert ("eval", "accuracy") in metrics
+
+
+def test_the_runs_table_follows_a_run_through_running_requeued_stopped_and_failed(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    endless = ("--train_steps=1000000", "--save_checkpoints_steps=20")
+    job = submit(slurm_cluster, tmp_path, "long", *endless)
+    root = tmp_path
+
+    def state(name: str) -> str:
+        return str(
+            next(
+                run["state"]
+                for run in runs_table(slurm_cluster, root)
+                if run["experiment_id"] == name
+            )
+        )
+
+    assert wait_until((tmp_path / "long" / "checkpoint").exists, 300)
+    job_id = job_id_of(tmp_path / "long" / "logs")
+    assert state("long") == "running"
+    slurm_cluster.run(["scancel", "--signal=USR1", job_id])
+    # Requeued: the job waits (Slurm holds a requeued job a while) to resume from its checkpoint.
+    assert wait_until(lambda: state("long") == "requeued", 120)
+    slurm_cluster.run(["scancel", job_id])
+    assert wait_until(lambda: not queued(slurm_cluster, job_id), 60)
+    assert state("long") == "stopped"
+    # Another run whose chief is killed outright (as by the OOM killer) never says it ended:
+    # the table says failed once its job has ended.
+    other = submit(slurm_cluster, tmp_path, "killed", *endless)
+    assert wait_until((tmp_path / "killed" / "checkpoint").exists, 300)
+    other_id = job_id_of(tmp_path / "killed" / "logs")
+    os.kill(slurm_cluster.task_pid(1), signal.SIGKILL)
+    assert wait_until(lambda: not queued(slurm_cluster, other_id), 60)
+    assert state("killed") == "failed"
+    for submitted in (job, other):
+        submitted.wait(timeout=60)

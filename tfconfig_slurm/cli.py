@@ -31,14 +31,20 @@ def fail(program: str, message: str) -> NoReturn:
 
 
 def run_cli(
-    program: str, main: Main, *, stop_at_first_argument: bool = False, logs: bool = False
+    program: str,
+    main: Main,
+    *,
+    stop_at_first_argument: bool = False,
+    arguments: bool = False,
+    logs: bool = False,
 ) -> NoReturn:
     """Parses the flags of `sys.argv` and runs `main` with what remains, failing as `fail` does.
 
     With `stop_at_first_argument`, flags end at the first word that is not one, so that a
-    wrapped command's own flags reach it untouched; without it the command takes flags only,
-    and a word that is not one is refused. With `logs`, absl logging writes INFO and
-    above to stderr, as in an absl app.
+    wrapped command's own flags reach it untouched; with `arguments`, words that are not
+    flags may come anywhere and reach `main`; otherwise the command takes flags only, and a
+    word that is not one is refused. With `logs`, absl logging writes INFO and above to
+    stderr, as in an absl app.
     """
     flags.FLAGS.set_gnu_getopt(not stop_at_first_argument)
     try:
@@ -50,7 +56,7 @@ def run_cli(
             problem = f"--flagfile names a file that is not UTF-8 text ({error.reason})"
         end = "" if problem.endswith((".", "?")) else "."
         fail(program, f"{problem}{end} HINT: {program} --help lists the flags")
-    if len(argv) > 1 and not stop_at_first_argument:
+    if len(argv) > 1 and not (stop_at_first_argument or arguments):
         stray = UsageError(
             repr(argv[1]), "is not a flag", f"flags start with --; see {program} --help"
         )

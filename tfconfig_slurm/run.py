@@ -73,6 +73,13 @@ BATCH_SIZE = flags.DEFINE_integer(
 HPARAMS = flags.DEFINE_string(
     "hparams", "", "Overrides of the experiment's HPARAMS: name=value,name=value."
 )
+SWEEP_FILE = flags.DEFINE_string(
+    "sweep_file",
+    None,
+    "In a SLURM job array: train line <array task id> of this file (one --hparams value a "
+    "line, after --hparams; blank lines and # comments skipped) under the experiment id "
+    "<file name without suffix>-<array task id>. launch/sweep sets it.",
+)
 DATA_DIR = flags.DEFINE_string("data_dir", None, "Where the experiment reads its data from.")
 SAVE_CHECKPOINTS_STEPS = flags.DEFINE_integer(
     "save_checkpoints_steps", None, "Checkpoint every N global steps.", lower_bound=1
@@ -174,7 +181,10 @@ def main(argv: Sequence[str]) -> int | None:
     from tfconfig_slurm.runtime import experiment as experiment_lib  # noqa: PLC0415
 
     name, _ = experiment_lib.locate(EXPERIMENT.value)
-    directory = Path(OUTPUT_ROOT.value, EXPERIMENT_ID.value or _default_id(name))
+    hparams, default_id = HPARAMS.value, _default_id(name)
+    if SWEEP_FILE.value:
+        hparams, default_id = _sweep_run(Path(SWEEP_FILE.value))
+    directory = Path(OUTPUT_ROOT.value, EXPERIMENT_ID.value or default_id)
     if PRINT_MODEL_DIR.value:
         sys.stdout.write(f"{directory}\n")
         return 0
@@ -200,7 +210,7 @@ def main(argv: Sequence[str]) -> int | None:
     from tfconfig_slurm.runtime import experiment_training, tf_process, train  # noqa: PLC0415
 
     experiment = experiment_lib.load(EXPERIMENT.value)
-    params = experiment_lib.with_overrides(experiment.hparams, HPARAMS.value)
+    params = experiment_lib.with_overrides(experiment.hparams, hparams)
     shard = input_shard(os.environ)
     params.update(
         batch_size=BATCH_SIZE.value,
@@ -232,6 +242,29 @@ def main(argv: Sequence[str]) -> int | None:
         claim.CLI_NAMING,
     )
     tf_process.exit_now(0)
+
+
+def _sweep_run(sweep_file: Path) -> tuple[str, str]:
+    """This job array task's line of the sweep file after --hparams, and its default id."""
+    from tfconfig_slurm.runtime import experiment as experiment_lib  # noqa: PLC0415
+
+    job = read_slurm_job(os.environ)
+    if job is None or job.array_task_id is None:
+        raise UsageError(
+            "--sweep_file",
+            "picks a line by SLURM_ARRAY_TASK_ID, and this is not a job array task",
+            "submit the sweep with launch/sweep SWEEP_FILE [flags]",
+        )
+    lines = experiment_lib.sweep_lines(sweep_file)
+    index = job.array_task_id
+    if index >= len(lines):
+        raise UsageError(
+            "--sweep_file",
+            f"has {len(lines)} runs, and this is array task {index}",
+            "submit the sweep with launch/sweep, which asks for one array task a line",
+        )
+    hparams = ",".join(filter(None, (HPARAMS.value, lines[index])))
+    return hparams, f"{sweep_file.stem}-{index}"
 
 
 def _default_id(experiment: str) -> str:

@@ -13,6 +13,8 @@ See a layout before submitting, without SLURM:
 By default each node runs --ps_per_node parameter servers (its first tasks) and trainers that
 share its GPUs; the first trainer of the first node is the chief, the others are workers in
 rank order. Flags can also come from a file: --flagfile=layout.flags.
+
+  tfconfig-slurm runs [OUTPUT_ROOT]   # every run of an output root: see tfconfig-slurm runs --help
 """
 
 from __future__ import annotations

@@ -115,5 +115,5 @@ def _run(
         if context.context()._initialized and where.gpus != os.environ.get("CUDA_VISIBLE_DEVICES"):
             logging.warning("")
     name = Path(sys.argv[0]).stem or directory.name
-    training = train.Training(estimator, train_spec, eval_spec, name=name)
+    training = train.Training(estimator, train_spec, eval_spec, name=name, hparams=estimator.params)
     return train.run(training, where, stop, _STOP_POLICY, _NAMING)

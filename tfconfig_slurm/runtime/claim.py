@@ -138,6 +138,12 @@ def claim(model_dir: Path, holder: Holder, naming: Naming = CLI_NAMING) -> Claim
     return Claim(lock, holder)
 
 
+def held_by_live_run(model_dir: Path) -> bool | None:
+    """Whether a live run holds `model_dir`: None when no lock is there."""
+    current = _read(model_dir / LOCK_FILE)
+    return None if current is None else not _gone(*current)
+
+
 def _refuse(model_dir: Path, naming: Naming, holder: Holder, age: float) -> None:
     raise UsageError(
         naming.run,

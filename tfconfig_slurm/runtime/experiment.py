@@ -199,3 +199,17 @@ def _typed(name: str, text: str, default: Any) -> Any:
                 f"e.g. {name}={default!r}",
             ) from None
     return text
+
+
+def sweep_lines(path: Path) -> list[str]:
+    """The --hparams values of a sweep file, one a line; blank lines and # comments skipped."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(
+            "SWEEP_FILE",
+            f"cannot read {path} ({getattr(error, 'strerror', None) or error})",
+            "give a text file with one --hparams value a line, e.g. learning_rate=0.001",
+        ) from None
+    lines = [line.strip() for line in text.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]

@@ -61,6 +61,7 @@ def training(
             exporters=exporters,
         ),
         name=experiment.name,
+        hparams={name: settings.params[name] for name in experiment.hparams},
         leave_session_open=not settings.sync_replicas,
     )
 

@@ -1,5 +1,6 @@
-"""What a run leaves in its model directory besides checkpoints: each trainer's report, the
-evaluator's final metrics, and summary.json, which the chief writes from them.
+"""What a run leaves in its model directory besides checkpoints: state.json (what the run is
+doing, for `tfconfig-slurm runs`), each trainer's report, the evaluator's final metrics, and
+summary.json, which the chief writes from them.
 
 Every report carries the run it belongs to (`marker`), so that the chief never takes an
 earlier run's; every file is written whole or not at all.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from tfconfig_slurm.runtime import lifecycle
 from tfconfig_slurm.runtime.role import ClusterRole
 
 SUMMARY_FILE = "summary.json"
+STATE_FILE = "state.json"
 _TRAINER_REPORTS = "trainers"
 # How long the chief waits for the other trainers' throughput reports for summary.json.
 _REPORT_WAIT_SECONDS = 30.0
@@ -124,6 +127,27 @@ def write_summary(
         model_dir / SUMMARY_FILE,
     )
     return summary
+
+
+def read_state(model_dir: Path) -> dict[str, Any]:
+    """What state.json says; {} when there is none (or it cannot be read)."""
+    try:
+        state: dict[str, Any] = json.loads((model_dir / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def write_state(model_dir: Path, state: str, **fields: Any) -> None:
+    """Records what the run is doing: "running" (with its hparams, job and run ids), then
+    "done", "stopped" (on a signal, with the step) or "failed"; earlier fields are kept."""
+    current = read_state(model_dir)
+    if state == "running":
+        # A new attempt: what an earlier one said of its end no longer holds.
+        current = {"started": current.get("started", time.time())}
+    write_json_atomically(
+        model_dir / STATE_FILE, {**current, **fields, "state": state, "updated": time.time()}
+    )
 
 
 def write_json_atomically(path: Path, value: Any) -> None:

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import tensorflow as tf
 from absl import logging
+from tensorboard.plugins.hparams import api as hparams_api
 
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS
+from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.runtime import (
     claim,
@@ -45,6 +48,8 @@ class Training:
     eval_spec: tf.estimator.EvalSpec
     # summary.json's "experiment".
     name: str
+    # The run's hparams, as state.json and the runs table show them.
+    hparams: Mapping[str, Any]
     # --sync_replicas' chief must close its session at the end, to end its queue runner.
     leave_session_open: bool = True
 
@@ -87,26 +92,10 @@ def run(
         directory,
         f"resuming from step {resumed}" if resumed is not None else "starting at step 0",
     )
-    result = None
-    if role is None:
-        result = _train_alone(training, stop)
-    elif role.role == PS:
-        _serve(training.estimator, role)
-    elif role.role == EVALUATOR:
-        evaluator.run(
-            training.estimator, training.eval_spec, training.train_spec.max_steps, role, stop
-        )
+    if role is None or role.role == CHIEF:
+        result = _play_as_owner(directory, training, role, stop)
     else:
-        result = trainer.run(
-            training.estimator,
-            training.train_spec,
-            training.eval_spec,
-            role=role,
-            server=_server(training.estimator, role),
-            stop=stop,
-            name=training.name,
-            leave_session_open=training.leave_session_open,
-        )
+        result = _play(training, role, stop)
     if role is not None:
         logging.info("%s %d: done", role.role, role.index)
     # A run stopped on a signal keeps its directory, to resume there (as a requeued job).
@@ -124,6 +113,87 @@ def run(
     if role is not None and role.role == PS:
         exit_now(0)
     return result
+
+
+def _play_as_owner(
+    directory: Path, training: Training, role: ClusterRole | None, stop: lifecycle.StopRequest
+) -> trainer.Result | None:
+    """Plays the role of the task that owns the run (the chief, a single process), saying in
+    state.json what the run does, and giving TensorBoard its hparams at its first start."""
+    first = "started" not in reports.read_state(directory)
+    _say(directory, "running", training, role)
+    try:
+        if first:
+            _hparams_for_tensorboard(training.estimator.model_dir, training.hparams)
+        result = _play(training, role, stop)
+    except BaseException:
+        _say(directory, "failed", training, role)
+        raise
+    if stop.requested:
+        _say(directory, "stopped", training, role, signal=stop.signal_name)
+    else:
+        _say(directory, "done", training, role)
+    return result
+
+
+def _play(
+    training: Training, role: ClusterRole | None, stop: lifecycle.StopRequest
+) -> trainer.Result | None:
+    """Plays this task's role to its end."""
+    if role is None:
+        return _train_alone(training, stop)
+    if role.role == PS:
+        _serve(training.estimator, role)
+        return None
+    if role.role == EVALUATOR:
+        evaluator.run(
+            training.estimator, training.eval_spec, training.train_spec.max_steps, role, stop
+        )
+        return None
+    return trainer.run(
+        training.estimator,
+        training.train_spec,
+        training.eval_spec,
+        role=role,
+        server=_server(training.estimator, role),
+        stop=stop,
+        name=training.name,
+        leave_session_open=training.leave_session_open,
+    )
+
+
+def _say(
+    directory: Path, state: str, training: Training, role: ClusterRole | None, **fields: Any
+) -> None:
+    """The owner's state.json: the run's experiment, hparams, job, run id, and latest step."""
+    job = read_slurm_job(os.environ)
+    reports.write_state(
+        directory,
+        state,
+        experiment=training.name,
+        hparams=dict(training.hparams),
+        job_id=job.name if job else None,
+        run=role.run_id if role else None,
+        global_step=resume_step(directory),
+        **fields,
+    )
+
+
+def _hparams_for_tensorboard(directory: str, hparams: Mapping[str, Any]) -> None:
+    """The run's hparams, once, where TensorBoard's HParams dashboard finds them: beside the
+    Estimator's events, whose eval/ scalars are the metrics it shows (tag and group "eval")."""
+    values = {
+        name: value if isinstance(value, (bool, int, float, str)) else str(value)
+        for name, value in hparams.items()
+    }
+    summary = hparams_api.hparams_pb(values, trial_id=Path(directory).name)
+    # The Estimator's own writer of the directory, by the very name it uses: two writers
+    # starting in one second would write one events file. Made outside eager mode.
+    with tf.Graph().as_default():
+        writer = tf.compat.v1.summary.FileWriterCache.get(directory)
+    # TensorBoard's Summary proto is not TensorFlow's class: the writer takes its bytes.
+    writer.add_summary(summary.SerializeToString())
+    writer.flush()
 
 
 def _train_alone(training: Training, stop: lifecycle.StopRequest) -> trainer.Result | None:

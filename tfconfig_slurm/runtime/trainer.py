@@ -126,12 +126,13 @@ def throughput_hook(estimator: tf.estimator.Estimator, role: ClusterRole | None)
     """Logs every RunConfig.log_step_count_steps steps. The chief writes its scalars into the
     model directory, beside the Estimator's own events; another trainer into a directory of
     its own: v1 event file names carry only the second and the host, so two writers starting
-    together on one host would write one file."""
-    summaries = Path(estimator.model_dir)
+    together on one host would write one file (so the chief's names the directory exactly as
+    the Estimator's writer does)."""
+    summaries: str = estimator.model_dir
     if role is not None and role.role != CHIEF:
-        summaries = summaries / f"{role.role}-{role.index}"
+        summaries = str(Path(summaries, f"{role.role}-{role.index}"))
     every = estimator.config.log_step_count_steps or 100
-    return ThroughputHook(str(summaries), every)
+    return ThroughputHook(summaries, every)
 
 
 def with_hooks(spec: tf.estimator.TrainSpec, hooks: list[Any]) -> tf.estimator.TrainSpec:

@@ -1,0 +1,140 @@
+"""launch/sweep checked without submitting (--dry_run), and `tfconfig-slurm runs` over run
+directories as the runtime leaves them; the SLURM runs of both are in tests/test_slurm.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cli import REPOSITORY, run_module
+from tfconfig_slurm.runtime import claim
+from tfconfig_slurm.runtime.claim import Holder
+
+SWEEP = REPOSITORY / "launch" / "sweep"
+THREE = """# learning rates
+learning_rate=0.001
+
+learning_rate=0.002,dropout=0.3
+learning_rate=0.004
+"""
+
+
+def sweep(tmp_path: Path, text: str, *arguments: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "three.sweep").write_text(text)
+    return subprocess.run(
+        [str(SWEEP), *arguments],
+        env={"PATH": os.environ["PATH"], "TFCONFIG_SLURM_PYTHON": sys.executable},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.tensorflow
+def test_a_sweep_is_one_array_task_a_line_reading_its_kept_lines(tmp_path: Path) -> None:
+    result = sweep(
+        tmp_path, THREE, "--dry_run", "--max_running=2", "--sbatch_option=--nodes=1",
+        "three.sweep", "--train_steps=10", "--output_root=out",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    command = result.stdout.split()
+    assert command[:5] == ["sbatch", "--parsable", "--array=0-2%2", "--job-name=three", "--nodes=1"]
+    assert command[5] == str(REPOSITORY / "launch" / "mnist_deep.sbatch")
+    assert command[6:] == [
+        "--train_steps=10",
+        "--output_root=out",
+        f"--sweep_file={tmp_path}/out/sweeps/three.txt",
+    ]
+    # A dry run submits nothing and keeps nothing.
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize(
+    ("text", "arguments", "culprit"),
+    [
+        (
+            "learning_rate=0.001\nlearnin_rate=2\n",
+            (),
+            "run 1 ('learnin_rate=2'): sets 'learnin_rate'",
+        ),
+        ("learning_rate=fast\n", (), "run 0 ('learning_rate=fast'): sets learning_rate='fast'"),
+        ("# nothing\n\n", (), "SWEEP_FILE: three.sweep has no lines"),
+        (THREE, ("--experiment_id=x",), "--experiment_id: is the sweep's to set"),
+        (THREE, ("--train_steps=ten",), "runtime flags:"),
+    ],
+)
+def test_a_bad_sweep_is_refused_before_anything_is_submitted(
+    tmp_path: Path, text: str, arguments: tuple[str, ...], culprit: str
+) -> None:
+    result = sweep(tmp_path, text, "three.sweep", "--output_root=out", *arguments)
+    assert result.returncode == 2
+    assert result.stderr.startswith("sweep: "), result.stderr
+    assert culprit in result.stderr
+    assert "HINT:" in result.stderr and result.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def run_dir(
+    root: Path, name: str, state: Mapping[str, Any], summary: Mapping[str, Any] | None, step: int
+) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "state.json").write_text(json.dumps(state))
+    if summary is not None:
+        (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / "checkpoint").write_text(f'model_checkpoint_path: "model.ckpt-{step}"\n')
+    return folder
+
+
+def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path) -> None:
+    hparams = {"learning_rate": 0.001}
+    done = {"state": "done", "hparams": hparams, "job_id": None}
+    summary = {"eval": {"accuracy": 0.9, "loss": 0.3, "global_step": 50.0},
+               "trainers": [{"examples_per_sec": 100.0}, {"examples_per_sec": 50.5}]}  # fmt: skip
+    run_dir(tmp_path, "a-done", done, summary, 50)
+    better = {"eval": {"accuracy": 0.95, "loss": 0.2, "global_step": 50.0}, "trainers": []}
+    run_dir(tmp_path, "b-done", done | {"hparams": {"learning_rate": 0.002}}, better, 50)
+    running = run_dir(tmp_path, "c-running", {"state": "running", "hparams": hparams}, None, 20)
+    claim.claim(running, claim.this_holder({}))
+    dead = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True)
+    failed = run_dir(tmp_path, "d-failed", {"state": "running", "hparams": hparams}, None, 30)
+    claim.claim(failed, Holder(job=None, host=os.uname().nodename, pid=int(dead.stdout)))
+    run_dir(tmp_path, "e-stopped", {"state": "stopped", "signal": "SIGUSR1"}, None, 40)
+    (tmp_path / "not-a-run").mkdir()
+
+    table = run_module("tfconfig_slurm.commands", "runs", str(tmp_path), "--sort=loss", "--json")
+    assert table.returncode == 0, table.stderr
+    runs = json.loads(table.stdout)
+    assert [(run["experiment_id"], run["state"], run["global_step"]) for run in runs] == [
+        ("b-done", "done", 50),
+        ("a-done", "done", 50),
+        ("c-running", "running", 20),
+        ("d-failed", "failed", 30),
+        ("e-stopped", "stopped", 40),
+    ]
+    assert runs[1]["eval"]["accuracy"] == 0.9 and runs[1]["examples_per_sec"] == 150.5
+    assert runs[0]["hparams"] == {"learning_rate": 0.002}
+    assert {"experiment_id", "state", "global_step", "hparams", "eval", "job_id"} <= set(runs[0])
+    text = run_module("tfconfig_slurm.commands", "runs", str(tmp_path), "--sort=accuracy")
+    lines = text.stdout.splitlines()
+    assert lines[0].split()[:4] == ["EXPERIMENT_ID", "STATE", "STEP", "EVAL"]
+    assert lines[1].startswith("b-done") and "accuracy=0.95" in lines[1]
+
+
+def test_the_runs_table_refuses_an_unknown_metric_and_a_missing_root(tmp_path: Path) -> None:
+    run_dir(tmp_path, "a", {"state": "done"}, {"eval": {"accuracy": 0.9}}, 5)
+    unknown = run_module("tfconfig_slurm.commands", "runs", str(tmp_path), "--sort=acc")
+    assert unknown.returncode == 2
+    assert "--sort: is 'acc', which no finished run reports" in unknown.stderr
+    missing = run_module("tfconfig_slurm.commands", "runs", str(tmp_path / "none"))
+    assert missing.returncode == 2 and "OUTPUT_ROOT:" in missing.stderr
