@@ -217,6 +217,7 @@ def test_a_one_import_script_under_plain_srun_trains_as_a_cluster_and_resumes(
     assert any(re.search(r"chief 0 on node\d", line) for line in logs[rank])
     for ps in ("ps 0", "ps 1"):
         assert f"{ps}: 2 of 2 trainers finished" in step.stderr
+    assert "CUDA_VISIBLE_DEVICES: set to" not in step.stderr
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["global_step"] == metrics["global_step"] >= 200
     assert {trainer["role"] for trainer in summary["trainers"]} == {"chief", "worker"}
@@ -225,8 +226,10 @@ def test_a_one_import_script_under_plain_srun_trains_as_a_cluster_and_resumes(
     assert len(list(model_dir.glob("model.ckpt-*.index"))) == 2
     assert left_behind(slurm_cluster) == {node: [] for node in NODES}
     reached = checkpoint_step(model_dir)
-    again = slurm_cluster.run([*command, "300"])
+    # Resumed by a script that ran a TensorFlow op first: too late for CUDA_VISIBLE_DEVICES.
+    again = slurm_cluster.run([*command, "300"], EARLY_OP="1")
     assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stderr.count("CUDA_VISIBLE_DEVICES: set to [] for this task after") == 4
     assert re.search(rf"chief 0 on node\d at .* resuming from step {reached}$", again.stderr, re.M)
     assert checkpoint_step(model_dir) >= 300
 

@@ -186,26 +186,30 @@ def test_bad_command(arguments: tuple[str, ...], culprit: str) -> None:
     assert result.stderr.startswith(f"with-tfconfig: {culprit}")
 
 
+def wrapped(port_base: int, tasks: int, rank: int, *command: str) -> subprocess.Popen[str]:
+    """Rank `rank` of a one-node step of `tasks` on loopback, its command under the wrapper
+    (2 ps: ranks 0 and 1)."""
+    return subprocess.Popen(
+        [WRAPPER, "--ps_per_node=2", f"--port_base={port_base}", *command],
+        env={
+            "PATH": os.environ["PATH"],
+            "TFCONFIG_SLURM_PYTHON": sys.executable,
+            **task_env(["localhost"], [tasks], rank),
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def wrap_step(
     port_base: int, tasks: int, seconds_of: dict[int, str], default: str
 ) -> list[subprocess.Popen[str]]:
-    """Every task of a one-node step on loopback under the wrapper, 2 ps (ranks 0 and 1) and
-    the rest trainers, each running SERVER for its seconds."""
+    """Every task of the step, each running SERVER for its seconds."""
     return [
-        subprocess.Popen(
-            [WRAPPER, "--ps_per_node=2", f"--port_base={port_base}", *SERVER,
-             seconds_of.get(rank, default)],
-            env={
-                "PATH": os.environ["PATH"],
-                "TFCONFIG_SLURM_PYTHON": sys.executable,
-                **task_env(["localhost"], [tasks], rank),
-            },
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        wrapped(port_base, tasks, rank, *SERVER, seconds_of.get(rank, default))
         for rank in range(tasks)
-    ]  # fmt: skip
+    ]
 
 
 # A stand-in for a TensorFlow server: listens on its task's port for its seconds, then exits
@@ -274,20 +278,7 @@ def test_a_finished_trainer_s_wrapper_still_ends_on_sigterm() -> None:
 
 def test_commands_that_never_listen_end_at_once_with_their_status() -> None:
     """Commands that print and exit (no server): nothing waits for a peer that never was."""
-    step = [
-        subprocess.Popen(
-            [WRAPPER, "--port_base=27500", sys.executable, "-c", "print('hi')"],
-            env={
-                "PATH": os.environ["PATH"],
-                "TFCONFIG_SLURM_PYTHON": sys.executable,
-                **task_env(["localhost"], [4], rank),
-            },
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(4)
-    ]
+    step = [wrapped(27500, 4, rank, sys.executable, "-c", "print('hi')") for rank in range(4)]
     statuses, logs = ended(step, 20)
     assert statuses == [0, 0, 0, 0], logs
 

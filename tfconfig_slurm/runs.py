@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -40,7 +39,6 @@ JSON_OUTPUT = flags.DEFINE_boolean(
     "Print the runs as a JSON list of objects (experiment_id, state, global_step, hparams, "
     "eval, job_id, examples_per_sec, updated).",
 )
-_SQUEUE_SECONDS = 10.0
 # A job that squeue lists in these states has not started its run (again) yet.
 _WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING"}
 
@@ -116,17 +114,8 @@ def _state(
 def _queued_jobs() -> dict[str, str] | None:
     """Every job squeue lists (array tasks one by one, as 123_4) and its state; None without
     squeue."""
-    try:
-        listed = subprocess.run(
-            ["squeue", "--noheader", "--array", "--format=%i %T"],
-            capture_output=True,
-            text=True,
-            timeout=_SQUEUE_SECONDS,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if listed.returncode != 0:
+    listed = claim.squeue("--array", "--format=%i %T")
+    if listed is None or listed.returncode != 0:
         return None
     return dict(line.split(maxsplit=1) for line in listed.stdout.splitlines() if " " in line)
 

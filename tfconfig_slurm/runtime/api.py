@@ -112,8 +112,15 @@ def _run(
     )
     if where.role is not None:
         network.check_task(where.role)
-        if context.context()._initialized and where.gpus != os.environ.get("CUDA_VISIBLE_DEVICES"):
-            logging.warning("")
+        if where.layout_source != "TF_CONFIG" and context.context()._initialized:
+            # CUDA reads CUDA_VISIBLE_DEVICES once, as TensorFlow first finds its devices.
+            logging.warning(
+                "CUDA_VISIBLE_DEVICES: set to [%s] for this task after TensorFlow had found "
+                "its devices, so the task may take every GPU of its node. HINT: call "
+                "tfconfig_slurm.train_and_evaluate before the script runs any TensorFlow op, "
+                "or start it with launch/with-tfconfig",
+                where.gpus,
+            )
     name = Path(sys.argv[0]).stem or directory.name
     training = train.Training(estimator, train_spec, eval_spec, name=name, hparams=estimator.params)
     return train.run(training, where, stop, _STOP_POLICY, _NAMING)

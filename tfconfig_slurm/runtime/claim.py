@@ -234,17 +234,24 @@ _LIVE_STATES = {
 }
 
 
-def _job_ended(job: str) -> bool | None:
-    """Whether SLURM says the job has ended; None when it cannot be asked."""
+def squeue(*arguments: str) -> subprocess.CompletedProcess[str] | None:
+    """`squeue --noheader ARGUMENTS`; None where squeue cannot be run."""
     try:
-        result = subprocess.run(
-            ["squeue", "--noheader", "--jobs", job, "--format=%T"],
+        return subprocess.run(
+            ["squeue", "--noheader", *arguments],
             capture_output=True,
             text=True,
             timeout=_SQUEUE_SECONDS,
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _job_ended(job: str) -> bool | None:
+    """Whether SLURM says the job has ended; None when it cannot be asked."""
+    result = squeue("--jobs", job, "--format=%T")
+    if result is None:
         return None
     if result.returncode != 0:
         # squeue refuses a job id it no longer remembers.
