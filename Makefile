@@ -7,6 +7,17 @@ PYTHON ?= $(shell for p in python3.11 python3.10 python3.9 python3; do \
   command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(not (3,9) <= sys.version_info[:2] <= (3,11))' \
   && echo $$p && break; done)
 STAMP := $(VENV)/.installed
+# The TensorFlow 2.16+ suite runs in a second environment on Python 3.12 (or 3.13). pyenv's
+# shim python3.12 fails unless PYENV_VERSION names it, so pyenv's own interpreters are looked
+# for too.
+VENV_TF2 := .venv-tf2
+BIN_TF2 := $(VENV_TF2)/bin
+PYTHON_TF2 ?= $(shell for p in python3.12 python3.13 \
+  $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12 \
+  $$(pyenv root 2>/dev/null)/versions/3.13*/bin/python3.13; do \
+  command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(not (3,12) <= sys.version_info[:2] <= (3,13))' 2>/dev/null \
+  && echo $$p && break; done)
+STAMP_TF2 := $(VENV_TF2)/.installed
 
 .PHONY: test lint bench bench-faults run clean slurm-up slurm-down
 
@@ -14,11 +25,19 @@ STAMP := $(VENV)/.installed
 $(STAMP): setup.cfg pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.9 to 3.11 found (TensorFlow 2.15 needs one). HINT: apt-get install python3.11 python3.11-venv, or make PYTHON=/path/to/python3.11" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --config-settings editable_mode=compat -e '.[cpu,test,dev]'
+	$(BIN)/pip install --quiet --config-settings editable_mode=compat -e '.[estimator,test,dev]'
 	touch $@
 
-test: $(STAMP)
-	$(BIN)/python -m pytest
+$(STAMP_TF2): setup.cfg pyproject.toml
+	@test -n "$(PYTHON_TF2)" || { echo "make: no Python 3.12 or 3.13 found (the TensorFlow 2.16+ tests run on it). HINT: apt-get install python3.12 python3.12-venv, or pyenv install 3.12, or make PYTHON_TF2=/path/to/python3.12" >&2; exit 2; }
+	$(PYTHON_TF2) -m venv $(VENV_TF2)
+	$(BIN_TF2)/pip install --quiet --config-settings editable_mode=compat -e '.[tf2,test]'
+	touch $@
+
+# The Estimator suite (TensorFlow 2.15), then the TensorFlow 2.16+ one in its own environment.
+test: $(STAMP) $(STAMP_TF2)
+	$(BIN)/python -m pytest -m 'not tf2'
+	$(BIN_TF2)/python -m pytest -m tf2
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -45,4 +64,4 @@ slurm-down:
 	tests/slurm/cluster down
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV_TF2) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -141,6 +141,16 @@ def test_ps_less_cluster() -> None:
     assert "ps" not in layout.cluster()
 
 
+def test_all_reduce_lays_out_a_chief_and_a_worker_per_gpu_and_no_parameter_server() -> None:
+    """As MultiWorkerMirroredStrategy wants: 2 nodes x 4 GPUs, 4 tasks each, one GPU each."""
+    environ = task_env(["a", "b"], [4, 4], 5, gpus="0,1,2,3")
+    layout = layout_of(environ, LayoutPolicy(all_reduce=True))
+    assert roles(layout) == ["chief0", *(f"worker{index}" for index in range(7))]
+    assert [task.gpus for task in layout.tasks] == [(gpu,) for gpu in "0123"] * 2
+    assert sorted(layout.cluster()) == ["chief", "worker"]
+    assert tf_config(layout, 5)["task"] == {"type": "worker", "index": 4}
+
+
 def test_explicit_roles_as_in_tf4slurm() -> None:
     explicit = ("ps", "worker", "worker", "worker", "ps", "worker", "worker", "worker")
     layout = layout_of(task_env(["a", "b"], [4, 4], 0), LayoutPolicy(roles=explicit))
@@ -263,6 +273,8 @@ def test_no_trainer_is_refused() -> None:
         ({"address_template": "{node}:22"}, "--address_template"),
         ({"address_template": "{0}"}, "--address_template"),
         ({"address_template": "{node} ib"}, "--address_template"),
+        ({"all_reduce": True, "ps_per_node": 1}, "--ps_per_node"),
+        ({"all_reduce": True, "roles": ("chief", "ps")}, "--roles"),
     ],
 )
 def test_bad_policies(policy: dict[str, object], culprit: str) -> None:

@@ -34,6 +34,9 @@ def test_the_variables_set_every_field_of_the_layout_policy() -> None:
         port_base=23000,
     )
     assert place.policy_from_environ({}) == LayoutPolicy()
+    all_reduce = place.policy_from_environ({"TFCONFIG_SLURM_ALL_REDUCE": "1"})
+    assert all_reduce == LayoutPolicy(all_reduce=True)
+    assert all_reduce.servers_per_node == 0
 
 
 @pytest.mark.parametrize(
@@ -44,6 +47,7 @@ def test_the_variables_set_every_field_of_the_layout_policy() -> None:
         ("TFCONFIG_SLURM_EVALUATOR", "maybe", "expected 1 or 0"),
         ("TFCONFIG_SLURM_ROLES", "ps,boss", "'boss'"),
         ("TFCONFIG_SLURM_PORT_BASE", "80", "expected a port"),
+        ("TFCONFIG_SLURM_ALL_REDUCE", "maybe", "expected 1 or 0"),
     ],
 )
 def test_a_bad_variable_is_named_in_the_error(variable: str, value: str, problem: str) -> None:
@@ -90,3 +94,12 @@ def test_trainer_i_of_n_reads_shard_i_and_the_rest_read_everything(rank: int, sh
 
 def test_a_process_without_tf_config_reads_everything() -> None:
     assert input_shard({}) == Shard(num_shards=1, shard_index=0)
+
+
+def test_all_reduce_with_parameter_servers_names_the_variable_that_asked_for_them() -> None:
+    with pytest.raises(UsageError) as raised:
+        place.policy_from_environ(
+            {"TFCONFIG_SLURM_ALL_REDUCE": "1", "TFCONFIG_SLURM_PS_PER_NODE": "1"}
+        )
+    assert raised.value.culprit == "TFCONFIG_SLURM_PS_PER_NODE"
+    assert "--all_reduce lays a step out without parameter servers" in raised.value.problem

@@ -183,10 +183,15 @@ def test_a_planned_layout_does_not_train(tmp_path: Path) -> None:
     assert not (tmp_path / "mnist_deep").exists()
 
 
-def test_a_step_without_parameter_servers_is_refused(tmp_path: Path) -> None:
-    result = train(tmp_path, "--ps_per_node=0", environ=captured("uneven_n10_cpu", "task-0"))
+@pytest.mark.parametrize("flag", ["--ps_per_node=0", "--all_reduce"])
+def test_a_step_without_parameter_servers_is_refused(tmp_path: Path, flag: str) -> None:
+    result = train(tmp_path, flag, environ=captured("uneven_n10_cpu", "task-0"))
     assert result.returncode == 2
-    assert result.stderr.startswith("tfconfig-slurm-run: --ps_per_node: ")
+    culprit = flag.partition("=")[0]
+    assert result.stderr.startswith(
+        f"tfconfig-slurm-run: {culprit}: gives a cluster without parameter servers, which "
+        "Estimator training needs"
+    ), result.stderr
     assert not (tmp_path / "mnist_deep").exists()
 
 

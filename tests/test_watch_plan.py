@@ -29,7 +29,10 @@ def roles(trainers: int, servers: int) -> dict[str, ClusterRole]:
 
 
 def watched(role: ClusterRole) -> set[str]:
-    """Every peer a task watches for loss (a ps also its mesh)."""
+    """Every peer a task watches for loss (a ps also its mesh; without ps, a trainer its
+    neighbours in the tree)."""
+    if not role.ps_count:
+        return set(watch_plan.neighbours(role))
     peers = set(watch_plan.paired(role))
     if role.role == "ps":
         peers |= set(watch_plan.other_servers(role))
@@ -85,3 +88,25 @@ def test_a_loss_reaches_every_task_within_three_watches() -> None:
                 front = {watcher for lost in front for watcher in watchers[lost]} - ended
                 ended |= front
             assert ended == set(tasks), (trainers, servers, name, set(tasks) - ended)
+
+
+def test_without_parameter_servers_a_loss_travels_the_tree_of_trainers() -> None:
+    """All-reduce: a trainer watches at most its parent and FAN_OUT children, and a loss
+    reaches every trainer within twice the tree's depth."""
+    for trainers in (1, 2, 17, 18, 300, 4000):
+        tasks = roles(trainers, 0)
+        watchers: dict[str, set[str]] = {name: set() for name in tasks}
+        for name, role in tasks.items():
+            peers = watched(role)
+            assert len(peers) <= watch_plan.FAN_OUT + 1
+            for peer in peers:
+                watchers[peer].add(name)
+        depth = 0
+        while watch_plan.FAN_OUT**depth < trainers:
+            depth += 1
+        for name in ("chief 0", f"worker {trainers - 2}" if trainers > 1 else "chief 0"):
+            ended, front = {name}, {name}
+            for _ in range(2 * depth):
+                front = {watcher for lost in front for watcher in watchers[lost]} - ended
+                ended |= front
+            assert ended == set(tasks), (trainers, name)

@@ -124,18 +124,21 @@ def test_linux_refuses_an_environment_string_past_the_limit() -> None:
 
 
 def _cpu_step_of(nodes: int) -> dict[str, str]:
+    """The last rank of a step of 2 tasks on each of `nodes` nodes: a leaf of the tree of
+    trainers, so that its wrapper waits for no child on the made-up nodes."""
     names = [f"node{number:05d}" for number in range(nodes)]
-    return task_env(names, [2] * nodes, 1, nodelist=f"node[00000-{nodes - 1:05d}]")
+    return task_env(names, [2] * nodes, 2 * nodes - 1, nodelist=f"node[00000-{nodes - 1:05d}]")
 
 
 # Chief and workers only: with parameter servers the wrapper would watch thousands of them
 # on made-up nodes.
-ALL_TRAINERS = ("--ps_per_node=0",)
+ALL_TRAINERS = ("--all_reduce",)
 
 
 def _environment_string_size(environ: dict[str, str]) -> int:
-    layout = lay_out_step(read_slurm_step(environ), LayoutPolicy(ps_per_node=0))
-    return len("TF_CONFIG=") + len(tf_config_json(layout, 1)) + 1
+    step = read_slurm_step(environ)
+    layout = lay_out_step(step, LayoutPolicy(all_reduce=True))
+    return len("TF_CONFIG=") + len(tf_config_json(layout, step.rank)) + 1
 
 
 def test_the_size_check_sits_exactly_at_the_kernel_limit(tmp_path: Path) -> None:
@@ -186,11 +189,16 @@ def test_bad_command(arguments: tuple[str, ...], culprit: str) -> None:
     assert result.stderr.startswith(f"with-tfconfig: {culprit}")
 
 
-def wrapped(port_base: int, tasks: int, rank: int, *command: str) -> subprocess.Popen[str]:
+TWO_SERVERS = "--ps_per_node=2"
+
+
+def wrapped(
+    port_base: int, tasks: int, rank: int, *command: str, layout: str = TWO_SERVERS
+) -> subprocess.Popen[str]:
     """Rank `rank` of a one-node step of `tasks` on loopback, its command under the wrapper
-    (2 ps: ranks 0 and 1)."""
+    (by default 2 ps: ranks 0 and 1)."""
     return subprocess.Popen(
-        [WRAPPER, "--ps_per_node=2", f"--port_base={port_base}", *command],
+        [WRAPPER, layout, f"--port_base={port_base}", *command],
         env={
             "PATH": os.environ["PATH"],
             "TFCONFIG_SLURM_PYTHON": sys.executable,
@@ -203,11 +211,15 @@ def wrapped(port_base: int, tasks: int, rank: int, *command: str) -> subprocess.
 
 
 def wrap_step(
-    port_base: int, tasks: int, seconds_of: dict[int, str], default: str
+    port_base: int,
+    tasks: int,
+    seconds_of: dict[int, str],
+    default: str,
+    layout: str = TWO_SERVERS,
 ) -> list[subprocess.Popen[str]]:
     """Every task of the step, each running SERVER for its seconds."""
     return [
-        wrapped(port_base, tasks, rank, *SERVER, seconds_of.get(rank, default))
+        wrapped(port_base, tasks, rank, *SERVER, seconds_of.get(rank, default), layout=layout)
         for rank in range(tasks)
     ]
 
@@ -289,3 +301,21 @@ def test_a_worker_that_finishes_long_before_the_chief_waits_for_it() -> None:
     statuses, logs = ended(wrap_step(27400, 4, {0: "600", 1: "600", 2: "8"}, "1"), 60)
     assert statuses == [0, 0, 0, 0], logs
     assert "chief 0: its command and the 1 trainers below it finished" in logs
+
+
+def test_all_reduce_trainers_finishing_apart_all_exit_0() -> None:
+    """No parameter servers: 18 trainers watch their tree neighbours; those that finish first
+    answer until the chief, which finishes last, has seen every one."""
+    seconds = {rank: str(2 + rank % 5) for rank in range(18)}
+    statuses, logs = ended(wrap_step(27600, 18, {**seconds, 0: "9"}, "3", "--all_reduce"), 60)
+    assert statuses == [0] * 18, logs
+    assert "chief 0: its command and the 17 trainers below it finished" in logs
+
+
+def test_an_all_reduce_trainer_that_fails_ends_every_task_by_name() -> None:
+    """Worker 16 (rank 17, below worker 0 in the tree) fails while the others train: worker 0
+    names it, and the loss travels up the tree and down to every trainer."""
+    statuses, logs = ended(wrap_step(27700, 18, {17: "-4"}, "600", "--all_reduce"), 60)
+    assert statuses[17] == 1, logs
+    assert statuses[:17] == [3] * 17, (statuses, logs)
+    assert "worker 16 at localhost:27717 says its command failed" in logs

@@ -10,6 +10,7 @@ from typing import Any
 
 from tfconfig_slurm.cluster import ClusterLayout, LayoutPolicy, SlurmStep, StepShape, Task
 from tfconfig_slurm.errors import (
+    InstallError,
     LayoutError,
     SlurmEnvironmentError,
     TfconfigSlurmError,
@@ -38,6 +39,13 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The layout tools never import TensorFlow; the runtime only when it is asked for.
     if name == "train_and_evaluate":
+        from tfconfig_slurm import cli  # noqa: PLC0415
+        from tfconfig_slurm.runtime import versions  # noqa: PLC0415
+
+        try:
+            versions.require_estimator("tfconfig_slurm.train_and_evaluate (Estimator)")
+        except InstallError as error:
+            cli.fail(cli.script_name(), error.one_line())
         from tfconfig_slurm.runtime.api import train_and_evaluate  # noqa: PLC0415
 
         return train_and_evaluate

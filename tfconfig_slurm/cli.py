@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Callable, NoReturn, Optional
 
 from absl import flags
@@ -28,6 +29,11 @@ def fail(program: str, message: str) -> NoReturn:
     """Ends the process with one line on stderr, nothing on stdout, and exit status 2."""
     sys.stderr.write(f"{program}: {' '.join(message.split())}\n")
     sys.exit(USAGE_EXIT_CODE)
+
+
+def script_name() -> str:
+    """The name a user's script runs under, for its one-line errors."""
+    return Path(sys.argv[0]).name or "python"
 
 
 def run_cli(

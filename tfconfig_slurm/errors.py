@@ -30,5 +30,9 @@ class LayoutError(TfconfigSlurmError):
     """The tasks SLURM started cannot be laid out as asked (GPUs, roles, trainers)."""
 
 
+class InstallError(TfconfigSlurmError):
+    """What is installed cannot run what was asked: TensorFlow, its extras, Python."""
+
+
 class UsageError(TfconfigSlurmError):
     """A command-line flag has a value the tool cannot use."""

@@ -27,9 +27,16 @@ from tfconfig_slurm.runtime import place
 
 PS_PER_NODE = flags.DEFINE_integer(
     "ps_per_node",
-    LayoutPolicy.ps_per_node,
-    "Parameter servers on each node: the first N tasks of every node. 0 gives a cluster of "
-    "chief and workers only.",
+    None,
+    "Parameter servers on each node: the first N tasks of every node. Default: 1, or 0 with "
+    "--all_reduce. 0 gives a cluster of chief and workers only.",
+)
+ALL_REDUCE = flags.DEFINE_boolean(
+    "all_reduce",
+    LayoutPolicy.all_reduce,
+    "Lay the step out for all-reduce training, as tf.distribute.MultiWorkerMirroredStrategy "
+    "wants: a chief and workers, one per GPU, and no parameter servers (a parameter server "
+    "in its cluster makes every task fail or hang).",
 )
 ROLES = flags.DEFINE_list(
     "roles",
@@ -95,6 +102,7 @@ def policy_from_flags() -> LayoutPolicy:
         raise UsageError("--roles", "is empty", "give one role per rank, or leave --roles out")
     return LayoutPolicy(
         ps_per_node=PS_PER_NODE.value,
+        all_reduce=ALL_REDUCE.value,
         roles=tuple(ROLES.value) if ROLES.value else None,
         evaluator=EVALUATOR.value,
         address_template=ADDRESS_TEMPLATE.value,
@@ -136,7 +144,7 @@ def planned_shape(policy: LayoutPolicy) -> StepShape:
         )
     tasks = NTASKS_PER_NODE.value
     if tasks is None:
-        tasks = policy.ps_per_node + max(gpus, 1)
+        tasks = policy.servers_per_node + max(gpus, 1)
     if tasks < 1:
         raise UsageError(
             "--ntasks_per_node", f"is {tasks}, expected 1 or more", "e.g. GPUs per node + 1"

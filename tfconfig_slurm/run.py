@@ -33,7 +33,7 @@ from tfconfig_slurm import layout_flags, network
 from tfconfig_slurm.cli import run_cli
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.runtime import claim, local_cluster, model_dir, place, preemption
+from tfconfig_slurm.runtime import claim, local_cluster, model_dir, place, preemption, versions
 from tfconfig_slurm.runtime.role import input_shard
 
 PROGRAM = "tfconfig-slurm-run"
@@ -181,6 +181,7 @@ def main(argv: Sequence[str]) -> int | None:
     from tfconfig_slurm.runtime import experiment as experiment_lib  # noqa: PLC0415
 
     name, _ = experiment_lib.locate(EXPERIMENT.value)
+    versions.require_estimator(f"--experiment={EXPERIMENT.value} (Estimator)")
     hparams, default_id = HPARAMS.value, _default_id(name)
     if SWEEP_FILE.value:
         hparams, default_id = _sweep_run(Path(SWEEP_FILE.value))
@@ -195,7 +196,7 @@ def main(argv: Sequence[str]) -> int | None:
         # The trailing --local_cluster= overrides the launcher's: a task runs one role.
         command = [sys.executable, "-m", "tfconfig_slurm.run", *sys.argv[1:], "--local_cluster="]
         return local_cluster.run(counts, directory, command, PROGRAM, claim.CLI_NAMING)
-    where = place.find(os.environ, policy, "--ps_per_node")
+    where = place.find(os.environ, policy, place.servers_flag(policy))
     if where.role is not None:
         network.check_task(where.role)
     elif SYNC_REPLICAS.value:

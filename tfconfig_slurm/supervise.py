@@ -7,8 +7,9 @@ child dies with the supervisor (PR_SET_PDEATHSIG), so no task outlives its srun.
 by role:
 
 - Who watches whom is runtime/watch_plan.py's: a trainer its paired parameter servers, a
-  parameter server its paired trainers and the other parameter servers. A watched task that
-  stops answering ends the watcher, by name, with exit status 3 (watchdog.py).
+  parameter server its paired trainers and the other parameter servers; without parameter
+  servers (all-reduce training), a trainer its neighbours in the tree of trainers. A watched
+  task that stops answering ends the watcher, by name, with exit status 3 (watchdog.py).
 - When a trainer's command exits 0, the trainer answers on its own port, free again: alive
   (WAITING) until the trainers below it in the tree of trainers have finished, then
   FINISHED, until its parameter servers have gone and its parent has seen it.
@@ -82,8 +83,9 @@ def supervise(child: Child, role: ClusterRole) -> int:
 
     if role.role == PS:
         return _serve_until_trainers_finish(child, role, lost)
-    if role.role in (CHIEF, WORKER) and role.ps_count:
-        peers = watchdog.PeerWatch(watch_plan.paired(role), on_lost=lost)
+    if role.role in (CHIEF, WORKER):
+        watched = watch_plan.paired(role) if role.ps_count else watch_plan.neighbours(role)
+        peers = watchdog.PeerWatch(watched, on_lost=lost)
         status = _status(child.wait())
         peers.stop()
         _after_command()
@@ -146,6 +148,13 @@ def _serve_until_trainers_finish(child: Child, role: ClusterRole, lost: watchdog
         status = _status(child.wait())
         _after_command()
         if status != 0:
+            logging.error(
+                "ps %d: its command failed (exit %d). A script that trains with "
+                "MultiWorkerMirroredStrategy fails beside a parameter server: run it under "
+                "with-tfconfig --all_reduce",
+                role.index,
+                status,
+            )
             _say_failed(role)
         return status
     logging.info(

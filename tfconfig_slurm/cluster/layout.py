@@ -49,19 +49,35 @@ _STEPS_PER_JOB = 4
 class LayoutPolicy:
     """How to turn a step's tasks into a TensorFlow cluster; each field is a command-line flag."""
 
-    ps_per_node: int = 1
+    # None: 1, or 0 with all_reduce (see servers_per_node).
+    ps_per_node: int | None = None
     # One role per rank (chief, worker, ps, evaluator); overrides ps_per_node and evaluator.
     roles: tuple[str, ...] | None = None
     evaluator: bool = False
     address_template: str = "{node}"
     port_base: int | None = None
+    # The layout tf.distribute.MultiWorkerMirroredStrategy wants: no parameter servers.
+    all_reduce: bool = False
 
     def __post_init__(self) -> None:
-        if self.ps_per_node < 0:
+        if self.ps_per_node is not None and self.ps_per_node < 0:
             raise UsageError(
                 "--ps_per_node",
                 f"is {self.ps_per_node}, expected 0 or more",
                 "use 1 for one parameter server per node, 0 for none",
+            )
+        if self.all_reduce and self.servers_per_node:
+            raise UsageError(
+                "--ps_per_node",
+                f"is {self.ps_per_node}, and --all_reduce lays a step out without parameter "
+                "servers",
+                "leave --ps_per_node out with --all_reduce",
+            )
+        if self.all_reduce and self.roles and PS in self.roles:
+            raise UsageError(
+                "--roles",
+                "names a ps, and --all_reduce lays a step out without parameter servers",
+                "give only chief, worker and evaluator roles with --all_reduce",
             )
         _check_address_template(self.address_template)
         if self.port_base is not None and not MIN_PORT <= self.port_base <= MAX_PORT:
@@ -85,6 +101,13 @@ class LayoutPolicy:
                         f"names {self.roles.count(single)} {single}s, expected at most one",
                         f"name one {single}; the other trainers are workers",
                     )
+
+    @property
+    def servers_per_node(self) -> int:
+        """The parameter servers each node runs (unless roles name each task's role)."""
+        if self.ps_per_node is not None:
+            return self.ps_per_node
+        return 0 if self.all_reduce else 1
 
 
 def _check_address_template(template: str) -> None:
@@ -264,7 +287,7 @@ def _lay_out(shape: StepShape, placement: Placement, policy: LayoutPolicy) -> Cl
 
 def _policy_roles(placement: Placement, policy: LayoutPolicy) -> list[str]:
     """ps for the first ps_per_node tasks of each node, workers for the rest (chief comes later)."""
-    kinds = [PS if local < policy.ps_per_node else WORKER for local in placement.local_ids]
+    kinds = [PS if local < policy.servers_per_node else WORKER for local in placement.local_ids]
     if policy.evaluator:
         kinds[-1] = EVALUATOR
     return kinds

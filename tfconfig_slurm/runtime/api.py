@@ -66,7 +66,7 @@ def train_and_evaluate(
     Bad input ends the process with one line naming the setting, and exit status 2.
     """
     cli.start_logging()
-    program = Path(sys.argv[0]).name or "python"
+    program = cli.script_name()
     try:
         return _run(estimator, train_spec, eval_spec, layout, program)
     except TfconfigSlurmError as error:
@@ -105,10 +105,11 @@ def _run(
             local_cluster.parse(counts, LOCAL_CLUSTER), directory, command, program, _NAMING
         )
         exit_now(status)
+    policy = layout or place.policy_from_environ(os.environ)
     where = place.find(
         os.environ,
-        layout or place.policy_from_environ(os.environ),
-        "layout" if layout else place.POLICY_VARIABLES["--ps_per_node"],
+        policy,
+        "layout" if layout else place.POLICY_VARIABLES[place.servers_flag(policy)],
     )
     if where.role is not None:
         network.check_task(where.role)

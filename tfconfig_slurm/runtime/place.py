@@ -27,6 +27,7 @@ POLICY_VARIABLES = {
     "--evaluator": "TFCONFIG_SLURM_EVALUATOR",
     "--address_template": "TFCONFIG_SLURM_ADDRESS_TEMPLATE",
     "--port_base": "TFCONFIG_SLURM_PORT_BASE",
+    "--all_reduce": "TFCONFIG_SLURM_ALL_REDUCE",
 }
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no", "")
 
@@ -100,6 +101,11 @@ def given_tf_config(environ: Mapping[str, str], shape: StepShape | None) -> str 
     return None
 
 
+def servers_flag(policy: LayoutPolicy) -> str:
+    """The flag that set how many parameter servers the policy's layout has, for errors."""
+    return "--all_reduce" if policy.all_reduce else "--ps_per_node"
+
+
 def policy_from_environ(environ: Mapping[str, str]) -> LayoutPolicy:
     """The layout policy the TFCONFIG_SLURM_* variables set; a default for each one unset."""
     values: dict[str, object] = {}
@@ -118,7 +124,7 @@ def policy_from_environ(environ: Mapping[str, str]) -> LayoutPolicy:
 def _parse(flag: str, variable: str, text: str) -> object:
     if flag == "--roles":
         return tuple(role.strip() for role in text.split(",") if role.strip()) or None
-    if flag == "--evaluator":
+    if flag in ("--evaluator", "--all_reduce"):
         if text.lower() not in _TRUE + _FALSE:
             raise UsageError(variable, f"is {text!r}, expected 1 or 0", f"e.g. {variable}=1")
         return text.lower() in _TRUE

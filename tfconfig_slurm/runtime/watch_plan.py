@@ -11,6 +11,10 @@ A lost trainer is seen by its ps, which ends; the other parameter servers see th
 and end; every trainer sees its own ps end. A lost ps is seen by its trainers and by the mesh
 the same way. Three watches from any task to any other.
 
+A cluster without parameter servers (all-reduce training) has only trainers: each watches its
+neighbours in the tree of trainers below (its parent and children), so a loss travels along
+the tree, at most twice its depth (3 levels at 4,000 trainers).
+
 `launch/with-tfconfig`'s trainers also tell the parameter servers that they finished, which
 the runtime's trainers do through its stop tokens: along a tree of the trainers (the chief
 its root, FAN_OUT children each), a trainer whose command exited 0 waits until each of its
@@ -42,6 +46,16 @@ def paired(role: ClusterRole) -> dict[str, str]:
     return {name: everyone[name] for name in names}
 
 
+def neighbours(role: ClusterRole) -> dict[str, str]:
+    """A trainer's parent and children in the tree of trainers, by name: the peers it watches
+    in a cluster without parameter servers."""
+    near = children(role)
+    if role.trainer_id:
+        name = role.trainer_name(_parent_id(role.trainer_id))
+        near[name] = role.named(CHIEF, WORKER)[name]
+    return near
+
+
 def other_servers(role: ClusterRole) -> dict[str, str]:
     """Every parameter server but this one: the mesh a ps watches."""
     return {name: address for name, address in role.named(PS).items() if name != _own(role)}
@@ -58,8 +72,7 @@ def parent(role: ClusterRole) -> str | None:
     """The address of this trainer's parent in the tree of trainers; None for the chief."""
     if role.trainer_id == 0:
         return None
-    name = role.trainer_name((role.trainer_id - 1) // FAN_OUT)
-    return role.named(CHIEF, WORKER)[name]
+    return role.named(CHIEF, WORKER)[role.trainer_name(_parent_id(role.trainer_id))]
 
 
 def trainers_below(role: ClusterRole) -> int:
@@ -69,6 +82,10 @@ def trainers_below(role: ClusterRole) -> int:
         level = [child for parent in level for child in _child_ids(parent, role.trainers)]
         count += len(level)
     return count
+
+
+def _parent_id(trainer_id: int) -> int:
+    return (trainer_id - 1) // FAN_OUT
 
 
 def _child_ids(trainer_id: int, trainers: int) -> range:

@@ -1,0 +1,126 @@
+"""TensorFlow 2.16+ with tf-keras, in its own environment (.venv-tf2, Python 3.12): the
+Estimator runtime refuses it in one line, and a stock MultiWorkerMirroredStrategy script runs
+under with-tfconfig on the real SLURM test cluster."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from tests.cli import REPOSITORY
+from tests.slurm_cluster import NODES, SlurmCluster
+
+pytestmark = pytest.mark.tf2
+
+WITH_TFCONFIG = REPOSITORY / "launch" / "with-tfconfig"
+MWMS = REPOSITORY / "tests" / "fixtures" / "mwms_keras.py"
+# One task on each of two nodes: the chief on node1, worker 0 on node2.
+TWO_NODES = ("--nodes=2", "--ntasks-per-node=1")
+
+
+def python(*arguments: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *arguments],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_estimator_runtime_on_tensorflow_2_16_plus_is_one_clear_error(tmp_path: Path) -> None:
+    ran = python("-m", "tfconfig_slurm.run", "--experiment=mnist_deep", cwd=tmp_path)
+    assert ran.returncode == 2, ran.stderr
+    assert ran.stderr.count("\n") == 1 and not ran.stdout
+    tensorflow = metadata.version("tensorflow")
+    assert ran.stderr.startswith(
+        "tfconfig-slurm-run: --experiment=mnist_deep (Estimator): needs TensorFlow 2.15, the last "
+        f"release with Estimator, and this Python {sys.version_info[0]}.{sys.version_info[1]} "
+        f"has TensorFlow {tensorflow}. HINT: install the Estimator extra"
+    ), ran.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_one_import_api_on_tensorflow_2_16_plus_is_one_clear_error(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import tfconfig_slurm\ntfconfig_slurm.train_and_evaluate\n")
+    ran = python(str(script), cwd=tmp_path)
+    assert ran.returncode == 2, ran.stderr
+    assert ran.stderr.count("\n") == 1
+    assert ran.stderr.startswith(
+        "train.py: tfconfig_slurm.train_and_evaluate (Estimator): needs TensorFlow 2.15"
+    ), ran.stderr
+
+
+def reports(out: Path) -> dict[str, dict[str, float]]:
+    return {path.stem: json.loads(path.read_text()) for path in sorted(out.glob("*.json"))}
+
+
+@pytest.mark.slurm
+def test_a_stock_multi_worker_mirrored_script_trains_all_reduce_under_with_tfconfig(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    step = slurm_cluster.run(
+        ["srun", *TWO_NODES, "--label", str(WITH_TFCONFIG), "--all_reduce", "python", str(MWMS),
+         str(tmp_path), "40"],
+    )  # fmt: skip
+    assert step.returncode == 0, step.stderr[-3000:]
+    trained = reports(tmp_path)
+    assert sorted(trained) == ["chief-0", "worker-0"], step.stderr[-3000:]
+    assert {report["replicas"] for report in trained.values()} == {2}
+    # All-reduce: both replicas end with the same weights.
+    assert trained["chief-0"]["weights"] == pytest.approx(trained["worker-0"]["weights"])
+    assert "rank 0 on node1 is chief 0" in step.stderr
+    assert "rank 1 on node2 is worker 0" in step.stderr
+    assert slurm_cluster.task_pids() == {node: [] for node in NODES}
+
+
+@pytest.mark.slurm
+def test_a_crashed_all_reduce_worker_ends_the_step_by_name(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """Alone, the chief would wait in its all-reduce for the dead worker; its wrapper, told by
+    the worker's that the command failed, ends it (exit 3)."""
+    started = time.monotonic()
+    step = slurm_cluster.run(
+        ["srun", *TWO_NODES, "--label", str(WITH_TFCONFIG), "--all_reduce", "python", str(MWMS),
+         str(tmp_path), "100000", "20"],
+        timeout=180,
+    )  # fmt: skip
+    assert step.returncode != 0
+    assert "worker 0 at node2:" in step.stderr and "says its command failed" in step.stderr, (
+        step.stderr[-3000:]
+    )
+    assert "ending this task (exit 3)" in step.stderr
+    assert reports(tmp_path) == {}
+    assert time.monotonic() - started < 150
+    assert slurm_cluster.task_pids() == {node: [] for node in NODES}
+
+
+@pytest.mark.slurm
+def test_a_multi_worker_mirrored_script_in_a_parameter_server_layout_ends_with_a_hint(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """The default layout (a ps on each node): TensorFlow fails the parameter servers' scripts,
+    and the trainers, which would hang, are ended by name."""
+    step = slurm_cluster.run(
+        ["srun", "--nodes=2", "--ntasks-per-node=2", "--label", str(WITH_TFCONFIG), "python",
+         str(MWMS), str(tmp_path), "40"],
+        timeout=180,
+    )  # fmt: skip
+    assert step.returncode != 0
+    hint = (
+        "MultiWorkerMirroredStrategy fails beside a parameter server: run it under "
+        "with-tfconfig --all_reduce"
+    )
+    assert hint in step.stderr, step.stderr[-3000:]
+    assert "ps 0 at node1:" in step.stderr or "ps 1 at node2:" in step.stderr
+    assert reports(tmp_path) == {}
+    assert slurm_cluster.task_pids() == {node: [] for node in NODES}

@@ -1,0 +1,84 @@
+"""Which TensorFlow this Python has, read from the installed packages' metadata without
+importing it (an import takes seconds), and the check that a runtime can run on it.
+
+The Estimator runtime needs TensorFlow 2.15 and tensorflow-estimator, which exist for Python
+3.9 to 3.11 only; TensorFlow 2.16 removed tf.estimator. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib import metadata
+from typing import NamedTuple
+
+from tfconfig_slurm.errors import InstallError
+
+# TensorFlow ships under several distribution names; the module is `tensorflow` in each.
+_TENSORFLOW_DISTRIBUTIONS = (
+    "tensorflow",
+    "tensorflow-cpu",
+    "tensorflow-gpu",
+    "tensorflow-intel",
+    "tensorflow-macos",
+    "tensorflow-aarch64",
+    "tf-nightly",
+    "tf-nightly-cpu",
+)
+LAST_ESTIMATOR_RELEASE = (2, 15)
+_ESTIMATOR_INSTALL = (
+    "install the Estimator extra into a Python 3.9-3.11 environment: "
+    "python3.11 -m venv venv && venv/bin/pip install 'tfconfig-slurm[estimator]'; on "
+    "TensorFlow 2.16+, run a MultiWorkerMirroredStrategy script under with-tfconfig "
+    "--all_reduce (README: Which TensorFlow)"
+)
+
+
+class Installed(NamedTuple):
+    """The versions installed, None for a package that is not."""
+
+    python: tuple[int, int]
+    tensorflow: str | None
+    estimator: str | None
+
+
+def installed() -> Installed:
+    return Installed(
+        python=(sys.version_info[0], sys.version_info[1]),
+        tensorflow=next(filter(None, map(_version, _TENSORFLOW_DISTRIBUTIONS)), None),
+        estimator=_version("tensorflow-estimator"),
+    )
+
+
+def require_estimator(what: str, found: Installed | None = None) -> None:
+    """Raises InstallError, naming `what` needed it, unless TensorFlow 2.15 (or older) and
+    tensorflow-estimator are installed."""
+    found = found or installed()
+    python = "Python {}.{}".format(*found.python)
+    if found.tensorflow is None:
+        problem = f"needs TensorFlow 2.15, which this {python} does not have"
+    elif _major_minor(found.tensorflow) > LAST_ESTIMATOR_RELEASE:
+        problem = (
+            f"needs TensorFlow 2.15, the last release with Estimator, and this {python} has "
+            f"TensorFlow {found.tensorflow}"
+        )
+    elif found.estimator is None:
+        problem = f"needs tensorflow-estimator beside TensorFlow {found.tensorflow}"
+    else:
+        return
+    raise InstallError(what, problem, _ESTIMATOR_INSTALL)
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    parts = version.split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        # A version we cannot read is taken for a recent one: the error says which it is.
+        return (sys.maxsize, 0)
