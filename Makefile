@@ -36,8 +36,8 @@ $(STAMP_TF2): setup.cfg pyproject.toml
 
 # The Estimator suite (TensorFlow 2.15), then the TensorFlow 2.16+ one in its own environment.
 test: $(STAMP) $(STAMP_TF2)
-	$(BIN)/python -m pytest -m 'not tf2'
-	$(BIN_TF2)/python -m pytest -m tf2
+	$(BIN)/python -m pytest -m 'not tf2' --durations=25
+	$(BIN_TF2)/python -m pytest -m tf2 --durations=10
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -17,6 +17,7 @@ import pytest
 
 from tests.cli import REPOSITORY
 from tests.slurm_cluster import checkpoint_step
+from tests.slurm_envs import task_env
 
 pytestmark = pytest.mark.tensorflow
 
@@ -120,4 +121,16 @@ def test_a_bad_setting_is_one_line_naming_it_and_nothing_is_made(
     assert last.startswith(f"one_import_estimator.py: {variable}: "), result.stderr
     assert "HINT: e.g." in last
     assert "Traceback" not in result.stderr
+    assert not (tmp_path / "model").exists()
+
+
+def test_a_layout_error_names_the_variable_not_the_flag(tmp_path: Path) -> None:
+    """In a step of 2 tasks, TFCONFIG_SLURM_ROLES lists 3: the script was given no flag."""
+    step = task_env(["node1"], [2], 0)
+    result = script(tmp_path / "model", 100, **step, TFCONFIG_SLURM_ROLES="ps,chief,worker")
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "one_import_estimator.py: TFCONFIG_SLURM_ROLES: lists 3 roles for a step of 2 tasks"
+    ), result.stderr
     assert not (tmp_path / "model").exists()

@@ -124,6 +124,8 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
         (("--experiment=mnist_deep", "--train_steps=0"), "--train_steps", None),
         (("--experiment=mnist_deep", "--preempt_signal=KILL"), "--preempt_signal", None),
         (("--experiment=mnist_deep", "--max_requeues=-1"), "--max_requeues", None),
+        (("--experiment=mnist_deep", "--data_dir=/no/such/dir"), "--data_dir", None),
+        (("--experiment=/etc/hostname",), "is not a .py file", None),
         (
             ("--experiment=mnist_deep", "--save_checkpoints_steps=5", "--save_checkpoints_secs=5"),
             "--save_checkpoints_steps",

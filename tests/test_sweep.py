@@ -59,6 +59,27 @@ def test_a_sweep_is_one_array_task_a_line_reading_its_kept_lines(tmp_path: Path)
 
 
 @pytest.mark.tensorflow
+def test_the_sweep_s_own_flags_after_the_file_are_the_sweep_s(tmp_path: Path) -> None:
+    """Not passed on to the runtime, which does not know them (its array tasks failed so)."""
+    result = sweep(
+        tmp_path, THREE, "three.sweep", "--train_steps=10", "--max_running", "2",
+        "--sbatch_option", "--nodes=1", "--output_root=out", "--dry_run",
+        "--sbatch_option=--ntasks-per-node=2",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    command = result.stdout.split()
+    assert command[:6] == [
+        "sbatch", "--parsable", "--array=0-2%2", "--job-name=three", "--nodes=1",
+        "--ntasks-per-node=2",
+    ]  # fmt: skip
+    assert command[7:] == [
+        "--train_steps=10",
+        "--output_root=out",
+        f"--sweep_file={tmp_path}/out/sweeps/three.txt",
+    ]
+
+
+@pytest.mark.tensorflow
 @pytest.mark.parametrize(
     ("text", "arguments", "culprit"),
     [

@@ -124,3 +124,33 @@ def test_a_multi_worker_mirrored_script_in_a_parameter_server_layout_ends_with_a
     assert "ps 0 at node1:" in step.stderr or "ps 1 at node2:" in step.stderr
     assert reports(tmp_path) == {}
     assert slurm_cluster.task_pids() == {node: [] for node in NODES}
+
+
+def test_without_tensorflow_the_layout_tools_work_and_the_runtime_says_what_to_install(
+    tmp_path: Path,
+) -> None:
+    """`pip install .` on this Python (3.12 in make test), no extra: no TensorFlow at all."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", str(bare)], check=True, timeout=120)
+    installed = subprocess.run(
+        [bare / "bin" / "pip", "install", "-q", str(REPOSITORY)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    planned = subprocess.run(
+        [bare / "bin" / "tfconfig-slurm", "--explain", "--all_reduce", "--nodelist=gpu[01-02]",
+         "--gpus_per_node=4"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stdout.startswith("2 nodes, 8 tasks (block): 1 chief, 7 workers;")
+    ran = subprocess.run(
+        [bare / "bin" / "tfconfig-slurm-run", "--experiment=mnist_deep"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 2
+    assert ran.stderr.startswith(
+        "tfconfig-slurm-run: --experiment=mnist_deep (Estimator): needs TensorFlow 2.15, which "
+        "this Python"
+    ), ran.stderr
+    assert not (tmp_path / "tf-output").exists()

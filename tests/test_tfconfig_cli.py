@@ -58,6 +58,10 @@ def test_explain_inside_a_step() -> None:
     assert lines[1].split() == ["rank", "node", "local", "role", "index", "address:port", "gpus"]
     assert lines[3].split()[:5] == ["1", "node1", "1", "chief", "0"]
     assert lines[3].split()[6] == "0"
+    # One copy for the step: only rank 0 prints it.
+    other = run_module(TFCONFIG, "--explain", environ=captured("block_3x3_gres2", "task-4"))
+    assert other.returncode == 0, other.stderr
+    assert other.stdout == ""
 
 
 def test_explain_json_plans_from_flags() -> None:
@@ -118,6 +122,18 @@ def test_help_teaches() -> None:
     assert "--explain --nodelist='gpu[01-04]'" in result.stdout
     for flag in ("--ps_per_node", "--roles", "--evaluator", "--address_template", "--port_base"):
         assert flag in result.stdout
+    assert "--[no]all_reduce" in result.stdout and "--nodelist" in result.stdout
+
+
+def test_the_commands_that_run_in_a_step_list_no_planning_flags() -> None:
+    """They refuse --nodelist and its kin (tfconfig-slurm --explain's), so their help does not
+    offer them."""
+    for module in ("tfconfig_slurm.with_tfconfig", "tfconfig_slurm.run"):
+        result = run_module(module, "--help")
+        assert result.returncode == 0
+        assert "--[no]all_reduce" in result.stdout
+        for flag in ("--nodelist", "--gpus_per_node", "--ntasks_per_node", "--distribution"):
+            assert flag not in result.stdout, (module, flag)
 
 
 def test_never_imports_tensorflow() -> None:

@@ -283,7 +283,7 @@ def test_a_finished_trainer_s_wrapper_still_ends_on_sigterm() -> None:
     try:
         time.sleep(4.0)
         step[2].terminate()
-        assert step[2].wait(timeout=5) == -signal.SIGTERM
+        assert step[2].wait(timeout=30) == -signal.SIGTERM
     finally:
         ended(step, 0)
 

@@ -33,7 +33,7 @@ from tfconfig_slurm import layout_flags, network
 from tfconfig_slurm.cli import run_cli
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.runtime import claim, local_cluster, model_dir, place, preemption, versions
+from tfconfig_slurm.runtime import claim, local_cluster, model_dir, place, preemption
 from tfconfig_slurm.runtime.role import input_shard
 
 PROGRAM = "tfconfig-slurm-run"
@@ -80,7 +80,12 @@ SWEEP_FILE = flags.DEFINE_string(
     "line, after --hparams; blank lines and # comments skipped) under the experiment id "
     "<file name without suffix>-<array task id>. launch/sweep sets it.",
 )
-DATA_DIR = flags.DEFINE_string("data_dir", None, "Where the experiment reads its data from.")
+DATA_DIR = flags.DEFINE_string(
+    "data_dir",
+    None,
+    "The directory the experiment reads its data from (mnist_deep: the MNIST IDX files; "
+    "without them, or without this flag, the digits that ship with scikit-learn).",
+)
 SAVE_CHECKPOINTS_STEPS = flags.DEFINE_integer(
     "save_checkpoints_steps", None, "Checkpoint every N global steps.", lower_bound=1
 )
@@ -177,11 +182,18 @@ def main(argv: Sequence[str]) -> int | None:
             "and --save_checkpoints_secs exclude each other",
             "choose one",
         )
+    if DATA_DIR.value is not None and not Path(DATA_DIR.value).is_dir():
+        # A typo would otherwise train on an experiment's fallback data, and succeed.
+        raise UsageError(
+            "--data_dir",
+            f"{DATA_DIR.value!r} is not a directory",
+            "give the directory that holds the data, or leave --data_dir out",
+        )
     # Checked before TensorFlow is imported, so that bad input fails at once.
     from tfconfig_slurm.runtime import experiment as experiment_lib  # noqa: PLC0415
 
     name, _ = experiment_lib.locate(EXPERIMENT.value)
-    versions.require_estimator(f"--experiment={EXPERIMENT.value} (Estimator)")
+    experiment_lib.require_runtime(EXPERIMENT.value)
     hparams, default_id = HPARAMS.value, _default_id(name)
     if SWEEP_FILE.value:
         hparams, default_id = _sweep_run(Path(SWEEP_FILE.value))

@@ -52,6 +52,7 @@ SBATCH_OPTIONS = flags.DEFINE_multi_string(
 DRY_RUN = flags.DEFINE_boolean(
     "dry_run", False, "Check the sweep and print the sbatch command instead of running it."
 )
+_OWN_FLAGS = ("max_running", "batch_script", "sbatch_option", "dry_run")
 # The runtime flags the sweep sets itself, for each run.
 _SET_BY_SWEEP = ("experiment_id", "sweep_file", "local_cluster", "print_model_dir")
 
@@ -78,6 +79,9 @@ def main(argv: Sequence[str]) -> int:
         ) from None
     if stray:
         raise UsageError(repr(stray[0]), "is not a flag", "runtime flags start with --")
+    # The sweep's own flags after SWEEP_FILE were parsed above as well: they are the sweep's,
+    # and the runtime, which does not know them, must not get them.
+    runtime_flags = _without_own_flags(runtime_flags)
     for name in _SET_BY_SWEEP:
         if flags.FLAGS[name].present:
             raise UsageError(
@@ -113,12 +117,30 @@ def main(argv: Sequence[str]) -> int:
         return submitted.returncode
     job = submitted.stdout.strip().split(";")[0]
     sys.stdout.write(f"{job}\n")
+    runs = (
+        f"1 run {sweep_file.stem}-0"
+        if len(lines) == 1
+        else f"{len(lines)} runs {sweep_file.stem}-0 to {sweep_file.stem}-{len(lines) - 1}"
+    )
     sys.stderr.write(
-        f"{PROGRAM}: job array {job}: {len(lines)} runs {sweep_file.stem}-0 to "
-        f"{sweep_file.stem}-{len(lines) - 1} in {runtime.OUTPUT_ROOT.value}; see them with "
+        f"{PROGRAM}: job array {job}: {runs} in {runtime.OUTPUT_ROOT.value}; see them with "
         f"tfconfig-slurm runs {runtime.OUTPUT_ROOT.value}\n"
     )
     return 0
+
+
+def _without_own_flags(arguments: list[str]) -> list[str]:
+    """The arguments without the sweep's own flags (--max_running 2, --nodry_run, ...)."""
+    own = {flag.name: flag for flag in map(flags.FLAGS.__getitem__, _OWN_FLAGS)}
+    kept: list[str] = []
+    words = iter(arguments)
+    for word in words:
+        name, equals, _ = word.lstrip("-").partition("=")
+        if not word.startswith("-") or (name not in own and name[2:] not in own):
+            kept.append(word)
+        elif not equals and name in own and not own[name].boolean:
+            next(words, None)
+    return kept
 
 
 def _checked_lines(sweep_file: Path) -> list[str]:
@@ -132,7 +154,9 @@ def _checked_lines(sweep_file: Path) -> list[str]:
             f"{sweep_file} has no lines of hparams",
             "write one --hparams value a line, e.g. learning_rate=0.001,dropout=0.3",
         )
-    experiment = experiment_lib.load(runtime.EXPERIMENT.value or "mnist_deep")
+    spec = runtime.EXPERIMENT.value or "mnist_deep"
+    experiment_lib.require_runtime(spec)
+    experiment = experiment_lib.load(spec)
     for number, line in enumerate(lines):
         try:
             experiment_lib.with_overrides(

@@ -4,7 +4,7 @@ Run it in every task of a job step; each task works out the same cluster on its 
 
   srun python -m tfconfig_slurm.tfconfig             # this task's TF_CONFIG JSON
   eval "$(python -m tfconfig_slurm.tfconfig --export)"  # export TF_CONFIG, CUDA_VISIBLE_DEVICES
-  srun -n1 python -m tfconfig_slurm.tfconfig --explain  # every task: role, address, GPUs
+  srun python -m tfconfig_slurm.tfconfig --explain   # the step's table, printed by rank 0
 
 See a layout before submitting, without SLURM:
 
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from tfconfig_slurm import layout_flags
+from tfconfig_slurm import layout_flags, plan_flags
 from tfconfig_slurm.cli import run_cli
 from tfconfig_slurm.cluster import render
 from tfconfig_slurm.errors import UsageError
@@ -37,10 +37,14 @@ EXPORT = flags.DEFINE_boolean(
     "export", False, "Print shell export lines for TF_CONFIG and CUDA_VISIBLE_DEVICES."
 )
 EXPLAIN = flags.DEFINE_boolean(
-    "explain", False, "Print a table of every task: rank, node, role, index, address, GPUs."
+    "explain",
+    False,
+    "Print a table of every task: rank, node, role, index, address, GPUs. In a job step, "
+    "rank 0 prints it and the other tasks nothing.",
 )
 JSON = flags.DEFINE_boolean("json", False, "With --explain: print the tasks as a JSON list.")
 flags.adopt_module_key_flags(layout_flags)
+flags.adopt_module_key_flags(plan_flags)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -49,6 +53,9 @@ def main(argv: Sequence[str]) -> None:
     if JSON.value and not EXPLAIN.value:
         raise UsageError("--json", "goes with --explain", "add --explain")
     layout, rank = layout_flags.resolve_layout(os.environ)
+    if EXPLAIN.value and rank:
+        # Every task of the step has the same table: one copy is enough.
+        return
     if EXPLAIN.value:
         if JSON.value:
             output = json.dumps(render.explain_records(layout), indent=1) + "\n"

@@ -106,11 +106,14 @@ def _run(
         )
         exit_now(status)
     policy = layout or place.policy_from_environ(os.environ)
-    where = place.find(
-        os.environ,
-        policy,
-        "layout" if layout else place.POLICY_VARIABLES[place.servers_flag(policy)],
-    )
+    try:
+        where = place.find(
+            os.environ,
+            policy,
+            "layout" if layout else place.POLICY_VARIABLES[place.servers_flag(policy)],
+        )
+    except TfconfigSlurmError as error:
+        raise error if layout else place.in_variables(error) from None
     if where.role is not None:
         network.check_task(where.role)
         if where.layout_source != "TF_CONFIG" and context.context()._initialized:

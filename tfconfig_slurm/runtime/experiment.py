@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.runtime import versions
 
 # Where `--experiment NAME` looks for NAME.py: the working directory's experiments/, then the
 # experiments installed with the package (tfconfig_slurm/experiments).
@@ -51,6 +52,8 @@ def locate(spec: str) -> tuple[str, Path | None]:
     if spec.endswith(".py") or "/" in spec:
         if not path.is_file():
             raise UsageError("--experiment", f"file {spec!r} does not exist", _HINT)
+        if path.suffix != ".py":
+            raise UsageError("--experiment", f"file {spec!r} is not a .py file", _HINT)
         return path.stem, path
     for folder in _SEARCH_FOLDERS:
         candidate = folder / f"{spec}.py"
@@ -69,6 +72,11 @@ def locate(spec: str) -> tuple[str, Path | None]:
             _HINT,
         )
     return spec.rsplit(".", 1)[-1], None
+
+
+def require_runtime(spec: str) -> None:
+    """Raises InstallError unless what is installed can train the experiment `spec` names."""
+    versions.require_estimator(f"--experiment={spec} (Estimator)")
 
 
 def load(spec: str) -> Experiment:

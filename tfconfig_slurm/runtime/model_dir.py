@@ -27,8 +27,9 @@ def check_writable(model_dir: Path, naming: claim.Naming) -> None:
         problem = f"{existing} is not writable"
     elif (free := shutil.disk_usage(existing).free) < _MIN_FREE_BYTES:
         problem = (
-            f"{existing} has only {free / 2**20:.1f} MiB free, and a checkpoint needs more "
-            "(mnist_deep's: 40 MB)"
+            f"{existing} has only {free / 2**20:.1f} MiB free, less than the "
+            f"{_MIN_FREE_BYTES // 2**20} MiB a run needs to start: its first checkpoint would "
+            "fail half-written"
         )
     if problem:
         raise UsageError(

@@ -16,7 +16,7 @@ from absl import logging
 from tfconfig_slurm.cluster import ClusterLayout, LayoutPolicy, SlurmStep, StepShape, render
 from tfconfig_slurm.cluster.layout import PS, lay_out_step
 from tfconfig_slurm.cluster.step import in_job_step, read_slurm_step
-from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.errors import TfconfigSlurmError, UsageError
 from tfconfig_slurm.runtime.role import ClusterRole
 
 # The layout policy of a process that has no flags (a user's script calling the API): each
@@ -116,9 +116,14 @@ def policy_from_environ(environ: Mapping[str, str]) -> LayoutPolicy:
     try:
         return LayoutPolicy(**values)  # type: ignore[arg-type]
     except UsageError as error:
-        raise UsageError(
-            POLICY_VARIABLES.get(error.culprit, error.culprit), error.problem, error.hint
-        ) from None
+        raise in_variables(error) from None
+
+
+def in_variables(error: TfconfigSlurmError) -> TfconfigSlurmError:
+    """The error with a layout flag it names renamed to the variable that sets it, for a
+    process whose layout comes from the TFCONFIG_SLURM_* variables."""
+    variable = POLICY_VARIABLES.get(error.culprit)
+    return error if variable is None else type(error)(variable, error.problem, error.hint)
 
 
 def _parse(flag: str, variable: str, text: str) -> object:

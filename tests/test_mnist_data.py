@@ -1,4 +1,4 @@
-"""mnist_deep's data: the standard MNIST IDX files when all four are there, else the digits."""
+"""The shipped experiments' MNIST data: the IDX files when all four are there, else digits."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.tensorflow
 
-_EXPERIMENT = Path(__file__).parents[1] / "tfconfig_slurm" / "experiments" / "mnist_deep.py"
+_DATA = Path(__file__).parents[1] / "tfconfig_slurm" / "experiments" / "mnist_data.py"
 _STEMS = {
     "train-images-idx3-ubyte": (2051, 3),
     "train-labels-idx1-ubyte": (2049, 3),
@@ -25,9 +25,9 @@ _STEMS = {
 
 
 @pytest.fixture
-def mnist_deep() -> ModuleType:
+def mnist_data() -> ModuleType:
     # A fresh module each time: load_examples caches what it read.
-    spec = importlib.util.spec_from_file_location("mnist_deep_under_test", _EXPERIMENT)
+    spec = importlib.util.spec_from_file_location("mnist_data_under_test", _DATA)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -49,25 +49,25 @@ def _write_idx(data_dir: Path, stem: str, zipped: bool) -> None:
         (data_dir / stem).write_bytes(header + body)
 
 
-def test_reads_the_idx_files_plain_and_gzipped(mnist_deep: ModuleType, tmp_path: Path) -> None:
+def test_reads_the_idx_files_plain_and_gzipped(mnist_data: ModuleType, tmp_path: Path) -> None:
     for number, stem in enumerate(_STEMS):
         _write_idx(tmp_path, stem, zipped=number % 2 == 0)
-    images, labels = mnist_deep.load_examples(str(tmp_path), True)
+    images, labels = mnist_data.load_examples(str(tmp_path), True)
     assert images.shape == (3, 28, 28, 1)
     assert images.dtype == np.float32
     assert images[2, 5, 5, 0] == pytest.approx(2 / 255)
     assert labels.tolist() == [0, 1, 2]
-    assert mnist_deep.load_examples(str(tmp_path), False)[1].tolist() == [0, 1]
+    assert mnist_data.load_examples(str(tmp_path), False)[1].tolist() == [0, 1]
 
 
 def test_an_incomplete_data_dir_falls_back_to_the_digits_for_both_splits(
-    mnist_deep: ModuleType, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    mnist_data: ModuleType, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     for stem in list(_STEMS)[:3]:
         _write_idx(tmp_path, stem, zipped=False)
     with caplog.at_level(logging.WARNING):
-        train_images, _ = mnist_deep.load_examples(str(tmp_path), True)
-        test_images, test_labels = mnist_deep.load_examples(str(tmp_path), False)
+        train_images, _ = mnist_data.load_examples(str(tmp_path), True)
+        test_images, test_labels = mnist_data.load_examples(str(tmp_path), False)
     assert (len(train_images), len(test_images)) == (1438, 359)
     assert set(test_labels.tolist()) == set(range(10))
     assert test_images.min() >= 0.0 and test_images.max() == 1.0
@@ -76,9 +76,9 @@ def test_an_incomplete_data_dir_falls_back_to_the_digits_for_both_splits(
     assert "t10k-labels-idx1-ubyte" in warnings[0]
 
 
-def test_a_file_that_is_not_idx_is_named(mnist_deep: ModuleType, tmp_path: Path) -> None:
+def test_a_file_that_is_not_idx_is_named(mnist_data: ModuleType, tmp_path: Path) -> None:
     for stem in _STEMS:
         _write_idx(tmp_path, stem, zipped=False)
     (tmp_path / "train-labels-idx1-ubyte").write_bytes(b"<html>not found</html>")
     with pytest.raises(ValueError, match="train-labels-idx1-ubyte is not an MNIST IDX file"):
-        mnist_deep.load_examples(str(tmp_path), True)
+        mnist_data.load_examples(str(tmp_path), True)

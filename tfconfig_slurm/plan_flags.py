@@ -1,0 +1,64 @@
+"""The flags that describe a step to plan, for `tfconfig-slurm --explain --nodelist=...`: a
+layout seen before submitting. Defined for every command, so that the others can refuse them
+by name (layout_flags.step_policy), but listed only in tfconfig-slurm's help."""
+
+from __future__ import annotations
+
+from absl import flags
+
+from tfconfig_slurm.cluster import LayoutPolicy, StepShape, expand_nodes
+from tfconfig_slurm.cluster.step import DISTRIBUTIONS, check_task_count
+from tfconfig_slurm.errors import UsageError
+
+NODELIST = flags.DEFINE_string(
+    "nodelist",
+    None,
+    "Plan a layout without SLURM, for --explain: the nodes as a SLURM hostlist, e.g. 'gpu[01-04]'.",
+)
+NTASKS_PER_NODE = flags.DEFINE_integer(
+    "ntasks_per_node",
+    None,
+    "With --nodelist: tasks on each node, as #SBATCH --ntasks-per-node. Default: one trainer "
+    "per GPU plus --ps_per_node, or one trainer plus --ps_per_node without GPUs.",
+)
+GPUS_PER_NODE = flags.DEFINE_integer(
+    "gpus_per_node", 0, "With --nodelist: GPUs on each node, as #SBATCH --gres=gpu:N."
+)
+DISTRIBUTION = flags.DEFINE_enum(
+    "distribution",
+    "block",
+    DISTRIBUTIONS,
+    "With --nodelist: how ranks are dealt to nodes, as srun -m.",
+)
+
+# Far beyond any node's GPUs; a bound keeps a typo from building a huge plan.
+MAX_GPUS_PER_NODE = 1024
+
+
+def planned_shape(policy: LayoutPolicy) -> StepShape:
+    """The shape of the step the planning flags describe."""
+    nodes = expand_nodes(
+        "--nodelist", NODELIST.value or "", UsageError, "e.g. --nodelist='gpu[01-04]'"
+    )
+    gpus = GPUS_PER_NODE.value
+    if not 0 <= gpus <= MAX_GPUS_PER_NODE:
+        raise UsageError(
+            "--gpus_per_node", f"is {gpus}, expected 0 to {MAX_GPUS_PER_NODE}", "e.g. 4"
+        )
+    tasks = NTASKS_PER_NODE.value
+    if tasks is None:
+        tasks = policy.servers_per_node + max(gpus, 1)
+    if tasks < 1:
+        raise UsageError(
+            "--ntasks_per_node", f"is {tasks}, expected 1 or more", "e.g. GPUs per node + 1"
+        )
+    tasks_per_node = (tasks,) * len(nodes)
+    check_task_count("--ntasks_per_node", tasks_per_node, UsageError, "plan a smaller step")
+    return StepShape(
+        nodes=nodes,
+        tasks_per_node=tasks_per_node,
+        distribution=DISTRIBUTION.value,
+        node_gpus=tuple(str(gpu) for gpu in range(gpus)),
+        job_id=0,
+        step_id=0,
+    )
