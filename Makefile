@@ -34,10 +34,12 @@ $(STAMP_TF2): setup.cfg pyproject.toml
 	$(BIN_TF2)/pip install --quiet --config-settings editable_mode=compat -e '.[tf2,test]'
 	touch $@
 
+# Two pytest-xdist workers; the SLURM tests all go to one of them (tests/conftest.py).
+PARALLEL := -n 2 --dist loadgroup
 # The Estimator suite (TensorFlow 2.15), then the TensorFlow 2.16+ one in its own environment.
 test: $(STAMP) $(STAMP_TF2)
-	$(BIN)/python -m pytest -m 'not tf2' --durations=25
-	$(BIN_TF2)/python -m pytest -m tf2 --durations=10
+	$(BIN)/python -m pytest -m 'not tf2' $(PARALLEL) --durations=25
+	$(BIN_TF2)/python -m pytest -m tf2 $(PARALLEL) --durations=10
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -18,6 +18,7 @@ def run_module(
     *arguments: str,
     environ: dict[str, str] | None = None,
     python_flags: tuple[str, ...] = (),
+    timeout: float = 120,
 ) -> subprocess.CompletedProcess[str]:
     """`python -m module arguments` with only `environ` (plus PATH) as its environment."""
     return subprocess.run(
@@ -25,7 +26,7 @@ def run_module(
         env={"PATH": os.environ["PATH"], **(environ or {})},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         cwd=REPOSITORY,
         check=False,
     )

@@ -1,5 +1,8 @@
-"""Fixtures shared by test modules: the real SLURM test cluster; and the TensorFlow 2.16+
-tests (marked tf2) skipped, with the reason, where tf-keras is not installed."""
+"""Fixtures shared by test modules: the real SLURM test cluster; two lanes for pytest-xdist's
+two workers, the tests on the cluster in one (one cluster; they check what jobs leave on its
+nodes) and the others in the other, each lane one test at a time (tests bind the ports of the
+same captured SLURM steps; the cluster's nodes have network stacks of their own); and the
+TensorFlow 2.16+ tests (marked tf2) skipped, with the reason, where tf-keras is not installed."""
 
 from __future__ import annotations
 
@@ -10,7 +13,12 @@ import pytest
 pytest_plugins = ["tests.slurm_cluster"]
 
 
+# First: pytest-xdist reads the group marks in its own hook of this name.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        lane = "slurm" if "slurm_cluster" in getattr(item, "fixturenames", ()) else "host"
+        item.add_marker(pytest.mark.xdist_group(lane))
     if importlib.util.find_spec("tf_keras") is not None:
         return
     skip = pytest.mark.skip(

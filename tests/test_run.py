@@ -127,6 +127,12 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
         (("--experiment=mnist_deep", "--data_dir=/no/such/dir"), "--data_dir", None),
         (("--experiment=/etc/hostname",), "is not a .py file", None),
         (
+            ("--experiment=mnist_keras",),
+            "--experiment=mnist_keras (Keras): needs TensorFlow 2.16 or later with tf-keras, "
+            "and this Python 3.",
+            None,
+        ),
+        (
             ("--experiment=mnist_deep", "--save_checkpoints_steps=5", "--save_checkpoints_secs=5"),
             "--save_checkpoints_steps",
             None,

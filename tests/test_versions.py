@@ -1,11 +1,14 @@
-"""versions.py: the Estimator runtime's check of what is installed, read without TensorFlow."""
+"""versions.py: the runtimes' checks of what is installed, read without TensorFlow; and an
+experiment's kind, read from its source (experiment.kind)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from tfconfig_slurm.errors import InstallError
-from tfconfig_slurm.runtime import versions
+from tfconfig_slurm.runtime import experiment, versions
 from tfconfig_slurm.runtime.versions import Installed
 
 
@@ -40,3 +43,43 @@ def test_this_estimator_environment_is_read_as_one() -> None:
     assert found.tensorflow is not None and found.tensorflow.startswith("2.15.")
     assert found.estimator is not None
     versions.require_estimator("x")
+
+
+@pytest.mark.parametrize(
+    ("found", "problem"),
+    [
+        (Installed((3, 11), "2.15.1", "2.15.0"), "this Python 3.11 has TensorFlow 2.15.1"),
+        (Installed((3, 12), None, None), "this Python 3.12 has no TensorFlow"),
+        (Installed((3, 12), "2.21.0", None, None), "needs tf-keras beside TensorFlow 2.21.0"),
+    ],
+)
+def test_what_cannot_run_the_keras_runtime_is_named(found: Installed, problem: str) -> None:
+    with pytest.raises(InstallError) as raised:
+        versions.require_keras("--experiment=mnist_keras (Keras)", found)
+    assert problem in raised.value.problem
+    assert "tfconfig-slurm[tf2]" in raised.value.hint
+    versions.require_keras("x", Installed((3, 12), "2.21.0", None, "2.21.0"))
+
+
+@pytest.mark.parametrize(
+    ("source", "kind"),
+    [
+        ("def model_fn(features, labels, mode, params): ...\ndef input_fn(mode, params): ...\n",
+         "Estimator"),
+        ("def build_model(params): ...\ndef dataset(mode, params): ...\n", "Keras"),
+        ("from my_models import build_model, dataset\n", "Keras"),
+        ("build_model = make_builder()\n", "Keras"),
+        ("def model_fn(:\n", "Estimator"),
+    ],
+)  # fmt: skip
+def test_an_experiment_s_kind_is_read_from_its_source(
+    tmp_path: Path, source: str, kind: str
+) -> None:
+    path = tmp_path / "mine.py"
+    path.write_text(source)
+    assert experiment.kind(str(path)) == kind
+
+
+def test_the_shipped_experiments_kinds() -> None:
+    assert experiment.kind("mnist_deep") == experiment.ESTIMATOR
+    assert experiment.kind("mnist_keras") == experiment.KERAS

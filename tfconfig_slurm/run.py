@@ -1,13 +1,18 @@
-"""Train an experiment with TensorFlow Estimator; run again with the same id to resume.
+"""Train an experiment (Estimator or Keras); run again with the same id to resume.
 
-  python -m tfconfig_slurm.run --experiment mnist_deep
+  python -m tfconfig_slurm.run --experiment mnist_deep     # Estimator, TensorFlow 2.15
+  python -m tfconfig_slurm.run --experiment mnist_keras    # tf-keras, TensorFlow 2.16+
   python -m tfconfig_slurm.run --experiment path/to/my_model.py --train_steps=5000 \\
       --hparams=learning_rate=0.0005 --output_root=/scratch/$USER/runs --experiment_id=lr5e-4
 
-An experiment is a module defining model_fn(features, labels, mode, params) and
-input_fn(mode, params) (or train_input_fn and eval_input_fn), and optionally HPARAMS and
-serving_input_receiver_fn. Checkpoints, TensorBoard events, summary.json and the exported
-model go to <output_root>/<experiment_id>; a run that finds a checkpoint there resumes from it.
+An Estimator experiment is a module defining model_fn(features, labels, mode, params) and
+input_fn(mode, params) (or train_input_fn and eval_input_fn), and optionally
+serving_input_receiver_fn; a Keras experiment defines build_model(params), returning the
+compiled model, and dataset(mode, params), the batches for mode "train" or "eval"; either
+may define HPARAMS. Checkpoints, TensorBoard events, summary.json (and an Estimator's
+exported model) go to <output_root>/<experiment_id>; a run that finds a checkpoint there
+resumes from it. A Keras experiment trains all-reduce (MultiWorkerMirroredStrategy): no
+parameter servers.
 
 Where it runs decides how it trains:
   - with TF_CONFIG set (by launch/with-tfconfig or --local_cluster): that task of the cluster;
@@ -20,21 +25,28 @@ Parameter servers exit once every trainer has finished.
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
+from typing import Any, Callable, NoReturn
 
 from absl import flags
 
 from tfconfig_slurm import layout_flags, network
 from tfconfig_slurm.cli import run_cli
+from tfconfig_slurm.cluster import LayoutPolicy
+from tfconfig_slurm.cluster.layout import PS
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.runtime import claim, local_cluster, model_dir, place, preemption
+from tfconfig_slurm.runtime import experiment as experiment_lib
 from tfconfig_slurm.runtime.role import input_shard
+from tfconfig_slurm.runtime.settings import TrainingSettings
 
 PROGRAM = "tfconfig-slurm-run"
 
@@ -190,10 +202,8 @@ def main(argv: Sequence[str]) -> int | None:
             "give the directory that holds the data, or leave --data_dir out",
         )
     # Checked before TensorFlow is imported, so that bad input fails at once.
-    from tfconfig_slurm.runtime import experiment as experiment_lib  # noqa: PLC0415
-
     name, _ = experiment_lib.locate(EXPERIMENT.value)
-    experiment_lib.require_runtime(EXPERIMENT.value)
+    kind = experiment_lib.require_runtime(EXPERIMENT.value)
     hparams, default_id = HPARAMS.value, _default_id(name)
     if SWEEP_FILE.value:
         hparams, default_id = _sweep_run(Path(SWEEP_FILE.value))
@@ -202,6 +212,8 @@ def main(argv: Sequence[str]) -> int | None:
         sys.stdout.write(f"{directory}\n")
         return 0
     policy = layout_flags.step_policy()
+    if kind == experiment_lib.KERAS:
+        policy = _all_reduce(policy)
     if LOCAL_CLUSTER.value:
         counts = local_cluster.parse(LOCAL_CLUSTER.value)
         model_dir.check_writable(directory, claim.CLI_NAMING)
@@ -218,24 +230,26 @@ def main(argv: Sequence[str]) -> int | None:
             "add --local_cluster=ps=1,workers=1, or run it in a SLURM step of several tasks",
         )
     model_dir.check_writable(directory, claim.CLI_NAMING)
+    settings = partial(_settings, directory, hparams)
+    _train(kind, settings, where, stop, preemption.StopPolicy(requeue_on, MAX_REQUEUES.value))
 
-    # Imports TensorFlow.
-    from tfconfig_slurm.runtime import experiment_training, tf_process, train  # noqa: PLC0415
 
-    experiment = experiment_lib.load(EXPERIMENT.value)
-    params = experiment_lib.with_overrides(experiment.hparams, hparams)
+def _settings(
+    directory: Path, hparams: str, experiment_hparams: Mapping[str, Any]
+) -> TrainingSettings:
+    """The flags' settings, with the experiment's hparams overridden by `hparams`."""
     shard = input_shard(os.environ)
-    params.update(
-        batch_size=BATCH_SIZE.value,
-        data_dir=DATA_DIR.value,
-        num_trainers=shard.num_shards,
-        trainer_index=shard.shard_index,
-    )
-    settings = experiment_training.TrainingSettings(
+    return TrainingSettings(
         model_dir=directory,
         train_steps=TRAIN_STEPS.value,
         eval_steps=EVAL_STEPS.value,
-        params=params,
+        params={
+            **experiment_lib.with_overrides(experiment_hparams, hparams),
+            "batch_size": BATCH_SIZE.value,
+            "data_dir": DATA_DIR.value,
+            "num_trainers": shard.num_shards,
+            "trainer_index": shard.shard_index,
+        },
         save_checkpoints_steps=SAVE_CHECKPOINTS_STEPS.value,
         save_checkpoints_secs=SAVE_CHECKPOINTS_SECS.value,
         keep_checkpoint_max=KEEP_CHECKPOINT_MAX.value,
@@ -246,21 +260,72 @@ def main(argv: Sequence[str]) -> int | None:
         log_every_steps=LOG_EVERY_STEPS.value,
         sync_replicas=SYNC_REPLICAS.value,
     )
+
+
+def _train(
+    kind: str,
+    settings: Callable[[Mapping[str, Any]], TrainingSettings],
+    where: place.Place,
+    stop: preemption.StopRequest,
+    stop_policy: preemption.StopPolicy,
+) -> NoReturn:
+    """Imports TensorFlow and trains the experiment as this task, to the process's end."""
+    spec = EXPERIMENT.value or ""
+    if kind == experiment_lib.KERAS:
+        # Keras 2 (tf-keras) for whatever the experiment reaches through tf.keras too.
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+        from tfconfig_slurm.runtime import keras_train, tf_process  # noqa: PLC0415
+
+        keras_experiment = experiment_lib.load_keras(spec)
+        tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
+        keras_train.run(
+            keras_experiment, settings(keras_experiment.hparams), where, stop, stop_policy
+        )
+    from tfconfig_slurm.runtime import experiment_training, tf_process, train  # noqa: PLC0415
+
+    experiment = experiment_lib.load(spec)
     tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
     train.run(
-        experiment_training.training(experiment, settings, where.role),
+        experiment_training.training(experiment, settings(experiment.hparams), where.role),
         where,
         stop,
-        train.StopPolicy(requeue_on, MAX_REQUEUES.value),
+        stop_policy,
         claim.CLI_NAMING,
     )
     tf_process.exit_now(0)
 
 
+def _all_reduce(policy: LayoutPolicy) -> LayoutPolicy:
+    """A Keras experiment's layout: all-reduce (MultiWorkerMirroredStrategy), with the flags
+    it cannot honour refused."""
+    refused = {
+        "--evaluator": "every trainer evaluates the final model; there is no evaluator task",
+        "--sync_replicas": "all-reduce training is synchronous already",
+        "--save_checkpoints_secs": "checkpoints are numbered by step: use --save_checkpoints_steps",
+        "--local_cluster": "a local cluster runs Estimator experiments only, so far",
+    }
+    for flag, why in refused.items():
+        if flags.FLAGS[flag[2:]].present:
+            raise UsageError(
+                flag,
+                f"does not apply to a Keras experiment: {why}",
+                f"leave {flag} out",
+            )
+    servers = "--roles" if policy.roles and PS in policy.roles else None
+    if policy.ps_per_node:
+        servers = "--ps_per_node"
+    if servers:
+        raise UsageError(
+            servers,
+            "asks for parameter servers, and a Keras experiment trains all-reduce "
+            "(MultiWorkerMirroredStrategy), without them",
+            "leave it out: a Keras experiment's step is laid out as --all_reduce",
+        )
+    return dataclasses.replace(policy, all_reduce=True)
+
+
 def _sweep_run(sweep_file: Path) -> tuple[str, str]:
     """This job array task's line of the sweep file after --hparams, and its default id."""
-    from tfconfig_slurm.runtime import experiment as experiment_lib  # noqa: PLC0415
-
     job = read_slurm_job(os.environ)
     if job is None or job.array_task_id is None:
         raise UsageError(

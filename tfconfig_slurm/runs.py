@@ -26,7 +26,7 @@ from absl import flags
 
 from tfconfig_slurm.cli import run_cli
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.runtime import claim
+from tfconfig_slurm.runtime import claim, reports
 
 PROGRAM = "tfconfig-slurm runs"
 
@@ -67,8 +67,8 @@ def main(argv: Sequence[str]) -> int:
 
 def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     """A run's line of the table; None for a folder that holds no run."""
-    state = _read_json(folder / "state.json")
-    summary = _read_json(folder / "summary.json")
+    state = reports.read_state(folder)
+    summary = reports.read_summary(folder)
     checkpoint = _read_text(folder / "checkpoint")
     if not state and checkpoint is None:
         return None
@@ -83,8 +83,8 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         "hparams": state.get("hparams", {}),
         "job_id": state.get("job_id"),
         "updated": max(
-            (_modified(folder / name) for name in ("state.json", "summary.json", "checkpoint")),
-            default=None,
+            _modified(folder / name)
+            for name in (reports.STATE_FILE, reports.SUMMARY_FILE, "checkpoint")
         ),
     }
 
@@ -132,14 +132,6 @@ def _modified(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(_read_text(path) or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _sorted(runs: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
 import socket
 import subprocess
@@ -78,15 +79,28 @@ def supervise(child: Child, role: ClusterRole) -> int:
         signal.signal(signum, lambda number, frame: _forward(child, number))
 
     def lost(name: str, address: str, silent_for: float) -> None:
+        ending.set()
         child.kill()
-        watchdog.exit_on_lost(name, address, silent_for)
+        # Its port is free once it is gone.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=_END_GRACE_SECONDS)
+        watchdog.say_lost(name, address, silent_for)
+        # Its own watchers may never have heard from it (its command died before listening):
+        # they learn it at once, as from a failed command.
+        _say_failed(role, f"it ends, as {name} is lost")
+        os._exit(watchdog.EXIT_PEER_LOST)
+
+    # Set when a lost peer ends this task: the thread that saw it says so on the port and
+    # ends the process; the main thread, back from the killed command, leaves it to that.
+    ending = threading.Event()
 
     if role.role == PS:
-        return _serve_until_trainers_finish(child, role, lost)
+        return _serve_until_trainers_finish(child, role, lost, ending)
     if role.role in (CHIEF, WORKER):
         watched = watch_plan.paired(role) if role.ps_count else watch_plan.neighbours(role)
         peers = watchdog.PeerWatch(watched, on_lost=lost)
         status = _status(child.wait())
+        _unless_ending(ending)
         peers.stop()
         _after_command()
         if status == 0:
@@ -97,6 +111,12 @@ def supervise(child: Child, role: ClusterRole) -> int:
     return _status(child.wait())
 
 
+def _unless_ending(ending: threading.Event) -> None:
+    """Returns, unless a lost peer is ending this task: then waits for that to end it."""
+    if ending.is_set():
+        threading.Event().wait()
+
+
 def _after_command() -> None:
     """Nothing left to pass signals on to: the stopping ones end this process, as they would
     any (scancel), the others are ignored."""
@@ -104,14 +124,15 @@ def _after_command() -> None:
         signal.signal(signum, signal.SIG_DFL if signum in _STOPPING else signal.SIG_IGN)
 
 
-def _say_failed(role: ClusterRole) -> None:
+def _say_failed(role: ClusterRole, why: str = "its command failed") -> None:
     """Answers FAILED on the task's port long enough for every watcher to probe it twice: a
     command that died before its server listened would otherwise be waited for."""
     seconds = 2 * watchdog.round_seconds(max(role.ps_count, 1)) + watchdog.LOST_AFTER_SECONDS
     logging.error(
-        "%s %d: its command failed; saying so on its port for %.0f s, then exiting",
+        "%s %d: %s; saying so on its port for %.0f s, then exiting",
         role.role,
         role.index,
+        why,
         seconds,
     )
     with _answering(role) as answer:
@@ -119,7 +140,9 @@ def _say_failed(role: ClusterRole) -> None:
         time.sleep(seconds)
 
 
-def _serve_until_trainers_finish(child: Child, role: ClusterRole, lost: watchdog.OnLost) -> int:
+def _serve_until_trainers_finish(
+    child: Child, role: ClusterRole, lost: watchdog.OnLost, ending: threading.Event
+) -> int:
     """A ps: its paired trainers and the other parameter servers watched; the command ended
     once the chief (for ps 0) or ps 0 (for the others) says every trainer finished."""
     servers = role.named(PS)
@@ -142,6 +165,7 @@ def _serve_until_trainers_finish(child: Child, role: ClusterRole, lost: watchdog
     far = watchdog.PeerWatch(mesh, on_lost=lost, on_finished=lambda name: None)
     while child.poll() is None and not everyone.wait(0.2):
         pass
+    _unless_ending(ending)
     near.stop()
     far.stop()
     if child.poll() is not None:
@@ -219,7 +243,7 @@ def _answering(role: ClusterRole) -> Iterator[list[bytes]]:
         listener = socket.create_server(("0.0.0.0", port), reuse_port=False)
     except OSError as error:
         logging.warning(
-            "%s %d finished, but cannot say so on port %d (%s): its watchers will take it for lost",
+            "%s %d cannot answer on its port %d (%s): its watchers will take it for lost",
             role.role,
             role.index,
             port,

@@ -1,14 +1,20 @@
 """The experiment protocol: finding, importing and checking the module a user wrote.
 
 An experiment is a module, named as `experiments/<name>.py` (in the working directory, else
-among the experiments that ship with the package), a dotted module path, or a file path. It
-defines `model_fn(features, labels, mode, params)` and either `input_fn(mode, params)` or
-both `train_input_fn(params)` and `eval_input_fn(params)`; optionally `HPARAMS` (a dict of
-defaults that `--hparams` may override) and `serving_input_receiver_fn` (exported at the end).
+among the experiments that ship with the package), a dotted module path, or a file path, of
+one of two kinds, told apart by its source before it is imported:
+- Estimator (TensorFlow 2.15): it defines `model_fn(features, labels, mode, params)` and either
+  `input_fn(mode, params)` or both `train_input_fn(params)` and `eval_input_fn(params)`;
+  optionally `serving_input_receiver_fn` (exported at the end).
+- Keras (TensorFlow 2.16+, tf-keras): it defines `build_model(params)`, which returns the
+  compiled model, and `dataset(mode, params)`, which returns the batches for mode "train"
+  (this trainer's shard, repeated) or "eval".
+Either may define `HPARAMS`, a dict of defaults that `--hparams` may override.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import sys
@@ -28,6 +34,8 @@ _SEARCH_FOLDERS = (Path.cwd() / "experiments", Path(__file__).resolve().parents[
 _HINT = "name a file experiments/NAME.py, a file path, or an importable module path"
 
 InputFn = Callable[[Mapping[str, Any]], Any]
+ESTIMATOR = "Estimator"
+KERAS = "Keras"
 
 
 @dataclass(frozen=True)
@@ -74,9 +82,71 @@ def locate(spec: str) -> tuple[str, Path | None]:
     return spec.rsplit(".", 1)[-1], None
 
 
-def require_runtime(spec: str) -> None:
-    """Raises InstallError unless what is installed can train the experiment `spec` names."""
-    versions.require_estimator(f"--experiment={spec} (Estimator)")
+@dataclass(frozen=True)
+class KerasExperiment:
+    """What the runtime needs from a Keras experiment module."""
+
+    name: str
+    source: str
+    build_model: Callable[[Mapping[str, Any]], Any]
+    dataset: Callable[[str, Mapping[str, Any]], Any]
+    hparams: Mapping[str, Any]
+
+
+def kind(spec: str) -> str:
+    """ESTIMATOR or KERAS: a module that defines build_model at its top level is a Keras
+    experiment. Read from its source, so that a wrong TensorFlow is named before any import."""
+    _, path = locate(spec)
+    if path is None:
+        found = importlib.util.find_spec(spec)
+        path = Path(found.origin) if found is not None and found.origin else None
+    try:
+        tree = ast.parse(path.read_bytes()) if path is not None else None
+    except (OSError, SyntaxError, ValueError):
+        tree = None
+    names = set()
+    for node in tree.body if tree is not None else ():
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update(alias.asname or alias.name for alias in node.names)
+        elif isinstance(node, ast.Assign):
+            names.update(target.id for target in node.targets if isinstance(target, ast.Name))
+    return KERAS if "build_model" in names else ESTIMATOR
+
+
+def require_runtime(spec: str) -> str:
+    """The experiment's kind; raises InstallError unless what is installed can train it."""
+    found = kind(spec)
+    if found == KERAS:
+        versions.require_keras(f"--experiment={spec} (Keras)")
+    else:
+        versions.require_estimator(f"--experiment={spec} (Estimator)")
+    return found
+
+
+def load_keras(spec: str) -> KerasExperiment:
+    """Imports the Keras experiment `spec` names and checks that it defines what is needed."""
+    name, path = locate(spec)
+    module = _import(spec, name, path)
+    functions = {
+        function: getattr(module, function, None) for function in ("build_model", "dataset")
+    }
+    missing = [function for function, value in functions.items() if not callable(value)]
+    if missing:
+        raise UsageError(
+            "--experiment",
+            f"{module.__name__} ({_source(module)}) defines no {' and no '.join(missing)}",
+            "a Keras experiment defines build_model(params), returning the compiled model, and "
+            "dataset(mode, params), returning the batches for mode 'train' or 'eval'",
+        )
+    return KerasExperiment(
+        name=name,
+        source=_source(module),
+        build_model=functions["build_model"],  # type: ignore[arg-type]
+        dataset=functions["dataset"],  # type: ignore[arg-type]
+        hparams=_hparams(module),
+    )
 
 
 def load(spec: str) -> Experiment:
@@ -89,9 +159,21 @@ def load(spec: str) -> Experiment:
             "--experiment",
             f"{module.__name__} ({_source(module)}) defines no model_fn",
             "define model_fn(features, labels, mode, params) returning a "
-            "tf.estimator.EstimatorSpec",
+            "tf.estimator.EstimatorSpec (or, for a Keras experiment, build_model(params))",
         )
     train_input_fn, eval_input_fn = _input_fns(module)
+    return Experiment(
+        name=name,
+        source=_source(module),
+        model_fn=model_fn,
+        train_input_fn=train_input_fn,
+        eval_input_fn=eval_input_fn,
+        hparams=_hparams(module),
+        serving_input_receiver_fn=getattr(module, "serving_input_receiver_fn", None),
+    )
+
+
+def _hparams(module: ModuleType) -> dict[str, Any]:
     hparams = getattr(module, "HPARAMS", {})
     if not isinstance(hparams, Mapping):
         raise UsageError(
@@ -99,15 +181,7 @@ def load(spec: str) -> Experiment:
             f"{module.__name__}.HPARAMS is a {type(hparams).__name__}, not a dict",
             "define HPARAMS = {'learning_rate': 1e-3, ...}",
         )
-    return Experiment(
-        name=name,
-        source=_source(module),
-        model_fn=model_fn,
-        train_input_fn=train_input_fn,
-        eval_input_fn=eval_input_fn,
-        hparams=dict(hparams),
-        serving_input_receiver_fn=getattr(module, "serving_input_receiver_fn", None),
-    )
+    return dict(hparams)
 
 
 def _import(spec: str, name: str, path: Path | None) -> ModuleType:

@@ -4,36 +4,13 @@ build it, its TrainSpec and EvalSpec, and an exporter for its serving_input_rece
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
 import tensorflow as tf
 
 from tfconfig_slurm.runtime import sync
 from tfconfig_slurm.runtime.experiment import Experiment
 from tfconfig_slurm.runtime.role import ClusterRole
+from tfconfig_slurm.runtime.settings import TrainingSettings
 from tfconfig_slurm.runtime.train import Training
-
-
-@dataclass(frozen=True)
-class TrainingSettings:
-    """How to train: the flags of `python -m tfconfig_slurm.run` that are not the layout's."""
-
-    model_dir: Path
-    train_steps: int
-    eval_steps: int | None
-    params: Mapping[str, Any]
-    save_checkpoints_steps: int | None
-    save_checkpoints_secs: int | None
-    keep_checkpoint_max: int
-    intra_op_threads: int
-    inter_op_threads: int
-    gpu_memory_growth: bool
-    gpu_memory_fraction: float | None
-    log_every_steps: int
-    sync_replicas: bool
 
 
 def training(

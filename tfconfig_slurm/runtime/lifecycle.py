@@ -18,13 +18,13 @@ that finished may leave without being taken for dead.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Callable, Protocol
 
 import tensorflow as tf
 from absl import logging
 
-# How often a waiting process looks at its queue.
-POLL_SECONDS = 0.1
+from tfconfig_slurm.runtime import polling
+
 # How long a chief told to stop waits for the workers to stop before it checkpoints anyway.
 PREEMPT_WAIT_SECONDS = 30.0
 # A ps that exits the instant the last token arrives can catch a trainer still closing the
@@ -88,7 +88,7 @@ def _drain(
         while len(tokens) < count:
             ready = min(int(session.run(size)), count - len(tokens))
             if not ready:
-                time.sleep(POLL_SECONDS)
+                time.sleep(polling.POLL_SECONDS)
                 continue
             for token in session.run(take, {available: ready}):
                 tokens.append(int(token))
@@ -213,7 +213,7 @@ class PreemptionHook(tf.compat.v1.train.SessionRunHook):
             session.run(self._say_stopped)
         if self._count_stopped is not None:
             workers = self._trainers - 1
-            stopped = poll(
+            stopped = polling.poll(
                 lambda: int(session.run(self._count_stopped)),
                 lambda count: count >= workers,
                 PREEMPT_WAIT_SECONDS,
@@ -232,16 +232,3 @@ class PreemptionHook(tf.compat.v1.train.SessionRunHook):
             session.run(self._global_step),
         )
         run_context.request_stop()
-
-
-_T = TypeVar("_T")
-
-
-def poll(read: Callable[[], _T], done: Callable[[_T], bool], seconds: float) -> _T:
-    """Reads until `done` holds or `seconds` pass; returns the last value read."""
-    deadline = time.monotonic() + seconds
-    while True:
-        value = read()
-        if done(value) or time.monotonic() >= deadline:
-            return value
-        time.sleep(POLL_SECONDS)

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import threading
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from types import FrameType
 
 from absl import logging
@@ -58,10 +59,17 @@ class StopRequest:
 
     def __init__(self) -> None:
         self._event = threading.Event()
+        self._signums: list[signal.Signals] = []
         self.signal_name = ""
 
     def listen(self, *signums: signal.Signals | None) -> None:
         """From now on, each of `signums` asks this task to stop; nothing else happens on it."""
+        self._signums.extend(filter(None, signums))
+        self.listen_again()
+
+    def listen_again(self) -> None:
+        """Takes the signals back from whatever took them since (MultiWorkerMirroredStrategy
+        installs its own SIGTERM handler, which only logs)."""
 
         def handler(number: int, frame: FrameType | None) -> None:
             # Only a flag: the handler may run in the middle of anything. The first signal
@@ -70,12 +78,20 @@ class StopRequest:
                 self.signal_name = signal.Signals(number).name
             self._event.set()
 
-        for signum in filter(None, signums):
+        for signum in self._signums:
             signal.signal(signum, handler)
 
     @property
     def requested(self) -> bool:
         return self._event.is_set()
+
+
+@dataclass(frozen=True)
+class StopPolicy:
+    """What a stop on a signal does at the end: which signals requeue the job, how often."""
+
+    requeue_on: Collection[str]
+    max_requeues: int
 
 
 def after_stop(

@@ -18,7 +18,8 @@ from typing import Any
 
 from absl import logging
 
-from tfconfig_slurm.runtime import lifecycle
+from tfconfig_slurm.cluster.step import read_slurm_job
+from tfconfig_slurm.runtime import polling
 from tfconfig_slurm.runtime.role import ClusterRole
 
 SUMMARY_FILE = "summary.json"
@@ -60,7 +61,7 @@ def trainer_reports(model_dir: Path, trainers: int, run: Mapping[str, Any]) -> l
         reports = [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
         return [report for report in reports if _of_run(report, run)]
 
-    return lifecycle.poll(current, lambda reports: len(reports) >= trainers, _REPORT_WAIT_SECONDS)
+    return polling.poll(current, lambda reports: len(reports) >= trainers, _REPORT_WAIT_SECONDS)
 
 
 def write_evaluator_result(
@@ -79,7 +80,7 @@ def evaluator_result(model_dir: Path, run: Mapping[str, Any]) -> dict[str, Any]:
     def result() -> dict[str, Any] | None:
         return json.loads(path.read_text()) if path.exists() else None
 
-    final = lifecycle.poll(
+    final = polling.poll(
         result,
         lambda value: value is not None and _of_run(value, run),
         _EVALUATOR_WAIT_SECONDS,
@@ -131,22 +132,50 @@ def write_summary(
 
 def read_state(model_dir: Path) -> dict[str, Any]:
     """What state.json says; {} when there is none (or it cannot be read)."""
+    return _read_json(model_dir / STATE_FILE)
+
+
+def read_summary(model_dir: Path) -> dict[str, Any]:
+    """What summary.json says; {} when there is none (or it cannot be read)."""
+    return _read_json(model_dir / SUMMARY_FILE)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
     try:
-        state: dict[str, Any] = json.loads((model_dir / STATE_FILE).read_text())
+        value: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    return state if isinstance(state, dict) else {}
+    return value if isinstance(value, dict) else {}
 
 
-def write_state(model_dir: Path, state: str, **fields: Any) -> None:
-    """Records what the run is doing: "running" (with its hparams, job and run ids), then
-    "done", "stopped" (on a signal, with the step) or "failed"; earlier fields are kept."""
+def write_state(
+    model_dir: Path,
+    state: str,
+    *,
+    experiment: str,
+    hparams: Mapping[str, Any],
+    role: ClusterRole | None,
+    global_step: int | None,
+    **fields: Any,
+) -> None:
+    """Records what the run is doing, for its owner (the chief, a single process): "running",
+    then "done", "stopped" (on a signal, with the step) or "failed", with the experiment, its
+    hparams, the SLURM job and the run id; earlier fields are kept."""
     current = read_state(model_dir)
     if state == "running":
         # A new attempt: what an earlier one said of its end no longer holds.
         current = {"started": current.get("started", time.time())}
+    job = read_slurm_job(os.environ)
+    said = {
+        "experiment": experiment,
+        "hparams": dict(hparams),
+        "job_id": job.name if job else None,
+        "run": role.run_id if role else None,
+        "global_step": global_step,
+        **fields,
+    }
     write_json_atomically(
-        model_dir / STATE_FILE, {**current, **fields, "state": state, "updated": time.time()}
+        model_dir / STATE_FILE, {**current, **said, "state": state, "updated": time.time()}
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,6 @@ from absl import logging
 from tensorboard.plugins.hparams import api as hparams_api
 
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS
-from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.runtime import (
     claim,
@@ -54,19 +53,11 @@ class Training:
     leave_session_open: bool = True
 
 
-@dataclass(frozen=True)
-class StopPolicy:
-    """What a stop on a signal does at the end: which signals requeue the job, how often."""
-
-    requeue_on: Collection[str]
-    max_requeues: int
-
-
 def run(
     training: Training,
     place: Place,
     stop: lifecycle.StopRequest,
-    stop_policy: StopPolicy,
+    stop_policy: preemption.StopPolicy,
     naming: claim.Naming,
 ) -> trainer.Result | None:
     """Runs this task to its end. A single process and the chief return what
@@ -166,14 +157,12 @@ def _say(
     directory: Path, state: str, training: Training, role: ClusterRole | None, **fields: Any
 ) -> None:
     """The owner's state.json: the run's experiment, hparams, job, run id, and latest step."""
-    job = read_slurm_job(os.environ)
     reports.write_state(
         directory,
         state,
         experiment=training.name,
-        hparams=dict(training.hparams),
-        job_id=job.name if job else None,
-        run=role.run_id if role else None,
+        hparams=training.hparams,
+        role=role,
         global_step=resume_step(directory),
         **fields,
     )

@@ -2,7 +2,8 @@
 importing it (an import takes seconds), and the check that a runtime can run on it.
 
 The Estimator runtime needs TensorFlow 2.15 and tensorflow-estimator, which exist for Python
-3.9 to 3.11 only; TensorFlow 2.16 removed tf.estimator. No TensorFlow here.
+3.9 to 3.11 only; TensorFlow 2.16 removed tf.estimator. The Keras runtime needs TensorFlow
+2.16 or later with tf-keras. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -28,8 +29,14 @@ LAST_ESTIMATOR_RELEASE = (2, 15)
 _ESTIMATOR_INSTALL = (
     "install the Estimator extra into a Python 3.9-3.11 environment: "
     "python3.11 -m venv venv && venv/bin/pip install 'tfconfig-slurm[estimator]'; on "
-    "TensorFlow 2.16+, run a MultiWorkerMirroredStrategy script under with-tfconfig "
-    "--all_reduce (README: Which TensorFlow)"
+    "TensorFlow 2.16+, train a Keras experiment (--experiment mnist_keras), or run a "
+    "MultiWorkerMirroredStrategy script under with-tfconfig --all_reduce"
+)
+
+
+_KERAS_INSTALL = (
+    "install the tf2 extra: pip install 'tfconfig-slurm[tf2]' (TensorFlow 2.16+ with "
+    "tf-keras, Python 3.9-3.13 by release)"
 )
 
 
@@ -39,6 +46,7 @@ class Installed(NamedTuple):
     python: tuple[int, int]
     tensorflow: str | None
     estimator: str | None
+    tf_keras: str | None = None
 
 
 def installed() -> Installed:
@@ -46,6 +54,7 @@ def installed() -> Installed:
         python=(sys.version_info[0], sys.version_info[1]),
         tensorflow=next(filter(None, map(_version, _TENSORFLOW_DISTRIBUTIONS)), None),
         estimator=_version("tensorflow-estimator"),
+        tf_keras=_version("tf-keras"),
     )
 
 
@@ -66,6 +75,21 @@ def require_estimator(what: str, found: Installed | None = None) -> None:
     else:
         return
     raise InstallError(what, problem, _ESTIMATOR_INSTALL)
+
+
+def require_keras(what: str, found: Installed | None = None) -> None:
+    """Raises InstallError, naming `what` needed it, unless TensorFlow 2.16+ and tf-keras
+    (Keras 2, whose multi-worker training works where Keras 3's does not) are installed."""
+    found = found or installed()
+    python = "Python {}.{}".format(*found.python)
+    if found.tensorflow is None or _major_minor(found.tensorflow) <= LAST_ESTIMATOR_RELEASE:
+        has = f"TensorFlow {found.tensorflow}" if found.tensorflow else "no TensorFlow"
+        problem = f"needs TensorFlow 2.16 or later with tf-keras, and this {python} has {has}"
+    elif found.tf_keras is None:
+        problem = f"needs tf-keras beside TensorFlow {found.tensorflow}"
+    else:
+        return
+    raise InstallError(what, problem, _KERAS_INSTALL)
 
 
 def _version(distribution: str) -> str | None:

@@ -58,6 +58,12 @@ def exit_on_lost(name: str, address: str, silent_for: float) -> None:
     """Says which peer is gone and ends this process at once: it may be hung inside
     TensorFlow, where nothing but an exit reaches it. `silent_for` is 0 for a peer that
     said its command failed."""
+    say_lost(name, address, silent_for)
+    os._exit(EXIT_PEER_LOST)
+
+
+def say_lost(name: str, address: str, silent_for: float) -> None:
+    """Logs which peer is gone, and that this task ends for it."""
     why = (
         "says its command failed"
         if silent_for == 0
@@ -73,7 +79,6 @@ def exit_on_lost(name: str, address: str, silent_for: float) -> None:
     )
     logging.flush()
     sys.stderr.flush()
-    os._exit(EXIT_PEER_LOST)
 
 
 class PeerWatch:
