@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli import run_module, tensorboard
-from tests.slurm_cluster import unavailable
+from tests.slurm_cluster import SlurmCluster, unavailable
 from tests.slurm_envs import captured
 
 RUN = "tfconfig_slurm.run"
@@ -191,7 +191,14 @@ def test_a_planned_layout_does_not_train(tmp_path: Path) -> None:
     assert not (tmp_path / "mnist_deep").exists()
 
 
+@pytest.fixture
+def node_names(slurm_cluster: SlurmCluster) -> None:
+    """The captured steps' nodes (node1, ...) resolve, as a task's start checks, only while the
+    test cluster has put them in /etc/hosts: these tests run beside it, in its lane."""
+
+
 @pytest.mark.parametrize("flag", ["--ps_per_node=0", "--all_reduce"])
+@pytest.mark.usefixtures("node_names")
 def test_a_step_without_parameter_servers_is_refused(tmp_path: Path, flag: str) -> None:
     result = train(tmp_path, flag, environ=captured("uneven_n10_cpu", "task-0"))
     assert result.returncode == 2
@@ -227,6 +234,7 @@ def test_print_model_dir_names_the_directory_and_creates_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.usefixtures("node_names")
 def test_a_tf_config_inherited_into_a_step_is_set_aside(tmp_path: Path) -> None:
     """Exported in the shell that ran sbatch, it reaches every task: the task takes its place
     from SLURM instead, and the error names the flag, not a variable nobody meant."""
@@ -238,6 +246,7 @@ def test_a_tf_config_inherited_into_a_step_is_set_aside(tmp_path: Path) -> None:
     assert result.stderr.splitlines()[-1].startswith("tfconfig-slurm-run: --ps_per_node: ")
 
 
+@pytest.mark.usefixtures("node_names")
 def test_a_tf_config_made_for_the_step_is_taken(tmp_path: Path) -> None:
     environ = captured("uneven_n10_cpu", "task-0")
     made = run_module("tfconfig_slurm.tfconfig", "--ps_per_node=0", environ=environ)

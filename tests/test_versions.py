@@ -69,6 +69,10 @@ def test_what_cannot_run_the_keras_runtime_is_named(found: Installed, problem: s
         ("def build_model(params): ...\ndef dataset(mode, params): ...\n", "Keras"),
         ("from my_models import build_model, dataset\n", "Keras"),
         ("build_model = make_builder()\n", "Keras"),
+        ("try:\n    from tf_keras_models import build_model\nexcept ImportError:\n    pass\n",
+         "Keras"),
+        ("build_model: object = None\n", "Keras"),
+        ("def helper():\n    def build_model(): ...\n", "Estimator"),
         ("def model_fn(:\n", "Estimator"),
     ],
 )  # fmt: skip

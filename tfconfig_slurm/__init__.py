@@ -1,9 +1,10 @@
-"""tfconfig-slurm: TensorFlow Estimator training on SLURM.
+"""tfconfig-slurm: TensorFlow training on SLURM (Estimator on TensorFlow 2.15, tf-keras on 2.16+).
 
 `tfconfig_slurm.train_and_evaluate` is tf.estimator.train_and_evaluate as a task of a SLURM
-step (it imports TensorFlow when first used); `input_shard()` says which share of the data a
-trainer reads. `tfconfig_slurm.cluster` turns a SLURM task's environment into its TF_CONFIG
-without importing TensorFlow; `python -m tfconfig_slurm.tfconfig` prints or explains it.
+step (it imports TensorFlow when first used; it is left out of `import *`, which would end
+a process without Estimator); `input_shard()` says which share of the data a trainer reads.
+`tfconfig_slurm.cluster` turns a SLURM task's environment into its TF_CONFIG without
+importing TensorFlow; `python -m tfconfig_slurm.tfconfig` prints or explains it.
 """
 
 from typing import Any
@@ -32,7 +33,6 @@ __all__ = [
     "TfconfigSlurmError",
     "UsageError",
     "input_shard",
-    "train_and_evaluate",
 ]
 
 

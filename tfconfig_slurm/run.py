@@ -40,7 +40,7 @@ from absl import flags
 from tfconfig_slurm import layout_flags, network
 from tfconfig_slurm.cli import run_cli
 from tfconfig_slurm.cluster import LayoutPolicy
-from tfconfig_slurm.cluster.layout import PS
+from tfconfig_slurm.cluster.layout import CHIEF, WORKER
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.runtime import claim, local_cluster, model_dir, place, preemption
@@ -173,6 +173,9 @@ MAX_REQUEUES = flags.DEFINE_integer(
 )
 
 flags.adopt_module_key_flags(layout_flags)
+EVALUATOR = layout_flags.EVALUATOR
+# The roles of an all-reduce cluster.
+TRAINERS = {CHIEF, WORKER}
 
 
 def main(argv: Sequence[str]) -> int | None:
@@ -221,6 +224,8 @@ def main(argv: Sequence[str]) -> int | None:
         command = [sys.executable, "-m", "tfconfig_slurm.run", *sys.argv[1:], "--local_cluster="]
         return local_cluster.run(counts, directory, command, PROGRAM, claim.CLI_NAMING)
     where = place.find(os.environ, policy, place.servers_flag(policy))
+    if kind == experiment_lib.KERAS:
+        _check_keras_role(where)
     if where.role is not None:
         network.check_task(where.role)
     elif SYNC_REPLICAS.value:
@@ -299,29 +304,51 @@ def _all_reduce(policy: LayoutPolicy) -> LayoutPolicy:
     """A Keras experiment's layout: all-reduce (MultiWorkerMirroredStrategy), with the flags
     it cannot honour refused."""
     refused = {
-        "--evaluator": "every trainer evaluates the final model; there is no evaluator task",
-        "--sync_replicas": "all-reduce training is synchronous already",
-        "--save_checkpoints_secs": "checkpoints are numbered by step: use --save_checkpoints_steps",
-        "--local_cluster": "a local cluster runs Estimator experiments only, so far",
+        "--evaluator": (EVALUATOR.value, "every trainer evaluates the final model"),
+        "--sync_replicas": (SYNC_REPLICAS.value, "all-reduce training is synchronous already"),
+        "--save_checkpoints_secs": (
+            SAVE_CHECKPOINTS_SECS.value is not None,
+            "checkpoints are numbered by step: use --save_checkpoints_steps",
+        ),
+        "--local_cluster": (
+            bool(LOCAL_CLUSTER.value),
+            "it runs Estimator experiments only, so far",
+        ),
+        "--gpu_memory_growth": (GPU_MEMORY_GROWTH.value, "the Keras runtime does not set it yet"),
+        "--gpu_memory_fraction": (
+            GPU_MEMORY_FRACTION.value is not None,
+            "the Keras runtime does not set it yet",
+        ),
     }
-    for flag, why in refused.items():
-        if flags.FLAGS[flag[2:]].present:
+    for flag, (given, why) in refused.items():
+        if given:
             raise UsageError(
-                flag,
-                f"does not apply to a Keras experiment: {why}",
-                f"leave {flag} out",
+                flag, f"does not apply to a Keras experiment: {why}", f"leave {flag} out"
             )
-    servers = "--roles" if policy.roles and PS in policy.roles else None
-    if policy.ps_per_node:
-        servers = "--ps_per_node"
-    if servers:
+    roles = set(policy.roles or ())
+    culprit = "--ps_per_node" if policy.ps_per_node else "--roles" if roles - TRAINERS else None
+    if culprit:
         raise UsageError(
-            servers,
-            "asks for parameter servers, and a Keras experiment trains all-reduce "
-            "(MultiWorkerMirroredStrategy), without them",
+            culprit,
+            "asks for parameter servers or an evaluator, and a Keras experiment trains "
+            "all-reduce (MultiWorkerMirroredStrategy), with a chief and workers only",
             "leave it out: a Keras experiment's step is laid out as --all_reduce",
         )
     return dataclasses.replace(policy, all_reduce=True)
+
+
+def _check_keras_role(where: place.Place) -> None:
+    """A TF_CONFIG made elsewhere may give this task a role MultiWorkerMirroredStrategy has not
+    (it fails a ps's process at its creation, with a traceback)."""
+    role = where.role
+    if role is not None and (role.role not in TRAINERS or role.ps_count):
+        raise UsageError(
+            "TF_CONFIG",
+            f"makes this task {role.role} {role.index} of a cluster with "
+            f"{role.ps_count} parameter servers, and a Keras experiment trains with a chief and "
+            "workers only",
+            "lay the step out with --all_reduce (with-tfconfig --all_reduce), or unset TF_CONFIG",
+        )
 
 
 def _sweep_run(sweep_file: Path) -> tuple[str, str]:

@@ -79,7 +79,7 @@ def supervise(child: Child, role: ClusterRole) -> int:
         signal.signal(signum, lambda number, frame: _forward(child, number))
 
     def lost(name: str, address: str, silent_for: float) -> None:
-        ending.set()
+        _claim_the_end(ending)
         child.kill()
         # Its port is free once it is gone.
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -90,9 +90,10 @@ def supervise(child: Child, role: ClusterRole) -> int:
         _say_failed(role, f"it ends, as {name} is lost")
         os._exit(watchdog.EXIT_PEER_LOST)
 
-    # Set when a lost peer ends this task: the thread that saw it says so on the port and
-    # ends the process; the main thread, back from the killed command, leaves it to that.
-    ending = threading.Event()
+    # Taken by the one thread that ends this task for a failure: a watch that saw a peer lost
+    # (then the main thread, back from the killed command, leaves the end to it), or the main
+    # thread for a command that failed; any other waits for it to end the process.
+    ending = threading.Lock()
 
     if role.role == PS:
         return _serve_until_trainers_finish(child, role, lost, ending)
@@ -106,14 +107,21 @@ def supervise(child: Child, role: ClusterRole) -> int:
         if status == 0:
             say_finished(role, lost)
         else:
+            _claim_the_end(ending)
             _say_failed(role)
         return status
     return _status(child.wait())
 
 
-def _unless_ending(ending: threading.Event) -> None:
+def _unless_ending(ending: threading.Lock) -> None:
     """Returns, unless a lost peer is ending this task: then waits for that to end it."""
-    if ending.is_set():
+    if ending.locked():
+        threading.Event().wait()
+
+
+def _claim_the_end(ending: threading.Lock) -> None:
+    """Returns to the first thread that ends this task for a failure; blocks any other."""
+    if not ending.acquire(blocking=False):
         threading.Event().wait()
 
 
@@ -141,7 +149,7 @@ def _say_failed(role: ClusterRole, why: str = "its command failed") -> None:
 
 
 def _serve_until_trainers_finish(
-    child: Child, role: ClusterRole, lost: watchdog.OnLost, ending: threading.Event
+    child: Child, role: ClusterRole, lost: watchdog.OnLost, ending: threading.Lock
 ) -> int:
     """A ps: its paired trainers and the other parameter servers watched; the command ended
     once the chief (for ps 0) or ps 0 (for the others) says every trainer finished."""
@@ -179,6 +187,7 @@ def _serve_until_trainers_finish(
                 role.index,
                 status,
             )
+            _claim_the_end(ending)
             _say_failed(role)
         return status
     logging.info(

@@ -63,12 +63,6 @@ def main(argv: Sequence[str]) -> int:
             "SWEEP_FILE", "missing", f"{PROGRAM} [--max_running=N] SWEEP_FILE [runtime flags]"
         )
     sweep_file, runtime_flags = Path(argv[1]), list(argv[2:])
-    if BATCH_SCRIPT.value is None or not Path(BATCH_SCRIPT.value).is_file():
-        raise UsageError(
-            "--batch_script",
-            f"is {BATCH_SCRIPT.value!r}, not a file",
-            "give a batch script such as launch/mnist_deep.sbatch",
-        )
     # The runtime flags, parsed by the runtime's own definitions: a bad one fails here.
     flags.FLAGS.set_gnu_getopt(True)
     try:
@@ -82,6 +76,12 @@ def main(argv: Sequence[str]) -> int:
     # The sweep's own flags after SWEEP_FILE were parsed above as well: they are the sweep's,
     # and the runtime, which does not know them, must not get them.
     runtime_flags = _without_own_flags(runtime_flags)
+    if BATCH_SCRIPT.value is None or not Path(BATCH_SCRIPT.value).is_file():
+        raise UsageError(
+            "--batch_script",
+            f"is {BATCH_SCRIPT.value!r}, not a file",
+            "give a batch script such as launch/mnist_deep.sbatch",
+        )
     for name in _SET_BY_SWEEP:
         if flags.FLAGS[name].present:
             raise UsageError(
@@ -155,8 +155,9 @@ def _checked_lines(sweep_file: Path) -> list[str]:
             "write one --hparams value a line, e.g. learning_rate=0.001,dropout=0.3",
         )
     spec = runtime.EXPERIMENT.value or "mnist_deep"
-    experiment_lib.require_runtime(spec)
-    experiment = experiment_lib.load(spec)
+    kind = experiment_lib.require_runtime(spec)
+    load = experiment_lib.load_keras if kind == experiment_lib.KERAS else experiment_lib.load
+    experiment = load(spec)
     for number, line in enumerate(lines):
         try:
             experiment_lib.with_overrides(

@@ -87,7 +87,6 @@ class KerasExperiment:
     """What the runtime needs from a Keras experiment module."""
 
     name: str
-    source: str
     build_model: Callable[[Mapping[str, Any]], Any]
     dataset: Callable[[str, Mapping[str, Any]], Any]
     hparams: Mapping[str, Any]
@@ -104,15 +103,25 @@ def kind(spec: str) -> str:
         tree = ast.parse(path.read_bytes()) if path is not None else None
     except (OSError, SyntaxError, ValueError):
         tree = None
-    names = set()
-    for node in tree.body if tree is not None else ():
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    return KERAS if "build_model" in _top_level_names(tree.body if tree else []) else ESTIMATOR
+
+
+def _top_level_names(statements: list[ast.stmt]) -> set[str]:
+    """The names a module's statements bind, looking into if, try and with blocks."""
+    names: set[str] = set()
+    for node in statements:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update(alias.asname or alias.name for alias in node.names)
-        elif isinstance(node, ast.Assign):
-            names.update(target.id for target in node.targets if isinstance(target, ast.Name))
-    return KERAS if "build_model" in names else ESTIMATOR
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(target.id for target in targets if isinstance(target, ast.Name))
+        elif isinstance(node, (ast.If, ast.With, ast.Try)):
+            blocks = [node.body, getattr(node, "orelse", []), getattr(node, "finalbody", [])]
+            blocks += [handler.body for handler in getattr(node, "handlers", [])]
+            names.update(*map(_top_level_names, blocks))
+    return names
 
 
 def require_runtime(spec: str) -> str:
@@ -142,7 +151,6 @@ def load_keras(spec: str) -> KerasExperiment:
         )
     return KerasExperiment(
         name=name,
-        source=_source(module),
         build_model=functions["build_model"],  # type: ignore[arg-type]
         dataset=functions["dataset"],  # type: ignore[arg-type]
         hparams=_hparams(module),

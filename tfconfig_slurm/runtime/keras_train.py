@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
@@ -32,6 +33,7 @@ from absl import logging
 from tensorflow.python.eager import context
 
 from tfconfig_slurm.cluster.layout import CHIEF
+from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.runtime import claim, model_dir, preemption, reports, watch_plan, watchdog
 from tfconfig_slurm.runtime.experiment import KerasExperiment
 from tfconfig_slurm.runtime.place import Place
@@ -91,7 +93,7 @@ def run(
     if owner:
         say("running", start)
     started = time.monotonic()
-    saver = _Saver(checkpoint, directory, role, settings.keep_checkpoint_max)
+    saver = _Saver(checkpoint, directory, role, settings.keep_checkpoint_max, restored=start)
     progress = _Progress(
         strategy=strategy,
         start_step=start,
@@ -99,6 +101,7 @@ def run(
         examples_per_step=settings.params["batch_size"] * _local_replicas(strategy, role),
         writer=tf.summary.create_file_writer(str(directory)) if owner else None,
         stop=stop,
+        requeue_on=stop_policy.requeue_on,
         saver=saver,
         agree=role is not None,
     )
@@ -110,15 +113,17 @@ def run(
             callbacks=[progress],
             verbose=0,
         )
-    if peers is not None and progress.stopped_on is not None:
-        peers.stop()
-    if progress.stopped_on is not None:
+    # A stop agreed on at the last step is no stop: the run is done.
+    stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
+    if stopped_on is not None:
+        if peers is not None:
+            peers.stop()
         _end_together(role)
         if owner:
-            say("stopped", progress.step, signal=stop.signal_name)
+            say("stopped", progress.step, signal=stopped_on)
             exit_now(
                 preemption.after_stop(
-                    os.environ, stop.signal_name, stop_policy.requeue_on, stop_policy.max_requeues
+                    os.environ, stopped_on, stop_policy.requeue_on, stop_policy.max_requeues
                 )
             )
         exit_now(0)
@@ -211,20 +216,33 @@ def _train_batches(
     shards them by params["trainer_index"] (distribute_datasets_from_function: no batch is
     split between trainers)."""
     if role is None:
-        return experiment.dataset("train", params)
+        return _dataset(experiment, "train", params)
     return strategy.distribute_datasets_from_function(
-        lambda context: experiment.dataset("train", params)
+        lambda context: _dataset(experiment, "train", params)
     )
 
 
 def _eval_batches(experiment: KerasExperiment, params: Mapping[str, Any]) -> tf.data.Dataset:
     """The whole eval set: in a cluster each trainer evaluates a share of each batch, and the
     metrics come out of evaluate() summed over all (the same on every trainer)."""
-    batches = experiment.dataset("eval", params)
+    batches = _dataset(experiment, "eval", params)
     options = tf.data.Options()
     # Its examples come from Python or memory, not files: shard batches by their elements.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return batches.with_options(options)
+
+
+def _dataset(experiment: KerasExperiment, mode: str, params: Mapping[str, Any]) -> tf.data.Dataset:
+    batches = experiment.dataset(mode, params)
+    if not isinstance(batches, tf.data.Dataset):
+        raise UsageError(
+            "--experiment",
+            f"{experiment.name}.dataset({mode!r}, params) returned a {type(batches).__name__}, "
+            "not a tf.data.Dataset",
+            "return batches of params['batch_size'], e.g. tf.data.Dataset.from_tensor_slices("
+            "(x, y)).batch(params['batch_size'])",
+        )
+    return batches
 
 
 class _Saver:
@@ -233,17 +251,28 @@ class _Saver:
     trainer must take part in a save."""
 
     def __init__(
-        self, checkpoint: tf.train.Checkpoint, directory: Path, role: ClusterRole | None, keep: int
+        self,
+        checkpoint: tf.train.Checkpoint,
+        directory: Path,
+        role: ClusterRole | None,
+        keep: int,
+        *,
+        restored: int,
     ) -> None:
-        owner = role is None or role.role == CHIEF
-        self._scratch = None if owner else directory / f".tmp_{role.role}_{role.index}"  # type: ignore[union-attr]
+        # On the node's own disk: a worker's copy is written only to be thrown away.
+        self._scratch = (
+            None
+            if role is None or role.role == CHIEF
+            else Path(tempfile.mkdtemp(prefix=f"tfconfig-slurm-{role.role}-{role.index}-"))
+        )
         self._manager = tf.train.CheckpointManager(
             checkpoint,
             str(self._scratch or directory),
             max_to_keep=keep,
             checkpoint_name=_CHECKPOINT_NAME,
         )
-        self._last: int | None = None
+        # The step of the checkpoint restored, not to be written again.
+        self._last: int | None = restored
 
     def save(self, step: int) -> None:
         if step == self._last:
@@ -268,10 +297,13 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         examples_per_step: int,
         writer: Any,
         stop: preemption.StopRequest,
+        requeue_on: Collection[str],
         saver: _Saver,
         agree: bool,
     ) -> None:
         super().__init__()
+        self._start = start_step
+        self._requeue_on = requeue_on
         self._strategy = strategy
         self._replicas = strategy.num_replicas_in_sync
         self._every = settings.log_every_steps
@@ -282,7 +314,7 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         self._saver = saver
         self._agree = agree
         # In a graph: run eagerly, each all-reduce is slow, and TensorFlow says so each time.
-        self._stop_votes = tf.function(lambda flag: strategy.run(_all_reduce_sum, args=(flag,)))
+        self._stop_votes = tf.function(lambda votes: strategy.run(_all_reduce_sum, args=(votes,)))
         self.step = start_step
         self.stopped_on: str | None = None
         # (monotonic time, global step, the running mean loss times the batches it covers)
@@ -292,8 +324,9 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         self._batches = 0
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
-        self.step += 1
-        self._batches += 1
+        # The one epoch's batch: right also when fit runs several steps a call.
+        self.step = self._start + batch + 1
+        self._batches = batch + 1
         now = time.monotonic()
         # fit's logs are running means since the epoch began, summed over the replicas.
         loss_total = float((logs or {}).get("loss", 0.0)) / self._replicas * self._batches
@@ -308,8 +341,9 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
                 self._log(now, loss_total)
         if self.step % self._save_every == 0:
             self._saver.save(self.step)
-        if self._stop_agreed():
-            self.stopped_on = self._stop.signal_name or "a peer's signal"
+        stopped_on = self._stop_agreed()
+        if stopped_on:
+            self.stopped_on = stopped_on
             logging.info("stopping on %s at global step %d", self.stopped_on, self.step)
             self._saver.save(self.step)
             self.model.stop_training = True
@@ -336,14 +370,22 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
             self._writer.flush()
         self._window = (now, self.step, loss_total)
 
-    def _stop_agreed(self) -> bool:
+    def _stop_agreed(self) -> str:
+        """The signal the trainers agreed to stop on, or "" to go on. Every trainer asks at the
+        same steps, so all of them stop at the same one; a requeueing signal any of them got
+        stands for all, so that the chief requeues even when only a worker was told."""
+        own = self._stop.signal_name if self._stop.requested else ""
         if not self._agree:
-            return self._stop.requested
+            return own
         if self.step % STOP_CHECK_STEPS:
-            return False
-        # Every trainer asks at the same steps, so all of them stop at the same one.
-        total = self._stop_votes(tf.constant(1.0 if self._stop.requested else 0.0))
-        return float(self._strategy.experimental_local_results(total)[0]) > 0
+            return ""
+        votes = tf.constant([float(bool(own)), float(own in self._requeue_on)])
+        total = self._strategy.experimental_local_results(self._stop_votes(votes))[0].numpy()
+        if not total[0]:
+            return ""
+        if own:
+            return own
+        return min(self._requeue_on) if total[1] else "a peer's signal"
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         mean = self.mean_examples_per_sec()
