@@ -40,7 +40,7 @@ from absl import flags
 from tfconfig_slurm import layout_flags, network
 from tfconfig_slurm.cli import run_cli
 from tfconfig_slurm.cluster import LayoutPolicy
-from tfconfig_slurm.cluster.layout import CHIEF, WORKER
+from tfconfig_slurm.cluster.layout import TRAINERS
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.runtime import claim, local_cluster, model_dir, place, preemption
@@ -173,9 +173,6 @@ MAX_REQUEUES = flags.DEFINE_integer(
 )
 
 flags.adopt_module_key_flags(layout_flags)
-EVALUATOR = layout_flags.EVALUATOR
-# The roles of an all-reduce cluster.
-TRAINERS = {CHIEF, WORKER}
 
 
 def main(argv: Sequence[str]) -> int | None:
@@ -304,7 +301,7 @@ def _all_reduce(policy: LayoutPolicy) -> LayoutPolicy:
     """A Keras experiment's layout: all-reduce (MultiWorkerMirroredStrategy), with the flags
     it cannot honour refused."""
     refused = {
-        "--evaluator": (EVALUATOR.value, "every trainer evaluates the final model"),
+        "--evaluator": (layout_flags.EVALUATOR.value, "every trainer evaluates the final model"),
         "--sync_replicas": (SYNC_REPLICAS.value, "all-reduce training is synchronous already"),
         "--save_checkpoints_secs": (
             SAVE_CHECKPOINTS_SECS.value is not None,
@@ -326,7 +323,9 @@ def _all_reduce(policy: LayoutPolicy) -> LayoutPolicy:
                 flag, f"does not apply to a Keras experiment: {why}", f"leave {flag} out"
             )
     roles = set(policy.roles or ())
-    culprit = "--ps_per_node" if policy.ps_per_node else "--roles" if roles - TRAINERS else None
+    culprit = (
+        "--ps_per_node" if policy.ps_per_node else "--roles" if roles - set(TRAINERS) else None
+    )
     if culprit:
         raise UsageError(
             culprit,

@@ -27,7 +27,8 @@ EVALUATOR = "evaluator"
 ROLES = (CHIEF, WORKER, PS, EVALUATOR)
 # The order of the jobs in a TF_CONFIG cluster; the evaluator is never part of the cluster.
 CLUSTER_JOBS = (CHIEF, PS, WORKER)
-_TRAINERS = (CHIEF, WORKER)
+# The roles that train: an all-reduce cluster has only these.
+TRAINERS = (CHIEF, WORKER)
 
 MIN_PORT = 1024
 MAX_PORT = 65535
@@ -175,7 +176,7 @@ class ClusterLayout:
         taken: Counter[int] = Counter()
         # Trainers first, so that an evaluator placed anywhere by --roles never takes a
         # trainer's GPU; whether the trainers fit was checked when the layout was made.
-        for kinds in (_TRAINERS, (EVALUATOR,)):
+        for kinds in (TRAINERS, (EVALUATOR,)):
             for rank, (node, role) in enumerate(zip(self.placement.node_indices, self.roles)):
                 if role in kinds and taken[node] < len(node_gpus):
                     gpus[rank] = (node_gpus[taken[node]],)
@@ -331,9 +332,7 @@ def _choose_chief(placement: Placement, kinds: list[str], policy: LayoutPolicy) 
 
 
 def _trainers_per_node(placement: Placement, roles: Sequence[str]) -> Counter[int]:
-    return Counter(
-        itertools.compress(placement.node_indices, [role in _TRAINERS for role in roles])
-    )
+    return Counter(itertools.compress(placement.node_indices, [role in TRAINERS for role in roles]))
 
 
 def _check_gpus_fit(
