@@ -34,7 +34,7 @@ from typing import Any
 
 # absl's line prefix: I1122 02:19:56.091734 <thread> <file>:<line>] message
 _LOG_TIME = r"[IWE](\d{4}) (\d\d:\d\d:\d\d\.\d{6}) +\d+ \S+\] "
-_THREADS = ("--intra_op_threads=1", "--inter_op_threads=1")
+THREADS = ("--intra_op_threads=1", "--inter_op_threads=1")
 # The teardown cluster: chief, ps and two workers.
 _CLUSTER_TASKS = ("chief 0", "ps 0", "worker 0", "worker 1")
 
@@ -72,15 +72,21 @@ class CpuMeter:
         return (busy1 - busy0) / (total1 - total0) * (os.cpu_count() or 1)
 
 
-def train(root: Path, names: list[str], *flags: str) -> list[tuple[str, dict[str, Any]]]:
+def train(
+    root: Path,
+    names: list[str],
+    *flags: str,
+    python: str = sys.executable,
+    experiment: str = "mnist_deep",
+) -> list[tuple[str, dict[str, Any]]]:
     """Runs one training per name at once, with the same flags; each one's log and summary."""
     processes = [
         subprocess.Popen(
             [
-                sys.executable,
+                python,
                 "-m",
                 "tfconfig_slurm.run",
-                "--experiment=mnist_deep",
+                f"--experiment={experiment}",
                 f"--output_root={root}",
                 f"--experiment_id={name}",
                 "--log_every_steps=50",
@@ -188,10 +194,10 @@ def main() -> None:
             figures.add("import alone", import_seconds(1))
             figures.add("import at once", import_seconds(len(_CLUSTER_TASKS)))
             for name, flags in throughput.items():
-                [(log, summary)] = train(root, [f"{name}{run}"], steps, *_THREADS, *flags)
+                [(log, summary)] = train(root, [f"{name}{run}"], steps, *THREADS, *flags)
                 figures.add(name, global_examples_per_sec(summary))
                 figures.add(f"{name} cores", busy_while_training(meter, log))
-            pair = train(root, [f"pair{run}a", f"pair{run}b"], steps, *_THREADS)
+            pair = train(root, [f"pair{run}a", f"pair{run}b"], steps, *THREADS)
             figures.add("pair", global_examples_per_sec(*(summary for _, summary in pair)))
             figures.add("pair cores", busy_while_training(meter, pair[0][0]))
     print(f"runtime: mnist_deep, {arguments.steps} steps, batch 64, {arguments.runs} runs each")

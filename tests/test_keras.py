@@ -117,13 +117,31 @@ def test_two_trainers_stop_together_on_one_s_signal_with_the_step_saved(tmp_path
     assert checkpoint_step(model_dir) == stopped + 5
 
 
+def test_a_local_cluster_trains_all_reduce_and_ends_every_task(tmp_path: Path) -> None:
+    """--local_cluster=workers=1: a chief and a worker on loopback, 2 replicas, each trainer
+    reading its own share of the batches; both report, both exit 0."""
+    result = train(tmp_path, "--local_cluster=workers=1", "--train_steps=30", timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"\[chief 0\] .*chief 0 on .* starting at step 0; 2 replicas", result.stderr)
+    assert re.search(r"\[worker 0\] .*worker 0 on .* starting at step 0; 2 replicas", result.stderr)
+    assert "chief 0 finished" in result.stderr and "worker 0 finished" in result.stderr
+    model_dir = tmp_path / "mnist_keras"
+    summary = json.loads((model_dir / "summary.json").read_text())
+    assert summary["global_step"] == 30
+    assert sorted(summary["layout"]) == ["chief", "worker"]
+    assert [trainer["role"] for trainer in summary["trainers"]] == ["chief", "worker"]
+    assert checkpoint_step(model_dir) == 30
+    assert {log.name for log in (model_dir / "logs").iterdir()} == {"chief-0.log", "worker-0.log"}
+
+
 @pytest.mark.parametrize(
     ("flag", "culprit"),
     [
         ("--ps_per_node=1", "--ps_per_node: asks for parameter servers"),
         ("--roles=ps,chief", "--roles: asks for parameter servers"),
         ("--evaluator", "--evaluator: does not apply to a Keras experiment"),
-        ("--local_cluster=workers=2", "--local_cluster: does not apply to a Keras experiment"),
+        ("--local_cluster=ps=1,workers=1", "--local_cluster: is 'ps=1,workers=1': a Keras"),
+        ("--local_cluster=workers=1,evaluator=1", "--local_cluster: is 'workers=1,evaluator=1'"),
         ("--save_checkpoints_secs=60", "--save_checkpoints_secs: does not apply"),
         ("--roles=chief,worker,evaluator", "--roles: asks for parameter servers or an evaluator"),
         ("--gpu_memory_growth", "--gpu_memory_growth: does not apply"),

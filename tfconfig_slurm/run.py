@@ -18,8 +18,8 @@ Where it runs decides how it trains:
   - with TF_CONFIG set (by launch/with-tfconfig or --local_cluster): that task of the cluster;
   - in a SLURM job step of several tasks: the task's role in the layout tfconfig-slurm
     computes (the layout flags below; see tfconfig-slurm --explain);
-  - otherwise: in this one process. --local_cluster=ps=1,workers=2 starts a cluster of
-    processes on this machine instead.
+  - otherwise: in this one process. --local_cluster=ps=1,workers=2 (a Keras experiment:
+    workers=1) starts a cluster of processes on this machine instead.
 Parameter servers exit once every trainer has finished.
 """
 
@@ -139,7 +139,8 @@ LOCAL_CLUSTER = flags.DEFINE_string(
     "local_cluster",
     None,
     "Start a cluster of processes on this machine instead of training in one: "
-    "ps=N,workers=N[,evaluator=1] (plus the chief). One log per task in <model dir>/logs.",
+    "ps=N,workers=N[,evaluator=1] (plus the chief); for a Keras experiment workers=N. One log "
+    "per task in <model dir>/logs.",
 )
 GPU_MEMORY_FRACTION = flags.DEFINE_float(
     "gpu_memory_fraction",
@@ -215,7 +216,7 @@ def main(argv: Sequence[str]) -> int | None:
     if kind == experiment_lib.KERAS:
         policy = _all_reduce(policy)
     if LOCAL_CLUSTER.value:
-        counts = local_cluster.parse(LOCAL_CLUSTER.value)
+        counts = local_cluster.parse(LOCAL_CLUSTER.value, all_reduce=kind == experiment_lib.KERAS)
         model_dir.check_writable(directory, claim.CLI_NAMING)
         # The trailing --local_cluster= overrides the launcher's: a task runs one role.
         command = [sys.executable, "-m", "tfconfig_slurm.run", *sys.argv[1:], "--local_cluster="]
@@ -306,10 +307,6 @@ def _all_reduce(policy: LayoutPolicy) -> LayoutPolicy:
         "--save_checkpoints_secs": (
             SAVE_CHECKPOINTS_SECS.value is not None,
             "checkpoints are numbered by step: use --save_checkpoints_steps",
-        ),
-        "--local_cluster": (
-            bool(LOCAL_CLUSTER.value),
-            "it runs Estimator experiments only, so far",
         ),
         "--gpu_memory_growth": (GPU_MEMORY_GROWTH.value, "the Keras runtime does not set it yet"),
         "--gpu_memory_fraction": (

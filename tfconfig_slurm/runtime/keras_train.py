@@ -25,7 +25,7 @@ import time
 from collections.abc import Collection, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 import tensorflow as tf
 import tf_keras as keras
@@ -105,49 +105,57 @@ def run(
         saver=saver,
         agree=role is not None,
     )
+
+    def finish() -> NoReturn:
+        """Saves, evaluates and reports the run (or its stop), and ends the process."""
+        # A stop agreed on at the last step is no stop: the run is done.
+        stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
+        if stopped_on is not None:
+            if peers is not None:
+                peers.stop()
+            _end_together(role)
+            if owner:
+                say("stopped", progress.step, signal=stopped_on)
+                exit_now(
+                    preemption.after_stop(
+                        os.environ, stopped_on, stop_policy.requeue_on, stop_policy.max_requeues
+                    )
+                )
+            exit_now(0)
+        saver.save(progress.step)
+        metrics = model.evaluate(
+            _eval_batches(experiment, params),
+            steps=settings.eval_steps,
+            return_dict=True,
+            verbose=0,
+        )
+        if peers is not None:
+            peers.stop()
+        _report(
+            directory,
+            experiment=experiment,
+            settings=settings,
+            role=role,
+            progress=progress,
+            metrics={**metrics, "global_step": progress.step},
+            started=started,
+        )
+        if owner:
+            say("done", progress.step)
+        _end_together(role)
+        if held is not None:
+            held.release()
+        exit_now(0)
+
     if settings.train_steps > start:
         model.fit(
             _train_batches(strategy, experiment, params, role),
             epochs=1,
             steps_per_epoch=settings.train_steps - start,
-            callbacks=[progress],
+            callbacks=[progress, _FinishInside(finish)],
             verbose=0,
         )
-    # A stop agreed on at the last step is no stop: the run is done.
-    stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
-    if stopped_on is not None:
-        if peers is not None:
-            peers.stop()
-        _end_together(role)
-        if owner:
-            say("stopped", progress.step, signal=stopped_on)
-            exit_now(
-                preemption.after_stop(
-                    os.environ, stopped_on, stop_policy.requeue_on, stop_policy.max_requeues
-                )
-            )
-        exit_now(0)
-    saver.save(progress.step)
-    metrics = model.evaluate(
-        _eval_batches(experiment, params), steps=settings.eval_steps, return_dict=True, verbose=0
-    )
-    if peers is not None:
-        peers.stop()
-    _report(
-        directory,
-        experiment=experiment,
-        settings=settings,
-        role=role,
-        progress=progress,
-        metrics={**metrics, "global_step": progress.step},
-        started=started,
-    )
-    if owner:
-        say("done", progress.step)
-    _end_together(role)
-    if held is not None:
-        held.release()
-    exit_now(0)
+    finish()
 
 
 def _report(
@@ -281,6 +289,20 @@ class _Saver:
         self._last = step
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+class _FinishInside(keras.callbacks.Callback):  # type: ignore[misc]
+    """Ends the run from fit's last callback, before fit returns: leaving fit deletes its
+    input iterator, and TensorFlow 2.21 waits out its tf.data autotuner's sleep to do that
+    (up to a minute: 36-53 s seen between the last step and the evaluation). The process
+    ends with os._exit, which deletes nothing."""
+
+    def __init__(self, finish: Callable[[], NoReturn]) -> None:
+        super().__init__()
+        self._finish = finish
+
+    def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
+        self._finish()
 
 
 class _Progress(keras.callbacks.Callback):  # type: ignore[misc]

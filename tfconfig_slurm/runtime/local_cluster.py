@@ -1,14 +1,15 @@
 """A cluster of processes on this machine, for a user without SLURM and for the tests.
 
 `--local_cluster=ps=1,workers=2[,evaluator=1]` (or TFCONFIG_SLURM_LOCAL_CLUSTER for a user's
-script) starts a chief, the parameter servers, the workers and an evaluator as processes of the
-same command (`python -m tfconfig_slurm.run` with the same flags, or the user's script), each
-with its TF_CONFIG on free loopback ports, and holds the model directory for them; writes one
-log per task (`<model_dir>/logs/<role>-<index>.log`) and prefixes their lines on the console;
-waits for all, and when one fails stops the rest and fails too. Told to stop itself (SIGTERM,
-SIGINT, SIGHUP), it passes SIGTERM on to every task, whose trainers stop at the next step with
-a checkpoint, and kills what is left after a grace: nothing is left behind. A task that fails
-on bad input (exit 2: every task reads the same flags, so every one fails alike) is reported as
+script; `workers=N` alone for a Keras experiment, which trains all-reduce) starts a chief, the
+parameter servers, the workers and an evaluator as processes of the same command (`python -m
+tfconfig_slurm.run` with the same flags, or the user's script), each with its TF_CONFIG on free
+loopback ports, and holds the model directory for them; writes one log per task
+(`<model_dir>/logs/<role>-<index>.log`) and prefixes their lines on the console; waits for all,
+and when one fails stops the rest and fails too. Told to stop itself (SIGTERM, SIGINT,
+SIGHUP), it passes SIGTERM on to every task, whose trainers stop at the next step with a
+checkpoint, and kills what is left after a grace: nothing is left behind. A task that fails on
+bad input (exit 2: every task reads the same flags, so every one fails alike) is reported as
 a single process would report it: its one line, once, and exit 2. Imports no TensorFlow: the
 parent only supervises.
 """
@@ -82,11 +83,14 @@ class LocalTask:
     address: str
 
 
-def parse(spec: str, culprit: str = "--local_cluster") -> dict[str, int]:
+def parse(
+    spec: str, culprit: str = "--local_cluster", *, all_reduce: bool = False
+) -> dict[str, int]:
     """`ps=1,workers=2,evaluator=1` as {"ps": 1, "worker": 2, "evaluator": 1}; `culprit`
-    names the setting in errors."""
+    names the setting in errors. An all-reduce cluster (a Keras experiment's) has a chief and
+    workers only: `workers=1`."""
     counts = {PS: 0, WORKER: 0, EVALUATOR: 0}
-    hint = f"e.g. {culprit}=ps=1,workers=2"
+    hint = f"e.g. {culprit}=workers=1" if all_reduce else f"e.g. {culprit}=ps=1,workers=2"
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, value = (piece.strip() for piece in item.partition("="))
         if name not in _COUNTS or not (value.isascii() and value.isdigit()) or len(value) > 3:
@@ -98,6 +102,15 @@ def parse(spec: str, culprit: str = "--local_cluster") -> dict[str, int]:
         counts[_COUNTS[name]] = int(value)
     if counts[EVALUATOR] > 1:
         raise UsageError(culprit, "asks for more than one evaluator", hint)
+    if all_reduce:
+        if counts[PS] or counts[EVALUATOR]:
+            raise UsageError(
+                culprit,
+                f"is {spec!r}: a Keras experiment trains all-reduce "
+                "(MultiWorkerMirroredStrategy), with a chief and workers only",
+                hint,
+            )
+        return counts
     if counts[PS] < 1:
         raise UsageError(
             culprit,
