@@ -46,9 +46,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-bench: $(STAMP)
+bench: $(STAMP) $(STAMP_TF2)
 	$(BIN)/python bench/resolve.py
 	$(BIN)/python bench/runtime.py
+	$(BIN)/python bench/keras_vs_estimator.py --keras_python $(BIN_TF2)/python
 
 # Each fault 5 times on the test cluster (root), about 11 minutes.
 bench-faults: $(STAMP)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import Any, Callable, NoReturn
 
 import pytest
 
@@ -133,10 +133,16 @@ class SlurmCluster:
 
 
 def submit(
-    cluster: SlurmCluster, workdir: Path, experiment_id: str, *flags: str, nodes: str = ""
+    cluster: SlurmCluster,
+    workdir: Path,
+    experiment_id: str,
+    *flags: str,
+    nodes: str = "",
+    sbatch_options: Sequence[str] = (),
 ) -> subprocess.Popen[str]:
-    """`sbatch --wait launch/mnist_deep.sbatch`, as a user submits it from `workdir`."""
-    command = ["sbatch", "--wait", "--parsable", *SMALL_JOB]
+    """`sbatch --wait launch/mnist_deep.sbatch`, as a user submits it from `workdir`;
+    `sbatch_options` after the test's own, which they override."""
+    command = ["sbatch", "--wait", "--parsable", *SMALL_JOB, *sbatch_options]
     if nodes:
         command.append(f"--nodelist={nodes}")
     return subprocess.Popen(
@@ -202,6 +208,55 @@ def wait_until(done: Callable[[], bool], seconds: float) -> bool:
             return False
         time.sleep(0.2)
     return True
+
+
+def wait_for(read: Callable[[], str], pattern: str, seconds: float) -> re.Match[str]:
+    """Polls `read()` until `pattern` appears in what it returns."""
+    if not wait_until(lambda: re.search(pattern, read()) is not None, seconds):
+        pytest.fail(f"no {pattern!r} within {seconds:.0f} s:\n{read()[-3000:]}")
+    found = re.search(pattern, read())
+    assert found is not None
+    return found
+
+
+def ended_within(process: subprocess.Popen[Any], seconds: float) -> float:
+    started = time.monotonic()
+    try:
+        process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail(f"the job still ran {seconds:.0f} s after the kill: it hangs")
+    return time.monotonic() - started
+
+
+def warn_and_requeue(
+    cluster: SlurmCluster,
+    job: subprocess.Popen[str],
+    logs: Path,
+    *,
+    start_seconds: float,
+    end_seconds: float,
+) -> tuple[str, dict[str, str]]:
+    """Warns a submitted job with SIGUSR1 once its trainers train, as `#SBATCH
+    --signal=USR1@90` warns it before its time limit; waits for the job to requeue itself,
+    lets it start again at once, and waits for its end: its id and `finish`'s fields."""
+    try:
+        wait_for(lambda: read_logs(logs), TRAINING, start_seconds)
+        job_id = job_id_of(logs)
+        signalled = cluster.run(["scancel", "--signal=USR1", job_id])
+        assert signalled.returncode == 0, signalled.stderr
+        wait_for(
+            lambda: cluster.run(["scontrol", "show", "job", job_id]).stdout,
+            r"(?s)JobState=PENDING.*Restarts=1",
+            end_seconds,
+        )
+        release(cluster, job_id)
+        return job_id, finish(cluster, job)
+    finally:
+        # A requeued job left behind would start again in 2 minutes, amid later tests.
+        if job.poll() is None:
+            cluster.run(["scancel", "--user=root"])
+            job.kill()
 
 
 def highest_step(log: str) -> int:

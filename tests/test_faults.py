@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
 
 import pytest
 
@@ -21,13 +20,15 @@ from tests.slurm_cluster import (
     TRAINING,
     SlurmCluster,
     checkpoint_step,
+    ended_within,
     finish,
     highest_step,
     job_id_of,
     read_logs,
-    release,
     submit,
+    wait_for,
     wait_until,
+    warn_and_requeue,
 )
 
 pytestmark = pytest.mark.tensorflow
@@ -39,25 +40,6 @@ START_SECONDS = 180.0
 # Every trainer logs its global step at every step, so that a test knows the last one reached.
 TRAIN_FOREVER = ("--experiment=mnist_deep", "--train_steps=1000000", "--log_every_steps=1")
 CHECKPOINT_STEPS = 20
-
-
-def wait_for(read: Callable[[], str], pattern: str, seconds: float) -> re.Match[str]:
-    """Polls `read()` until `pattern` appears in what it returns."""
-    if not wait_until(lambda: re.search(pattern, read()) is not None, seconds):
-        pytest.fail(f"no {pattern!r} within {seconds:.0f} s:\n{read()[-3000:]}")
-    found = re.search(pattern, read())
-    assert found is not None
-    return found
-
-
-def ended_within(process: subprocess.Popen[Any], seconds: float) -> float:
-    started = time.monotonic()
-    try:
-        process.wait(timeout=seconds)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        pytest.fail(f"the job still ran {seconds:.0f} s after the kill: it hangs")
-    return time.monotonic() - started
 
 
 @pytest.mark.slurm
@@ -199,23 +181,9 @@ def test_usr1_checkpoints_requeues_and_resumes_losing_no_step(
     """As `#SBATCH --signal=USR1@90` warns a job before its time limit."""
     job = submit(slurm_cluster, tmp_path, "preempted", "--train_steps=200")
     logs = tmp_path / "preempted" / "logs"
-    try:
-        wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
-        job_id = job_id_of(logs)
-        signalled = slurm_cluster.run(["scancel", "--signal=USR1", job_id])
-        assert signalled.returncode == 0, signalled.stderr
-        wait_for(
-            lambda: slurm_cluster.run(["scontrol", "show", "job", job_id]).stdout,
-            r"(?s)JobState=PENDING.*Restarts=1",
-            END_SECONDS,
-        )
-        release(slurm_cluster, job_id)
-        ended = finish(slurm_cluster, job)
-    finally:
-        # A requeued job left behind would start again in 2 minutes, amid later tests.
-        if job.poll() is None:
-            slurm_cluster.run(["scancel", "--user=root"])
-            job.kill()
+    job_id, ended = warn_and_requeue(
+        slurm_cluster, job, logs, start_seconds=START_SECONDS, end_seconds=END_SECONDS
+    )
     assert (ended["JobState"], ended["ExitCode"], ended["Restarts"]) == ("COMPLETED", "0:0", "1")
     log = read_logs(logs)
     stopped_at = [

@@ -1,7 +1,8 @@
 """`python -m tfconfig_slurm.run --experiment mnist_keras` on TensorFlow 2.16+ with tf-keras
 (.venv-tf2): in one process, as two MultiWorkerMirroredStrategy trainers given their
-TF_CONFIG, and on the SLURM test cluster; resumed to the step, stopped on a signal at an agreed
-step, and refused in one line where a flag does not apply."""
+TF_CONFIG, on the local cluster and on the SLURM test cluster; resumed to the step, stopped on
+a signal at an agreed step (and requeued by SLURM), a killed trainer named by the others, and
+refused in one line where a flag does not apply."""
 
 from __future__ import annotations
 
@@ -17,7 +18,21 @@ from pathlib import Path
 import pytest
 
 from tests.cli import REPOSITORY, run_module
-from tests.slurm_cluster import NODES, SlurmCluster
+from tests.slurm_cluster import (
+    NODES,
+    TRAINING,
+    SlurmCluster,
+    ended_within,
+    read_logs,
+    submit,
+    wait_for,
+    wait_until,
+    warn_and_requeue,
+)
+from tests.test_local_cluster import alive, started_pids
+from tests.test_signals import ended
+from tests.test_signals import start as start_console
+from tests.test_signals import wait_for as wait_for_console
 
 pytestmark = pytest.mark.tf2
 
@@ -117,20 +132,71 @@ def test_two_trainers_stop_together_on_one_s_signal_with_the_step_saved(tmp_path
     assert checkpoint_step(model_dir) == stopped + 5
 
 
-def test_a_local_cluster_trains_all_reduce_and_ends_every_task(tmp_path: Path) -> None:
-    """--local_cluster=workers=1: a chief and a worker on loopback, 2 replicas, each trainer
-    reading its own share of the batches; both report, both exit 0."""
-    result = train(tmp_path, "--local_cluster=workers=1", "--train_steps=30", timeout=240)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(r"\[chief 0\] .*chief 0 on .* starting at step 0; 2 replicas", result.stderr)
-    assert re.search(r"\[worker 0\] .*worker 0 on .* starting at step 0; 2 replicas", result.stderr)
-    assert "chief 0 finished" in result.stderr and "worker 0 finished" in result.stderr
+def test_trainers_that_restore_different_steps_refuse_in_one_line(tmp_path: Path) -> None:
+    """As where the nodes do not share --output_root: the chief finds a checkpoint, the worker
+    none. Trained on, their replicas would differ and the worker's last steps would hang."""
+    first = train(tmp_path / "shared", "--train_steps=10")
+    assert first.returncode == 0, first.stderr[-3000:]
+    cluster = {"chief": ["localhost:24641"], "worker": ["localhost:24642"]}
+    tasks = [
+        start(tmp_path / root, {"cluster": cluster, "task": {"type": kind, "index": 0}})
+        for kind, root in (("chief", "shared"), ("worker", "elsewhere"))
+    ]
+    try:
+        logs = [task.communicate(timeout=120)[1] for task in tasks]
+    finally:
+        for task in tasks:
+            task.kill()
+    assert [task.returncode for task in tasks] == [2, 2], logs
+    for log, root in zip(logs, ("shared", "elsewhere")):
+        assert log.splitlines()[-1] == (
+            f"tfconfig-slurm-run: --output_root: the trainers restored different checkpoints "
+            f"of {tmp_path / root / 'mnist_keras'} (global steps 0 to 10): it is not the same "
+            "directory on every node. HINT: put --output_root on a file system every node of "
+            "the job mounts"
+        )
+    assert not (tmp_path / "elsewhere" / "mnist_keras" / "state.json").exists()
+
+
+def test_a_local_cluster_trains_all_reduce_stops_on_sigterm_and_resumes(tmp_path: Path) -> None:
+    """--local_cluster=workers=1: a chief and a worker on loopback, 2 replicas. SIGTERM to the
+    launcher (a shell's kill) stops both trainers at one step with its checkpoint and leaves
+    no task behind; a new local cluster resumes there, and both trainers report."""
+    process, console = start_console(
+        tmp_path, "--experiment=mnist_keras", "--train_steps=1000000", "--log_every_steps=1",
+        "--local_cluster=workers=1",
+    )  # fmt: skip
+    wait_for_console(console, r"(?s)first step done.*first step done", process)
+    process.send_signal(signal.SIGTERM)
+    assert ended(process) == 128 + signal.SIGTERM
+    log = console.read_text()
+    pids = started_pids(log)
+    assert sorted(pids) == ["chief 0", "worker 0"]
+    assert wait_until(lambda: not [pid for pid in pids.values() if alive(pid)], 5.0)
+    assert re.search(r"\[chief 0\] .*chief 0 on .* starting at step 0; 2 replicas", log)
+    stops = re.findall(r"\[(chief|worker) 0\] .*stopping on SIGTERM at global step (\d+)", log)
+    assert sorted(role for role, _ in stops) == ["chief", "worker"], log[-3000:]
+    assert stops[0][1] == stops[1][1]
+    stopped = int(stops[0][1])
     model_dir = tmp_path / "mnist_keras"
+    assert checkpoint_step(model_dir) == stopped
+    state = json.loads((model_dir / "state.json").read_text())
+    assert (state["state"], state["signal"]) == ("stopped", "SIGTERM")
+
+    resumed = train(
+        tmp_path, "--local_cluster=workers=1", f"--train_steps={stopped + 10}", timeout=240
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for role in ("chief", "worker"):
+        assert re.search(
+            rf"\[{role} 0\] .* resuming from step {stopped}; 2 replicas", resumed.stderr
+        )
+        assert f"{role} 0 finished" in resumed.stderr
     summary = json.loads((model_dir / "summary.json").read_text())
-    assert summary["global_step"] == 30
+    assert summary["global_step"] == stopped + 10
     assert sorted(summary["layout"]) == ["chief", "worker"]
     assert [trainer["role"] for trainer in summary["trainers"]] == ["chief", "worker"]
-    assert checkpoint_step(model_dir) == 30
+    assert checkpoint_step(model_dir) == stopped + 10
     assert {log.name for log in (model_dir / "logs").iterdir()} == {"chief-0.log", "worker-0.log"}
 
 
@@ -194,10 +260,11 @@ def test_a_sweep_of_a_keras_experiment_is_checked_against_its_hparams(tmp_path: 
 
 
 @pytest.mark.slurm
-def test_two_nodes_train_all_reduce_under_plain_srun_and_resume(
+def test_two_nodes_train_all_reduce_under_plain_srun(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """One task a node: the chief on node1, worker 0 on node2, no parameter server."""
+    """One task a node: the chief on node1, worker 0 on node2, no parameter server. (A resume
+    on the cluster: the requeue test below.)"""
     command = [
         "srun", "--nodes=2", "--ntasks-per-node=1", "--label", "python", "-m", RUN,
         "--experiment=mnist_keras", f"--output_root={tmp_path}", "--log_every_steps=20",
@@ -212,10 +279,72 @@ def test_two_nodes_train_all_reduce_under_plain_srun_and_resume(
     assert sorted(summary["layout"]) == ["chief", "worker"]
     assert [trainer["role"] for trainer in summary["trainers"]] == ["chief", "worker"]
     assert checkpoint_step(model_dir) == 40
-    second = slurm_cluster.run([*command, "--train_steps=60"])
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert second.stderr.count("resuming from step 40") == 2
-    resumed = json.loads((model_dir / "summary.json").read_text())
-    assert resumed["global_step"] == 60
-    assert resumed["eval"]["accuracy"] > 0.9, resumed
     assert slurm_cluster.task_pids() == {node: [] for node in NODES}
+
+
+# Two TensorFlow processes starting on 2 cores, their strategy meeting, and their first steps.
+START_SECONDS = 180.0
+# A fault must end the step within this; a hang is what the tests exist to catch.
+END_SECONDS = 60.0
+
+
+def srun_keras(cluster: SlurmCluster, root: Path, *flags: str) -> subprocess.Popen[str]:
+    """mnist_keras in a plain 2-node step (one trainer a node), one log per task in
+    root/logs; without --kill-on-bad-exit SLURM waits for every task, so only the runtime
+    can end the survivors of a fault."""
+    (root / "logs").mkdir()
+    return subprocess.Popen(
+        ["srun", "--nodes=2", "--ntasks-per-node=1", f"--output={root}/logs/%t.log",
+         sys.executable, "-m", RUN, "--experiment=mnist_keras", f"--output_root={root}", *flags],
+        env=cluster.environ(), cwd=REPOSITORY,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+@pytest.mark.slurm
+def test_a_killed_keras_trainer_ends_the_step_and_is_named(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    step = srun_keras(slurm_cluster, tmp_path, "--train_steps=1000000", "--log_every_steps=1")
+    logs = tmp_path / "logs"
+    try:
+        wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
+        time.sleep(2.0)
+        os.kill(slurm_cluster.task_pid(1), signal.SIGKILL)
+        took = ended_within(step, END_SECONDS)
+    finally:
+        if step.poll() is None:
+            step.kill()
+    chief = (logs / "0.log").read_text()
+    assert step.returncode != 0
+    assert re.search(r"worker 0 at node2:\d+ has not answered for \d+ s", chief), chief[-3000:]
+    assert took < END_SECONDS
+    assert slurm_cluster.task_pids() == {node: [] for node in NODES}
+
+
+@pytest.mark.slurm
+def test_usr1_requeues_a_keras_job_that_resumes_from_the_step_it_stopped_at(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """launch/mnist_deep.sbatch with --experiment=mnist_keras, one trainer a node, warned as
+    `#SBATCH --signal=USR1@90` warns a job before its time limit."""
+    job = submit(
+        slurm_cluster, tmp_path, "preempted", "--experiment=mnist_keras", "--train_steps=80",
+        sbatch_options=("--ntasks-per-node=1",),
+    )  # fmt: skip
+    logs = tmp_path / "preempted" / "logs"
+    job_id, ended = warn_and_requeue(
+        slurm_cluster, job, logs, start_seconds=START_SECONDS, end_seconds=END_SECONDS
+    )
+    log = read_logs(logs)
+    assert (ended["JobState"], ended["ExitCode"], ended["Restarts"]) == ("COMPLETED", "0:0", "1")
+    stopped_at = re.findall(r"stopping on SIGUSR1 at global step (\d+)", log)
+    assert len(stopped_at) == 2 and len(set(stopped_at)) == 1, log[-3000:]
+    assert f"requeued job {job_id} (restart 1 of at most 3)" in log
+    # Every step taken before the signal is kept: the second run starts where both stopped.
+    resumed = re.findall(r"(chief|worker) 0 on node\d .* resuming from step (\d+)", log)
+    assert sorted(resumed) == [("chief", stopped_at[0]), ("worker", stopped_at[0])]
+    model_dir = tmp_path / "preempted"
+    assert checkpoint_step(model_dir) == 80
+    summary = json.loads((model_dir / "summary.json").read_text())
+    assert summary["global_step"] == 80 and summary["eval"]["accuracy"] > 0.9, summary

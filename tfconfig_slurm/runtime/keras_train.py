@@ -54,6 +54,14 @@ logging.get_absl_logger().addFilter(
 )
 # How long a trainer waits at the end for the others, before it leaves anyway.
 _END_BARRIER_MS = 120_000
+# What TensorFlow raises in a trainer whose peer is gone (a SIGKILLed worker's chief:
+# UnavailableError, "Socket closed"), where it does not wait for it forever.
+_PEER_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+    tf.errors.DeadlineExceededError,
+)
 
 
 def run(
@@ -79,6 +87,8 @@ def run(
     peers = watchdog.PeerWatch(watch_plan.neighbours(role)) if role is not None else None
     params = dict(settings.params)
     model, checkpoint, start = _restored(strategy, experiment, params, directory)
+    if role is not None:
+        _check_same_start(strategy, start, directory)
     logging.info(
         "%s on %s at %s with GPUs [%s], model directory %s, %s; %d replicas",
         f"{role.role} {role.index}" if role else "chief 0 (single process)",
@@ -147,15 +157,36 @@ def run(
             held.release()
         exit_now(0)
 
-    if settings.train_steps > start:
-        model.fit(
-            _train_batches(strategy, experiment, params, role),
-            epochs=1,
-            steps_per_epoch=settings.train_steps - start,
-            callbacks=[progress, _FinishInside(finish)],
-            verbose=0,
-        )
-    finish()
+    try:
+        if settings.train_steps > start:
+            model.fit(
+                _train_batches(strategy, experiment, params, role),
+                epochs=1,
+                steps_per_epoch=settings.train_steps - start,
+                callbacks=[progress, _FinishInside(finish)],
+                verbose=0,
+            )
+        finish()
+    except _PEER_ERRORS as error:
+        if peers is None:
+            raise
+        _lost_in_collective(error, peers)
+
+
+def _lost_in_collective(error: tf.errors.OpError, peers: watchdog.PeerWatch) -> NoReturn:
+    """TensorFlow failed an all-reduce for a trainer gone: the watch names it and ends the
+    process, as with Estimator; unless the trainer lost is not one this task watches."""
+    logging.warning(
+        "the trainers' all-reduce failed (%s); waiting for the watch to name who is gone",
+        type(error).__name__,
+    )
+    peers.await_loss()
+    logging.error(
+        "a trainer is gone, not one this task watches (%s); ending this task (exit %d)",
+        ", ".join(peers.peers),
+        watchdog.EXIT_PEER_LOST,
+    )
+    exit_now(watchdog.EXIT_PEER_LOST)
 
 
 def _report(
@@ -206,6 +237,21 @@ def _restored(
         checkpoint.restore(latest).expect_partial()
     step = int(model.optimizer.iterations.numpy())
     return model, checkpoint, step
+
+
+def _check_same_start(strategy: tf.distribute.Strategy, start: int, directory: Path) -> None:
+    """Every trainer must have restored the same checkpoint. Where the nodes do not share the
+    model directory, a worker finds none where the chief restores one: its replica would
+    train from other weights, and its steps would outlast the chief's, which hangs."""
+    gather = _collective(strategy, lambda context, step: context.all_gather(step, axis=0))
+    steps = gather(tf.constant([start], tf.int64))
+    if steps.min() != steps.max():
+        raise UsageError(
+            "--output_root",
+            f"the trainers restored different checkpoints of {directory} (global steps "
+            f"{steps.min()} to {steps.max()}): it is not the same directory on every node",
+            "put --output_root on a file system every node of the job mounts",
+        )
 
 
 def _local_replicas(strategy: tf.distribute.Strategy, role: ClusterRole | None) -> int:
@@ -326,7 +372,6 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         super().__init__()
         self._start = start_step
         self._requeue_on = requeue_on
-        self._strategy = strategy
         self._replicas = strategy.num_replicas_in_sync
         self._every = settings.log_every_steps
         self._save_every = settings.save_checkpoints_steps or DEFAULT_CHECKPOINT_STEPS
@@ -335,8 +380,9 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         self._stop = stop
         self._saver = saver
         self._agree = agree
-        # In a graph: run eagerly, each all-reduce is slow, and TensorFlow says so each time.
-        self._stop_votes = tf.function(lambda votes: strategy.run(_all_reduce_sum, args=(votes,)))
+        self._stop_votes = _collective(
+            strategy, lambda context, votes: context.all_reduce(tf.distribute.ReduceOp.SUM, votes)
+        )
         self.step = start_step
         self.stopped_on: str | None = None
         # (monotonic time, global step, the running mean loss times the batches it covers)
@@ -402,7 +448,7 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         if self.step % STOP_CHECK_STEPS:
             return ""
         votes = tf.constant([float(bool(own)), float(own in self._requeue_on)])
-        total = self._strategy.experimental_local_results(self._stop_votes(votes))[0].numpy()
+        total = self._stop_votes(votes)
         if not total[0]:
             return ""
         if own:
@@ -428,11 +474,19 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         )
 
 
-def _all_reduce_sum(value: tf.Tensor) -> tf.Tensor:
-    # The identity: an all-reduce of a captured constant has no device to reduce to.
-    return tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.SUM, tf.identity(value)
-    )
+def _collective(
+    strategy: tf.distribute.Strategy, collect: Callable[[Any, tf.Tensor], tf.Tensor]
+) -> Callable[[tf.Tensor], Any]:
+    """A function of a tensor that runs `collect(replica context, tensor)` on every replica
+    of the trainers, and returns this one's result as numpy. In a graph: run eagerly, each
+    all-reduce is slow, and TensorFlow says so each time."""
+
+    def replica(value: tf.Tensor) -> tf.Tensor:
+        # The identity: a captured constant has no device to collect from.
+        return collect(tf.distribute.get_replica_context(), tf.identity(value))
+
+    graph = tf.function(lambda value: strategy.run(replica, args=(value,)))
+    return lambda value: strategy.experimental_local_results(graph(value))[0].numpy()
 
 
 def _write_eval_scalars(directory: Path, metrics: Mapping[str, Any], step: int) -> None:

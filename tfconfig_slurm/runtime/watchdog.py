@@ -113,6 +113,17 @@ class PeerWatch:
         with self._lock:
             self._watched.difference_update(names)
 
+    def await_loss(self) -> None:
+        """Waits as long as the watch may take to name a peer that has just gone (naming it
+        ends the process): for a task that TensorFlow told a peer failed, so that the log
+        says which."""
+        time.sleep(2 * self._interval + self._lost_after + _CONNECT_TIMEOUT_SECONDS)
+
+    @property
+    def peers(self) -> list[str]:
+        """The names of the peers watched, as given."""
+        return sorted(self._addresses)
+
     def stop(self) -> None:
         """Stops watching every peer at once; the thread ends after the probe it is in, if
         any, and reports nothing more."""
