@@ -230,7 +230,10 @@ def test_a_one_import_script_under_plain_srun_trains_as_a_cluster_and_resumes(
     again = slurm_cluster.run([*command, "300"], EARLY_OP="1")
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stderr.count("CUDA_VISIBLE_DEVICES: set to [] for this task after") == 4
-    assert re.search(rf"chief 0 on node\d at .* resuming from step {reached}$", again.stderr, re.M)
+    resumed = re.search(r"chief 0 on node\d at .* resuming from step (\d+)$", again.stderr, re.M)
+    # A checkpoint may hold a step or two past its name: asynchronous workers move the ps's
+    # global step while the chief writes it (as in test_faults).
+    assert resumed is not None and reached <= int(resumed.group(1)) <= reached + 2, again.stderr
     assert checkpoint_step(model_dir) >= 300
 
 
