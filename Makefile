@@ -19,7 +19,7 @@ PYTHON_TF2 ?= $(shell for p in python3.12 python3.13 \
   && echo $$p && break; done)
 STAMP_TF2 := $(VENV_TF2)/.installed
 
-.PHONY: test lint bench bench-faults run clean slurm-up slurm-down
+.PHONY: test lint bench bench-faults run clean slurm-up slurm-down venv venv-tf2
 
 # editable_mode=compat: a plain path entry, not an import hook that costs every start ~10 ms.
 $(STAMP): setup.cfg pyproject.toml
@@ -34,10 +34,16 @@ $(STAMP_TF2): setup.cfg pyproject.toml
 	$(BIN_TF2)/pip install --quiet --config-settings editable_mode=compat -e '.[tf2,test]'
 	touch $@
 
+# Each environment alone: `source .venv/bin/activate` (Estimator, TensorFlow 2.15) or
+# `source .venv-tf2/bin/activate` (Keras, TensorFlow 2.16+) then puts the commands on PATH.
+venv: $(STAMP)
+venv-tf2: $(STAMP_TF2)
+
 # Two pytest-xdist workers; the SLURM tests all go to one of them (tests/conftest.py).
 PARALLEL := -n 2 --dist loadgroup
 # The Estimator suite (TensorFlow 2.15), then the TensorFlow 2.16+ one in its own environment.
 test: $(STAMP) $(STAMP_TF2)
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -m 'not tf2' $(PARALLEL) --durations=25
 	$(BIN_TF2)/python -m pytest -m tf2 $(PARALLEL) --durations=10
 
@@ -45,6 +51,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: $(STAMP) $(STAMP_TF2)
 	$(BIN)/python bench/resolve.py

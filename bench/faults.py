@@ -1,7 +1,7 @@
 """Faults on the real SLURM test cluster, each several times: does the job end, how fast, and
 how many steps does it lose?
 
-Every run submits `launch/mnist_deep.sbatch` (2 nodes x (1 ps + 1 trainer), one GPU each,
+Every run submits `launch/train.sbatch` (2 nodes x (1 ps + 1 trainer), one GPU each,
 checkpoints every 20 steps), waits until both trainers train, injects the fault, and
 measures:
 

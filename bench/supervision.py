@@ -1,7 +1,7 @@
 """What with-tfconfig's supervision costs as a job grows: one watcher (a parameter server's
 wrapper, or the runtime's watchdog) and N peers listening on loopback, in one process.
 
-For each N it measures, with the watcher's real settings (runtime/watchdog.py):
+For each N it measures, with the watcher's real settings (process/watchdog.py):
 - round: seconds from the watcher's start until every peer has answered once;
 - finished: seconds from every peer answering FINISHED (as a trainer's wrapper does once its
   command exited 0) until the watcher has seen them all: a parameter server's wait from the
@@ -9,7 +9,7 @@ For each N it measures, with the watcher's real settings (runtime/watchdog.py):
 - lost: seconds from one peer's port closing until the watcher names it;
 - probes/s made by the watcher, and its CPU seconds per round.
 
-Then the tree of trainers that with-tfconfig's finished trainers form (runtime/watch_plan.py),
+Then the tree of trainers that with-tfconfig's finished trainers form (cluster/watch_plan.py),
 with the real supervise.say_finished of every trainer, each in a thread of this process, and
 fake parameter servers listening: every trainer but the deepest one finishes, and then that
 one; "tree" is the seconds from its finish until ps 0's watcher sees the chief say FINISHED
@@ -31,9 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tfconfig_slurm import supervise
-from tfconfig_slurm.runtime import watch_plan, watchdog
-from tfconfig_slurm.runtime.role import ClusterRole
+from tfconfig_slurm.cluster import watch_plan
+from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.process import supervise, watchdog
 
 # A gRPC server's first bytes (an HTTP/2 SETTINGS frame header): what a training peer answers.
 _TRAINING = b"\x00\x00\x18\x04\x00\x00\x00\x00\x00"

@@ -31,7 +31,7 @@ CALL_SECONDS = 240.0
 TRAINING = r"(?s)first step done.*first step done"
 
 
-SBATCH = REPOSITORY / "launch" / "mnist_deep.sbatch"
+SBATCH = REPOSITORY / "launch" / "train.sbatch"
 # The smallest job with every role: per node one ps and one trainer on one of its GPUs.
 SMALL_JOB = ("--nodes=2", "--ntasks-per-node=2", "--gres=gpu:1")
 
@@ -110,7 +110,7 @@ class SlurmCluster:
                 if (
                     f"SLURM_PROCID={rank}".encode() in environ
                     and running in command
-                    and "tfconfig_slurm.with_tfconfig" not in command
+                    and "tfconfig_slurm.commands.with_tfconfig" not in command
                 ):
                     return pid
         raise AssertionError(f"no task of rank {rank} runs {running} on any node")
@@ -140,7 +140,7 @@ def submit(
     nodes: str = "",
     sbatch_options: Sequence[str] = (),
 ) -> subprocess.Popen[str]:
-    """`sbatch --wait launch/mnist_deep.sbatch`, as a user submits it from `workdir`;
+    """`sbatch --wait launch/train.sbatch`, as a user submits it from `workdir`;
     `sbatch_options` after the test's own, which they override."""
     command = ["sbatch", "--wait", "--parsable", *SMALL_JOB, *sbatch_options]
     if nodes:
@@ -270,7 +270,7 @@ def read_logs(folder: Path) -> str:
 
 
 def job_id_of(logs: Path) -> str:
-    """The id of the job whose task logs (launch/mnist_deep.sbatch's) are in `logs`."""
+    """The id of the job whose task logs (launch/train.sbatch's) are in `logs`."""
     return next(logs.glob("job*-task0.log")).name.split("-")[0].removeprefix("job")
 
 

@@ -15,8 +15,8 @@ import pytest
 
 from tests.cli import run_module
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.runtime import claim
-from tfconfig_slurm.runtime.claim import Holder
+from tfconfig_slurm.process import claim
+from tfconfig_slurm.process.claim import Holder
 
 HOST = socket.gethostname()
 

@@ -255,7 +255,7 @@ def test_a_node_cut_off_ends_the_job_in_bounded_time(
         job.communicate()
     try:
         assert ended, f"the job still ran {took:.0f} s after node2 was cut off"
-        # launch/mnist_deep.sbatch asks for --requeue: Slurm requeues a job whose node failed.
+        # launch/train.sbatch asks for --requeue: Slurm requeues a job whose node failed.
         # Restarts=1 is the requeue; the job may still be COMPLETING its first run then, on
         # its way back to PENDING (seen once in 5 CI runs).
         assert (state["JobState"], state["Restarts"]) in (

@@ -1,27 +1,33 @@
-"""The modules the README lists as free of TensorFlow import none of it: a login node, the
-layout tools and the runs table stay fast, and run where TensorFlow is not installed."""
+"""The core, the process machinery and the commands import no TensorFlow when loaded: a login
+node, the layout tools and the runs table stay fast, and run where TensorFlow is not installed."""
 
 from __future__ import annotations
 
+import pkgutil
 import subprocess
 import sys
 
 import pytest
 
+from tfconfig_slurm import cluster, process
+
+# Every module of the layers below the backends, and the commands that a login node runs
+# without TensorFlow (setup.cfg's import contracts hold the direction; this holds what a
+# process really loads, lazy imports included).
 PURE = [
-    "tfconfig_slurm.cluster",
+    "tfconfig_slurm",
     "tfconfig_slurm.tfconfig",
-    "tfconfig_slurm.with_tfconfig",
-    "tfconfig_slurm.runs",
     "tfconfig_slurm.run",
     *(
-        f"tfconfig_slurm.runtime.{name}"
-        for name in (
-            "versions", "role", "place", "experiment", "settings", "reports", "claim",
-            "model_dir", "local_cluster", "preemption", "watchdog", "watch_plan", "polling",
-        )
+        f"tfconfig_slurm.commands.{name}"
+        for name in ("main", "tfconfig", "with_tfconfig", "runs", "run", "sweep")
     ),
-]  # fmt: skip
+    *(
+        f"{package.__name__}.{module.name}"
+        for package in (cluster, process)
+        for module in pkgutil.iter_modules(package.__path__)
+    ),
+]
 
 
 @pytest.mark.parametrize("module", PURE)

@@ -326,7 +326,7 @@ def test_a_killed_keras_trainer_ends_the_step_and_is_named(
 def test_usr1_requeues_a_keras_job_that_resumes_from_the_step_it_stopped_at(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """launch/mnist_deep.sbatch with --experiment=mnist_keras, one trainer a node, warned as
+    """launch/train.sbatch with --experiment=mnist_keras, one trainer a node, warned as
     `#SBATCH --signal=USR1@90` warns a job before its time limit."""
     job = submit(
         slurm_cluster, tmp_path, "preempted", "--experiment=mnist_keras", "--train_steps=80",

@@ -14,6 +14,7 @@ from tfconfig_slurm.cluster import (
 )
 from tfconfig_slurm.cluster.layout import derived_port_base
 from tfconfig_slurm.cluster.render import cuda_visible_devices, tf_config
+from tfconfig_slurm.cluster.role import ClusterRole, run_of
 from tfconfig_slurm.errors import LayoutError, UsageError
 
 
@@ -24,6 +25,20 @@ def layout_of(environ: dict[str, str], policy: LayoutPolicy | None = None) -> Cl
 def roles(layout: ClusterLayout) -> list[str]:
     return [f"{task.role}{task.index}" for task in layout.tasks]
 
+
+
+def test_every_rank_s_tf_config_reads_back_as_its_task_and_writes_the_same_text() -> None:
+    """One writer, one reader: a rank's TF_CONFIG as a task reads it, and as its trainer's
+    server writes it again, are the layout's."""
+    layout = layout_of(captured("block_3x3_gres2", "task-4"), LayoutPolicy(evaluator=True))
+    for task in layout.tasks:
+        config = tf_config(layout, task.rank)
+        role = ClusterRole.from_tf_config(config)
+        assert str(role.task_id) == f"{task.role} {task.index}"
+        assert role.has_evaluator
+        assert role.run_id == layout.shape.run_id
+        assert role.tf_config() == config
+        assert run_of(render.tf_config_json(layout, task.rank)) == layout.shape.run_id
 
 def test_block_3x3_tf_config_exactly() -> None:
     """The captured srun -N3 --ntasks-per-node=3 --gres=gpu:2, rank 4."""

@@ -1,4 +1,4 @@
-"""runtime/place.py and the shard of a trainer: a process's place from its environment, and the
+"""process/place.py and the shard of a trainer: a process's place from its environment, and the
 TFCONFIG_SLURM_* variables a user's script sets its layout with. SLURM faked by dictionaries."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 
 from tests.slurm_envs import task_env
 from tfconfig_slurm.cluster import LayoutPolicy
+from tfconfig_slurm.cluster.role import Shard, input_shard
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.runtime import place
-from tfconfig_slurm.runtime.role import Shard, input_shard
+from tfconfig_slurm.process import place
 
 NODES = ["n1", "n2"]
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tfconfig_slurm import errors
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.runtime import preemption
+from tfconfig_slurm.process import preemption
 
 
 @pytest.mark.parametrize(
@@ -44,7 +45,7 @@ def test_a_job_at_its_requeue_limit_ends_and_says_so(caplog: pytest.LogCaptureFi
     environ = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "3"}
     with caplog.at_level(logging.INFO):
         status = preemption.requeue(environ, max_requeues=3, stopped_on="SIGUSR1")
-    assert status == preemption.EXIT_NOT_REQUEUED
+    assert status == errors.EXIT_NOT_REQUEUED
     (record,) = caplog.records
     assert "job 77 stopped on SIGUSR1 and was requeued 3 times already" in record.getMessage()
     assert "--max_requeues=3" in record.getMessage()
@@ -66,5 +67,5 @@ def test_a_failed_requeue_is_an_error_that_names_the_job(
     environ = {"SLURM_JOB_ID": "1", "SLURM_ARRAY_JOB_ID": "5", "SLURM_ARRAY_TASK_ID": "2"}
     with caplog.at_level(logging.INFO):
         status = preemption.requeue(environ, max_requeues=3, stopped_on="SIGUSR1")
-    assert status == preemption.EXIT_NOT_REQUEUED
+    assert status == errors.EXIT_NOT_REQUEUED
     assert "`scontrol requeue 5_2` failed" in caplog.records[0].getMessage()

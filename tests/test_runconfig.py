@@ -51,7 +51,7 @@ def test_run_config_reads_each_role(
 def test_a_users_estimator_remade_for_a_task_keeps_its_settings_and_takes_the_cluster(
     monkeypatch: pytest.MonkeyPatch, tmp_path: object
 ) -> None:
-    from tfconfig_slurm.runtime import estimators  # noqa: PLC0415
+    from tfconfig_slurm.backends.estimator import estimators  # noqa: PLC0415
 
     step = read_slurm_step(task_env(NODES, [2, 2], 3))
     layout = lay_out_step(step, LayoutPolicy())

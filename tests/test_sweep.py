@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from tests.cli import REPOSITORY, run_module
-from tfconfig_slurm.runtime import claim
-from tfconfig_slurm.runtime.claim import Holder
+from tfconfig_slurm.process import claim
+from tfconfig_slurm.process.claim import Holder
 
 SWEEP = REPOSITORY / "launch" / "sweep"
 THREE = """# learning rates
@@ -48,7 +48,7 @@ def test_a_sweep_is_one_array_task_a_line_reading_its_kept_lines(tmp_path: Path)
     assert result.returncode == 0, result.stderr
     command = result.stdout.split()
     assert command[:5] == ["sbatch", "--parsable", "--array=0-2%2", "--job-name=three", "--nodes=1"]
-    assert command[5] == str(REPOSITORY / "launch" / "mnist_deep.sbatch")
+    assert command[5] == str(REPOSITORY / "launch" / "train.sbatch")
     assert command[6:] == [
         "--train_steps=10",
         "--output_root=out",

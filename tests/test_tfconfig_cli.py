@@ -128,7 +128,7 @@ def test_help_teaches() -> None:
 def test_the_commands_that_run_in_a_step_list_no_planning_flags() -> None:
     """They refuse --nodelist and its kin (tfconfig-slurm --explain's), so their help does not
     offer them."""
-    for module in ("tfconfig_slurm.with_tfconfig", "tfconfig_slurm.run"):
+    for module in ("tfconfig_slurm.commands.with_tfconfig", "tfconfig_slurm.run"):
         result = run_module(module, "--help")
         assert result.returncode == 0
         assert "--[no]all_reduce" in result.stdout

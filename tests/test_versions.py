@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tfconfig_slurm.errors import InstallError
-from tfconfig_slurm.runtime import experiment, versions
-from tfconfig_slurm.runtime.versions import Installed
+from tfconfig_slurm.process import experiment, versions
+from tfconfig_slurm.process.versions import Installed
 
 
 @pytest.mark.parametrize(

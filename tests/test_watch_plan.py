@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 
-from tfconfig_slurm.runtime import watch_plan
-from tfconfig_slurm.runtime.role import ClusterRole
+from tfconfig_slurm.cluster import watch_plan
+from tfconfig_slurm.cluster.role import ClusterRole
 
 
 def cluster(trainers: int, servers: int) -> dict[str, tuple[str, ...]]:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from tfconfig_slurm.runtime import watchdog
-from tfconfig_slurm.runtime.watchdog import PeerWatch
+from tfconfig_slurm.process import watchdog
+from tfconfig_slurm.process.watchdog import PeerWatch
 
 FAST: dict[str, Any] = {"lost_after": 0.3, "probe_seconds": 0.05}
 # Far longer than any loss takes with FAST: a test waits this long only when it fails.

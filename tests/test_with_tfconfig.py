@@ -18,7 +18,7 @@ from tests.cli import REPOSITORY
 from tests.slurm_envs import captured, task_env
 from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step
 from tfconfig_slurm.cluster.render import tf_config_json
-from tfconfig_slurm.with_tfconfig import MAX_ENVIRONMENT_STRING
+from tfconfig_slurm.commands.with_tfconfig import MAX_ENVIRONMENT_STRING
 
 WRAPPER = str(REPOSITORY / "launch" / "with-tfconfig")
 # Prints what the command saw: its TF_CONFIG, its GPUs and its own arguments.
@@ -95,7 +95,7 @@ def test_commands_under_the_wrapper_read_the_same_task() -> None:
     nested = wrap(
         sys.executable,
         "-m",
-        "tfconfig_slurm.with_tfconfig",
+        "tfconfig_slurm.commands.with_tfconfig",
         sys.executable,
         "-c",
         SHOW,

@@ -10,6 +10,7 @@ importing TensorFlow; `python -m tfconfig_slurm.tfconfig` prints or explains it.
 from typing import Any
 
 from tfconfig_slurm.cluster import ClusterLayout, LayoutPolicy, SlurmStep, StepShape, Task
+from tfconfig_slurm.cluster.role import Shard, input_shard
 from tfconfig_slurm.errors import (
     InstallError,
     LayoutError,
@@ -17,7 +18,6 @@ from tfconfig_slurm.errors import (
     TfconfigSlurmError,
     UsageError,
 )
-from tfconfig_slurm.runtime.role import Shard, input_shard
 
 __version__ = "0.1.0"
 
@@ -39,14 +39,13 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The layout tools never import TensorFlow; the runtime only when it is asked for.
     if name == "train_and_evaluate":
-        from tfconfig_slurm import cli  # noqa: PLC0415
-        from tfconfig_slurm.runtime import versions  # noqa: PLC0415
+        from tfconfig_slurm.process import console, versions  # noqa: PLC0415
 
         try:
             versions.require_estimator("tfconfig_slurm.train_and_evaluate (Estimator)")
         except InstallError as error:
-            cli.fail(cli.script_name(), error.one_line())
-        from tfconfig_slurm.runtime.api import train_and_evaluate  # noqa: PLC0415
+            console.fail(console.script_name(), error.one_line())
+        from tfconfig_slurm.backends.estimator.api import train_and_evaluate  # noqa: PLC0415
 
         return train_and_evaluate
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

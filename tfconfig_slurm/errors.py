@@ -1,12 +1,20 @@
-"""The package's own errors: each names its culprit, says what was expected, and carries a hint.
+"""The package's own errors, and the exit statuses a task of ours ends with.
 
-The command-line tools print one of these as a single line and exit with status 2; nothing
-else of ours reaches a user as a traceback.
+Each error names its culprit, says what was expected, and carries a hint. The command-line
+tools print one of these as a single line and exit with status 2; nothing else of ours reaches
+a user as a traceback.
 """
 
 from __future__ import annotations
 
+# A user can fix the input: the one line said what and how.
 USAGE_EXIT_CODE = 2
+# The task's cluster lost a member and the watchdog ended it, naming the member: srun
+# --kill-on-bad-exit or a supervisor then ends the rest of the step.
+EXIT_PEER_LOST = 3
+# Stopped on a signal that asks for a requeue, with a checkpoint, but the job could not
+# requeue (not a batch job, --no-requeue, or --max_requeues reached).
+EXIT_NOT_REQUEUED = 4
 
 
 class TfconfigSlurmError(Exception):

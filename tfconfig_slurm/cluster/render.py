@@ -7,26 +7,22 @@ import json
 import shlex
 from typing import Any
 
+from tfconfig_slurm.cluster import role
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER, ClusterLayout, Task
 from tfconfig_slurm.cluster.step import STEP_GPUS, step_gpus_value
 
 EXPLAIN_KEYS = ("rank", "node", "local_id", "role", "index", "address", "gpus")
-# The package's own key in a TF_CONFIG (RunConfig and TensorFlow's resolvers ignore it): what
-# the cluster spec cannot say, because an evaluator is never part of it, and the run the
-# TF_CONFIG was made for (StepShape.run_id), which tells it from one inherited from elsewhere.
-RUNTIME_KEY = "tfconfig_slurm"
-RUN = "run"
-# The run id of a --local_cluster's TF_CONFIG, which its launcher hands each task itself.
-LOCAL_RUN_PREFIX = "local-"
 
 
 def tf_config(layout: ClusterLayout, rank: int) -> dict[str, Any]:
     """The TF_CONFIG of one rank, in the form `tf.estimator.RunConfig` reads."""
-    return {
-        "cluster": layout.cluster(),
-        "task": {"type": layout.roles[rank], "index": layout.indices[rank]},
-        RUNTIME_KEY: {EVALUATOR: layout.count(EVALUATOR) > 0, RUN: layout.shape.run_id},
-    }
+    return role.write(
+        layout.cluster(),
+        layout.roles[rank],
+        layout.indices[rank],
+        has_evaluator=layout.count(EVALUATOR) > 0,
+        run_id=layout.shape.run_id,
+    )
 
 
 def tf_config_json(layout: ClusterLayout, rank: int) -> str:
@@ -47,17 +43,6 @@ def task_environment(layout: ClusterLayout, rank: int) -> dict[str, str]:
         "CUDA_VISIBLE_DEVICES": cuda_visible_devices(layout.task(rank)),
         STEP_GPUS: step_gpus_value(layout.shape),
     }
-
-
-def tf_config_run(text: str) -> str | None:
-    """The run a TF_CONFIG was made for, by this package; None for one made elsewhere."""
-    try:
-        config = json.loads(text)
-    except ValueError:
-        return None
-    runtime = config.get(RUNTIME_KEY) if isinstance(config, dict) else None
-    run = runtime.get(RUN) if isinstance(runtime, dict) else None
-    return None if run is None else str(run)
 
 
 def export_lines(layout: ClusterLayout, rank: int) -> str:

@@ -1,0 +1,138 @@
+"""`tfconfig_slurm.train_and_evaluate`: tf.estimator.train_and_evaluate for a user's own
+script, with everything `python -m tfconfig_slurm.run` gives an experiment.
+
+The script changes one line and runs under a plain `srun python my_script.py`: each task takes
+its place in the step's layout (TFCONFIG_SLURM_* variables set the layout, as the layout flags
+do), and then runs as the CLI's tasks run (train.py).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+from absl import logging
+from tensorflow.python.eager import context
+
+from tfconfig_slurm.backends.estimator import train
+from tfconfig_slurm.backends.tf_process import exit_now
+from tfconfig_slurm.cluster import LayoutPolicy
+from tfconfig_slurm.errors import TfconfigSlurmError, UsageError
+from tfconfig_slurm.process import (
+    claim,
+    console,
+    local_cluster,
+    model_dir,
+    network,
+    place,
+    preemption,
+)
+
+LOCAL_CLUSTER = "TFCONFIG_SLURM_LOCAL_CLUSTER"
+_NAMING = claim.Naming(
+    "RunConfig(model_dir=...)",
+    "tf.estimator.RunConfig(model_dir='/scratch/me/runs/lr-0.01')",
+    "RunConfig(model_dir=...)",
+    "give this run a model_dir of its own",
+)
+# The signals that stop training at the next step with a checkpoint, and which of them
+# requeue the job (as python -m tfconfig_slurm.run's defaults).
+_STOP_POLICY = preemption.StopPolicy(requeue_on={signal.SIGUSR1.name}, max_requeues=3)
+
+
+def train_and_evaluate(
+    estimator: tf.estimator.Estimator,
+    train_spec: tf.estimator.TrainSpec,
+    eval_spec: tf.estimator.EvalSpec,
+    *,
+    layout: LayoutPolicy | None = None,
+) -> tuple[dict[str, Any] | None, list[Any]] | None:
+    """tf.estimator.train_and_evaluate, as this task of a SLURM step, a TF_CONFIG's cluster,
+    a local cluster or a single process.
+
+    Where it runs decides how it trains:
+      - with a TF_CONFIG made for this task (launch/with-tfconfig, a local cluster): that task;
+      - in a SLURM job step of several tasks: the task's role in the layout that
+        tfconfig-slurm computes, with the TFCONFIG_SLURM_PS_PER_NODE, _ROLES, _EVALUATOR,
+        _ADDRESS_TEMPLATE and _PORT_BASE variables as the layout flags (or `layout`);
+      - with TFCONFIG_SLURM_LOCAL_CLUSTER=ps=1,workers=1: a cluster of this script's
+        processes on this machine (this process waits for them, then exits with their status);
+      - otherwise in this process.
+    The estimator's RunConfig settings are kept where the cluster does not decide them;
+    `train_spec.max_steps` must be set. Parameter servers exit once every trainer has
+    finished, and never return; SIGUSR1 stops every trainer at the next step with a
+    checkpoint and requeues the SLURM job, SIGTERM stops without requeueing (the process
+    then exits). summary.json goes to the model directory.
+
+    Returns as tf.estimator.train_and_evaluate does in one process, (metrics, export
+    results), on the chief and in a single process; None on a worker and the evaluator.
+    Bad input ends the process with one line naming the setting, and exit status 2.
+    """
+    console.start_logging()
+    program = console.script_name()
+    try:
+        return _run(estimator, train_spec, eval_spec, layout, program)
+    except TfconfigSlurmError as error:
+        console.fail(program, error.one_line())
+
+
+def _run(
+    estimator: tf.estimator.Estimator,
+    train_spec: tf.estimator.TrainSpec,
+    eval_spec: tf.estimator.EvalSpec,
+    layout: LayoutPolicy | None,
+    program: str,
+) -> tuple[dict[str, Any] | None, list[Any]] | None:
+    stop = preemption.StopRequest()
+    stop.listen(signal.SIGUSR1, signal.SIGTERM)
+    faulthandler.register(signal.SIGQUIT, all_threads=True)
+    if not isinstance(estimator, tf.estimator.Estimator):
+        raise UsageError(
+            "estimator",
+            f"is a {type(estimator).__name__}, not a tf.estimator.Estimator",
+            "pass the Estimator, e.g. tf.estimator.DNNClassifier(...)",
+        )
+    if train_spec.max_steps is None:
+        raise UsageError(
+            "train_spec.max_steps",
+            "is not set; the cluster's tasks need to know the final step",
+            "e.g. tf.estimator.TrainSpec(input_fn, max_steps=10000)",
+        )
+    directory = Path(estimator.model_dir)
+    model_dir.check_writable(directory, _NAMING)
+    counts = os.environ.pop(LOCAL_CLUSTER, "")
+    if counts:
+        # Python 3.10 keeps the command line exactly as it was given (python -m ... too).
+        command = getattr(sys, "orig_argv", [sys.executable, *sys.argv])
+        status = local_cluster.run(
+            local_cluster.parse(counts, LOCAL_CLUSTER), directory, command, program, _NAMING
+        )
+        exit_now(status)
+    policy = layout or place.policy_from_environ(os.environ)
+    try:
+        where = place.find(
+            os.environ,
+            policy,
+            "layout" if layout else place.POLICY_VARIABLES[place.servers_flag(policy)],
+        )
+    except TfconfigSlurmError as error:
+        raise error if layout else place.in_variables(error) from None
+    if where.role is not None:
+        network.check_task(where.role)
+        if where.layout_source != "TF_CONFIG" and context.context()._initialized:
+            # CUDA reads CUDA_VISIBLE_DEVICES once, as TensorFlow first finds its devices.
+            logging.warning(
+                "CUDA_VISIBLE_DEVICES: set to [%s] for this task after TensorFlow had found "
+                "its devices, so the task may take every GPU of its node. HINT: call "
+                "tfconfig_slurm.train_and_evaluate before the script runs any TensorFlow op, "
+                "or start it with launch/with-tfconfig",
+                where.gpus,
+            )
+    name = Path(sys.argv[0]).stem or directory.name
+    training = train.Training(estimator, train_spec, eval_spec, name=name, hparams=estimator.params)
+    return train.run(training, where, stop, _STOP_POLICY, _NAMING)

@@ -1,0 +1,145 @@
+"""A trainer of the cluster (the chief or a worker): its gRPC server, train_and_evaluate with
+the runtime's hooks, the stop tokens for the parameter servers, and its report; the chief then
+evaluates the final checkpoint (or takes the evaluator's result), exports, and writes
+summary.json."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+from absl import logging
+
+from tfconfig_slurm.backends.estimator import estimators, lifecycle
+from tfconfig_slurm.backends.estimator.hooks import ThroughputHook
+from tfconfig_slurm.cluster import watch_plan
+from tfconfig_slurm.cluster.layout import CHIEF
+from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.process import reports, watchdog
+
+# What tf.estimator.train_and_evaluate returns: the final metrics and the exporters' results.
+Result = tuple[dict[str, Any] | None, list[Any]]
+
+
+def run(
+    user: tf.estimator.Estimator,
+    train_spec: tf.estimator.TrainSpec,
+    eval_spec: tf.estimator.EvalSpec,
+    *,
+    role: ClusterRole,
+    server: tf.distribute.Server,
+    stop: lifecycle.StopRequest,
+    name: str,
+    leave_session_open: bool,
+) -> Result | None:
+    """Trains as `role` through `server`, the task's own (which carries the thread limits:
+    "environment": "google" in TF_CONFIG makes the Estimator use it instead of starting one).
+
+    The chief returns what train_and_evaluate returns in one process, a worker (and a chief
+    told to stop) None. Told to stop, trainers stop at the next step boundary, after the
+    chief's checkpoint.
+    """
+    started = time.monotonic()
+    config = tf.compat.v1.ConfigProto()
+    config.CopyFrom(user.config.session_config)
+    # Without explicit device filters a session_config lets a trainer wait for every other
+    # trainer.
+    if not config.device_filters:
+        config.device_filters.extend(["/job:ps", f"/job:{role.role}/task:{role.index}"])
+    model_dir = Path(user.model_dir)
+    throughput = throughput_hook(user, role)
+    # A lost peer reaches this trainer through the parameter servers it is paired with.
+    peers = watchdog.PeerWatch(watch_plan.paired(role))
+    barrier = lifecycle.StartBarrierHook(server.target, role.trainers, role.trainer_id)
+    hooks = [throughput, barrier, lifecycle.PreemptionHook(stop, role.trainers, role.trainer_id)]
+    if leave_session_open:
+        hooks.append(lifecycle.LeaveSessionOpenHook())
+    tf_config = role.tf_config(environment="google")
+    estimator = estimators.for_task(user, tf_config, config)
+    try:
+        with estimators.tf_config_environment(tf_config):
+            tf.estimator.train_and_evaluate(estimator, with_hooks(train_spec, hooks), eval_spec)
+    finally:
+        # Once training has ended (the chief's final checkpoint written), from a session of
+        # its own; also when training failed or there was nothing left to train: the
+        # parameter servers must not wait for this trainer.
+        lifecycle.send_stop_tokens(server.target, role.ps_count, role.trainers, role.trainer_id)
+        # Only now: a ps that died meanwhile would hold the tokens' session forever.
+        peers.stop()
+        logging.info("%s %d: told %d ps it is done", role.role, role.index, role.ps_count)
+    run_marker = reports.marker(role, train_spec.max_steps)
+    reports.write_trainer_report(model_dir, role, run_marker, throughput.mean_examples_per_sec())
+    if role.role != CHIEF:
+        return None
+    if stop.requested:
+        logging.info(
+            "chief 0: stopped on %s; the final evaluation and summary.json come with the run "
+            "that reaches step %d",
+            stop.signal_name,
+            train_spec.max_steps,
+        )
+        return None
+    # In a cluster the Estimator's chief does not evaluate. Without an evaluator task it
+    # evaluates the final checkpoint here, in-process and with no cluster (the parameter
+    # servers may be gone by now); with one, it takes the evaluator's final result.
+    local = estimators.for_task(user, None)
+    if role.has_evaluator:
+        metrics = reports.evaluator_result(model_dir, run_marker)
+    else:
+        metrics = evaluate(local, eval_spec)
+    exports = export(local, eval_spec, metrics)
+    reports.write_summary(
+        model_dir,
+        name=name,
+        metrics=metrics,
+        wall_time_s=time.monotonic() - started,
+        trainers=reports.trainer_reports(model_dir, role.trainers, run_marker),
+        layout=role.jobs(),
+    )
+    return metrics, exports
+
+
+def evaluate(estimator: tf.estimator.Estimator, eval_spec: tf.estimator.EvalSpec) -> dict[str, Any]:
+    """The metrics of the latest checkpoint, as `eval_spec` evaluates."""
+    metrics: dict[str, Any] = estimator.evaluate(
+        eval_spec.input_fn, steps=eval_spec.steps, hooks=eval_spec.hooks, name=eval_spec.name
+    )
+    return metrics
+
+
+def export(
+    estimator: tf.estimator.Estimator, eval_spec: tf.estimator.EvalSpec, metrics: dict[str, Any]
+) -> list[Any]:
+    """Runs `eval_spec`'s exporters on the final checkpoint, as train_and_evaluate does after
+    its final evaluation; returns their results."""
+    checkpoint = tf.train.latest_checkpoint(estimator.model_dir)
+    results = []
+    for exporter in eval_spec.exporters:
+        path = Path(estimator.model_dir, "export", exporter.name)
+        result = exporter.export(estimator, str(path), checkpoint, metrics, True)
+        logging.info("exported the model to %s", _text(result))
+        results.append(result)
+    return results
+
+
+def throughput_hook(estimator: tf.estimator.Estimator, role: ClusterRole | None) -> ThroughputHook:
+    """Logs every RunConfig.log_step_count_steps steps. The chief writes its scalars into the
+    model directory, beside the Estimator's own events; another trainer into a directory of
+    its own: v1 event file names carry only the second and the host, so two writers starting
+    together on one host would write one file (so the chief's names the directory exactly as
+    the Estimator's writer does)."""
+    summaries: str = estimator.model_dir
+    if role is not None and role.role != CHIEF:
+        summaries = str(Path(summaries, f"{role.role}-{role.index}"))
+    every = estimator.config.log_step_count_steps or 100
+    return ThroughputHook(summaries, every)
+
+
+def with_hooks(spec: tf.estimator.TrainSpec, hooks: list[Any]) -> tf.estimator.TrainSpec:
+    return spec._replace(hooks=(*spec.hooks, *hooks))
+
+
+def _text(result: Any) -> str:
+    return result.decode() if isinstance(result, bytes) else str(result)

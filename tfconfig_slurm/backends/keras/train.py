@@ -1,0 +1,533 @@
+"""A Keras experiment's task from its place to its end, on TensorFlow 2.16+ with tf-keras: one
+process, or one trainer of a tf.distribute.MultiWorkerMirroredStrategy cluster (chief and
+workers, no parameter server).
+
+- Every trainer builds the model under the strategy, restores the model directory's latest
+  checkpoint and trains the steps left to --train_steps with model.fit, on the batches of the
+  experiment's dataset("train", params) of this trainer (params["batch_size"] each: the
+  global batch is that times the trainers).
+- Checkpoints are numbered by the global step (the optimizer's iterations), so a run resumes
+  to the step. Every trainer saves, as the strategy's collectives require: the chief into the
+  model directory, the others into a scratch directory of their own that they delete.
+- A stop signal (preemption.py) is agreed on: every STOP_CHECK_STEPS steps the trainers
+  all-reduce their flags, so that all save the same step, stop, and the chief requeues.
+- Each trainer watches its neighbours in the tree of trainers (watch_plan.py).
+- The chief logs the loss and examples/s, writes TensorBoard scalars (and eval/ ones),
+  state.json and summary.json, as the Estimator runtime does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Collection, Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, NoReturn
+
+import tensorflow as tf
+import tf_keras as keras
+from absl import logging
+from tensorflow.python.eager import context
+
+from tfconfig_slurm.backends.tf_process import exit_now
+from tfconfig_slurm.cluster import watch_plan
+from tfconfig_slurm.cluster.layout import CHIEF
+from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.errors import EXIT_PEER_LOST, UsageError
+from tfconfig_slurm.process import claim, model_dir, preemption, reports, watchdog
+from tfconfig_slurm.process.experiment import KerasExperiment
+from tfconfig_slurm.process.place import Place
+from tfconfig_slurm.process.settings import TrainingSettings
+
+# The trainers of a cluster agree on a stop this often: an all-reduce of a flag took 3.4 ms
+# here, a cost not worth paying every step; a stop waits at most this many steps.
+STOP_CHECK_STEPS = 10
+# Without --save_checkpoints_steps, a checkpoint this often (and at every stop and the end).
+DEFAULT_CHECKPOINT_STEPS = 1000
+_CHECKPOINT_NAME = "ckpt"
+# TensorFlow 2.16+ logs the time of each checkpoint's sharding at INFO through absl, among
+# the runtime's own lines.
+logging.get_absl_logger().addFilter(
+    lambda record: not record.pathname.endswith("functional_saver.py")
+)
+# How long a trainer waits at the end for the others, before it leaves anyway.
+_END_BARRIER_MS = 120_000
+# What TensorFlow raises in a trainer whose peer is gone (a SIGKILLed worker's chief:
+# UnavailableError, "Socket closed"), where it does not wait for it forever.
+_PEER_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+    tf.errors.DeadlineExceededError,
+)
+
+
+def run(
+    experiment: KerasExperiment,
+    settings: TrainingSettings,
+    where: Place,
+    stop: preemption.StopRequest,
+    stop_policy: preemption.StopPolicy,
+) -> NoReturn:
+    """Trains this task to its end, then ends the process."""
+    role = where.role
+    # Before any other TensorFlow call, as the strategy requires; it takes SIGTERM, which is
+    # taken back at once.
+    strategy = (
+        tf.distribute.MultiWorkerMirroredStrategy()
+        if role is not None
+        else tf.distribute.get_strategy()
+    )
+    stop.listen_again()
+    directory = settings.model_dir
+    owner = role is None or role.role == CHIEF
+    held = model_dir.hold(directory, role, claim.CLI_NAMING)
+    peers = watchdog.PeerWatch(watch_plan.neighbours(role)) if role is not None else None
+    params = dict(settings.params)
+    model, checkpoint, start = _restored(strategy, experiment, params, directory)
+    if role is not None:
+        _check_same_start(strategy, start, directory)
+    logging.info(
+        "%s on %s at %s with GPUs [%s], model directory %s, %s; %d replicas",
+        str(role.task_id) if role else "chief 0 (single process)",
+        where.node,
+        role.address if role else "-",
+        where.gpus,
+        directory,
+        f"resuming from step {start}" if start else "starting at step 0",
+        strategy.num_replicas_in_sync,
+    )
+    say = partial(_say, directory=directory, experiment=experiment, settings=settings, role=role)
+    if owner:
+        say("running", start)
+    started = time.monotonic()
+    saver = _Saver(checkpoint, directory, role, settings.keep_checkpoint_max, restored=start)
+    progress = _Progress(
+        strategy=strategy,
+        start_step=start,
+        settings=settings,
+        examples_per_step=settings.params["batch_size"] * _local_replicas(strategy, role),
+        writer=tf.summary.create_file_writer(str(directory)) if owner else None,
+        stop=stop,
+        requeue_on=stop_policy.requeue_on,
+        saver=saver,
+        agree=role is not None,
+    )
+
+    def finish() -> NoReturn:
+        """Saves, evaluates and reports the run (or its stop), and ends the process."""
+        # A stop agreed on at the last step is no stop: the run is done.
+        stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
+        if stopped_on is not None:
+            if peers is not None:
+                peers.stop()
+            _end_together(role)
+            if owner:
+                say("stopped", progress.step, signal=stopped_on)
+                exit_now(
+                    preemption.after_stop(
+                        os.environ, stopped_on, stop_policy.requeue_on, stop_policy.max_requeues
+                    )
+                )
+            exit_now(0)
+        saver.save(progress.step)
+        metrics = model.evaluate(
+            _eval_batches(experiment, params),
+            steps=settings.eval_steps,
+            return_dict=True,
+            verbose=0,
+        )
+        if peers is not None:
+            peers.stop()
+        _report(
+            directory,
+            experiment=experiment,
+            settings=settings,
+            role=role,
+            progress=progress,
+            metrics={**metrics, "global_step": progress.step},
+            started=started,
+        )
+        if owner:
+            say("done", progress.step)
+        _end_together(role)
+        if held is not None:
+            held.release()
+        exit_now(0)
+
+    try:
+        if settings.train_steps > start:
+            model.fit(
+                _train_batches(strategy, experiment, params, role),
+                epochs=1,
+                steps_per_epoch=settings.train_steps - start,
+                callbacks=[progress, _FinishInside(finish)],
+                verbose=0,
+            )
+        finish()
+    except _PEER_ERRORS as error:
+        if peers is None:
+            raise
+        _lost_in_collective(error, peers)
+
+
+def _lost_in_collective(error: tf.errors.OpError, peers: watchdog.PeerWatch) -> NoReturn:
+    """TensorFlow failed an all-reduce for a trainer gone: the watch names it and ends the
+    process, as with Estimator; unless the trainer lost is not one this task watches."""
+    logging.warning(
+        "the trainers' all-reduce failed (%s); waiting for the watch to name who is gone",
+        type(error).__name__,
+    )
+    peers.await_loss()
+    logging.error(
+        "a trainer is gone, not one this task watches (%s); ending this task (exit %d)",
+        ", ".join(peers.peers),
+        EXIT_PEER_LOST,
+    )
+    exit_now(EXIT_PEER_LOST)
+
+
+def _report(
+    directory: Path,
+    *,
+    experiment: KerasExperiment,
+    settings: TrainingSettings,
+    role: ClusterRole | None,
+    progress: _Progress,
+    metrics: Mapping[str, Any],
+    started: float,
+) -> None:
+    """This trainer's throughput report; the chief's summary.json from all of them and the
+    final evaluation, which TensorBoard also shows as the eval/ run."""
+    mean = progress.mean_examples_per_sec()
+    if role is not None:
+        run_marker = reports.marker(role, settings.train_steps)
+        reports.write_trainer_report(directory, role, run_marker, mean)
+        if role.role != CHIEF:
+            return
+        trainers = reports.trainer_reports(directory, role.trainers, run_marker)
+    else:
+        trainers = [{"role": CHIEF, "index": 0, "examples_per_sec": mean}]
+    _write_eval_scalars(directory, metrics, progress.step)
+    reports.write_summary(
+        directory,
+        name=experiment.name,
+        metrics=metrics,
+        wall_time_s=time.monotonic() - started,
+        trainers=trainers,
+        layout=role.jobs() if role is not None else "single process",
+    )
+
+
+def _restored(
+    strategy: tf.distribute.Strategy,
+    experiment: KerasExperiment,
+    params: Mapping[str, Any],
+    directory: Path,
+) -> tuple[Any, tf.train.Checkpoint, int]:
+    """The experiment's model under the strategy, its checkpoint, restored from the model
+    directory's latest, and the global step it holds."""
+    with strategy.scope():
+        model = experiment.build_model(params)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    latest = tf.train.latest_checkpoint(str(directory))
+    if latest is not None:
+        checkpoint.restore(latest).expect_partial()
+    step = int(model.optimizer.iterations.numpy())
+    return model, checkpoint, step
+
+
+def _check_same_start(strategy: tf.distribute.Strategy, start: int, directory: Path) -> None:
+    """Every trainer must have restored the same checkpoint. Where the nodes do not share the
+    model directory, a worker finds none where the chief restores one: its replica would
+    train from other weights, and its steps would outlast the chief's, which hangs."""
+    gather = _collective(strategy, lambda context, step: context.all_gather(step, axis=0))
+    steps = gather(tf.constant([start], tf.int64))
+    if steps.min() != steps.max():
+        raise UsageError(
+            "--output_root",
+            f"the trainers restored different checkpoints of {directory} (global steps "
+            f"{steps.min()} to {steps.max()}): it is not the same directory on every node",
+            "put --output_root on a file system every node of the job mounts",
+        )
+
+
+def _local_replicas(strategy: tf.distribute.Strategy, role: ClusterRole | None) -> int:
+    """The replicas this process drives (its GPUs, or one)."""
+    replicas: int = strategy.num_replicas_in_sync
+    return replicas // (role.trainers if role is not None else 1)
+
+
+def _train_batches(
+    strategy: tf.distribute.Strategy,
+    experiment: KerasExperiment,
+    params: Mapping[str, Any],
+    role: ClusterRole | None,
+) -> Any:
+    """The experiment's training batches; in a cluster each trainer's own, as its dataset
+    shards them by params["trainer_index"] (distribute_datasets_from_function: no batch is
+    split between trainers)."""
+    if role is None:
+        return _dataset(experiment, "train", params)
+    return strategy.distribute_datasets_from_function(
+        lambda context: _dataset(experiment, "train", params)
+    )
+
+
+def _eval_batches(experiment: KerasExperiment, params: Mapping[str, Any]) -> tf.data.Dataset:
+    """The whole eval set: in a cluster each trainer evaluates a share of each batch, and the
+    metrics come out of evaluate() summed over all (the same on every trainer)."""
+    batches = _dataset(experiment, "eval", params)
+    options = tf.data.Options()
+    # Its examples come from Python or memory, not files: shard batches by their elements.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return batches.with_options(options)
+
+
+def _dataset(experiment: KerasExperiment, mode: str, params: Mapping[str, Any]) -> tf.data.Dataset:
+    batches = experiment.dataset(mode, params)
+    if not isinstance(batches, tf.data.Dataset):
+        raise UsageError(
+            "--experiment",
+            f"{experiment.name}.dataset({mode!r}, params) returned a {type(batches).__name__}, "
+            "not a tf.data.Dataset",
+            "return batches of params['batch_size'], e.g. tf.data.Dataset.from_tensor_slices("
+            "(x, y)).batch(params['batch_size'])",
+        )
+    return batches
+
+
+class _Saver:
+    """Checkpoints numbered by the global step: the chief's (or a single process's) into the
+    model directory; another trainer's into a scratch directory it deletes, since every
+    trainer must take part in a save."""
+
+    def __init__(
+        self,
+        checkpoint: tf.train.Checkpoint,
+        directory: Path,
+        role: ClusterRole | None,
+        keep: int,
+        *,
+        restored: int,
+    ) -> None:
+        # On the node's own disk: a worker's copy is written only to be thrown away.
+        self._scratch = (
+            None
+            if role is None or role.role == CHIEF
+            else Path(tempfile.mkdtemp(prefix=f"tfconfig-slurm-{role.role}-{role.index}-"))
+        )
+        self._manager = tf.train.CheckpointManager(
+            checkpoint,
+            str(self._scratch or directory),
+            max_to_keep=keep,
+            checkpoint_name=_CHECKPOINT_NAME,
+        )
+        # The step of the checkpoint restored, not to be written again.
+        self._last: int | None = restored
+
+    def save(self, step: int) -> None:
+        if step == self._last:
+            return
+        self._manager.save(checkpoint_number=step)
+        self._last = step
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+class _FinishInside(keras.callbacks.Callback):  # type: ignore[misc]
+    """Ends the run from fit's last callback, before fit returns: leaving fit deletes its
+    input iterator, and TensorFlow 2.21 waits out its tf.data autotuner's sleep to do that
+    (up to a minute: 36-53 s seen between the last step and the evaluation). The process
+    ends with os._exit, which deletes nothing."""
+
+    def __init__(self, finish: Callable[[], NoReturn]) -> None:
+        super().__init__()
+        self._finish = finish
+
+    def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
+        self._finish()
+
+
+class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
+    """Counts the global step, logs the loss and examples/s every --log_every_steps steps (as
+    the Estimator runtime's throughput hook does), checkpoints, and stops on an agreed
+    signal."""
+
+    def __init__(
+        self,
+        *,
+        strategy: tf.distribute.Strategy,
+        start_step: int,
+        settings: TrainingSettings,
+        examples_per_step: int,
+        writer: Any,
+        stop: preemption.StopRequest,
+        requeue_on: Collection[str],
+        saver: _Saver,
+        agree: bool,
+    ) -> None:
+        super().__init__()
+        self._start = start_step
+        self._requeue_on = requeue_on
+        self._replicas = strategy.num_replicas_in_sync
+        self._every = settings.log_every_steps
+        self._save_every = settings.save_checkpoints_steps or DEFAULT_CHECKPOINT_STEPS
+        self._examples_per_step = examples_per_step
+        self._writer = writer
+        self._stop = stop
+        self._saver = saver
+        self._agree = agree
+        self._stop_votes = _collective(
+            strategy, lambda context, votes: context.all_reduce(tf.distribute.ReduceOp.SUM, votes)
+        )
+        self.step = start_step
+        self.stopped_on: str | None = None
+        # (monotonic time, global step, the running mean loss times the batches it covers)
+        self._first: tuple[float, int] | None = None
+        self._window: tuple[float, int, float] | None = None
+        self._last: tuple[float, int] | None = None
+        self._batches = 0
+
+    def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        # The one epoch's batch: right also when fit runs several steps a call.
+        self.step = self._start + batch + 1
+        self._batches = batch + 1
+        now = time.monotonic()
+        # fit's logs are running means since the epoch began, summed over the replicas.
+        loss_total = float((logs or {}).get("loss", 0.0)) / self._replicas * self._batches
+        if self._first is None:
+            self._first = (now, self.step)
+            self._window = (now, self.step, loss_total)
+            logging.info("first step done (global step %d)", self.step)
+        else:
+            self._last = (now, self.step)
+            assert self._window is not None
+            if self.step % self._every == 0 and now > self._window[0]:
+                self._log(now, loss_total)
+        if self.step % self._save_every == 0:
+            self._saver.save(self.step)
+        stopped_on = self._stop_agreed()
+        if stopped_on:
+            self.stopped_on = stopped_on
+            logging.info("stopping on %s at global step %d", self.stopped_on, self.step)
+            self._saver.save(self.step)
+            self.model.stop_training = True
+
+    def _log(self, now: float, loss_total: float) -> None:
+        assert self._window is not None
+        since, step_then, loss_then = self._window
+        steps = self.step - step_then
+        loss = (loss_total - loss_then) / steps
+        examples = steps * self._examples_per_step / (now - since)
+        global_steps = steps / (now - since)
+        logging.info(
+            "step %d: loss %.4g, %.1f examples/s, %.2f global steps/s",
+            self.step,
+            loss,
+            examples,
+            global_steps,
+        )
+        if self._writer is not None:
+            with self._writer.as_default(step=self.step):
+                tf.summary.scalar("loss", loss)
+                tf.summary.scalar("examples_per_sec", examples)
+                tf.summary.scalar("global_steps_per_sec", global_steps)
+            self._writer.flush()
+        self._window = (now, self.step, loss_total)
+
+    def _stop_agreed(self) -> str:
+        """The signal the trainers agreed to stop on, or "" to go on. Every trainer asks at the
+        same steps, so all of them stop at the same one; a requeueing signal any of them got
+        stands for all, so that the chief requeues even when only a worker was told."""
+        own = self._stop.signal_name if self._stop.requested else ""
+        if not self._agree:
+            return own
+        if self.step % STOP_CHECK_STEPS:
+            return ""
+        votes = tf.constant([float(bool(own)), float(own in self._requeue_on)])
+        total = self._stop_votes(votes)
+        if not total[0]:
+            return ""
+        if own:
+            return own
+        return min(self._requeue_on) if total[1] else "a peer's signal"
+
+    def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
+        mean = self.mean_examples_per_sec()
+        logging.info(
+            "last step done after %d steps here; mean %s examples/s",
+            self._batches,
+            "-" if mean is None else f"{mean:.1f}",
+        )
+
+    def mean_examples_per_sec(self) -> float | None:
+        """Examples per second from the second step to the last; None if too short."""
+        if self._first is None or self._last is None or self._last[0] <= self._first[0]:
+            return None
+        return (
+            (self._last[1] - self._first[1])
+            * self._examples_per_step
+            / (self._last[0] - self._first[0])
+        )
+
+
+def _collective(
+    strategy: tf.distribute.Strategy, collect: Callable[[Any, tf.Tensor], tf.Tensor]
+) -> Callable[[tf.Tensor], Any]:
+    """A function of a tensor that runs `collect(replica context, tensor)` on every replica
+    of the trainers, and returns this one's result as numpy. In a graph: run eagerly, each
+    all-reduce is slow, and TensorFlow says so each time."""
+
+    def replica(value: tf.Tensor) -> tf.Tensor:
+        # The identity: a captured constant has no device to collect from.
+        return collect(tf.distribute.get_replica_context(), tf.identity(value))
+
+    graph = tf.function(lambda value: strategy.run(replica, args=(value,)))
+    return lambda value: strategy.experimental_local_results(graph(value))[0].numpy()
+
+
+def _write_eval_scalars(directory: Path, metrics: Mapping[str, Any], step: int) -> None:
+    """The final evaluation, where TensorBoard shows the Estimator's: the eval/ run."""
+    writer = tf.summary.create_file_writer(str(directory / "eval"))
+    with writer.as_default(step=step):
+        for name, value in metrics.items():
+            if name != "global_step":
+                tf.summary.scalar(name, float(value))
+    writer.close()
+
+
+def _end_together(role: ClusterRole | None) -> None:
+    """Waits for the other trainers here: a trainer that leaves first fails the others'
+    coordination-service heartbeats."""
+    if role is None:
+        return
+    try:
+        context.context().wait_at_barrier("tfconfig_slurm_end", _END_BARRIER_MS)
+    except tf.errors.OpError as error:
+        logging.warning("the other trainers did not all reach the end: %s", error.message)
+
+
+def _say(
+    state: str,
+    step: int,
+    *,
+    directory: Path,
+    experiment: KerasExperiment,
+    settings: TrainingSettings,
+    role: ClusterRole | None,
+    **fields: Any,
+) -> None:
+    """The owner's state.json, as the Estimator runtime writes it."""
+    reports.write_state(
+        directory,
+        state,
+        experiment=experiment.name,
+        hparams={name: settings.params[name] for name in experiment.hparams},
+        role=role,
+        global_step=step,
+        **fields,
+    )

@@ -1,0 +1,179 @@
+"""A task's place in a TensorFlow cluster and its TF_CONFIG: the one place that writes a
+TF_CONFIG (for a layout's rank, a local cluster's task, a trainer's server) and reads one back.
+No TensorFlow needed."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
+from tfconfig_slurm.errors import UsageError
+
+# The package's own key in a TF_CONFIG (RunConfig and TensorFlow's resolvers ignore it): what
+# the cluster spec cannot say, because an evaluator is never part of it, and the run the
+# TF_CONFIG was made for (StepShape.run_id), which tells it from one inherited from elsewhere.
+RUNTIME_KEY = "tfconfig_slurm"
+RUN = "run"
+# The run id of a --local_cluster's TF_CONFIG, which its launcher hands each task itself.
+LOCAL_RUN_PREFIX = "local-"
+_HINT = (
+    'expected {"cluster": {"chief": [...], "ps": [...], "worker": [...]}, '
+    '"task": {"type": ..., "index": ...}}; unset TF_CONFIG to let tfconfig-slurm compute it'
+)
+
+
+@dataclass(frozen=True)
+class TaskId:
+    """A task by its role and index, named as every log line and report names it: `ps 0`."""
+
+    role: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.index}"
+
+
+def write(
+    cluster: Mapping[str, list[str]],
+    role: str,
+    index: int,
+    *,
+    has_evaluator: bool,
+    run_id: str | None,
+) -> dict[str, Any]:
+    """A TF_CONFIG, in the form `tf.estimator.RunConfig` and TensorFlow's resolvers read."""
+    return {
+        "cluster": cluster,
+        "task": {"type": role, "index": index},
+        RUNTIME_KEY: {EVALUATOR: has_evaluator, RUN: run_id},
+    }
+
+
+def run_of(text: str) -> str | None:
+    """The run a TF_CONFIG was made for, by this package; None for one made elsewhere (or for
+    text that is no TF_CONFIG at all, which ClusterRole.from_json then refuses)."""
+    try:
+        config = json.loads(text)
+    except ValueError:
+        return None
+    runtime = config.get(RUNTIME_KEY) if isinstance(config, dict) else None
+    run = runtime.get(RUN) if isinstance(runtime, dict) else None
+    return None if run is None else str(run)
+
+
+@dataclass(frozen=True)
+class ClusterRole:
+    """A task's role and index, and the cluster it belongs to."""
+
+    cluster: Mapping[str, tuple[str, ...]]
+    role: str
+    index: int
+    # Whether an evaluator task runs beside the cluster: then it evaluates, not the chief.
+    has_evaluator: bool = False
+    # One run of the cluster (a SLURM step's attempt, a --local_cluster): the reports tasks
+    # leave in the model directory carry it, so that the chief never takes an earlier run's.
+    # None in a TF_CONFIG made elsewhere.
+    run_id: str | None = None
+
+    @classmethod
+    def from_tf_config(cls, tf_config: Mapping[str, Any]) -> ClusterRole:
+        try:
+            cluster = {job: tuple(tasks) for job, tasks in tf_config["cluster"].items()}
+            role, index = tf_config["task"]["type"], int(tf_config["task"]["index"])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise UsageError("TF_CONFIG", "is not a cluster and a task", _HINT) from None
+        if role not in (CHIEF, WORKER, PS, EVALUATOR):
+            raise UsageError("TF_CONFIG", f"gives the task type {role!r}", _HINT)
+        if role != EVALUATOR and not 0 <= index < len(cluster.get(role, ())):
+            raise UsageError("TF_CONFIG", f"names {role} {index}, which its cluster lacks", _HINT)
+        if len(cluster.get(CHIEF, ())) != 1:
+            raise UsageError("TF_CONFIG", "needs exactly one chief in its cluster", _HINT)
+        runtime = tf_config.get(RUNTIME_KEY) or {}
+        if not isinstance(runtime, Mapping):
+            raise UsageError("TF_CONFIG", f"has a {RUNTIME_KEY!r} that is not an object", _HINT)
+        has_evaluator = role == EVALUATOR or bool(runtime.get(EVALUATOR, False))
+        run_id = runtime.get(RUN)
+        return cls(
+            cluster=cluster,
+            role=role,
+            index=index,
+            has_evaluator=has_evaluator,
+            run_id=None if run_id is None else str(run_id),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> ClusterRole:
+        try:
+            return cls.from_tf_config(json.loads(text))
+        except json.JSONDecodeError as error:
+            raise UsageError("TF_CONFIG", f"is not JSON ({error.msg})", _HINT) from None
+
+    @property
+    def trainers(self) -> int:
+        return len(self.cluster.get(CHIEF, ())) + len(self.cluster.get(WORKER, ()))
+
+    @property
+    def ps_count(self) -> int:
+        return len(self.cluster.get(PS, ()))
+
+    @property
+    def trainer_id(self) -> int:
+        """0 for the chief, 1 + index for a worker: the token it hands the ps when done."""
+        return 0 if self.role == CHIEF else self.index + 1
+
+    @property
+    def task_id(self) -> TaskId:
+        return TaskId(self.role, self.index)
+
+    @property
+    def address(self) -> str:
+        return self.cluster[self.role][self.index] if self.role != EVALUATOR else "-"
+
+    def named(self, *jobs: str) -> dict[str, str]:
+        """The tasks of these jobs by name, as logs name them: {"ps 0": "node1:10256", ...}."""
+        return {
+            str(TaskId(job, index)): address
+            for job in jobs
+            for index, address in enumerate(self.cluster.get(job, ()))
+        }
+
+    @staticmethod
+    def trainer_name(trainer_id: int) -> str:
+        """The name of the trainer that hands the ps this token (see trainer_id)."""
+        return str(TaskId(CHIEF, 0) if trainer_id == 0 else TaskId(WORKER, trainer_id - 1))
+
+    def jobs(self) -> dict[str, list[str]]:
+        """The cluster as TF_CONFIG and tf.train.ClusterSpec take it: lists of addresses."""
+        return {job: list(tasks) for job, tasks in self.cluster.items()}
+
+    def tf_config(self, **extra: Any) -> dict[str, Any]:
+        config = write(
+            self.jobs(),
+            self.role,
+            self.index,
+            has_evaluator=self.has_evaluator,
+            run_id=self.run_id,
+        )
+        return config | extra
+
+
+class Shard(NamedTuple):
+    """Which share of the training data a process reads: dataset.shard(*shard)."""
+
+    num_shards: int
+    shard_index: int
+
+
+def input_shard(environ: Mapping[str, str] = os.environ) -> Shard:
+    """This process's share of the training data, from its TF_CONFIG: trainer i of n (the
+    chief 0, worker k k + 1) reads shard i of n; a single process, a parameter server and the
+    evaluator read everything, Shard(1, 0)."""
+    text = environ.get("TF_CONFIG")
+    role = ClusterRole.from_json(text) if text else None
+    if role is None or role.role not in (CHIEF, WORKER):
+        return Shard(1, 0)
+    return Shard(role.trainers, role.trainer_id)

@@ -1,0 +1,97 @@
+"""Which peers each task of a cluster watches (watchdog.py), so that a loss reaches every task
+while no task probes more than a few: at 500 nodes x 8 GPUs (4,000 trainers, 500 ps) a ps
+that probed every trainer took 80 s a round (bench/RESULTS.md). No TensorFlow here.
+
+- Trainers and parameter servers are paired off: with m = min(trainers, ps), trainer t and
+  ps p watch each other when t % m == p % m. Each trainer so watches ceil(ps / trainers)
+  parameter servers (1 at that scale), and each ps ceil(trainers / ps) trainers (8).
+- The parameter servers watch each other (the mesh), at the watchdog's rate limit.
+
+A lost trainer is seen by its ps, which ends; the other parameter servers see that ps end,
+and end; every trainer sees its own ps end. A lost ps is seen by its trainers and by the mesh
+the same way. Three watches from any task to any other.
+
+A cluster without parameter servers (all-reduce training) has only trainers: each watches its
+neighbours in the tree of trainers below (its parent and children), so a loss travels along
+the tree, at most twice its depth (3 levels at 4,000 trainers).
+
+`launch/with-tfconfig`'s trainers also tell the parameter servers that they finished, which
+the runtime's trainers do through its stop tokens: along a tree of the trainers (the chief
+its root, FAN_OUT children each), a trainer whose command exited 0 waits until each of its
+children says its subtree finished, then says so for its own (supervise.py), until its
+parent has said so too. The chief so says when every trainer has finished.
+"""
+
+from __future__ import annotations
+
+from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
+from tfconfig_slurm.cluster.role import ClusterRole, TaskId
+
+FAN_OUT = 16
+
+
+def paired(role: ClusterRole) -> dict[str, str]:
+    """The peers of the other kind this trainer or ps watches, by name."""
+    trainers, servers = role.trainers, role.ps_count
+    if not trainers or not servers:
+        return {}
+    pairs = min(trainers, servers)
+    if role.role == PS:
+        mine = role.index % pairs
+        names = [role.trainer_name(t) for t in range(trainers) if t % pairs == mine]
+    else:
+        mine = role.trainer_id % pairs
+        names = [str(TaskId(PS, p)) for p in range(servers) if p % pairs == mine]
+    everyone = role.named(PS, CHIEF, WORKER)
+    return {name: everyone[name] for name in names}
+
+
+def neighbours(role: ClusterRole) -> dict[str, str]:
+    """A trainer's parent and children in the tree of trainers, by name: the peers it watches
+    in a cluster without parameter servers."""
+    near = children(role)
+    if role.trainer_id:
+        name = role.trainer_name(_parent_id(role.trainer_id))
+        near[name] = role.named(CHIEF, WORKER)[name]
+    return near
+
+
+def other_servers(role: ClusterRole) -> dict[str, str]:
+    """Every parameter server but this one: the mesh a ps watches."""
+    return {name: address for name, address in role.named(PS).items() if name != _own(role)}
+
+
+def children(role: ClusterRole) -> dict[str, str]:
+    """This trainer's children in the tree of trainers, by name."""
+    everyone = role.named(CHIEF, WORKER)
+    names = map(role.trainer_name, _child_ids(role.trainer_id, role.trainers))
+    return {name: everyone[name] for name in names}
+
+
+def parent(role: ClusterRole) -> str | None:
+    """The address of this trainer's parent in the tree of trainers; None for the chief."""
+    if role.trainer_id == 0:
+        return None
+    return role.named(CHIEF, WORKER)[role.trainer_name(_parent_id(role.trainer_id))]
+
+
+def trainers_below(role: ClusterRole) -> int:
+    """How many trainers the tree has below this one."""
+    count, level = 0, [role.trainer_id]
+    while level:
+        level = [child for parent in level for child in _child_ids(parent, role.trainers)]
+        count += len(level)
+    return count
+
+
+def _parent_id(trainer_id: int) -> int:
+    return (trainer_id - 1) // FAN_OUT
+
+
+def _child_ids(trainer_id: int, trainers: int) -> range:
+    first = trainer_id * FAN_OUT + 1
+    return range(first, min(first + FAN_OUT, trainers))
+
+
+def _own(role: ClusterRole) -> str:
+    return str(role.task_id)

@@ -1,0 +1,75 @@
+"""How every command of the package starts and fails: absl flags in, one line and exit 2 out.
+
+Flags are parsed by absl (`--flagfile` and absl's syntax included) and logs go through absl
+logging, but without `absl.app`: it imports pdb at start-up, a quarter of the time
+`tfconfig-slurm` takes for a 36,864-task step. `--help` and `--helpfull` print absl's own flag
+help.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Callable, NoReturn, Optional
+
+from absl import flags
+
+from tfconfig_slurm.errors import TfconfigSlurmError, UsageError
+from tfconfig_slurm.process.console import fail, start_logging
+
+Main = Callable[[Sequence[str]], Optional[int]]
+
+HELP = flags.DEFINE_boolean(
+    "help", False, "Show this help and the command's flags.", short_name="h"
+)
+HELPFULL = flags.DEFINE_boolean("helpfull", False, "Show help on every flag, absl's included.")
+
+
+def run_cli(
+    program: str,
+    main: Main,
+    *,
+    stop_at_first_argument: bool = False,
+    arguments: bool = False,
+    logs: bool = False,
+) -> NoReturn:
+    """Parses the flags of `sys.argv` and runs `main` with what remains, failing as `fail` does.
+
+    With `stop_at_first_argument`, flags end at the first word that is not one, so that a
+    wrapped command's own flags reach it untouched; with `arguments`, words that are not
+    flags may come anywhere and reach `main`; otherwise the command takes flags only, and a
+    word that is not one is refused. With `logs`, absl logging writes INFO and above to
+    stderr, as in an absl app.
+    """
+    flags.FLAGS.set_gnu_getopt(not stop_at_first_argument)
+    try:
+        argv = flags.FLAGS(sys.argv)
+    except (flags.Error, UnicodeDecodeError) as error:
+        problem = str(error).strip()
+        if isinstance(error, UnicodeDecodeError):
+            # absl reads a --flagfile as UTF-8 text.
+            problem = f"--flagfile names a file that is not UTF-8 text ({error.reason})"
+        end = "" if problem.endswith((".", "?")) else "."
+        fail(program, f"{problem}{end} HINT: {program} --help lists the flags")
+    if len(argv) > 1 and not (stop_at_first_argument or arguments):
+        stray = UsageError(
+            repr(argv[1]), "is not a flag", f"flags start with --; see {program} --help"
+        )
+        fail(program, stray.one_line())
+    if HELP.value or HELPFULL.value:
+        sys.stdout.write(_usage(main, full=HELPFULL.value))
+        sys.exit(0)
+    if logs:
+        start_logging()
+    try:
+        sys.exit(main(argv))
+    except TfconfigSlurmError as error:
+        fail(program, error.one_line())
+
+
+def _usage(main: Main, *, full: bool) -> str:
+    module = sys.modules[main.__module__]
+    # absl files the flags of the module run with -m under the script's path.
+    owner = sys.argv[0] if main.__module__ == "__main__" else main.__module__
+    flag_help = flags.FLAGS.get_help() if full else flags.FLAGS.module_help(owner)
+    return f"{(module.__doc__ or '').strip()}\n\nflags:\n{flag_help}\n"

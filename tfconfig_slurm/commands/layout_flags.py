@@ -1,0 +1,103 @@
+"""The layout flags every command shares, and the one way to turn them into a layout.
+
+Inside a job step the layout comes from SLURM's variables; with `--nodelist` it is planned from
+flags (plan_flags.py, which only `tfconfig-slurm --explain` lists in its help), so a user sees
+it before submitting. `tfconfig-slurm` and `with-tfconfig` resolve a
+task's layout through `resolve_layout`; the training runtime takes `step_policy` to
+process/place.py, which lays the step out the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from absl import flags
+
+from tfconfig_slurm.cluster import ClusterLayout, LayoutPolicy, lay_out, read_slurm_step
+from tfconfig_slurm.commands import plan_flags
+from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process import place
+
+PS_PER_NODE = flags.DEFINE_integer(
+    "ps_per_node",
+    None,
+    "Parameter servers on each node: the first N tasks of every node. Default: 1, or 0 with "
+    "--all_reduce. 0 gives a cluster of chief and workers only.",
+)
+ALL_REDUCE = flags.DEFINE_boolean(
+    "all_reduce",
+    LayoutPolicy.all_reduce,
+    "Lay the step out for all-reduce training, as tf.distribute.MultiWorkerMirroredStrategy "
+    "wants: a chief and workers, one per GPU, and no parameter servers (a parameter server "
+    "in its cluster makes every task fail or hang).",
+)
+ROLES = flags.DEFINE_list(
+    "roles",
+    None,
+    "One role per rank, in rank order, overriding --ps_per_node and --evaluator: chief, "
+    "worker, ps or evaluator, e.g. ps,worker,worker,worker,ps,worker,worker,worker. Without a "
+    "chief, the first trainer of the first node becomes chief.",
+)
+EVALUATOR = flags.DEFINE_boolean(
+    "evaluator",
+    LayoutPolicy.evaluator,
+    "Make the step's last task the evaluator: it is not in the cluster, takes a GPU its "
+    "node's trainers left free (or none), and "
+    "evaluates each new checkpoint.",
+)
+ADDRESS_TEMPLATE = flags.DEFINE_string(
+    "address_template",
+    LayoutPolicy.address_template,
+    "How a node's name becomes the address other tasks reach it at, e.g. '{node}-ib0' for "
+    "an InfiniBand interface.",
+)
+PORT_BASE = flags.DEFINE_integer(
+    "port_base",
+    LayoutPolicy.port_base,
+    "Port of each node's first task; task N of a node listens on base + N. Default: derived "
+    "from the job and step ids, so jobs and steps sharing a node do not collide.",
+)
+_PLAN_FLAGS = ("ntasks_per_node", "gpus_per_node", "distribution")
+
+
+class ResolvedLayout(NamedTuple):
+    """A layout and this task's rank in it; rank is None for a layout planned from flags."""
+
+    layout: ClusterLayout
+    rank: int | None
+
+
+def policy_from_flags() -> LayoutPolicy:
+    if ROLES.present and not ROLES.value:
+        raise UsageError("--roles", "is empty", "give one role per rank, or leave --roles out")
+    return LayoutPolicy(
+        ps_per_node=PS_PER_NODE.value,
+        all_reduce=ALL_REDUCE.value,
+        roles=tuple(ROLES.value) if ROLES.value else None,
+        evaluator=EVALUATOR.value,
+        address_template=ADDRESS_TEMPLATE.value,
+        port_base=PORT_BASE.value,
+    )
+
+
+def resolve_layout(environ: Mapping[str, str]) -> ResolvedLayout:
+    """This task's layout from SLURM's variables, or a planned one when --nodelist is given."""
+    if plan_flags.NODELIST.value is not None:
+        policy = policy_from_flags()
+        return ResolvedLayout(lay_out(plan_flags.planned_shape(policy), policy), None)
+    step = read_slurm_step(environ)
+    return ResolvedLayout(place.step_layout(step, step_policy()), step.rank)
+
+
+def step_policy() -> LayoutPolicy:
+    """The policy for laying out the job step this runs in: the planning flags are refused."""
+    given = [f"--{name}" for name in ("nodelist", *_PLAN_FLAGS) if flags.FLAGS[name].present]
+    if given:
+        raise UsageError(
+            given[0],
+            "describes a planned step (tfconfig-slurm --explain --nodelist=...), not this one",
+            "inside a job step SLURM says how many tasks and GPUs there are: leave it out; to "
+            "plan a step, tfconfig-slurm --explain --nodelist='gpu[01-04]'",
+        )
+    return policy_from_flags()

@@ -1,0 +1,389 @@
+"""Train an experiment (Estimator or Keras); run again with the same id to resume.
+
+  python -m tfconfig_slurm.run --experiment mnist_deep     # Estimator, TensorFlow 2.15
+  python -m tfconfig_slurm.run --experiment mnist_keras    # tf-keras, TensorFlow 2.16+
+  python -m tfconfig_slurm.run --experiment path/to/my_model.py --train_steps=5000 \\
+      --hparams=learning_rate=0.0005 --output_root=/scratch/$USER/runs --experiment_id=lr5e-4
+
+An Estimator experiment is a module defining model_fn(features, labels, mode, params) and
+input_fn(mode, params) (or train_input_fn and eval_input_fn), and optionally
+serving_input_receiver_fn; a Keras experiment defines build_model(params), returning the
+compiled model, and dataset(mode, params), the batches for mode "train" or "eval"; either
+may define HPARAMS. Checkpoints, TensorBoard events, summary.json (and an Estimator's
+exported model) go to <output_root>/<experiment_id>; a run that finds a checkpoint there
+resumes from it. A Keras experiment trains all-reduce (MultiWorkerMirroredStrategy): no
+parameter servers.
+
+Where it runs decides how it trains:
+  - with TF_CONFIG set (by launch/with-tfconfig or --local_cluster): that task of the cluster;
+  - in a SLURM job step of several tasks: the task's role in the layout tfconfig-slurm
+    computes (the layout flags below; see tfconfig-slurm --explain);
+  - otherwise: in this one process. --local_cluster=ps=1,workers=2 (a Keras experiment:
+    workers=1) starts a cluster of processes on this machine instead.
+Parameter servers exit once every trainer has finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import faulthandler
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, NoReturn
+
+from absl import flags
+
+from tfconfig_slurm.cluster import LayoutPolicy
+from tfconfig_slurm.cluster.layout import TRAINERS
+from tfconfig_slurm.cluster.role import input_shard
+from tfconfig_slurm.cluster.step import read_slurm_job
+from tfconfig_slurm.commands import layout_flags
+from tfconfig_slurm.commands.cli import run_cli
+from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process import claim, local_cluster, model_dir, network, place, preemption
+from tfconfig_slurm.process import experiment as experiment_lib
+from tfconfig_slurm.process.settings import TrainingSettings
+
+PROGRAM = "tfconfig-slurm-run"
+
+EXPERIMENT = flags.DEFINE_string(
+    "experiment",
+    None,
+    "The experiment: a name (NAME.py in ./experiments, else one that ships with the "
+    "package: mnist_deep), a file path, or a module path.",
+)
+OUTPUT_ROOT = flags.DEFINE_string(
+    "output_root",
+    os.environ.get("TFCONFIG_SLURM_OUTPUT", "./tf-output"),
+    "Where model directories go (default: $TFCONFIG_SLURM_OUTPUT, else ./tf-output).",
+)
+EXPERIMENT_ID = flags.DEFINE_string(
+    "experiment_id",
+    os.environ.get("EXPERIMENT_ID"),
+    "The model directory's name under --output_root; the same id resumes, and only one run "
+    "at a time may train there (default: $EXPERIMENT_ID, else the experiment's name, and in "
+    "a SLURM job array <name>-<array task id>).",
+)
+PRINT_MODEL_DIR = flags.DEFINE_boolean(
+    "print_model_dir",
+    False,
+    "Print the model directory these flags train in, and exit (for batch scripts).",
+)
+TRAIN_STEPS = flags.DEFINE_integer(
+    "train_steps", 1000, "Train until the global step reaches this.", lower_bound=1
+)
+EVAL_STEPS = flags.DEFINE_integer(
+    "eval_steps", None, "Batches per evaluation (default: the whole eval set).", lower_bound=1
+)
+BATCH_SIZE = flags.DEFINE_integer(
+    "batch_size", 64, "Examples per step and trainer; params['batch_size'].", lower_bound=1
+)
+HPARAMS = flags.DEFINE_string(
+    "hparams", "", "Overrides of the experiment's HPARAMS: name=value,name=value."
+)
+SWEEP_FILE = flags.DEFINE_string(
+    "sweep_file",
+    None,
+    "In a SLURM job array: train line <array task id> of this file (one --hparams value a "
+    "line, after --hparams; blank lines and # comments skipped) under the experiment id "
+    "<file name without suffix>-<array task id>. launch/sweep sets it.",
+)
+DATA_DIR = flags.DEFINE_string(
+    "data_dir",
+    None,
+    "The directory the experiment reads its data from (mnist_deep: the MNIST IDX files; "
+    "without them, or without this flag, the digits that ship with scikit-learn).",
+)
+SAVE_CHECKPOINTS_STEPS = flags.DEFINE_integer(
+    "save_checkpoints_steps", None, "Checkpoint every N global steps.", lower_bound=1
+)
+SAVE_CHECKPOINTS_SECS = flags.DEFINE_integer(
+    "save_checkpoints_secs",
+    None,
+    "Checkpoint every N seconds (Estimator's default: 600 when neither is set).",
+    lower_bound=1,
+)
+KEEP_CHECKPOINT_MAX = flags.DEFINE_integer(
+    "keep_checkpoint_max", 5, "Checkpoints kept in the model directory.", lower_bound=1
+)
+INTRA_OP_THREADS = flags.DEFINE_integer(
+    "intra_op_threads", 0, "Threads inside one op (0: TensorFlow picks).", lower_bound=0
+)
+INTER_OP_THREADS = flags.DEFINE_integer(
+    "inter_op_threads",
+    0,
+    "Ops run at once (0: TensorFlow picks). With 1, a trainer in a cluster sends its "
+    "gradients to the ps only once its whole backward pass is done; 2 lets them overlap.",
+    lower_bound=0,
+)
+LOG_EVERY_STEPS = flags.DEFINE_integer(
+    "log_every_steps",
+    100,
+    "Log the loss, examples/s and global steps/s, and write scalars, every N steps.",
+    lower_bound=1,
+)
+GPU_MEMORY_GROWTH = flags.DEFINE_boolean(
+    "gpu_memory_growth", False, "Take GPU memory as needed instead of all at start."
+)
+SYNC_REPLICAS = flags.DEFINE_boolean(
+    "sync_replicas",
+    False,
+    "In a cluster, update synchronously: every step aggregates one gradient from each trainer "
+    "(SyncReplicasOptimizer around the experiment's optimizer).",
+)
+LOCAL_CLUSTER = flags.DEFINE_string(
+    "local_cluster",
+    None,
+    "Start a cluster of processes on this machine instead of training in one: "
+    "ps=N,workers=N[,evaluator=1] (plus the chief); for a Keras experiment workers=N. One log "
+    "per task in <model dir>/logs.",
+)
+GPU_MEMORY_FRACTION = flags.DEFINE_float(
+    "gpu_memory_fraction",
+    None,
+    "Share of each GPU's memory a process may take.",
+    lower_bound=0.0,
+    upper_bound=1.0,
+)
+
+PREEMPT_SIGNAL = flags.DEFINE_string(
+    "preempt_signal",
+    "USR1",
+    "The signal that stops training at the next step with a checkpoint and requeues the "
+    "SLURM job, as #SBATCH --signal=USR1@90 sends it before a time limit or preemption; '' "
+    "to leave it alone. (SIGQUIT is taken: it writes every thread's Python stack to the "
+    "task's log, e.g. scancel --signal=QUIT JOBID, and the task runs on.)",
+)
+REQUEUE_ON_SIGTERM = flags.DEFINE_boolean(
+    "requeue_on_sigterm",
+    False,
+    "SIGTERM (a time limit or scancel without --signal's warning, a preemption) always stops "
+    "training at the next step with a checkpoint, within SLURM's 30 s KillWait; with this, "
+    "the job is also requeued. Off: SLURM requeues preempted jobs itself where its "
+    "PreemptMode says so, and a scancel means stop.",
+)
+MAX_REQUEUES = flags.DEFINE_integer(
+    "max_requeues",
+    3,
+    "Requeue the job on --preempt_signal only while SLURM_RESTART_COUNT is below this.",
+    lower_bound=0,
+)
+
+flags.adopt_module_key_flags(layout_flags)
+
+
+def main(argv: Sequence[str]) -> int | None:
+    # First of all: the default action of SIGUSR1 and SIGTERM ends the process, and they may
+    # come at any time.
+    stop = preemption.StopRequest()
+    preempt = preemption.parse_signal(PREEMPT_SIGNAL.value)
+    stop.listen(preempt, signal.SIGTERM)
+    # A hang is debuggable: SIGQUIT writes every thread's stack, and nothing else happens.
+    faulthandler.register(signal.SIGQUIT, all_threads=True)
+    requeue_on = {preempt.name} if preempt else set()
+    if REQUEUE_ON_SIGTERM.value:
+        requeue_on.add(signal.SIGTERM.name)
+    if EXPERIMENT.value is None:
+        raise UsageError("--experiment", "is required", f"e.g. {PROGRAM} --experiment mnist_deep")
+    if SAVE_CHECKPOINTS_STEPS.present and SAVE_CHECKPOINTS_SECS.present:
+        raise UsageError(
+            "--save_checkpoints_steps",
+            "and --save_checkpoints_secs exclude each other",
+            "choose one",
+        )
+    if DATA_DIR.value is not None and not Path(DATA_DIR.value).is_dir():
+        # A typo would otherwise train on an experiment's fallback data, and succeed.
+        raise UsageError(
+            "--data_dir",
+            f"{DATA_DIR.value!r} is not a directory",
+            "give the directory that holds the data, or leave --data_dir out",
+        )
+    # Checked before TensorFlow is imported, so that bad input fails at once.
+    name, _ = experiment_lib.locate(EXPERIMENT.value)
+    kind = experiment_lib.require_runtime(EXPERIMENT.value)
+    hparams, default_id = HPARAMS.value, _default_id(name)
+    if SWEEP_FILE.value:
+        hparams, default_id = _sweep_run(Path(SWEEP_FILE.value))
+    directory = Path(OUTPUT_ROOT.value, EXPERIMENT_ID.value or default_id)
+    if PRINT_MODEL_DIR.value:
+        sys.stdout.write(f"{directory}\n")
+        return 0
+    policy = layout_flags.step_policy()
+    if kind == experiment_lib.KERAS:
+        policy = _all_reduce(policy)
+    if LOCAL_CLUSTER.value:
+        counts = local_cluster.parse(LOCAL_CLUSTER.value, all_reduce=kind == experiment_lib.KERAS)
+        model_dir.check_writable(directory, claim.CLI_NAMING)
+        # The trailing --local_cluster= overrides the launcher's: a task runs one role.
+        command = [sys.executable, "-m", "tfconfig_slurm.run", *sys.argv[1:], "--local_cluster="]
+        return local_cluster.run(counts, directory, command, PROGRAM, claim.CLI_NAMING)
+    where = place.find(os.environ, policy, place.servers_flag(policy))
+    if kind == experiment_lib.KERAS:
+        _check_keras_role(where)
+    if where.role is not None:
+        network.check_task(where.role)
+    elif SYNC_REPLICAS.value:
+        raise UsageError(
+            "--sync_replicas",
+            "synchronises the trainers of a cluster, and this trains in one process",
+            "add --local_cluster=ps=1,workers=1, or run it in a SLURM step of several tasks",
+        )
+    model_dir.check_writable(directory, claim.CLI_NAMING)
+    settings = partial(_settings, directory, hparams)
+    _train(kind, settings, where, stop, preemption.StopPolicy(requeue_on, MAX_REQUEUES.value))
+
+
+def _settings(
+    directory: Path, hparams: str, experiment_hparams: Mapping[str, Any]
+) -> TrainingSettings:
+    """The flags' settings, with the experiment's hparams overridden by `hparams`."""
+    shard = input_shard(os.environ)
+    return TrainingSettings(
+        model_dir=directory,
+        train_steps=TRAIN_STEPS.value,
+        eval_steps=EVAL_STEPS.value,
+        params={
+            **experiment_lib.with_overrides(experiment_hparams, hparams),
+            "batch_size": BATCH_SIZE.value,
+            "data_dir": DATA_DIR.value,
+            "num_trainers": shard.num_shards,
+            "trainer_index": shard.shard_index,
+        },
+        save_checkpoints_steps=SAVE_CHECKPOINTS_STEPS.value,
+        save_checkpoints_secs=SAVE_CHECKPOINTS_SECS.value,
+        keep_checkpoint_max=KEEP_CHECKPOINT_MAX.value,
+        intra_op_threads=INTRA_OP_THREADS.value,
+        inter_op_threads=INTER_OP_THREADS.value,
+        gpu_memory_growth=GPU_MEMORY_GROWTH.value,
+        gpu_memory_fraction=GPU_MEMORY_FRACTION.value,
+        log_every_steps=LOG_EVERY_STEPS.value,
+        sync_replicas=SYNC_REPLICAS.value,
+    )
+
+
+def _train(
+    kind: str,
+    settings: Callable[[Mapping[str, Any]], TrainingSettings],
+    where: place.Place,
+    stop: preemption.StopRequest,
+    stop_policy: preemption.StopPolicy,
+) -> NoReturn:
+    """Imports TensorFlow and trains the experiment as this task, to the process's end."""
+    spec = EXPERIMENT.value or ""
+    if kind == experiment_lib.KERAS:
+        # Keras 2 (tf-keras) for whatever the experiment reaches through tf.keras too.
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+        from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
+        from tfconfig_slurm.backends.keras import train as keras_train  # noqa: PLC0415
+
+        keras_experiment = experiment_lib.load_keras(spec)
+        tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
+        keras_train.run(
+            keras_experiment, settings(keras_experiment.hparams), where, stop, stop_policy
+        )
+    from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
+    from tfconfig_slurm.backends.estimator import experiment_training, train  # noqa: PLC0415
+
+    experiment = experiment_lib.load(spec)
+    tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
+    train.run(
+        experiment_training.training(experiment, settings(experiment.hparams), where.role),
+        where,
+        stop,
+        stop_policy,
+        claim.CLI_NAMING,
+    )
+    tf_process.exit_now(0)
+
+
+def _all_reduce(policy: LayoutPolicy) -> LayoutPolicy:
+    """A Keras experiment's layout: all-reduce (MultiWorkerMirroredStrategy), with the flags
+    it cannot honour refused."""
+    refused = {
+        "--evaluator": (layout_flags.EVALUATOR.value, "every trainer evaluates the final model"),
+        "--sync_replicas": (SYNC_REPLICAS.value, "all-reduce training is synchronous already"),
+        "--save_checkpoints_secs": (
+            SAVE_CHECKPOINTS_SECS.value is not None,
+            "checkpoints are numbered by step: use --save_checkpoints_steps",
+        ),
+        "--gpu_memory_growth": (GPU_MEMORY_GROWTH.value, "the Keras runtime does not set it yet"),
+        "--gpu_memory_fraction": (
+            GPU_MEMORY_FRACTION.value is not None,
+            "the Keras runtime does not set it yet",
+        ),
+    }
+    for flag, (given, why) in refused.items():
+        if given:
+            raise UsageError(
+                flag, f"does not apply to a Keras experiment: {why}", f"leave {flag} out"
+            )
+    roles = set(policy.roles or ())
+    culprit = (
+        "--ps_per_node" if policy.ps_per_node else "--roles" if roles - set(TRAINERS) else None
+    )
+    if culprit:
+        raise UsageError(
+            culprit,
+            "asks for parameter servers or an evaluator, and a Keras experiment trains "
+            "all-reduce (MultiWorkerMirroredStrategy), with a chief and workers only",
+            "leave it out: a Keras experiment's step is laid out as --all_reduce",
+        )
+    return dataclasses.replace(policy, all_reduce=True)
+
+
+def _check_keras_role(where: place.Place) -> None:
+    """A TF_CONFIG made elsewhere may give this task a role MultiWorkerMirroredStrategy has not
+    (it fails a ps's process at its creation, with a traceback)."""
+    role = where.role
+    if role is not None and (role.role not in TRAINERS or role.ps_count):
+        raise UsageError(
+            "TF_CONFIG",
+            f"makes this task {role.role} {role.index} of a cluster with "
+            f"{role.ps_count} parameter servers, and a Keras experiment trains with a chief and "
+            "workers only",
+            "lay the step out with --all_reduce (with-tfconfig --all_reduce), or unset TF_CONFIG",
+        )
+
+
+def _sweep_run(sweep_file: Path) -> tuple[str, str]:
+    """This job array task's line of the sweep file after --hparams, and its default id."""
+    job = read_slurm_job(os.environ)
+    if job is None or job.array_task_id is None:
+        raise UsageError(
+            "--sweep_file",
+            "picks a line by SLURM_ARRAY_TASK_ID, and this is not a job array task",
+            "submit the sweep with launch/sweep SWEEP_FILE [flags]",
+        )
+    lines = experiment_lib.sweep_lines(sweep_file)
+    index = job.array_task_id
+    if index >= len(lines):
+        raise UsageError(
+            "--sweep_file",
+            f"has {len(lines)} runs, and this is array task {index}",
+            "submit the sweep with launch/sweep, which asks for one array task a line",
+        )
+    hparams = ",".join(filter(None, (HPARAMS.value, lines[index])))
+    return hparams, f"{sweep_file.stem}-{index}"
+
+
+def _default_id(experiment: str) -> str:
+    """The experiment's name, and in a job array the array task's index after it, so that the
+    array's tasks train into directories of their own."""
+    job = read_slurm_job(os.environ)
+    if job is not None and job.array_task_id is not None:
+        return f"{experiment}-{job.array_task_id}"
+    return experiment
+
+
+def run() -> None:
+    # TensorFlow's C++ start-up notes are noise for a user; an explicit setting wins.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    run_cli(PROGRAM, main, logs=True)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,196 @@
+"""Every run under an output root, one line each: its state, step, final metrics, speed,
+hparams, SLURM job and last update.
+
+  tfconfig-slurm runs [OUTPUT_ROOT] [--sort METRIC] [--json]
+
+OUTPUT_ROOT defaults to $TFCONFIG_SLURM_OUTPUT, else ./tf-output. A run's state comes from
+what it wrote (state.json, summary.json) and, where squeue is there, from SLURM: running; done;
+failed (a run that ended without saying so: killed, its node lost, or an error); stopped (on a
+signal, with a checkpoint; it resumes when run again); requeued (stopped, and its job waits in
+the queue to resume). --sort orders by a final metric, best first (the lowest for a loss or
+an error, else the highest). Imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from absl import flags
+
+from tfconfig_slurm.commands.cli import run_cli
+from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process import claim, reports
+
+PROGRAM = "tfconfig-slurm runs"
+
+SORT = flags.DEFINE_string(
+    "sort", None, "Order the runs by this final metric, best first, e.g. accuracy or loss."
+)
+JSON_OUTPUT = flags.DEFINE_boolean(
+    "json",
+    False,
+    "Print the runs as a JSON list of objects (experiment_id, state, global_step, hparams, "
+    "eval, job_id, examples_per_sec, updated).",
+)
+# A job that squeue lists in these states has not started its run (again) yet.
+_WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING"}
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) > 2:
+        raise UsageError(repr(argv[2]), "is one word too many", f"{PROGRAM} [OUTPUT_ROOT]")
+    root = Path(argv[1] if len(argv) > 1 else os.environ.get("TFCONFIG_SLURM_OUTPUT", "tf-output"))
+    if not root.is_dir():
+        raise UsageError(
+            "OUTPUT_ROOT",
+            f"{str(root)!r} is not a directory",
+            "give the --output_root the runs used (or set TFCONFIG_SLURM_OUTPUT)",
+        )
+    jobs = _queued_jobs()
+    folders = sorted(Path(entry.path) for entry in os.scandir(root) if entry.is_dir())
+    runs = [run for run in (_run(folder, jobs) for folder in folders) if run is not None]
+    if SORT.value:
+        runs = _sorted(runs, SORT.value)
+    if JSON_OUTPUT.value:
+        sys.stdout.write(json.dumps(runs, indent=1) + "\n")
+    else:
+        sys.stdout.write(_table(runs))
+    return 0
+
+
+def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
+    """A run's line of the table; None for a folder that holds no run."""
+    state = reports.read_state(folder)
+    summary = reports.read_summary(folder)
+    checkpoint = _read_text(folder / "checkpoint")
+    if not state and checkpoint is None:
+        return None
+    latest = re.search(r'^model_checkpoint_path: ".*?(\d+)"', checkpoint or "", re.M)
+    speeds = [trainer.get("examples_per_sec") or 0.0 for trainer in summary.get("trainers", ())]
+    return {
+        "experiment_id": folder.name,
+        "state": _state(folder, state, summary, jobs),
+        "global_step": int(latest.group(1)) if latest else state.get("global_step"),
+        "eval": summary.get("eval", {}) if state.get("state", "done") == "done" else {},
+        "examples_per_sec": round(sum(speeds), 1) if speeds else None,
+        "hparams": state.get("hparams", {}),
+        "job_id": state.get("job_id"),
+        "updated": max(
+            _modified(folder / name)
+            for name in (reports.STATE_FILE, reports.SUMMARY_FILE, "checkpoint")
+        ),
+    }
+
+
+def _state(
+    folder: Path,
+    state: Mapping[str, Any],
+    summary: Mapping[str, Any],
+    jobs: Mapping[str, str] | None,
+) -> str:
+    said = state.get("state", "done" if summary else "unknown")
+    job = state.get("job_id")
+    queued = None if jobs is None or job is None else jobs.get(str(job))
+    if said == "stopped":
+        if queued is None:
+            return "stopped"
+        return "requeued" if queued in _WAITING else "running"
+    if said != "running":
+        return str(said)
+    if job is not None and jobs is not None:
+        return "running" if queued is not None else "failed"
+    # Outside SLURM, or without squeue: the model directory's lock says whether it trains.
+    live = claim.held_by_live_run(folder)
+    return "running" if live in (True, None) else "failed"
+
+
+def _queued_jobs() -> dict[str, str] | None:
+    """Every job squeue lists (array tasks one by one, as 123_4) and its state; None without
+    squeue."""
+    listed = claim.squeue("--array", "--format=%i %T")
+    if listed is None or listed.returncode != 0:
+        return None
+    return dict(line.split(maxsplit=1) for line in listed.stdout.splitlines() if " " in line)
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _modified(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _sorted(runs: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    known = {name for run in runs for name in run["eval"]}
+    if runs and metric not in known:
+        raise UsageError(
+            "--sort",
+            f"is {metric!r}, which no finished run reports",
+            f"the runs' final metrics are: {', '.join(sorted(known)) or 'none yet'}",
+        )
+    lower_is_better = "loss" in metric or "error" in metric
+    # Runs without the metric go last, in their order.
+    with_metric = [run for run in runs if metric in run["eval"]]
+    without = [run for run in runs if metric not in run["eval"]]
+    with_metric.sort(key=lambda run: run["eval"][metric], reverse=not lower_is_better)
+    return with_metric + without
+
+
+def _table(runs: list[dict[str, Any]]) -> str:
+    header = ("EXPERIMENT_ID", "STATE", "STEP", "EVAL", "EXAMPLES/S", "HPARAMS", "JOB", "UPDATED")
+    rows = [header]
+    for run in runs:
+        rows.append(
+            (
+                run["experiment_id"],
+                run["state"],
+                "-" if run["global_step"] is None else str(run["global_step"]),
+                _pairs({k: v for k, v in run["eval"].items() if k != "global_step"}, 4) or "-",
+                "-" if run["examples_per_sec"] is None else f"{run['examples_per_sec']:.0f}",
+                _pairs(run["hparams"], 6) or "-",
+                run["job_id"] or "-",
+                "-" if run["updated"] is None else _ago(run["updated"]),
+            )
+        )
+    widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _pairs(values: Mapping[str, Any], digits: int) -> str:
+    return ",".join(
+        f"{name}={value:.{digits}g}" if isinstance(value, float) else f"{name}={value}"
+        for name, value in sorted(values.items())
+    )
+
+
+def _ago(when: float) -> str:
+    seconds = max(0, int(time.time() - when))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def run() -> None:
+    run_cli(PROGRAM, main, arguments=True)
+
+
+if __name__ == "__main__":
+    run()

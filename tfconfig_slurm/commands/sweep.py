@@ -1,0 +1,179 @@
+"""Submit a sweep: one SLURM job array, one array task for each line of hparams.
+
+  launch/sweep [--max_running=N] [--sbatch_option=OPTION ...] SWEEP_FILE [runtime flags]
+  launch/sweep lr.sweep --experiment mnist_deep --train_steps 2000 --output_root /scratch/runs
+
+SWEEP_FILE holds one --hparams value a line (learning_rate=0.001,dropout=0.3); blank lines and
+lines starting with # are skipped. Array task i trains line i under the experiment id
+<SWEEP_FILE's name without suffix>-i in the output root, with the runtime flags given (those of
+python -m tfconfig_slurm.run, after SWEEP_FILE), through --batch_script and its layout
+(launch/train.sbatch). sbatch's options come from --sbatch_option, SBATCH_* variables
+(SBATCH_PARTITION, SBATCH_TIMELIMIT, ...) or the batch script's #SBATCH lines, in that order.
+Every line is checked against the experiment's HPARAMS before anything is submitted; the lines
+are kept in <output root>/sweeps/<name>.txt, which the array's tasks read. Prints the array's
+job id.
+`tfconfig-slurm runs OUTPUT_ROOT` then shows the runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from absl import flags
+
+from tfconfig_slurm.commands import run as runtime
+from tfconfig_slurm.commands.cli import run_cli
+from tfconfig_slurm.errors import UsageError
+
+PROGRAM = "sweep"
+
+MAX_RUNNING = flags.DEFINE_integer(
+    "max_running",
+    None,
+    "At most N of the sweep's runs at once (sbatch --array=0-K%N).",
+    lower_bound=1,
+)
+BATCH_SCRIPT = flags.DEFINE_string(
+    "batch_script",
+    None,
+    "The batch script every array task runs (launch/sweep passes launch/train.sbatch).",
+)
+SBATCH_OPTIONS = flags.DEFINE_multi_string(
+    "sbatch_option",
+    [],
+    "An option for sbatch, over the batch script's #SBATCH lines; repeat it for more, e.g. "
+    "--sbatch_option=--nodes=1 --sbatch_option=--ntasks-per-node=2.",
+)
+DRY_RUN = flags.DEFINE_boolean(
+    "dry_run", False, "Check the sweep and print the sbatch command instead of running it."
+)
+_OWN_FLAGS = ("max_running", "batch_script", "sbatch_option", "dry_run")
+# The runtime flags the sweep sets itself, for each run.
+_SET_BY_SWEEP = ("experiment_id", "sweep_file", "local_cluster", "print_model_dir")
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) < 2:
+        raise UsageError(
+            "SWEEP_FILE", "missing", f"{PROGRAM} [--max_running=N] SWEEP_FILE [runtime flags]"
+        )
+    sweep_file, runtime_flags = Path(argv[1]), list(argv[2:])
+    # The runtime flags, parsed by the runtime's own definitions: a bad one fails here.
+    flags.FLAGS.set_gnu_getopt(True)
+    try:
+        stray = flags.FLAGS([PROGRAM, *runtime_flags])[1:]
+    except flags.Error as error:
+        raise UsageError(
+            "runtime flags", str(error).strip(), "see tfconfig-slurm-run --help"
+        ) from None
+    if stray:
+        raise UsageError(repr(stray[0]), "is not a flag", "runtime flags start with --")
+    # The sweep's own flags after SWEEP_FILE were parsed above as well: they are the sweep's,
+    # and the runtime, which does not know them, must not get them.
+    runtime_flags = _without_own_flags(runtime_flags)
+    if BATCH_SCRIPT.value is None or not Path(BATCH_SCRIPT.value).is_file():
+        raise UsageError(
+            "--batch_script",
+            f"is {BATCH_SCRIPT.value!r}, not a file",
+            "give a batch script such as launch/train.sbatch",
+        )
+    for name in _SET_BY_SWEEP:
+        if flags.FLAGS[name].present:
+            raise UsageError(
+                f"--{name}",
+                "is the sweep's to set",
+                f"leave it out: run i of the sweep is {sweep_file.stem}-i",
+            )
+    lines = _checked_lines(sweep_file)
+    kept = Path(runtime.OUTPUT_ROOT.value, "sweeps", f"{sweep_file.stem}.txt").absolute()
+    text = "".join(f"{line}\n" for line in lines)
+    if kept.exists() and kept.read_text() != text:
+        raise UsageError(
+            "SWEEP_FILE",
+            f"{sweep_file.stem} was submitted before with other lines ({kept}), and its runs "
+            f"{sweep_file.stem}-0, ... would mix them",
+            "give the new sweep a file name of its own; the same lines resume the old sweep",
+        )
+    array = f"0-{len(lines) - 1}" + (f"%{MAX_RUNNING.value}" if MAX_RUNNING.value else "")
+    command = [
+        "sbatch", "--parsable", f"--array={array}", f"--job-name={sweep_file.stem}",
+        *SBATCH_OPTIONS.value, BATCH_SCRIPT.value, *runtime_flags, f"--sweep_file={kept}",
+    ]  # fmt: skip
+    if DRY_RUN.value:
+        sys.stdout.write(" ".join(command) + "\n")
+        return 0
+    if shutil.which("sbatch") is None:
+        raise UsageError("sbatch", "is not on PATH", "run the sweep on a SLURM login node")
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.write_text(text)
+    submitted = subprocess.run(command, capture_output=True, text=True, check=False)
+    if submitted.returncode != 0:
+        sys.stderr.write(submitted.stderr)
+        return submitted.returncode
+    job = submitted.stdout.strip().split(";")[0]
+    sys.stdout.write(f"{job}\n")
+    runs = (
+        f"1 run {sweep_file.stem}-0"
+        if len(lines) == 1
+        else f"{len(lines)} runs {sweep_file.stem}-0 to {sweep_file.stem}-{len(lines) - 1}"
+    )
+    sys.stderr.write(
+        f"{PROGRAM}: job array {job}: {runs} in {runtime.OUTPUT_ROOT.value}; see them with "
+        f"tfconfig-slurm runs {runtime.OUTPUT_ROOT.value}\n"
+    )
+    return 0
+
+
+def _without_own_flags(arguments: list[str]) -> list[str]:
+    """The arguments without the sweep's own flags (--max_running 2, --nodry_run, ...)."""
+    own = {flag.name: flag for flag in map(flags.FLAGS.__getitem__, _OWN_FLAGS)}
+    kept: list[str] = []
+    words = iter(arguments)
+    for word in words:
+        name, equals, _ = word.lstrip("-").partition("=")
+        if not word.startswith("-") or (name not in own and name[2:] not in own):
+            kept.append(word)
+        elif not equals and name in own and not own[name].boolean:
+            next(words, None)
+    return kept
+
+
+def _checked_lines(sweep_file: Path) -> list[str]:
+    """The sweep's lines, each checked against the experiment's HPARAMS."""
+    from tfconfig_slurm.process import experiment as experiment_lib  # noqa: PLC0415
+
+    lines = experiment_lib.sweep_lines(sweep_file)
+    if not lines:
+        raise UsageError(
+            "SWEEP_FILE",
+            f"{sweep_file} has no lines of hparams",
+            "write one --hparams value a line, e.g. learning_rate=0.001,dropout=0.3",
+        )
+    spec = runtime.EXPERIMENT.value or "mnist_deep"
+    kind = experiment_lib.require_runtime(spec)
+    load = experiment_lib.load_keras if kind == experiment_lib.KERAS else experiment_lib.load
+    experiment = load(spec)
+    for number, line in enumerate(lines):
+        try:
+            experiment_lib.with_overrides(
+                experiment.hparams, ",".join(filter(None, (runtime.HPARAMS.value, line)))
+            )
+        except UsageError as error:
+            raise UsageError(
+                f"SWEEP_FILE {sweep_file}, run {number} ({line!r})", error.problem, error.hint
+            ) from None
+    return lines
+
+
+def run() -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    run_cli(PROGRAM, main, stop_at_first_argument=True)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,87 @@
+"""Print this SLURM task's TF_CONFIG, or explain the layout of the whole step.
+
+Run it in every task of a job step; each task works out the same cluster on its own:
+
+  srun python -m tfconfig_slurm.tfconfig             # this task's TF_CONFIG JSON
+  eval "$(python -m tfconfig_slurm.tfconfig --export)"  # export TF_CONFIG, CUDA_VISIBLE_DEVICES
+  srun python -m tfconfig_slurm.tfconfig --explain   # the step's table, printed by rank 0
+
+See a layout before submitting, without SLURM:
+
+  tfconfig-slurm --explain --nodelist='gpu[01-04]' --ntasks_per_node=3 --gpus_per_node=2
+
+By default each node runs --ps_per_node parameter servers (its first tasks) and trainers that
+share its GPUs; the first trainer of the first node is the chief, the others are workers in
+rank order. Flags can also come from a file: --flagfile=layout.flags.
+
+  tfconfig-slurm runs [OUTPUT_ROOT]   # every run of an output root: see tfconfig-slurm runs --help
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from absl import flags
+
+from tfconfig_slurm.cluster import render
+from tfconfig_slurm.commands import layout_flags, plan_flags
+from tfconfig_slurm.commands.cli import run_cli
+from tfconfig_slurm.errors import UsageError
+
+PROGRAM = "tfconfig-slurm"
+
+EXPORT = flags.DEFINE_boolean(
+    "export", False, "Print shell export lines for TF_CONFIG and CUDA_VISIBLE_DEVICES."
+)
+EXPLAIN = flags.DEFINE_boolean(
+    "explain",
+    False,
+    "Print a table of every task: rank, node, role, index, address, GPUs. In a job step, "
+    "rank 0 prints it and the other tasks nothing.",
+)
+JSON = flags.DEFINE_boolean("json", False, "With --explain: print the tasks as a JSON list.")
+flags.adopt_module_key_flags(layout_flags)
+flags.adopt_module_key_flags(plan_flags)
+
+
+def main(argv: Sequence[str]) -> None:
+    if EXPORT.value and EXPLAIN.value:
+        raise UsageError("--export", "and --explain exclude each other", "choose one")
+    if JSON.value and not EXPLAIN.value:
+        raise UsageError("--json", "goes with --explain", "add --explain")
+    layout, rank = layout_flags.resolve_layout(os.environ)
+    if EXPLAIN.value and rank:
+        # Every task of the step has the same table: one copy is enough.
+        return
+    if EXPLAIN.value:
+        if JSON.value:
+            output = json.dumps(render.explain_records(layout), indent=1) + "\n"
+        else:
+            output = render.explain_table(layout)
+            if rank is None and layout_flags.PORT_BASE.value is None:
+                output += (
+                    "(planned: a job's ports start at a base derived from its job and step "
+                    "ids, or at --port_base)\n"
+                )
+    elif rank is None:
+        raise UsageError(
+            "--nodelist",
+            "plans a layout, so it goes with --explain",
+            "outside a job step there is no task to print a TF_CONFIG for; add --explain",
+        )
+    elif EXPORT.value:
+        output = render.export_lines(layout, rank)
+    else:
+        output = render.tf_config_json(layout, rank) + "\n"
+    sys.stdout.write(output)
+
+
+def run() -> None:
+    run_cli(PROGRAM, main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,111 @@
+"""Run a command as this SLURM task: with its TF_CONFIG and CUDA_VISIBLE_DEVICES, supervised.
+
+  srun launch/with-tfconfig python my_estimator_script.py --my_flag=1
+  srun launch/with-tfconfig --ps_per_node=0 --override python my_script.py
+
+Layout flags go before the command; everything from the command on is passed to it untouched.
+The command runs as a child: signals reach it, its exit status comes back out, a parameter
+server's command (which never returns) is ended once every trainer's has exited 0, and a task
+whose peer is lost is ended by name with exit status 3 (see tfconfig_slurm/process/supervise.py).
+A TF_CONFIG inherited from the shell that submitted the job is replaced, with a warning; one
+already made for this step (a nested with-tfconfig) that differs is kept, and the command
+refused, unless --override.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+
+from absl import flags, logging
+
+from tfconfig_slurm.cluster import render
+from tfconfig_slurm.cluster.layout import EVALUATOR
+from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.commands import layout_flags
+from tfconfig_slurm.commands.cli import run_cli
+from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process import network, place, supervise
+
+PROGRAM = "with-tfconfig"
+# Linux refuses to exec with any single "NAME=value" string longer than MAX_ARG_STRLEN
+# (32 pages of 4 KiB, the terminating NUL included).
+MAX_ENVIRONMENT_STRING = 32 * 4096
+
+OVERRIDE = flags.DEFINE_boolean(
+    "override", False, "Replace a TF_CONFIG that is already set to a different value."
+)
+flags.adopt_module_key_flags(layout_flags)
+
+
+def main(argv: Sequence[str]) -> int:
+    command = list(argv[1:])
+    if not command:
+        raise UsageError(
+            "COMMAND", "missing: nothing to run", f"srun {PROGRAM} python my_script.py"
+        )
+    layout, rank = layout_flags.resolve_layout(os.environ)
+    if rank is None:
+        raise UsageError(
+            "--nodelist",
+            "plans a layout, so it cannot give a task its TF_CONFIG",
+            "run inside a job step without --nodelist; to see a plan use tfconfig-slurm --explain",
+        )
+    environment = render.task_environment(layout, rank)
+    tf_config = environment["TF_CONFIG"]
+    given = place.given_tf_config(os.environ, layout.shape)
+    if given is not None and given != tf_config and not OVERRIDE.value:
+        raise UsageError(
+            "TF_CONFIG",
+            "is already set for this job step, to a different layout, and would be overwritten",
+            f"unset TF_CONFIG, or pass --override to replace it: srun {PROGRAM} --override ...",
+        )
+    size = len("TF_CONFIG=") + len(tf_config.encode()) + 1
+    if size > MAX_ENVIRONMENT_STRING:
+        raise UsageError(
+            "TF_CONFIG",
+            f"is {size} bytes for {len(layout.tasks)} tasks, more than the "
+            f"{MAX_ENVIRONMENT_STRING} bytes Linux lets one environment string pass to exec",
+            "compute it inside the training process, which needs no variable: "
+            "tfconfig_slurm.cluster.read_slurm_step and lay_out_step, then "
+            "tfconfig_slurm.cluster.render.tf_config; or start fewer tasks",
+        )
+    program = shutil.which(command[0])
+    if program is None:
+        raise UsageError(
+            repr(command[0]),
+            "is not a program on PATH nor an executable file",
+            "give the command as you would run it in the task, e.g. python my_script.py",
+        )
+    task = layout.task(rank)
+    if task.role != EVALUATOR:
+        network.check_port_free(f"{task.role} {task.index}", task.address)
+    environment = {**os.environ, **environment}
+    logging.info(
+        "rank %d on %s is %s %d at %s with GPUs [%s]; running %s",
+        rank,
+        task.node,
+        task.role,
+        task.index,
+        task.address,
+        environment["CUDA_VISIBLE_DEVICES"],
+        command[0],
+    )
+    try:
+        child = supervise.start(program, command, environment)
+    except OSError as error:
+        raise UsageError(
+            repr(command[0]),
+            f"cannot be run ({error.strerror})",
+            "give a program on PATH or a path to an executable file",
+        ) from None
+    return supervise.supervise(child, ClusterRole.from_json(tf_config))
+
+
+def run() -> None:
+    run_cli(PROGRAM, main, stop_at_first_argument=True, logs=True)
+
+
+if __name__ == "__main__":
+    run()

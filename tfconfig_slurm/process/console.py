@@ -1,0 +1,34 @@
+"""How a process of ours speaks to its user, whichever door it came in by (a command, the
+Python API): one line and exit status 2 for what the user can fix, absl logging on stderr."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from absl import flags
+
+from tfconfig_slurm.errors import USAGE_EXIT_CODE
+
+
+def fail(program: str, message: str) -> NoReturn:
+    """Ends the process with one line on stderr, nothing on stdout, and exit status 2."""
+    sys.stderr.write(f"{program}: {' '.join(message.split())}\n")
+    sys.exit(USAGE_EXIT_CODE)
+
+
+def script_name() -> str:
+    """The name a user's script runs under, for its one-line errors."""
+    return Path(sys.argv[0]).name or "python"
+
+
+def start_logging() -> None:
+    """As absl.app does: absl's handler on stderr, INFO unless --verbosity says otherwise."""
+    # Imported only here, so that a command that does not log does not pay for it.
+    from absl import logging  # noqa: PLC0415
+
+    logging.use_absl_handler()
+    verbosity = flags.FLAGS["verbosity"]
+    if verbosity.using_default_value:
+        verbosity.value = 0

@@ -1,0 +1,305 @@
+"""The experiment protocol: finding, importing and checking the module a user wrote.
+
+An experiment is a module, named as `experiments/<name>.py` (in the working directory, else
+among the experiments that ship with the package), a dotted module path, or a file path, of
+one of two kinds, told apart by its source before it is imported:
+- Estimator (TensorFlow 2.15): it defines `model_fn(features, labels, mode, params)` and either
+  `input_fn(mode, params)` or both `train_input_fn(params)` and `eval_input_fn(params)`;
+  optionally `serving_input_receiver_fn` (exported at the end).
+- Keras (TensorFlow 2.16+, tf-keras): it defines `build_model(params)`, which returns the
+  compiled model, and `dataset(mode, params)`, which returns the batches for mode "train"
+  (this trainer's shard, repeated) or "eval".
+Either may define `HPARAMS`, a dict of defaults that `--hparams` may override.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import sys
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process import versions
+
+# Where `--experiment NAME` looks for NAME.py: the working directory's experiments/, then the
+# experiments installed with the package (tfconfig_slurm/experiments).
+_SEARCH_FOLDERS = (Path.cwd() / "experiments", Path(__file__).resolve().parents[1] / "experiments")
+_HINT = "name a file experiments/NAME.py, a file path, or an importable module path"
+
+InputFn = Callable[[Mapping[str, Any]], Any]
+ESTIMATOR = "Estimator"
+KERAS = "Keras"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """What the runtime needs from an experiment module."""
+
+    name: str
+    source: str
+    model_fn: Callable[..., Any]
+    train_input_fn: InputFn
+    eval_input_fn: InputFn
+    hparams: Mapping[str, Any]
+    serving_input_receiver_fn: Callable[[], Any] | None
+
+
+def locate(spec: str) -> tuple[str, Path | None]:
+    """The experiment's name and its file, or None for a module to import by name.
+
+    Raises UsageError when nothing by that name exists; imports nothing.
+    """
+    path = Path(spec)
+    if spec.endswith(".py") or "/" in spec:
+        if not path.is_file():
+            raise UsageError("--experiment", f"file {spec!r} does not exist", _HINT)
+        if path.suffix != ".py":
+            raise UsageError("--experiment", f"file {spec!r} is not a .py file", _HINT)
+        return path.stem, path
+    for folder in _SEARCH_FOLDERS:
+        candidate = folder / f"{spec}.py"
+        if candidate.is_file():
+            return spec, candidate
+    try:
+        found = importlib.util.find_spec(spec)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        searched = ", ".join(map(str, _SEARCH_FOLDERS))
+        raise UsageError(
+            "--experiment",
+            f"{spec!r} is neither {spec}.py in an experiments folder (looked in {searched}) nor an "
+            "importable module",
+            _HINT,
+        )
+    return spec.rsplit(".", 1)[-1], None
+
+
+@dataclass(frozen=True)
+class KerasExperiment:
+    """What the runtime needs from a Keras experiment module."""
+
+    name: str
+    build_model: Callable[[Mapping[str, Any]], Any]
+    dataset: Callable[[str, Mapping[str, Any]], Any]
+    hparams: Mapping[str, Any]
+
+
+def kind(spec: str) -> str:
+    """ESTIMATOR or KERAS: a module that defines build_model at its top level is a Keras
+    experiment. Read from its source, so that a wrong TensorFlow is named before any import."""
+    _, path = locate(spec)
+    if path is None:
+        found = importlib.util.find_spec(spec)
+        path = Path(found.origin) if found is not None and found.origin else None
+    try:
+        tree = ast.parse(path.read_bytes()) if path is not None else None
+    except (OSError, SyntaxError, ValueError):
+        tree = None
+    return KERAS if "build_model" in _top_level_names(tree.body if tree else []) else ESTIMATOR
+
+
+def _top_level_names(statements: list[ast.stmt]) -> set[str]:
+    """The names a module's statements bind, looking into if, try and with blocks."""
+    names: set[str] = set()
+    for node in statements:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update(alias.asname or alias.name for alias in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(target.id for target in targets if isinstance(target, ast.Name))
+        elif isinstance(node, (ast.If, ast.With, ast.Try)):
+            blocks = [node.body, getattr(node, "orelse", []), getattr(node, "finalbody", [])]
+            blocks += [handler.body for handler in getattr(node, "handlers", [])]
+            names.update(*map(_top_level_names, blocks))
+    return names
+
+
+def require_runtime(spec: str) -> str:
+    """The experiment's kind; raises InstallError unless what is installed can train it."""
+    found = kind(spec)
+    if found == KERAS:
+        versions.require_keras(f"--experiment={spec} (Keras)")
+    else:
+        versions.require_estimator(f"--experiment={spec} (Estimator)")
+    return found
+
+
+def load_keras(spec: str) -> KerasExperiment:
+    """Imports the Keras experiment `spec` names and checks that it defines what is needed."""
+    name, path = locate(spec)
+    module = _import(spec, name, path)
+    functions = {
+        function: getattr(module, function, None) for function in ("build_model", "dataset")
+    }
+    missing = [function for function, value in functions.items() if not callable(value)]
+    if missing:
+        raise UsageError(
+            "--experiment",
+            f"{module.__name__} ({_source(module)}) defines no {' and no '.join(missing)}",
+            "a Keras experiment defines build_model(params), returning the compiled model, and "
+            "dataset(mode, params), returning the batches for mode 'train' or 'eval'",
+        )
+    return KerasExperiment(
+        name=name,
+        build_model=functions["build_model"],  # type: ignore[arg-type]
+        dataset=functions["dataset"],  # type: ignore[arg-type]
+        hparams=_hparams(module),
+    )
+
+
+def load(spec: str) -> Experiment:
+    """Imports the experiment `spec` names and checks that it defines what the runtime needs."""
+    name, path = locate(spec)
+    module = _import(spec, name, path)
+    model_fn = getattr(module, "model_fn", None)
+    if not callable(model_fn):
+        raise UsageError(
+            "--experiment",
+            f"{module.__name__} ({_source(module)}) defines no model_fn",
+            "define model_fn(features, labels, mode, params) returning a "
+            "tf.estimator.EstimatorSpec (or, for a Keras experiment, build_model(params))",
+        )
+    train_input_fn, eval_input_fn = _input_fns(module)
+    return Experiment(
+        name=name,
+        source=_source(module),
+        model_fn=model_fn,
+        train_input_fn=train_input_fn,
+        eval_input_fn=eval_input_fn,
+        hparams=_hparams(module),
+        serving_input_receiver_fn=getattr(module, "serving_input_receiver_fn", None),
+    )
+
+
+def _hparams(module: ModuleType) -> dict[str, Any]:
+    hparams = getattr(module, "HPARAMS", {})
+    if not isinstance(hparams, Mapping):
+        raise UsageError(
+            "--experiment",
+            f"{module.__name__}.HPARAMS is a {type(hparams).__name__}, not a dict",
+            "define HPARAMS = {'learning_rate': 1e-3, ...}",
+        )
+    return dict(hparams)
+
+
+def _import(spec: str, name: str, path: Path | None) -> ModuleType:
+    try:
+        if path is None:
+            return importlib.import_module(spec)
+        module_spec = importlib.util.spec_from_file_location(f"experiment_{name}", path)
+        assert module_spec is not None and module_spec.loader is not None
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_spec.name] = module
+        # The experiment may import its neighbours (experiments/common.py).
+        sys.path.insert(0, str(path.parent))
+        module_spec.loader.exec_module(module)
+        return module
+    except Exception as error:
+        where = traceback.extract_tb(error.__traceback__)[-1]
+        raise UsageError(
+            "--experiment",
+            f"importing {path or spec} failed at {where.filename}:{where.lineno}: "
+            f"{type(error).__name__}: {error}",
+            "fix the module; run python on it alone to see the whole traceback",
+        ) from None
+
+
+def _input_fns(module: ModuleType) -> tuple[InputFn, InputFn]:
+    input_fn = getattr(module, "input_fn", None)
+    if callable(input_fn):
+        # Estimator passes `params` by name to input functions that take it.
+        def train_input_fn(params: Mapping[str, Any]) -> Any:
+            return input_fn("train", params)
+
+        def eval_input_fn(params: Mapping[str, Any]) -> Any:
+            return input_fn("eval", params)
+
+        return train_input_fn, eval_input_fn
+    train, evaluate = (getattr(module, name, None) for name in ("train_input_fn", "eval_input_fn"))
+    if callable(train) and callable(evaluate):
+        return train, evaluate
+    missing = [
+        name
+        for name, value in (("train_input_fn", train), ("eval_input_fn", evaluate))
+        if not callable(value)
+    ]
+    raise UsageError(
+        "--experiment",
+        f"{module.__name__} ({_source(module)}) defines no input_fn"
+        + (f" and no {' or '.join(missing)}" if len(missing) < 2 else ""),
+        "define input_fn(mode, params), or train_input_fn(params) and eval_input_fn(params)",
+    )
+
+
+def _source(module: ModuleType) -> str:
+    return str(getattr(module, "__file__", None) or module.__name__)
+
+
+def with_overrides(defaults: Mapping[str, Any], overrides: str) -> dict[str, Any]:
+    """`defaults` with `--hparams=name=value,...` applied, each value of its default's type."""
+    values = dict(defaults)
+    for item in filter(None, (part.strip() for part in overrides.split(","))):
+        name, equals, text = (piece.strip() for piece in item.partition("="))
+        if not equals or not name:
+            raise UsageError(
+                "--hparams",
+                f"has {item!r}, expected name=value",
+                "e.g. --hparams=learning_rate=0.01,dropout=0.3",
+            )
+        if name not in defaults:
+            known = ", ".join(sorted(defaults)) or "none"
+            raise UsageError(
+                "--hparams",
+                f"sets {name!r}, which the experiment's HPARAMS does not have",
+                f"the experiment's hparams are: {known}",
+            )
+        values[name] = _typed(name, text, defaults[name])
+    return values
+
+
+_TRUE = ("true", "yes", "1")
+_FALSE = ("false", "no", "0")
+
+
+def _typed(name: str, text: str, default: Any) -> Any:
+    kind = type(default)
+    if kind is bool:
+        if text.lower() not in _TRUE + _FALSE:
+            raise UsageError(
+                "--hparams", f"sets {name}={text!r}, expected true or false", f"e.g. {name}=true"
+            )
+        return text.lower() in _TRUE
+    if kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            raise UsageError(
+                "--hparams",
+                f"sets {name}={text!r}, expected a {kind.__name__} like its default {default!r}",
+                f"e.g. {name}={default!r}",
+            ) from None
+    return text
+
+
+def sweep_lines(path: Path) -> list[str]:
+    """The --hparams values of a sweep file, one a line; blank lines and # comments skipped."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(
+            "SWEEP_FILE",
+            f"cannot read {path} ({getattr(error, 'strerror', None) or error})",
+            "give a text file with one --hparams value a line, e.g. learning_rate=0.001",
+        ) from None
+    lines = [line.strip() for line in text.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]

@@ -1,0 +1,296 @@
+"""A cluster of processes on this machine, for a user without SLURM and for the tests.
+
+`--local_cluster=ps=1,workers=2[,evaluator=1]` (or TFCONFIG_SLURM_LOCAL_CLUSTER for a user's
+script; `workers=N` alone for a Keras experiment, which trains all-reduce) starts a chief, the
+parameter servers, the workers and an evaluator as processes of the same command (`python -m
+tfconfig_slurm.run` with the same flags, or the user's script), each with its TF_CONFIG on free
+loopback ports, and holds the model directory for them; writes one log per task
+(`<model_dir>/logs/<role>-<index>.log`) and prefixes their lines on the console; waits for all,
+and when one fails stops the rest and fails too. Told to stop itself (SIGTERM, SIGINT,
+SIGHUP), it passes SIGTERM on to every task, whose trainers stop at the next step with a
+checkpoint, and kills what is left after a grace: nothing is left behind. A task that fails on
+bad input (exit 2: every task reads the same flags, so every one fails alike) is reported as
+a single process would report it: its one line, once, and exit 2. Imports no TensorFlow: the
+parent only supervises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from absl import logging
+
+from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
+from tfconfig_slurm.cluster.role import LOCAL_RUN_PREFIX, ClusterRole
+from tfconfig_slurm.errors import USAGE_EXIT_CODE, UsageError
+from tfconfig_slurm.process import claim
+
+_COUNTS = {"ps": PS, "workers": WORKER, "evaluator": EVALUATOR}
+# How long a task that is told to stop gets before it is killed: when another task failed,
+# and when the launcher was told to stop (time for the chief's checkpoint, within SLURM's
+# default KillWait of 30 s should the launcher itself run in a job).
+_STOP_GRACE_SECONDS = 5.0
+_SIGNALLED_GRACE_SECONDS = 25.0
+# What stops the launcher, and with it every task: a shell's Ctrl-C, a kill, a hang-up.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class _Signalled(Exception):  # noqa: N818  (a signal, not an error)
+    def __init__(self, signum: signal.Signals) -> None:
+        super().__init__(signum.name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _raising_on(signums: Sequence[signal.Signals]) -> Iterator[None]:
+    """Within the block, the first of these signals raises _Signalled in the main thread,
+    wherever it is; the ones after it are ignored, so that stopping the tasks is never cut
+    short and none is left behind."""
+
+    def handler(number: int, frame: FrameType | None) -> None:
+        for signum in signums:
+            signal.signal(signum, signal.SIG_IGN)
+        raise _Signalled(signal.Signals(number))
+
+    previous = {signum: signal.signal(signum, handler) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, action in previous.items():
+            signal.signal(signum, action)
+
+
+@dataclass(frozen=True)
+class LocalTask:
+    role: str
+    index: int
+    address: str
+
+
+def parse(
+    spec: str, culprit: str = "--local_cluster", *, all_reduce: bool = False
+) -> dict[str, int]:
+    """`ps=1,workers=2,evaluator=1` as {"ps": 1, "worker": 2, "evaluator": 1}; `culprit`
+    names the setting in errors. An all-reduce cluster (a Keras experiment's) has a chief and
+    workers only: `workers=1`."""
+    counts = {PS: 0, WORKER: 0, EVALUATOR: 0}
+    hint = f"e.g. {culprit}=workers=1" if all_reduce else f"e.g. {culprit}=ps=1,workers=2"
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, value = (piece.strip() for piece in item.partition("="))
+        if name not in _COUNTS or not (value.isascii() and value.isdigit()) or len(value) > 3:
+            raise UsageError(
+                culprit,
+                f"has {item!r}, expected ps=N, workers=N or evaluator=0/1",
+                hint,
+            )
+        counts[_COUNTS[name]] = int(value)
+    if counts[EVALUATOR] > 1:
+        raise UsageError(culprit, "asks for more than one evaluator", hint)
+    if all_reduce:
+        if counts[PS] or counts[EVALUATOR]:
+            raise UsageError(
+                culprit,
+                f"is {spec!r}: a Keras experiment trains all-reduce "
+                "(MultiWorkerMirroredStrategy), with a chief and workers only",
+                hint,
+            )
+        return counts
+    if counts[PS] < 1:
+        raise UsageError(
+            culprit,
+            f"is {spec!r}: Estimator training in a cluster needs at least one ps",
+            hint,
+        )
+    return counts
+
+
+def run(
+    counts: Mapping[str, int],
+    model_dir: Path,
+    command: Sequence[str],
+    program: str,
+    naming: claim.Naming,
+) -> int:
+    """Runs the cluster of `command` to the end; the exit status is 0 only if every task's is.
+
+    `counts` are the tasks by role, as `parse` reads them. The launcher holds the model
+    directory for its tasks, which do not claim it; `naming` says how the user names it, in
+    the error that another run holds it. `program` starts the one line a
+    task writes when it refuses its input (cli.fail).
+    """
+    held = claim.claim(model_dir, claim.this_holder(os.environ), naming)
+    held.renew()
+    try:
+        return _run(counts, model_dir, command, program)
+    finally:
+        held.release()
+
+
+def _run(counts: Mapping[str, int], model_dir: Path, command: Sequence[str], program: str) -> int:
+    # Free ports, distinct because all are bound at once, then released for the tasks to
+    # bind: TensorFlow's gRPC server refuses SO_REUSEPORT, so nothing can hold them meanwhile.
+    with ExitStack() as reservations:
+
+        def reserve() -> str:
+            holder = reservations.enter_context(socket.socket())
+            holder.bind(("127.0.0.1", 0))
+            return f"127.0.0.1:{holder.getsockname()[1]}"
+
+        tasks = [LocalTask(CHIEF, 0, reserve())]
+        tasks += [LocalTask(PS, index, reserve()) for index in range(counts[PS])]
+        tasks += [LocalTask(WORKER, index, reserve()) for index in range(counts[WORKER])]
+    cluster: dict[str, list[str]] = {}
+    for task in tasks:
+        cluster.setdefault(task.role, []).append(task.address)
+    # The evaluator is outside the cluster and serves nothing: it needs no port.
+    tasks += [LocalTask(EVALUATOR, 0, "-") for _ in range(counts[EVALUATOR])]
+    every_role = ClusterRole(
+        cluster={job: tuple(addresses) for job, addresses in cluster.items()},
+        role=CHIEF,
+        index=0,
+        has_evaluator=counts[EVALUATOR] > 0,
+        run_id=LOCAL_RUN_PREFIX + uuid.uuid4().hex,
+    )
+    logs = model_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    refusals: dict[LocalTask, list[str]] = {task: [] for task in tasks}
+    started: dict[LocalTask, tuple[subprocess.Popen[str], threading.Thread]] = {}
+    stopped_by: signal.Signals | None = None
+    failed: LocalTask | None = None
+    with _raising_on(_STOP_SIGNALS):
+        try:
+            for task in tasks:
+                role = replace(every_role, role=task.role, index=task.index)
+                started[task] = _start(
+                    task, role, command, logs, refusals=refusals[task], program=program
+                )
+            failed = _supervise({task: process for task, (process, _) in started.items()})
+        except _Signalled as signalled:
+            stopped_by = signalled.signum
+            logging.warning(
+                "%s: stopping every task; trainers stop at the next step with a checkpoint "
+                "(tasks still running in %.0f s are killed)",
+                stopped_by.name,
+                _SIGNALLED_GRACE_SECONDS,
+            )
+            _stop((process for process, _ in started.values()), _SIGNALLED_GRACE_SECONDS)
+        finally:
+            # Every line a task wrote, its last error included, reaches log and console.
+            for _, copier in started.values():
+                copier.join()
+    if failed is not None and refusals[failed] and started[failed][0].returncode == USAGE_EXIT_CODE:
+        sys.stderr.write(refusals[failed][0])
+        return USAGE_EXIT_CODE
+    for task, lines in refusals.items():
+        sys.stderr.writelines(_prefix(task) + line for line in lines)
+    if failed is not None:
+        status = started[failed][0].returncode
+        logging.error(
+            "%s %d (pid %d) %s; the other tasks were stopped",
+            failed.role,
+            failed.index,
+            started[failed][0].pid,
+            f"was killed by {signal.Signals(-status).name}"
+            if status < 0
+            else f"failed with exit status {status}",
+        )
+    # As a shell reports a process that a signal ended.
+    return 128 + stopped_by if stopped_by is not None else int(failed is not None)
+
+
+def _start(
+    task: LocalTask,
+    role: ClusterRole,
+    command: Sequence[str],
+    logs: Path,
+    *,
+    refusals: list[str],
+    program: str,
+) -> tuple[subprocess.Popen[str], threading.Thread]:
+    environ = dict(os.environ)
+    environ["TF_CONFIG"] = json.dumps(role.tf_config())
+    if task.role in (PS, EVALUATOR):
+        environ["CUDA_VISIBLE_DEVICES"] = ""
+    process = subprocess.Popen(
+        command,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    log = (logs / f"{task.role}-{task.index}.log").open("w")
+    assert process.stdout is not None
+    copier = threading.Thread(
+        target=_copy,
+        args=(process.stdout, log, _prefix(task), refusals, f"{program}: "),
+        daemon=True,
+    )
+    copier.start()
+    logging.info("started %s %d at %s (pid %d)", task.role, task.index, task.address, process.pid)
+    return process, copier
+
+
+def _prefix(task: LocalTask) -> str:
+    return f"[{task.role} {task.index}] "
+
+
+def _copy(
+    source: IO[str], log: IO[str], prefix: str, refusals: list[str], refusal_start: str
+) -> None:
+    """Copies a task's lines to its log and, prefixed, to the console; a refusal of bad input
+    is held back for the supervisor, which shows it once for all tasks."""
+    with log:
+        for line in source:
+            log.write(line)
+            log.flush()
+            if line.startswith(refusal_start):
+                refusals.append(line)
+            else:
+                sys.stderr.write(prefix + line)
+
+
+def _supervise(processes: dict[LocalTask, subprocess.Popen[str]]) -> LocalTask | None:
+    """Waits for every task; returns the first that failed, once the others are stopped."""
+    running = dict(processes)
+    while running:
+        for task, process in list(running.items()):
+            status = process.poll()
+            if status is None:
+                continue
+            del running[task]
+            if status != 0:
+                _stop(running.values())
+                return task
+            logging.info("%s %d finished", task.role, task.index)
+        time.sleep(0.1)
+    return None
+
+
+def _stop(processes: Iterable[subprocess.Popen[str]], grace: float = _STOP_GRACE_SECONDS) -> None:
+    remaining = [process for process in processes if process.poll() is None]
+    for process in remaining:
+        os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for process in remaining:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

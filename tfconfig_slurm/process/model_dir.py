@@ -1,0 +1,58 @@
+"""The model directory before training: checked to be writable before anything is made in it,
+then held for this run (claim.py) by the task that owns the run. No TensorFlow here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from tfconfig_slurm.cluster.layout import CHIEF
+from tfconfig_slurm.cluster.role import LOCAL_RUN_PREFIX, ClusterRole
+from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process import claim
+
+# Less than this free, a run would fail at its first checkpoint, with a partial file left.
+_MIN_FREE_BYTES = 64 * 2**20
+
+
+def check_writable(model_dir: Path, naming: claim.Naming) -> None:
+    """Fails before anything is created when the model directory cannot be made or written."""
+    existing = next(path for path in (model_dir, *model_dir.parents) if path.exists())
+    problem = ""
+    if not existing.is_dir():
+        problem = f"{existing} is a file, not a directory"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problem = f"{existing} is not writable"
+    elif (free := shutil.disk_usage(existing).free) < _MIN_FREE_BYTES:
+        problem = (
+            f"{existing} has only {free / 2**20:.1f} MiB free, less than the "
+            f"{_MIN_FREE_BYTES // 2**20} MiB a run needs to start: its first checkpoint would "
+            "fail half-written"
+        )
+    if problem:
+        raise UsageError(
+            naming.root,
+            f"cannot hold {model_dir}: {problem}",
+            f"choose a writable directory with room, e.g. {naming.root_example}",
+        )
+
+
+def hold(model_dir: Path, role: ClusterRole | None, naming: claim.Naming) -> claim.Claim | None:
+    """Holds the model directory for this run; returns the claim this task keeps renewed and
+    releases at the end: the chief's, or a single process's. Creates the directory."""
+    if role is not None and (role.run_id or "").startswith(LOCAL_RUN_PREFIX):
+        # A --local_cluster's launcher holds it for its tasks.
+        model_dir.mkdir(parents=True, exist_ok=True)
+        return None
+    holder = claim.this_holder(os.environ)
+    owner = role is None or role.role == CHIEF
+    if not owner and holder.job is None:
+        # Outside SLURM, only the chief can tell its own run from another.
+        model_dir.mkdir(parents=True, exist_ok=True)
+        return None
+    held = claim.claim(model_dir, holder, naming)
+    if not owner:
+        return None
+    held.renew()
+    return held

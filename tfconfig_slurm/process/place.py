@@ -1,0 +1,144 @@
+"""Where this process trains: the task a TF_CONFIG gives it, its task in a SLURM step's layout,
+or a single process. Shared by the CLI, the Python API and `with-tfconfig`; no TensorFlow.
+
+In a step, the task's environment (TF_CONFIG, CUDA_VISIBLE_DEVICES) is set in the process's
+own environment, before TensorFlow looks at its devices.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping, MutableMapping
+from typing import NamedTuple
+
+from absl import logging
+
+from tfconfig_slurm.cluster import ClusterLayout, LayoutPolicy, SlurmStep, StepShape, render
+from tfconfig_slurm.cluster import role as role_lib
+from tfconfig_slurm.cluster.layout import PS, lay_out_step
+from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.cluster.step import in_job_step, read_slurm_step
+from tfconfig_slurm.errors import TfconfigSlurmError, UsageError
+
+# The layout policy of a process that has no flags (a user's script calling the API): each
+# LayoutPolicy field from a variable named as its flag.
+POLICY_VARIABLES = {
+    "--ps_per_node": "TFCONFIG_SLURM_PS_PER_NODE",
+    "--roles": "TFCONFIG_SLURM_ROLES",
+    "--evaluator": "TFCONFIG_SLURM_EVALUATOR",
+    "--address_template": "TFCONFIG_SLURM_ADDRESS_TEMPLATE",
+    "--port_base": "TFCONFIG_SLURM_PORT_BASE",
+    "--all_reduce": "TFCONFIG_SLURM_ALL_REDUCE",
+}
+_TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no", "")
+
+
+class Place(NamedTuple):
+    """This process's task, and what to say about it in its first log line."""
+
+    # None for a single process.
+    role: ClusterRole | None
+    node: str
+    gpus: str
+    # Which setting chose the layout, for an error about it: "TF_CONFIG" when it was given.
+    layout_source: str
+
+
+def step_layout(step: SlurmStep, policy: LayoutPolicy) -> ClusterLayout:
+    """The step's layout, warning once about GPUs that no task uses."""
+    layout = lay_out_step(step, policy)
+    warning = render.idle_gpus_warning(layout)
+    if warning:
+        logging.warning("%s", warning)
+    return layout
+
+
+def find(environ: MutableMapping[str, str], policy: LayoutPolicy, policy_source: str) -> Place:
+    """This process's place; in a step, sets its task environment into `environ`.
+
+    A TF_CONFIG given to this task wins (launch/with-tfconfig, --local_cluster; in a job step
+    only one made for it, see given_tf_config); otherwise, inside a SLURM step of several
+    tasks, `policy` lays the step out (`policy_source` names its settings in errors).
+    """
+    node = socket.gethostname()
+    gpus = environ.get("CUDA_VISIBLE_DEVICES", "as TensorFlow finds them")
+    step = read_slurm_step(environ) if in_job_step(environ) else None
+    given = given_tf_config(environ, step.shape if step else None)
+    if given is not None:
+        role = ClusterRole.from_json(given)
+        return Place(role, node, "" if role.role == PS else gpus, "TF_CONFIG")
+    if step is None or step.shape.num_tasks == 1:
+        environ.pop("TF_CONFIG", None)
+        return Place(None, node, gpus, policy_source)
+    layout = step_layout(step, policy)
+    environment = render.task_environment(layout, step.rank)
+    environ.update(environment)
+    role = ClusterRole.from_json(environment["TF_CONFIG"])
+    gpus = environment["CUDA_VISIBLE_DEVICES"]
+    return Place(role, layout.task(step.rank).node, gpus, policy_source)
+
+
+def given_tf_config(environ: Mapping[str, str], shape: StepShape | None) -> str | None:
+    """The TF_CONFIG this process was given, or None.
+
+    Inside a job step (`shape`) only one made for this very step counts (or a --local_cluster
+    task's, from its launcher): sbatch and srun pass the submitting shell's environment on, and
+    a TF_CONFIG left there describes another cluster. It is set aside with one warning.
+    """
+    text = environ.get("TF_CONFIG")
+    if text is None or shape is None:
+        return text
+    run = role_lib.run_of(text)
+    if run is not None and (run == shape.run_id or run.startswith(role_lib.LOCAL_RUN_PREFIX)):
+        return text
+    logging.warning(
+        "TF_CONFIG: set, but made %s, so it was inherited from the shell that submitted the "
+        "job; this task ignores it and takes its place in job step %d.%d from SLURM. HINT: "
+        "unset TF_CONFIG before sbatch or srun",
+        f"for another run ({run})" if run else "elsewhere, not by tfconfig-slurm for this step",
+        shape.job_id,
+        shape.step_id,
+    )
+    return None
+
+
+def servers_flag(policy: LayoutPolicy) -> str:
+    """The flag that set how many parameter servers the policy's layout has, for errors."""
+    return "--all_reduce" if policy.all_reduce else "--ps_per_node"
+
+
+def policy_from_environ(environ: Mapping[str, str]) -> LayoutPolicy:
+    """The layout policy the TFCONFIG_SLURM_* variables set; a default for each one unset."""
+    values: dict[str, object] = {}
+    for flag, variable in POLICY_VARIABLES.items():
+        text = environ.get(variable)
+        if text is not None:
+            values[flag[2:]] = _parse(flag, variable, text.strip())
+    try:
+        return LayoutPolicy(**values)  # type: ignore[arg-type]
+    except UsageError as error:
+        raise in_variables(error) from None
+
+
+def in_variables(error: TfconfigSlurmError) -> TfconfigSlurmError:
+    """The error with a layout flag it names renamed to the variable that sets it, for a
+    process whose layout comes from the TFCONFIG_SLURM_* variables."""
+    variable = POLICY_VARIABLES.get(error.culprit)
+    return error if variable is None else type(error)(variable, error.problem, error.hint)
+
+
+def _parse(flag: str, variable: str, text: str) -> object:
+    if flag == "--roles":
+        return tuple(role.strip() for role in text.split(",") if role.strip()) or None
+    if flag in ("--evaluator", "--all_reduce"):
+        if text.lower() not in _TRUE + _FALSE:
+            raise UsageError(variable, f"is {text!r}, expected 1 or 0", f"e.g. {variable}=1")
+        return text.lower() in _TRUE
+    if flag in ("--ps_per_node", "--port_base"):
+        try:
+            return int(text)
+        except ValueError:
+            raise UsageError(
+                variable, f"is {text!r}, expected a number", f"e.g. {variable}=1"
+            ) from None
+    return text

@@ -1,0 +1,160 @@
+"""Preemption and time limits: a signal asks every task to stop at a step boundary, and the
+job requeues itself to resume from the checkpoint written there.
+
+SLURM warns a job before its time limit or a preemption when asked to (`#SBATCH
+--signal=USR1@90`: SIGUSR1 to every task of every step, 90 s ahead). Without that warning a
+time limit, `scancel` or a preemption sends SIGTERM, and SIGKILL after KillWait (30 s by
+default): SIGTERM stops training the same way, and requeues only when asked to
+(`--requeue_on_sigterm`; SLURM requeues preempted jobs itself where PreemptMode says so).
+A handler only sets a flag: trainers look at it between steps (lifecycle.PreemptionHook), the
+chief writes its final checkpoint once every worker has stopped, and the first parameter
+server, which sees every trainer finish, requeues the job with `scontrol requeue` (array
+tasks by their own id). The requeued run (SLURM_RESTART_COUNT > 0) resumes from that
+checkpoint. A job requeued --max_requeues times already is not requeued again, and says so.
+
+No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from types import FrameType
+
+from absl import logging
+
+from tfconfig_slurm.cluster.step import read_slurm_job
+from tfconfig_slurm.errors import EXIT_NOT_REQUEUED, UsageError
+
+_SCONTROL_SECONDS = 60.0
+
+
+def parse_signal(name: str) -> signal.Signals | None:
+    """`USR1` or `SIGUSR1` as the signal; '' as None (leave signals alone)."""
+    if not name:
+        return None
+    wanted = "SIG" + name.upper().removeprefix("SIG")
+    if wanted == "SIGQUIT":
+        raise UsageError(
+            "--preempt_signal",
+            "is QUIT, which writes every thread's stack to the log instead",
+            "give another, e.g. USR1 or USR2; '' to leave signals alone",
+        )
+    if wanted not in signal.Signals.__members__ or wanted in ("SIGKILL", "SIGSTOP"):
+        raise UsageError(
+            "--preempt_signal",
+            f"is {name!r}, which is not a signal a process can catch",
+            "give a name as #SBATCH --signal does, e.g. USR1 or USR2; '' to leave signals alone",
+        )
+    return signal.Signals[wanted]
+
+
+class StopRequest:
+    """Whether this task was told to stop, and by which signal."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._signums: list[signal.Signals] = []
+        self.signal_name = ""
+
+    def listen(self, *signums: signal.Signals | None) -> None:
+        """From now on, each of `signums` asks this task to stop; nothing else happens on it."""
+        self._signums.extend(filter(None, signums))
+        self.listen_again()
+
+    def listen_again(self) -> None:
+        """Takes the signals back from whatever took them since (MultiWorkerMirroredStrategy
+        installs its own SIGTERM handler, which only logs)."""
+
+        def handler(number: int, frame: FrameType | None) -> None:
+            # Only a flag: the handler may run in the middle of anything. The first signal
+            # names the stop.
+            if not self._event.is_set():
+                self.signal_name = signal.Signals(number).name
+            self._event.set()
+
+        for signum in self._signums:
+            signal.signal(signum, handler)
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+
+@dataclass(frozen=True)
+class StopPolicy:
+    """What a stop on a signal does at the end: which signals requeue the job, how often."""
+
+    requeue_on: Collection[str]
+    max_requeues: int
+
+
+def after_stop(
+    environ: Mapping[str, str], stopped_on: str, requeue_on: Collection[str], max_requeues: int
+) -> int:
+    """What a task that stopped on a signal does last: requeues the job when the signal is one
+    of `requeue_on`, else says how to resume; the exit status this task should end with."""
+    if stopped_on in requeue_on:
+        return requeue(environ, max_requeues, stopped_on)
+    logging.info(
+        "stopped on %s with a checkpoint of every step taken; not requeueing the job (a "
+        "--preempt_signal requeues it, and SIGTERM with --requeue_on_sigterm): run again with "
+        "the same experiment id to resume",
+        stopped_on,
+    )
+    return 0
+
+
+def requeue(environ: Mapping[str, str], max_requeues: int, stopped_on: str) -> int:
+    """Puts this SLURM job back in the queue; the exit status this task should end with."""
+    job = read_slurm_job(environ)
+    if job is None:
+        logging.warning(
+            "stopped on %s outside a SLURM job: nothing to requeue; run again with the same "
+            "experiment id to resume from the checkpoint",
+            stopped_on,
+        )
+        return 0
+    target, restarts = job.name, job.restart_count
+    if restarts >= max_requeues:
+        logging.error(
+            "job %s stopped on %s and was requeued %d times already (--max_requeues=%d): not "
+            "requeueing it again. HINT: submit it again with the same experiment id to resume "
+            "from the checkpoint, or raise --max_requeues",
+            target,
+            stopped_on,
+            restarts,
+            max_requeues,
+        )
+        return EXIT_NOT_REQUEUED
+    try:
+        result = subprocess.run(
+            ["scontrol", "requeue", target],
+            capture_output=True,
+            text=True,
+            timeout=_SCONTROL_SECONDS,
+            check=False,
+        )
+        problem = result.stderr.strip() if result.returncode else ""
+    except (OSError, subprocess.TimeoutExpired) as error:
+        problem = str(error)
+    if problem:
+        logging.error(
+            "stopped on %s, but `scontrol requeue %s` failed: %s. HINT: submit the job again "
+            "with the same experiment id to resume from the checkpoint",
+            stopped_on,
+            target,
+            problem,
+        )
+        return EXIT_NOT_REQUEUED
+    logging.info(
+        "stopped on %s; requeued job %s (restart %d of at most %d): it resumes from the checkpoint",
+        stopped_on,
+        target,
+        restarts + 1,
+        max_requeues,
+    )
+    return 0

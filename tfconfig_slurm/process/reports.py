@@ -1,0 +1,193 @@
+"""What a run leaves in its model directory besides checkpoints: state.json (what the run is
+doing, for `tfconfig-slurm runs`), each trainer's report, the evaluator's final metrics, and
+summary.json, which the chief writes from them.
+
+Every report carries the run it belongs to (`marker`), so that the chief never takes an
+earlier run's; every file is written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from absl import logging
+
+from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.cluster.step import read_slurm_job
+from tfconfig_slurm.process import polling
+
+SUMMARY_FILE = "summary.json"
+STATE_FILE = "state.json"
+_TRAINER_REPORTS = "trainers"
+# How long the chief waits for the other trainers' throughput reports for summary.json.
+_REPORT_WAIT_SECONDS = 30.0
+# The evaluator's metrics of the final checkpoint, which the chief puts into summary.json.
+_EVALUATOR_RESULT = "evaluator.json"
+# How long the chief waits for them: the evaluator may be busy with an earlier checkpoint.
+_EVALUATOR_WAIT_SECONDS = 600.0
+
+
+def marker(role: ClusterRole, train_steps: int) -> dict[str, Any]:
+    """What the reports a task leaves in the model directory carry, so that the chief takes
+    this run's only: the cluster's run id, and the step it trains to (all there is to go by
+    with a TF_CONFIG made elsewhere, which has no run id)."""
+    return {"run": role.run_id, "train_steps": train_steps}
+
+
+def _of_run(report: Mapping[str, Any], run: Mapping[str, Any]) -> bool:
+    return all(report.get(key) == value for key, value in run.items())
+
+
+def write_trainer_report(
+    model_dir: Path, role: ClusterRole, run: Mapping[str, Any], examples_per_sec: float | None
+) -> None:
+    folder = model_dir / _TRAINER_REPORTS
+    folder.mkdir(exist_ok=True)
+    report = {"role": role.role, "index": role.index, "examples_per_sec": examples_per_sec, **run}
+    write_json_atomically(folder / f"{role.role}-{role.index}.json", report)
+
+
+def trainer_reports(model_dir: Path, trainers: int, run: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every trainer's report of this run, waiting a while for the ones not yet written."""
+    folder = model_dir / _TRAINER_REPORTS
+
+    def current() -> list[dict[str, Any]]:
+        reports = [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
+        return [report for report in reports if _of_run(report, run)]
+
+    return polling.poll(current, lambda reports: len(reports) >= trainers, _REPORT_WAIT_SECONDS)
+
+
+def write_evaluator_result(
+    model_dir: Path, run: Mapping[str, Any], metrics: Mapping[str, Any]
+) -> None:
+    result = {name: float(value) for name, value in metrics.items()}
+    write_json_atomically(model_dir / _EVALUATOR_RESULT, {**run, "metrics": result})
+
+
+def evaluator_result(model_dir: Path, run: Mapping[str, Any]) -> dict[str, Any]:
+    """The metrics this run's evaluator wrote: of the first checkpoint at or past the final
+    step, which asynchronous workers may have left a step or two before the chief's very
+    last one."""
+    path = model_dir / _EVALUATOR_RESULT
+
+    def result() -> dict[str, Any] | None:
+        return json.loads(path.read_text()) if path.exists() else None
+
+    final = polling.poll(
+        result,
+        lambda value: value is not None and _of_run(value, run),
+        _EVALUATOR_WAIT_SECONDS,
+    )
+    if final is None or not _of_run(final, run):
+        logging.warning(
+            "the evaluator gave no result for step %d within %.0f s",
+            run["train_steps"],
+            _EVALUATOR_WAIT_SECONDS,
+        )
+        return {"global_step": run["train_steps"]}
+    metrics: dict[str, Any] = final["metrics"]
+    return metrics
+
+
+def metric_text(metrics: Mapping[str, Any]) -> str:
+    return ", ".join(f"{name} {float(value):.4g}" for name, value in sorted(metrics.items()))
+
+
+def write_summary(
+    model_dir: Path,
+    *,
+    name: str,
+    metrics: Mapping[str, Any],
+    wall_time_s: float,
+    trainers: list[dict[str, Any]],
+    layout: Any,
+) -> dict[str, Any]:
+    """Writes summary.json and says where the run's results are; returns what it wrote."""
+    summary = {
+        "experiment": name,
+        "global_step": int(metrics["global_step"]),
+        "wall_time_s": round(wall_time_s, 3),
+        "trainers": trainers,
+        "eval": {key: float(value) for key, value in metrics.items()},
+        "layout": layout,
+    }
+    write_json_atomically(model_dir / SUMMARY_FILE, summary)
+    logging.info(
+        "done at step %d in %.1f s: %s; checkpoints and events in %s, summary in %s",
+        summary["global_step"],
+        summary["wall_time_s"],
+        metric_text(summary["eval"]),
+        model_dir,
+        model_dir / SUMMARY_FILE,
+    )
+    return summary
+
+
+def read_state(model_dir: Path) -> dict[str, Any]:
+    """What state.json says; {} when there is none (or it cannot be read)."""
+    return _read_json(model_dir / STATE_FILE)
+
+
+def read_summary(model_dir: Path) -> dict[str, Any]:
+    """What summary.json says; {} when there is none (or it cannot be read)."""
+    return _read_json(model_dir / SUMMARY_FILE)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def write_state(
+    model_dir: Path,
+    state: str,
+    *,
+    experiment: str,
+    hparams: Mapping[str, Any],
+    role: ClusterRole | None,
+    global_step: int | None,
+    **fields: Any,
+) -> None:
+    """Records what the run is doing, for its owner (the chief, a single process): "running",
+    then "done", "stopped" (on a signal, with the step) or "failed", with the experiment, its
+    hparams, the SLURM job and the run id; earlier fields are kept."""
+    current = read_state(model_dir)
+    if state == "running":
+        # A new attempt: what an earlier one said of its end no longer holds.
+        current = {"started": current.get("started", time.time())}
+    job = read_slurm_job(os.environ)
+    said = {
+        "experiment": experiment,
+        "hparams": dict(hparams),
+        "job_id": job.name if job else None,
+        "run": role.run_id if role else None,
+        "global_step": global_step,
+        **fields,
+    }
+    write_json_atomically(
+        model_dir / STATE_FILE, {**current, **said, "state": state, "updated": time.time()}
+    )
+
+
+def write_json_atomically(path: Path, value: Any) -> None:
+    """Writes `value` as JSON so that a reader never sees a half-written file."""
+    with tempfile.NamedTemporaryFile(
+        "w", dir=path.parent, prefix=f".{path.name}.", delete=False
+    ) as stream:
+        json.dump(value, stream, indent=1)
+        stream.write("\n")
+    # NamedTemporaryFile makes the file private (0600); give it the mode a plain open would.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(stream.name, 0o666 & ~umask)
+    os.replace(stream.name, path)

@@ -1,0 +1,320 @@
+"""with-tfconfig's supervision of its command: the runtime's guarantees for a script that knows
+nothing of them.
+
+The command runs as a child, with its task's environment. Signals sent to the supervisor are
+passed on to it, and its exit status comes back out (128 + N for a child a signal ended). The
+child dies with the supervisor (PR_SET_PDEATHSIG), so no task outlives its srun. Around it,
+by role:
+
+- Who watches whom is cluster/watch_plan.py's: a trainer its paired parameter servers, a
+  parameter server its paired trainers and the other parameter servers; without parameter
+  servers (all-reduce training), a trainer its neighbours in the tree of trainers. A watched
+  task that stops answering ends the watcher, by name, with exit status 3 (watchdog.py).
+- When a trainer's command exits 0, the trainer answers on its own port, free again: alive
+  (WAITING) until the trainers below it in the tree of trainers have finished, then
+  FINISHED, until its parameter servers have gone and its parent has seen it.
+- A stock Estimator or TF2 parameter server never returns (`server.join()`): ps 0 ends its
+  command once the chief says FINISHED (every trainer finished), says FINISHED itself, and
+  the other parameter servers end theirs on that; each exits 0.
+- A task whose command failed answers FAILED for a while, then leaves with its status: its
+  watchers end at once, even if its command died before it ever listened.
+- An evaluator is only supervised.
+
+No TensorFlow here: processes, signals and sockets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+from absl import logging
+
+from tfconfig_slurm.cluster import watch_plan
+from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
+from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.errors import EXIT_PEER_LOST
+from tfconfig_slurm.process import watchdog
+
+# The signals a supervisor passes on to its command.
+FORWARDED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGQUIT,
+)
+_STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# How long a parameter server's command, once every trainer has finished, has to end on
+# SIGTERM before it is killed.
+_END_GRACE_SECONDS = 5.0
+# How long a task that finished says so at most, should the peers that wait for it never
+# leave.
+_FINISHED_SECONDS = 60.0
+_PR_SET_PDEATHSIG = 1
+
+Child = subprocess.Popen[bytes]
+
+
+def start(program: str, command: Sequence[str], environment: dict[str, str]) -> Child:
+    """Starts the command (`program` is its first word, found); raises OSError if it cannot."""
+    # preexec_fn is unsafe only once threads run, and none does yet.
+    return subprocess.Popen(
+        list(command),
+        executable=program,
+        env=environment,
+        preexec_fn=_die_with_parent,  # noqa: PLW1509
+    )
+
+
+def supervise(child: Child, role: ClusterRole) -> int:
+    """Runs the started command as `role`'s task to its end; the exit status to leave with."""
+    for signum in FORWARDED:
+        signal.signal(signum, lambda number, frame: _forward(child, number))
+
+    def lost(name: str, address: str, silent_for: float) -> None:
+        _claim_the_end(ending)
+        child.kill()
+        # Its port is free once it is gone.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=_END_GRACE_SECONDS)
+        watchdog.say_lost(name, address, silent_for)
+        # Its own watchers may never have heard from it (its command died before listening):
+        # they learn it at once, as from a failed command.
+        _say_failed(role, f"it ends, as {name} is lost")
+        os._exit(EXIT_PEER_LOST)
+
+    # Taken by the one thread that ends this task for a failure: a watch that saw a peer lost
+    # (then the main thread, back from the killed command, leaves the end to it), or the main
+    # thread for a command that failed; any other waits for it to end the process.
+    ending = threading.Lock()
+
+    if role.role == PS:
+        return _serve_until_trainers_finish(child, role, lost, ending)
+    if role.role in (CHIEF, WORKER):
+        watched = watch_plan.paired(role) if role.ps_count else watch_plan.neighbours(role)
+        peers = watchdog.PeerWatch(watched, on_lost=lost)
+        status = _status(child.wait())
+        _unless_ending(ending)
+        peers.stop()
+        _after_command()
+        if status == 0:
+            say_finished(role, lost)
+        else:
+            _claim_the_end(ending)
+            _say_failed(role)
+        return status
+    return _status(child.wait())
+
+
+def _unless_ending(ending: threading.Lock) -> None:
+    """Returns, unless a lost peer is ending this task: then waits for that to end it."""
+    if ending.locked():
+        threading.Event().wait()
+
+
+def _claim_the_end(ending: threading.Lock) -> None:
+    """Returns to the first thread that ends this task for a failure; blocks any other."""
+    if not ending.acquire(blocking=False):
+        threading.Event().wait()
+
+
+def _after_command() -> None:
+    """Nothing left to pass signals on to: the stopping ones end this process, as they would
+    any (scancel), the others are ignored."""
+    for signum in FORWARDED:
+        signal.signal(signum, signal.SIG_DFL if signum in _STOPPING else signal.SIG_IGN)
+
+
+def _say_failed(role: ClusterRole, why: str = "its command failed") -> None:
+    """Answers FAILED on the task's port long enough for every watcher to probe it twice: a
+    command that died before its server listened would otherwise be waited for."""
+    seconds = 2 * watchdog.round_seconds(max(role.ps_count, 1)) + watchdog.LOST_AFTER_SECONDS
+    logging.error(
+        "%s %d: %s; saying so on its port for %.0f s, then exiting",
+        role.role,
+        role.index,
+        why,
+        seconds,
+    )
+    with _answering(role) as answer:
+        answer.append(watchdog.FAILED)
+        time.sleep(seconds)
+
+
+def _serve_until_trainers_finish(
+    child: Child, role: ClusterRole, lost: watchdog.OnLost, ending: threading.Lock
+) -> int:
+    """A ps: its paired trainers and the other parameter servers watched; the command ended
+    once the chief (for ps 0) or ps 0 (for the others) says every trainer finished."""
+    servers = role.named(PS)
+    herald = {f"{CHIEF} 0": role.named(CHIEF)[f"{CHIEF} 0"]} if role.index == 0 else {
+        f"{PS} 0": servers[f"{PS} 0"]
+    }  # fmt: skip
+    everyone = threading.Event()
+
+    def on_finished(name: str) -> None:
+        if name in herald:
+            everyone.set()
+
+    near = watchdog.PeerWatch(
+        {**watch_plan.paired(role), **herald}, on_lost=lost, on_finished=on_finished
+    )
+    mesh = watch_plan.other_servers(role)
+    for name in herald:
+        mesh.pop(name, None)
+    # Another ps that ended its command says FINISHED: released, not lost.
+    far = watchdog.PeerWatch(mesh, on_lost=lost, on_finished=lambda name: None)
+    while child.poll() is None and not everyone.wait(0.2):
+        pass
+    _unless_ending(ending)
+    near.stop()
+    far.stop()
+    if child.poll() is not None:
+        status = _status(child.wait())
+        _after_command()
+        if status != 0:
+            logging.error(
+                "ps %d: its command failed (exit %d). A script that trains with "
+                "MultiWorkerMirroredStrategy fails beside a parameter server: run it under "
+                "with-tfconfig --all_reduce",
+                role.index,
+                status,
+            )
+            _claim_the_end(ending)
+            _say_failed(role)
+        return status
+    logging.info(
+        "ps %d: every trainer finished; ending its command (a parameter server's "
+        "server.join() never returns; %s said so)",
+        role.index,
+        next(iter(herald)),
+    )
+    child.terminate()
+    try:
+        child.wait(timeout=_END_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    # The other parameter servers learn it from ps 0, and watch each other meanwhile.
+    with _answering(role) as answer:
+        answer.append(watchdog.FINISHED)
+        _until_gone(watch_plan.other_servers(role) if role.index == 0 else {})
+    return 0
+
+
+def say_finished(role: ClusterRole, lost: watchdog.OnLost) -> None:
+    """A trainer whose command exited 0: waits until each of its children in the tree of
+    trainers says FINISHED (its port answering meanwhile that it is alive), then says
+    FINISHED itself until its paired parameter servers have gone (they need only see it
+    once), and until its parent has seen it: its parent may finish much later."""
+    with _answering(role) as answer:
+        children = watch_plan.children(role)
+        if children:
+            waiting = set(children)
+            done = threading.Event()
+
+            def on_finished(name: str) -> None:
+                waiting.discard(name)
+                if not waiting:
+                    done.set()
+
+            watch = watchdog.PeerWatch(children, on_lost=lost, on_finished=on_finished)
+            # A child lost meanwhile ends this process.
+            done.wait()
+            watch.stop()
+        logging.info(
+            "%s %d: its command and the %d trainers below it finished",
+            role.role,
+            role.index,
+            watch_plan.trainers_below(role),
+        )
+        answer.append(watchdog.FINISHED)
+        _until_gone(watch_plan.paired(role))
+        parent = watch_plan.parent(role)
+        if parent is not None:
+            _until_finished_or_gone(parent)
+
+
+@contextlib.contextmanager
+def _answering(role: ClusterRole) -> Iterator[list[bytes]]:
+    """Within the block, this task's port (free again) answers the last of the list it yields
+    (WAITING at first: alive, not finished)."""
+    port = int(role.address.rpartition(":")[2])
+    answer = [watchdog.WAITING]
+    try:
+        listener = socket.create_server(("0.0.0.0", port), reuse_port=False)
+    except OSError as error:
+        logging.warning(
+            "%s %d cannot answer on its port %d (%s): its watchers will take it for lost",
+            role.role,
+            role.index,
+            port,
+            error.strerror,
+        )
+        yield answer
+        return
+    stopped = threading.Event()
+    threading.Thread(target=_answer, args=(listener, stopped, answer), daemon=True).start()
+    try:
+        yield answer
+    finally:
+        stopped.set()
+        listener.close()
+
+
+def _until_gone(peers: dict[str, str]) -> None:
+    """Returns once none of `peers` answers any more, or after _FINISHED_SECONDS."""
+    deadline = time.monotonic() + _FINISHED_SECONDS
+    while time.monotonic() < deadline and any(map(watchdog.answers, peers.values())):
+        time.sleep(watchdog.PROBE_SECONDS)
+
+
+def _until_finished_or_gone(address: str) -> None:
+    """Returns once the task at `address` says FINISHED, or has not answered for
+    watchdog.LOST_AFTER_SECONDS (lost: its own watchers end the step)."""
+    silent_since = None
+    while True:
+        finished = watchdog.says_finished(address)
+        if finished:
+            return
+        now = time.monotonic()
+        if finished is None:
+            silent_since = silent_since or now
+            if now - silent_since >= watchdog.LOST_AFTER_SECONDS:
+                return
+        else:
+            silent_since = None
+        time.sleep(watchdog.PROBE_SECONDS)
+
+
+def _answer(listener: socket.socket, stopped: threading.Event, answer: list[bytes]) -> None:
+    while not stopped.is_set():
+        try:
+            connection, _ = listener.accept()
+        except OSError:
+            return
+        with contextlib.suppress(OSError), connection:
+            connection.sendall(answer[-1])
+
+
+def _forward(child: Child, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        child.send_signal(signum)
+
+
+def _status(returncode: int) -> int:
+    """A shell's exit status for a child's return code: 128 + N for a child signal N ended."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

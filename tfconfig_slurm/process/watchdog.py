@@ -1,0 +1,204 @@
+"""Ends a task whose cluster has lost a member, where SLURM cannot see the loss.
+
+TensorFlow 2.15 waits forever on a dead peer: with its ps killed, every trainer logged
+`UNAVAILABLE ... Socket closed` and was still alive 130 s later, and a ps waits for a token
+from a trainer that will never send it. Every task of the cluster listens on its gRPC port
+for as long as it has work, and the kernel completes a TCP handshake even while the process
+is busy, so a port that refuses (or, for a node cut off, never answers) for a few seconds in
+a row means the task is gone. A thread probes each watched peer that way, and when one is
+lost it logs which (role, index, address, since when) and ends this process with
+EXIT_PEER_LOST: `srun --kill-on-bad-exit` or the local cluster's supervisor then ends the
+rest, and each task that was waiting on this one notices it the same way.
+
+No TensorFlow here: only sockets and a thread.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Callable
+
+from absl import logging
+
+from tfconfig_slurm.errors import EXIT_PEER_LOST
+
+# A peer is lost after refusing or timing out for this long in a row. Short, as refusals
+# come only from a closed port; long enough to ride out a dropped packet.
+LOST_AFTER_SECONDS = 3.0
+# How long a peer that never answered yet may take to start (TensorFlow's import alone took
+# 3-5 s here; on a cluster's shared file system, much longer).
+START_SECONDS = 600.0
+# Each peer is probed at most every PROBE_SECONDS, and a watcher makes at most
+# PROBES_PER_SECOND probes, so that a ps watched by thousands of trainers is not flooded.
+PROBE_SECONDS = 1.0
+PROBES_PER_SECOND = 50.0
+_CONNECT_TIMEOUT_SECONDS = 1.0
+_READ_TIMEOUT_SECONDS = 0.25
+
+# What a trainer supervised by with-tfconfig answers on its port once its command has
+# finished (supervise.py): it did not crash. A gRPC server answers with its own first frame.
+FINISHED = b"tfconfig-slurm: finished\n"
+# What it answers before that, while trainers below it in the tree of trainers have not
+# finished (watch_plan.py): alive, not finished. The same length: a probe reads that much.
+WAITING = b"tfconfig-slurm: waiting.\n"
+# What it answers for a while once its command has failed: lost at once, even by a watcher
+# that never heard from it (the command may have died before its server ever listened).
+FAILED = b"tfconfig-slurm: failed..\n"
+
+OnLost = Callable[[str, str, float], None]
+OnFinished = Callable[[str], None]
+
+
+def exit_on_lost(name: str, address: str, silent_for: float) -> None:
+    """Says which peer is gone and ends this process at once: it may be hung inside
+    TensorFlow, where nothing but an exit reaches it. `silent_for` is 0 for a peer that
+    said its command failed."""
+    say_lost(name, address, silent_for)
+    os._exit(EXIT_PEER_LOST)
+
+
+def say_lost(name: str, address: str, silent_for: float) -> None:
+    """Logs which peer is gone, and that this task ends for it."""
+    why = (
+        "says its command failed"
+        if silent_for == 0
+        else f"has not answered for {silent_for:.0f} s: it died or its node is cut off"
+    )
+    logging.error(
+        "%s at %s %s; ending this task (exit %d) so that the job ends instead of waiting for "
+        "it forever",
+        name,
+        address,
+        why,
+        EXIT_PEER_LOST,
+    )
+    logging.flush()
+    sys.stderr.flush()
+
+
+class PeerWatch:
+    """Watches peers (`{"ps 0": "node1:10256", ...}`) from a daemon thread until each is
+    released: a peer that has finished its work may go away without being lost. With
+    `on_finished`, a peer that answers FINISHED is released, and on_finished told."""
+
+    def __init__(
+        self,
+        peers: Mapping[str, str],
+        on_lost: OnLost = exit_on_lost,
+        *,
+        lost_after: float = LOST_AFTER_SECONDS,
+        start_seconds: float = START_SECONDS,
+        probe_seconds: float = PROBE_SECONDS,
+        on_finished: OnFinished | None = None,
+    ) -> None:
+        self._addresses = dict(peers)
+        self._on_lost = on_lost
+        self._on_finished = on_finished
+        self._lost_after = lost_after
+        self._start_seconds = start_seconds
+        self._interval = round_seconds(len(peers), probe_seconds)
+        self._lock = threading.Lock()
+        self._watched = set(peers)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="peer-watch", daemon=True)
+        self._thread.start()
+
+    def release(self, *names: str) -> None:
+        """Stops watching these peers: they finished, so their leaving is no loss."""
+        with self._lock:
+            self._watched.difference_update(names)
+
+    def await_loss(self) -> None:
+        """Waits as long as the watch may take to name a peer that has just gone (naming it
+        ends the process): for a task that TensorFlow told a peer failed, so that the log
+        says which."""
+        time.sleep(2 * self._interval + self._lost_after + _CONNECT_TIMEOUT_SECONDS)
+
+    @property
+    def peers(self) -> list[str]:
+        """The names of the peers watched, as given."""
+        return sorted(self._addresses)
+
+    def stop(self) -> None:
+        """Stops watching every peer at once; the thread ends after the probe it is in, if
+        any, and reports nothing more."""
+        self._stopped.set()
+
+    def _watch(self) -> None:
+        started = time.monotonic()
+        # When each peer last answered; None until it first does.
+        last_answer: dict[str, float | None] = dict.fromkeys(self._addresses)
+        failing_since: dict[str, float] = {}
+        while not self._stopped.wait(self._interval):
+            with self._lock:
+                watched = sorted(self._watched)
+            for name in watched:
+                if self._stopped.is_set():
+                    return
+                now = time.monotonic()
+                answer = _probe(self._addresses[name], read=True)
+                if answer == FAILED:
+                    self._lose(name, 0.0)
+                    continue
+                if answer == FINISHED and self._on_finished is not None:
+                    self.release(name)
+                    if not self._stopped.is_set():
+                        self._on_finished(name)
+                    continue
+                if answer is not None:
+                    last_answer[name] = now
+                    failing_since.pop(name, None)
+                    continue
+                since = failing_since.setdefault(name, now)
+                answered = last_answer[name]
+                if answered is None and now - started >= self._start_seconds:
+                    self._lose(name, now - started)
+                elif answered is not None and now - since >= self._lost_after:
+                    self._lose(name, now - answered)
+
+    def _lose(self, name: str, silent_for: float) -> None:
+        with self._lock:
+            if name not in self._watched or self._stopped.is_set():
+                return
+            self._watched.discard(name)
+        self._on_lost(name, self._addresses[name], silent_for)
+
+
+def round_seconds(peers: int, probe_seconds: float = PROBE_SECONDS) -> float:
+    """How often a watcher of `peers` peers probes each of them."""
+    return max(probe_seconds, peers / PROBES_PER_SECOND)
+
+
+def answers(address: str) -> bool:
+    """Whether anything listens at `address`."""
+    return _probe(address, read=False) is not None
+
+
+def says_finished(address: str) -> bool | None:
+    """Whether the task at `address` answers FINISHED; None if nothing listens there."""
+    answer = _probe(address, read=True)
+    return None if answer is None else answer == FINISHED
+
+
+def _probe(address: str, *, read: bool) -> bytes | None:
+    """None if nothing listens at `address`; else, with `read`, the first bytes it sends (b""
+    for none soon: a listener that accepted is alive whatever it says)."""
+    host, _, port = address.rpartition(":")
+    try:
+        connection = socket.create_connection((host, int(port)), timeout=_CONNECT_TIMEOUT_SECONDS)
+    except OSError:
+        return None
+    with connection:
+        if not read:
+            return b""
+        # A gRPC server sends its first frame at once, and a wrapper its answer.
+        connection.settimeout(_READ_TIMEOUT_SECONDS)
+        try:
+            return connection.recv(len(FINISHED))
+        except OSError:
+            return b""

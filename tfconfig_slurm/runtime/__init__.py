@@ -1,1 +1,0 @@
-"""The TensorFlow runtime: the only part of the package that imports TensorFlow."""
