@@ -17,6 +17,7 @@ from tests.cli import run_module
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import claim
 from tfconfig_slurm.process.claim import Holder
+from tfconfig_slurm.process.run_dir import RunDir
 
 HOST = socket.gethostname()
 
@@ -70,7 +71,7 @@ def test_a_lock_from_another_host_is_held_until_it_is_stale(tmp_path: Path) -> N
     with pytest.raises(UsageError, match="process 1 on node9"):
         claim.claim(tmp_path, claim.this_holder({}))
     long_ago = time.time() - claim.STALE_SECONDS - 1
-    os.utime(tmp_path / claim.LOCK_FILE, (long_ago, long_ago))
+    os.utime(RunDir(tmp_path).lock, (long_ago, long_ago))
     claim.claim(tmp_path, claim.this_holder({}))
 
 
@@ -110,9 +111,9 @@ def test_a_file_system_without_hard_links_still_takes_one_run(
 
 def test_release_leaves_a_lock_another_run_took_over(tmp_path: Path) -> None:
     held = claim.claim(tmp_path, claim.this_holder({}))
-    (tmp_path / claim.LOCK_FILE).write_text(json.dumps({"job": "9", "host": "n", "pid": 1}))
+    (RunDir(tmp_path).lock).write_text(json.dumps({"job": "9", "host": "n", "pid": 1}))
     held.release()
-    assert (tmp_path / claim.LOCK_FILE).exists()
+    assert (RunDir(tmp_path).lock).exists()
 
 
 @pytest.mark.tensorflow

@@ -79,8 +79,53 @@ def test_mnist_keras_trains_resumes_to_the_step_and_reaches_97_percent(tmp_path:
     assert (state["state"], state["global_step"]) == ("done", 300)
     assert state["hparams"] == {"learning_rate": 0.001, "dropout": 0.5, "shuffle_buffer": 10000}
     # TensorBoard's runs: the training scalars, and the final evaluation under eval/.
-    assert list(model_dir.glob("events.out.tfevents.*"))
     assert list((model_dir / "eval").glob("events.out.tfevents.*"))
+    # The HParams tab's session, written once, at the run's first start.
+    assert hparams_sessions(model_dir) == [
+        {"learning_rate": 0.001, "dropout": 0.5, "shuffle_buffer": 10000}
+    ]
+
+
+def hparams_sessions(model_dir: Path) -> list[dict[str, object]]:
+    """The hparams of each HParams session start in the run's event files (numbers only)."""
+    import tensorflow as tf  # noqa: PLC0415
+    from tensorboard.plugins.hparams import plugin_data_pb2  # noqa: PLC0415
+
+    sessions: list[dict[str, object]] = []
+    for events in sorted(model_dir.glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(events)):
+            for value in event.summary.value:
+                if value.tag == "_hparams_/session_start_info":
+                    data = plugin_data_pb2.HParamsPluginData.FromString(
+                        value.metadata.plugin_data.content
+                    )
+                    hparams = data.session_start_info.hparams
+                    sessions.append(
+                        {
+                            name: pytest.approx(hparams[name].number_value)
+                            for name in hparams
+                            if hparams[name].HasField("number_value")
+                        }
+                    )
+    return sessions
+
+
+def test_a_keras_experiment_that_raises_leaves_its_run_failed(tmp_path: Path) -> None:
+    """An error of the experiment's own passes through, and state.json says the run failed,
+    as an Estimator run's does."""
+    (tmp_path / "broken.py").write_text(
+        "from tfconfig_slurm.experiments.mnist_keras import HPARAMS, build_model\n"
+        "def dataset(mode, params):\n"
+        "    raise RuntimeError('the data is not there')\n"
+    )
+    result = run_module(
+        RUN, f"--experiment={tmp_path / 'broken.py'}", f"--output_root={tmp_path}",
+        "--train_steps=10", timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "RuntimeError: the data is not there" in result.stderr
+    state = json.loads((tmp_path / "broken" / "state.json").read_text())
+    assert (state["state"], state["global_step"]) == ("failed", 0)
 
 
 def start(root: Path, tf_config: dict[str, object], *flags: str) -> subprocess.Popen[str]:

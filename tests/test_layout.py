@@ -26,7 +26,6 @@ def roles(layout: ClusterLayout) -> list[str]:
     return [f"{task.role}{task.index}" for task in layout.tasks]
 
 
-
 def test_every_rank_s_tf_config_reads_back_as_its_task_and_writes_the_same_text() -> None:
     """One writer, one reader: a rank's TF_CONFIG as a task reads it, and as its trainer's
     server writes it again, are the layout's."""
@@ -39,6 +38,7 @@ def test_every_rank_s_tf_config_reads_back_as_its_task_and_writes_the_same_text(
         assert role.run_id == layout.shape.run_id
         assert role.tf_config() == config
         assert run_of(render.tf_config_json(layout, task.rank)) == layout.shape.run_id
+
 
 def test_block_3x3_tf_config_exactly() -> None:
     """The captured srun -N3 --ntasks-per-node=3 --gres=gpu:2, rank 4."""

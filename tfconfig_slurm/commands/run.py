@@ -44,7 +44,15 @@ from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.commands import layout_flags
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import claim, local_cluster, model_dir, network, place, preemption
+from tfconfig_slurm.process import (
+    claim,
+    local_cluster,
+    model_dir,
+    network,
+    place,
+    preemption,
+    run_dir,
+)
 from tfconfig_slurm.process import experiment as experiment_lib
 from tfconfig_slurm.process.settings import TrainingSettings
 
@@ -58,7 +66,7 @@ EXPERIMENT = flags.DEFINE_string(
 )
 OUTPUT_ROOT = flags.DEFINE_string(
     "output_root",
-    os.environ.get("TFCONFIG_SLURM_OUTPUT", "./tf-output"),
+    run_dir.output_root(os.environ),
     "Where model directories go (default: $TFCONFIG_SLURM_OUTPUT, else ./tf-output).",
 )
 EXPERIMENT_ID = flags.DEFINE_string(
@@ -123,7 +131,8 @@ INTER_OP_THREADS = flags.DEFINE_integer(
 LOG_EVERY_STEPS = flags.DEFINE_integer(
     "log_every_steps",
     100,
-    "Log the loss, examples/s and global steps/s, and write scalars, every N steps.",
+    "Log the loss, examples/s and global steps/s, and write scalars, each time the global "
+    "step passes a multiple of N (every trainer of a cluster logs at the same global steps).",
     lower_bound=1,
 )
 GPU_MEMORY_GROWTH = flags.DEFINE_boolean(

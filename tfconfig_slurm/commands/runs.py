@@ -26,7 +26,7 @@ from absl import flags
 
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import claim, reports
+from tfconfig_slurm.process import claim, reports, run_dir
 
 PROGRAM = "tfconfig-slurm runs"
 
@@ -46,7 +46,7 @@ _WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING"}
 def main(argv: Sequence[str]) -> int:
     if len(argv) > 2:
         raise UsageError(repr(argv[2]), "is one word too many", f"{PROGRAM} [OUTPUT_ROOT]")
-    root = Path(argv[1] if len(argv) > 1 else os.environ.get("TFCONFIG_SLURM_OUTPUT", "tf-output"))
+    root = Path(argv[1] if len(argv) > 1 else run_dir.output_root(os.environ))
     if not root.is_dir():
         raise UsageError(
             "OUTPUT_ROOT",
@@ -67,9 +67,10 @@ def main(argv: Sequence[str]) -> int:
 
 def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     """A run's line of the table; None for a folder that holds no run."""
+    paths = run_dir.RunDir(folder)
     state = reports.read_state(folder)
     summary = reports.read_summary(folder)
-    checkpoint = _read_text(folder / "checkpoint")
+    checkpoint = _read_text(paths.checkpoint_index)
     if not state and checkpoint is None:
         return None
     latest = re.search(r'^model_checkpoint_path: ".*?(\d+)"', checkpoint or "", re.M)
@@ -83,8 +84,7 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         "hparams": state.get("hparams", {}),
         "job_id": state.get("job_id"),
         "updated": max(
-            _modified(folder / name)
-            for name in (reports.STATE_FILE, reports.SUMMARY_FILE, "checkpoint")
+            _modified(path) for path in (paths.state, paths.summary, paths.checkpoint_index)
         ),
     }
 

@@ -29,6 +29,7 @@ from absl import flags
 from tfconfig_slurm.commands import run as runtime
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process.run_dir import SWEEPS
 
 PROGRAM = "sweep"
 
@@ -90,7 +91,7 @@ def main(argv: Sequence[str]) -> int:
                 f"leave it out: run i of the sweep is {sweep_file.stem}-i",
             )
     lines = _checked_lines(sweep_file)
-    kept = Path(runtime.OUTPUT_ROOT.value, "sweeps", f"{sweep_file.stem}.txt").absolute()
+    kept = Path(runtime.OUTPUT_ROOT.value, SWEEPS, f"{sweep_file.stem}.txt").absolute()
     text = "".join(f"{line}\n" for line in lines)
     if kept.exists() and kept.read_text() != text:
         raise UsageError(

@@ -30,8 +30,8 @@ from typing import Any, NamedTuple
 
 from tfconfig_slurm.cluster.step import SlurmJob, read_slurm_job
 from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process.run_dir import RunDir
 
-LOCK_FILE = "run.lock"
 RENEW_SECONDS = 10.0
 STALE_SECONDS = 90.0
 # After taking over a lock, how long to wait before reading it back: two runs that found the
@@ -121,7 +121,7 @@ def claim(model_dir: Path, holder: Holder, naming: Naming = CLI_NAMING) -> Claim
     is shared; a stale one is taken over.
     """
     model_dir.mkdir(parents=True, exist_ok=True)
-    lock = model_dir / LOCK_FILE
+    lock = RunDir(model_dir).lock
     if _create(lock, holder):
         return Claim(lock, holder)
     current = _read(lock)
@@ -140,7 +140,7 @@ def claim(model_dir: Path, holder: Holder, naming: Naming = CLI_NAMING) -> Claim
 
 def held_by_live_run(model_dir: Path) -> bool | None:
     """Whether a live run holds `model_dir`: None when no lock is there."""
-    current = _read(model_dir / LOCK_FILE)
+    current = _read(RunDir(model_dir).lock)
     return None if current is None else not _gone(*current)
 
 

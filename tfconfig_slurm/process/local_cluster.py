@@ -39,6 +39,7 @@ from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
 from tfconfig_slurm.cluster.role import LOCAL_RUN_PREFIX, ClusterRole
 from tfconfig_slurm.errors import USAGE_EXIT_CODE, UsageError
 from tfconfig_slurm.process import claim
+from tfconfig_slurm.process.run_dir import RunDir
 
 _COUNTS = {"ps": PS, "workers": WORKER, "evaluator": EVALUATOR}
 # How long a task that is told to stop gets before it is killed: when another task failed,
@@ -166,7 +167,7 @@ def _run(counts: Mapping[str, int], model_dir: Path, command: Sequence[str], pro
         has_evaluator=counts[EVALUATOR] > 0,
         run_id=LOCAL_RUN_PREFIX + uuid.uuid4().hex,
     )
-    logs = model_dir / "logs"
+    logs = RunDir(model_dir).logs
     logs.mkdir(parents=True, exist_ok=True)
     refusals: dict[LocalTask, list[str]] = {task: [] for task in tasks}
     started: dict[LocalTask, tuple[subprocess.Popen[str], threading.Thread]] = {}

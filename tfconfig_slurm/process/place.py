@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 from typing import NamedTuple
 
 from absl import logging
@@ -42,6 +43,26 @@ class Place(NamedTuple):
     gpus: str
     # Which setting chose the layout, for an error about it: "TF_CONFIG" when it was given.
     layout_source: str
+
+    def log_start(self, model_dir: Path, resumed: int | None, *details: str) -> None:
+        """The task's first line, the same for every backend: who and where it is, its GPUs,
+        its model directory, and the checkpoint step it resumes from."""
+        logging.info(
+            "%s on %s at %s with GPUs [%s], model directory %s, %s",
+            str(self.role.task_id) if self.role else "chief 0 (single process)",
+            self.node,
+            self.role.address if self.role else "-",
+            self.gpus,
+            model_dir,
+            "; ".join(
+                (
+                    f"resuming from step {resumed}"
+                    if resumed is not None
+                    else "starting at step 0",
+                    *details,
+                )
+            ),
+        )
 
 
 def step_layout(step: SlurmStep, policy: LayoutPolicy) -> ClusterLayout:

@@ -21,14 +21,10 @@ from absl import logging
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.process import polling
+from tfconfig_slurm.process.run_dir import RunDir
 
-SUMMARY_FILE = "summary.json"
-STATE_FILE = "state.json"
-_TRAINER_REPORTS = "trainers"
 # How long the chief waits for the other trainers' throughput reports for summary.json.
 _REPORT_WAIT_SECONDS = 30.0
-# The evaluator's metrics of the final checkpoint, which the chief puts into summary.json.
-_EVALUATOR_RESULT = "evaluator.json"
 # How long the chief waits for them: the evaluator may be busy with an earlier checkpoint.
 _EVALUATOR_WAIT_SECONDS = 600.0
 
@@ -47,15 +43,15 @@ def _of_run(report: Mapping[str, Any], run: Mapping[str, Any]) -> bool:
 def write_trainer_report(
     model_dir: Path, role: ClusterRole, run: Mapping[str, Any], examples_per_sec: float | None
 ) -> None:
-    folder = model_dir / _TRAINER_REPORTS
-    folder.mkdir(exist_ok=True)
+    run_dir = RunDir(model_dir)
+    run_dir.trainer_reports.mkdir(exist_ok=True)
     report = {"role": role.role, "index": role.index, "examples_per_sec": examples_per_sec, **run}
-    write_json_atomically(folder / f"{role.role}-{role.index}.json", report)
+    write_json_atomically(run_dir.trainer_report(role.task_id), report)
 
 
 def trainer_reports(model_dir: Path, trainers: int, run: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every trainer's report of this run, waiting a while for the ones not yet written."""
-    folder = model_dir / _TRAINER_REPORTS
+    folder = RunDir(model_dir).trainer_reports
 
     def current() -> list[dict[str, Any]]:
         reports = [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
@@ -68,14 +64,14 @@ def write_evaluator_result(
     model_dir: Path, run: Mapping[str, Any], metrics: Mapping[str, Any]
 ) -> None:
     result = {name: float(value) for name, value in metrics.items()}
-    write_json_atomically(model_dir / _EVALUATOR_RESULT, {**run, "metrics": result})
+    write_json_atomically(RunDir(model_dir).evaluator_result, {**run, "metrics": result})
 
 
 def evaluator_result(model_dir: Path, run: Mapping[str, Any]) -> dict[str, Any]:
     """The metrics this run's evaluator wrote: of the first checkpoint at or past the final
     step, which asynchronous workers may have left a step or two before the chief's very
     last one."""
-    path = model_dir / _EVALUATOR_RESULT
+    path = RunDir(model_dir).evaluator_result
 
     def result() -> dict[str, Any] | None:
         return json.loads(path.read_text()) if path.exists() else None
@@ -118,26 +114,26 @@ def write_summary(
         "eval": {key: float(value) for key, value in metrics.items()},
         "layout": layout,
     }
-    write_json_atomically(model_dir / SUMMARY_FILE, summary)
+    write_json_atomically(RunDir(model_dir).summary, summary)
     logging.info(
         "done at step %d in %.1f s: %s; checkpoints and events in %s, summary in %s",
         summary["global_step"],
         summary["wall_time_s"],
         metric_text(summary["eval"]),
         model_dir,
-        model_dir / SUMMARY_FILE,
+        RunDir(model_dir).summary,
     )
     return summary
 
 
 def read_state(model_dir: Path) -> dict[str, Any]:
     """What state.json says; {} when there is none (or it cannot be read)."""
-    return _read_json(model_dir / STATE_FILE)
+    return _read_json(RunDir(model_dir).state)
 
 
 def read_summary(model_dir: Path) -> dict[str, Any]:
     """What summary.json says; {} when there is none (or it cannot be read)."""
-    return _read_json(model_dir / SUMMARY_FILE)
+    return _read_json(RunDir(model_dir).summary)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -175,7 +171,7 @@ def write_state(
         **fields,
     }
     write_json_atomically(
-        model_dir / STATE_FILE, {**current, **said, "state": state, "updated": time.time()}
+        RunDir(model_dir).state, {**current, **said, "state": state, "updated": time.time()}
     )
 
 

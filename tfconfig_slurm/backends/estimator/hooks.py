@@ -8,34 +8,28 @@ batch size, and a last batch cut short counts for what it holds.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import tensorflow as tf
-from absl import logging
 
-# A moment of the run: (monotonic time, local steps done, global step, examples done).
-_Mark = tuple[float, int, int, int]
+from tfconfig_slurm.process.throughput import Rates, Throughput
+
 # Ops that hand a step its input, as Estimator's input functions build them.
 _INPUT_OPS = ("IteratorGetNext", "QueueDequeueManyV2", "QueueDequeueUpToV2")
 
 
 class ThroughputHook(tf.compat.v1.train.SessionRunHook):
-    """Logs the loss, examples/s and global steps/s every `every_steps` local steps, as the
-    HPC centres' scripts report training, and writes the speeds as scalars (Estimator writes
-    the loss); at the end, the run's means. Estimator's own step lines are silenced."""
+    """Feeds the runtime's throughput meter (process/throughput.py, which logs the loss,
+    examples/s and global steps/s as the HPC centres' scripts report training) from each
+    step, and writes the speeds as scalars (Estimator writes the loss); at the end, the run's
+    means. Estimator's own step lines are silenced."""
 
     def __init__(self, summary_dir: str, every_steps: int) -> None:
         self._summary_dir = summary_dir
         self._every_steps = every_steps
         self._writer: Any | None = None
         self._fetches: dict[str, Any] = {}
-        self._local_steps = 0
-        self._examples = 0
-        # The means leave the first step out: it includes building the session.
-        self._first: _Mark | None = None
-        self._window: _Mark | None = None
-        self._last: _Mark | None = None
+        self._meter = Throughput(every_steps)
 
     def begin(self) -> None:
         self._fetches = {"step": tf.compat.v1.train.get_global_step()}
@@ -47,64 +41,37 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
         batch = _batch_size()
         if batch is not None:
             self._fetches["examples"] = batch
+        self._meter = Throughput(self._every_steps, counts_examples=batch is not None)
         self._writer = tf.compat.v1.summary.FileWriterCache.get(self._summary_dir)
 
     def before_run(self, run_context: Any) -> tf.compat.v1.train.SessionRunArgs:
         return tf.compat.v1.train.SessionRunArgs(self._fetches)
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
-        self._local_steps += 1
         results = run_values.results
-        self._examples += int(results.get("examples", 0))
-        mark = (time.monotonic(), self._local_steps, int(results["step"]), self._examples)
-        if self._first is None:
-            self._first = self._window = mark
-            logging.info("first step done (global step %d)", mark[2])
-            return
-        self._last = mark
-        assert self._window is not None
-        if mark[1] - self._window[1] >= self._every_steps and mark[0] > self._window[0]:
-            examples, steps = self._rates(self._window, mark)
-            loss = f"loss {float(results['loss']):.4g}, " if "loss" in results else ""
-            speed = f"{examples:.1f} examples/s, " if "examples" in self._fetches else ""
-            logging.info("step %d: %s%s%.2f global steps/s", mark[2], loss, speed, steps)
-            self._record(examples, steps, mark[2])
-            self._window = mark
+        step = int(results["step"])
+        loss = float(results["loss"]) if "loss" in results else None
+        rates = self._meter.step(step, int(results.get("examples", 0)), loss)
+        if rates is not None:
+            self._record(rates, step)
 
     def end(self, session: Any) -> None:
-        mean = self.mean_examples_per_sec()
-        logging.info(
-            "last step done after %d steps here; mean %s examples/s",
-            self._local_steps,
-            "-" if mean is None else f"{mean:.1f}",
-        )
-        if mean is not None:
-            assert self._first is not None and self._last is not None
-            self._record(*self._rates(self._first, self._last), self._last[2])
+        mean = self._meter.end()
+        if mean is not None and self._meter.global_step is not None:
+            self._record(mean, self._meter.global_step)
         if self._writer is not None:
             self._writer.flush()
 
     def mean_examples_per_sec(self) -> float | None:
         """Examples per second over the run, from the second step to the last; None if too
         short, or if the input's batch size could not be found."""
-        if "examples" not in self._fetches:
-            return None
-        if self._first is None or self._last is None or self._last[0] <= self._first[0]:
-            return None
-        return self._rates(self._first, self._last)[0]
+        return self._meter.mean_examples_per_sec()
 
-    def _rates(self, since: _Mark, until: _Mark) -> tuple[float, float]:
-        seconds = until[0] - since[0]
-        return (
-            (until[3] - since[3]) / seconds,
-            (until[2] - since[2]) / seconds,
-        )
-
-    def _record(self, examples_per_sec: float, global_steps_per_sec: float, step: int) -> None:
+    def _record(self, rates: Rates, step: int) -> None:
         assert self._writer is not None
-        values = {"global_steps_per_sec": global_steps_per_sec}
-        if "examples" in self._fetches:
-            values["examples_per_sec"] = examples_per_sec
+        values = {"global_steps_per_sec": rates.global_steps_per_sec}
+        if rates.examples_per_sec is not None:
+            values["examples_per_sec"] = rates.examples_per_sec
         self._writer.add_summary(
             tf.compat.v1.Summary(
                 value=[

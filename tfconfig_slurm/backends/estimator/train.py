@@ -26,6 +26,7 @@ from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import claim, model_dir, preemption, reports, watchdog
+from tfconfig_slurm.process.owner import RunOwner, owns_run
 from tfconfig_slurm.process.place import Place
 
 
@@ -65,16 +66,8 @@ def run(
     # Only now, with the input checked: bad input leaves nothing behind.
     held = model_dir.hold(directory, role, naming)
     resumed = resume_step(directory)
-    logging.info(
-        "%s on %s at %s with GPUs [%s], model directory %s, %s",
-        str(role.task_id) if role else "chief 0 (single process)",
-        place.node,
-        role.address if role else "-",
-        place.gpus,
-        directory,
-        f"resuming from step {resumed}" if resumed is not None else "starting at step 0",
-    )
-    if role is None or role.role == CHIEF:
+    place.log_start(directory, resumed)
+    if owns_run(role):
         result = _play_as_owner(directory, training, role, stop)
     else:
         result = _play(training, role, stop)
@@ -102,19 +95,17 @@ def _play_as_owner(
 ) -> trainer.Result | None:
     """Plays the role of the task that owns the run (the chief, a single process), saying in
     state.json what the run does, and giving TensorBoard its hparams at its first start."""
-    first = "started" not in reports.read_state(directory)
-    _say(directory, "running", training, role)
-    try:
+    owner = RunOwner(directory, training.name, training.hparams, role)
+    first = owner.first_start()
+    owner.say("running", resume_step(directory))
+    with owner.failing_on_error(lambda: resume_step(directory)):
         if first:
-            _hparams_for_tensorboard(training.estimator.model_dir, training.hparams)
+            _hparams_for_tensorboard(training.estimator.model_dir, owner)
         result = _play(training, role, stop)
-    except BaseException:
-        _say(directory, "failed", training, role)
-        raise
     if stop.requested:
-        _say(directory, "stopped", training, role, signal=stop.signal_name)
+        owner.say("stopped", resume_step(directory), signal=stop.signal_name)
     else:
-        _say(directory, "done", training, role)
+        owner.say("done", resume_step(directory))
     return result
 
 
@@ -144,29 +135,10 @@ def _play(
     )
 
 
-def _say(
-    directory: Path, state: str, training: Training, role: ClusterRole | None, **fields: Any
-) -> None:
-    """The owner's state.json: the run's experiment, hparams, job, run id, and latest step."""
-    reports.write_state(
-        directory,
-        state,
-        experiment=training.name,
-        hparams=training.hparams,
-        role=role,
-        global_step=resume_step(directory),
-        **fields,
-    )
-
-
-def _hparams_for_tensorboard(directory: str, hparams: Mapping[str, Any]) -> None:
+def _hparams_for_tensorboard(directory: str, owner: RunOwner) -> None:
     """The run's hparams, once, where TensorBoard's HParams dashboard finds them: beside the
     Estimator's events, whose eval/ scalars are the metrics it shows (tag and group "eval")."""
-    values = {
-        name: value if isinstance(value, (bool, int, float, str)) else str(value)
-        for name, value in hparams.items()
-    }
-    summary = hparams_api.hparams_pb(values, trial_id=Path(directory).name)
+    summary = hparams_api.hparams_pb(owner.hparams_for_tensorboard(), trial_id=Path(directory).name)
     # The Estimator's own writer of the directory, by the very name it uses: two writers
     # starting in one second would write one events file. Made outside eager mode.
     with tf.Graph().as_default():

@@ -18,6 +18,7 @@ from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.process import reports, watchdog
+from tfconfig_slurm.process.run_dir import RunDir
 
 # What tf.estimator.train_and_evaluate returns: the final metrics and the exporters' results.
 Result = tuple[dict[str, Any] | None, list[Any]]
@@ -117,7 +118,7 @@ def export(
     checkpoint = tf.train.latest_checkpoint(estimator.model_dir)
     results = []
     for exporter in eval_spec.exporters:
-        path = Path(estimator.model_dir, "export", exporter.name)
+        path = RunDir(Path(estimator.model_dir)).export(exporter.name)
         result = exporter.export(estimator, str(path), checkpoint, metrics, True)
         logging.info("exported the model to %s", _text(result))
         results.append(result)

@@ -23,13 +23,14 @@ import shutil
 import tempfile
 import time
 from collections.abc import Collection, Mapping
-from functools import partial
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 import tensorflow as tf
 import tf_keras as keras
 from absl import logging
+from tensorboard.plugins.hparams import api as hparams_api
 from tensorflow.python.eager import context
 
 from tfconfig_slurm.backends.tf_process import exit_now
@@ -39,8 +40,10 @@ from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import EXIT_PEER_LOST, UsageError
 from tfconfig_slurm.process import claim, model_dir, preemption, reports, watchdog
 from tfconfig_slurm.process.experiment import KerasExperiment
+from tfconfig_slurm.process.owner import RunOwner, owns_run
 from tfconfig_slurm.process.place import Place
 from tfconfig_slurm.process.settings import TrainingSettings
+from tfconfig_slurm.process.throughput import Rates, Throughput
 
 # The trainers of a cluster agree on a stop this often: an all-reduce of a flag took 3.4 ms
 # here, a cost not worth paying every step; a stop waits at most this many steps.
@@ -83,26 +86,17 @@ def run(
     )
     stop.listen_again()
     directory = settings.model_dir
-    owner = role is None or role.role == CHIEF
+    owner = _owner(experiment, settings, role)
     held = model_dir.hold(directory, role, claim.CLI_NAMING)
     peers = watchdog.PeerWatch(watch_plan.neighbours(role)) if role is not None else None
     params = dict(settings.params)
     model, checkpoint, start = _restored(strategy, experiment, params, directory)
     if role is not None:
         _check_same_start(strategy, start, directory)
-    logging.info(
-        "%s on %s at %s with GPUs [%s], model directory %s, %s; %d replicas",
-        str(role.task_id) if role else "chief 0 (single process)",
-        where.node,
-        role.address if role else "-",
-        where.gpus,
-        directory,
-        f"resuming from step {start}" if start else "starting at step 0",
-        strategy.num_replicas_in_sync,
-    )
-    say = partial(_say, directory=directory, experiment=experiment, settings=settings, role=role)
-    if owner:
-        say("running", start)
+    where.log_start(directory, start or None, f"{strategy.num_replicas_in_sync} replicas")
+    writer = tf.summary.create_file_writer(str(directory)) if owner else None
+    if owner is not None:
+        _say_started(owner, start, writer)
     started = time.monotonic()
     saver = _Saver(checkpoint, directory, role, settings.keep_checkpoint_max, restored=start)
     progress = _Progress(
@@ -110,7 +104,7 @@ def run(
         start_step=start,
         settings=settings,
         examples_per_step=settings.params["batch_size"] * _local_replicas(strategy, role),
-        writer=tf.summary.create_file_writer(str(directory)) if owner else None,
+        writer=writer,
         stop=stop,
         requeue_on=stop_policy.requeue_on,
         saver=saver,
@@ -125,8 +119,8 @@ def run(
             if peers is not None:
                 peers.stop()
             _end_together(role)
-            if owner:
-                say("stopped", progress.step, signal=stopped_on)
+            if owner is not None:
+                owner.say("stopped", progress.step, signal=stopped_on)
                 exit_now(
                     preemption.after_stop(
                         os.environ, stopped_on, stop_policy.requeue_on, stop_policy.max_requeues
@@ -151,27 +145,48 @@ def run(
             metrics={**metrics, "global_step": progress.step},
             started=started,
         )
-        if owner:
-            say("done", progress.step)
+        if owner is not None:
+            owner.say("done", progress.step)
         _end_together(role)
         if held is not None:
             held.release()
         exit_now(0)
 
-    try:
-        if settings.train_steps > start:
-            model.fit(
-                _train_batches(strategy, experiment, params, role),
-                epochs=1,
-                steps_per_epoch=settings.train_steps - start,
-                callbacks=[progress, _FinishInside(finish)],
-                verbose=0,
-            )
-        finish()
-    except _PEER_ERRORS as error:
-        if peers is None:
-            raise
-        _lost_in_collective(error, peers)
+    with owner.failing_on_error(lambda: progress.step) if owner else nullcontext():
+        try:
+            if settings.train_steps > start:
+                model.fit(
+                    _train_batches(strategy, experiment, params, role),
+                    epochs=1,
+                    steps_per_epoch=settings.train_steps - start,
+                    callbacks=[progress, _FinishInside(finish)],
+                    verbose=0,
+                )
+            finish()
+        except _PEER_ERRORS as error:
+            if peers is None:
+                raise
+            _lost_in_collective(error, peers)
+
+
+def _owner(
+    experiment: KerasExperiment, settings: TrainingSettings, role: ClusterRole | None
+) -> RunOwner | None:
+    """This task as the run's owner (state.json, the HParams), or None for another trainer."""
+    if not owns_run(role):
+        return None
+    hparams = {name: settings.params[name] for name in experiment.hparams}
+    return RunOwner(settings.model_dir, experiment.name, hparams, role)
+
+
+def _say_started(owner: RunOwner, step: int, writer: Any) -> None:
+    """The owner's "running", and at the run's first start its hparams, where TensorBoard's
+    HParams tab finds them: beside the scalars, whose eval/ ones are the metrics it shows."""
+    first = owner.first_start()
+    owner.say("running", step)
+    if first:
+        with writer.as_default():
+            hparams_api.hparams(owner.hparams_for_tensorboard(), trial_id=owner.directory.name)
 
 
 def _lost_in_collective(error: tf.errors.OpError, peers: watchdog.PeerWatch) -> NoReturn:
@@ -374,7 +389,6 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         self._start = start_step
         self._requeue_on = requeue_on
         self._replicas = strategy.num_replicas_in_sync
-        self._every = settings.log_every_steps
         self._save_every = settings.save_checkpoints_steps or DEFAULT_CHECKPOINT_STEPS
         self._examples_per_step = examples_per_step
         self._writer = writer
@@ -386,28 +400,24 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         )
         self.step = start_step
         self.stopped_on: str | None = None
-        # (monotonic time, global step, the running mean loss times the batches it covers)
-        self._first: tuple[float, int] | None = None
-        self._window: tuple[float, int, float] | None = None
-        self._last: tuple[float, int] | None = None
-        self._batches = 0
+        self._meter = Throughput(settings.log_every_steps)
+        # The loss logged is the mean over the steps since the last line: (global step, the
+        # running mean loss times the batches it covers) at that line.
+        self._loss_since: tuple[int, float] | None = None
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         # The one epoch's batch: right also when fit runs several steps a call.
-        self.step = self._start + batch + 1
-        self._batches = batch + 1
-        now = time.monotonic()
+        steps, self.step = self._start + batch + 1 - self.step, self._start + batch + 1
         # fit's logs are running means since the epoch began, summed over the replicas.
-        loss_total = float((logs or {}).get("loss", 0.0)) / self._replicas * self._batches
-        if self._first is None:
-            self._first = (now, self.step)
-            self._window = (now, self.step, loss_total)
-            logging.info("first step done (global step %d)", self.step)
-        else:
-            self._last = (now, self.step)
-            assert self._window is not None
-            if self.step % self._every == 0 and now > self._window[0]:
-                self._log(now, loss_total)
+        loss_total = float((logs or {}).get("loss", 0.0)) / self._replicas * (batch + 1)
+        since_step, since_total = self._loss_since or (self.step - 1, 0.0)
+        loss = (loss_total - since_total) / max(self.step - since_step, 1)
+        if self._loss_since is None:
+            self._loss_since = (self.step, loss_total)
+        rates = self._meter.step(self.step, steps * self._examples_per_step, loss, steps=steps)
+        if rates is not None:
+            self._loss_since = (self.step, loss_total)
+            self._write(rates, loss)
         if self.step % self._save_every == 0:
             self._saver.save(self.step)
         stopped_on = self._stop_agreed()
@@ -417,27 +427,14 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
             self._saver.save(self.step)
             self.model.stop_training = True
 
-    def _log(self, now: float, loss_total: float) -> None:
-        assert self._window is not None
-        since, step_then, loss_then = self._window
-        steps = self.step - step_then
-        loss = (loss_total - loss_then) / steps
-        examples = steps * self._examples_per_step / (now - since)
-        global_steps = steps / (now - since)
-        logging.info(
-            "step %d: loss %.4g, %.1f examples/s, %.2f global steps/s",
-            self.step,
-            loss,
-            examples,
-            global_steps,
-        )
-        if self._writer is not None:
-            with self._writer.as_default(step=self.step):
-                tf.summary.scalar("loss", loss)
-                tf.summary.scalar("examples_per_sec", examples)
-                tf.summary.scalar("global_steps_per_sec", global_steps)
-            self._writer.flush()
-        self._window = (now, self.step, loss_total)
+    def _write(self, rates: Rates, loss: float) -> None:
+        if self._writer is None:
+            return
+        with self._writer.as_default(step=self.step):
+            tf.summary.scalar("loss", loss)
+            tf.summary.scalar("examples_per_sec", rates.examples_per_sec)
+            tf.summary.scalar("global_steps_per_sec", rates.global_steps_per_sec)
+        self._writer.flush()
 
     def _stop_agreed(self) -> str:
         """The signal the trainers agreed to stop on, or "" to go on. Every trainer asks at the
@@ -457,22 +454,11 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         return min(self._requeue_on) if total[1] else "a peer's signal"
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
-        mean = self.mean_examples_per_sec()
-        logging.info(
-            "last step done after %d steps here; mean %s examples/s",
-            self._batches,
-            "-" if mean is None else f"{mean:.1f}",
-        )
+        self._meter.end()
 
     def mean_examples_per_sec(self) -> float | None:
         """Examples per second from the second step to the last; None if too short."""
-        if self._first is None or self._last is None or self._last[0] <= self._first[0]:
-            return None
-        return (
-            (self._last[1] - self._first[1])
-            * self._examples_per_step
-            / (self._last[0] - self._first[0])
-        )
+        return self._meter.mean_examples_per_sec()
 
 
 def _collective(
@@ -509,25 +495,3 @@ def _end_together(role: ClusterRole | None) -> None:
         context.context().wait_at_barrier("tfconfig_slurm_end", _END_BARRIER_MS)
     except tf.errors.OpError as error:
         logging.warning("the other trainers did not all reach the end: %s", error.message)
-
-
-def _say(
-    state: str,
-    step: int,
-    *,
-    directory: Path,
-    experiment: KerasExperiment,
-    settings: TrainingSettings,
-    role: ClusterRole | None,
-    **fields: Any,
-) -> None:
-    """The owner's state.json, as the Estimator runtime writes it."""
-    reports.write_state(
-        directory,
-        state,
-        experiment=experiment.name,
-        hparams={name: settings.params[name] for name in experiment.hparams},
-        role=role,
-        global_step=step,
-        **fields,
-    )

@@ -1,0 +1,80 @@
+"""The throughput meter both backends log through: which global steps get a line, what it
+says, and the run's means."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+
+import pytest
+
+from tfconfig_slurm.process.throughput import Throughput
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """A monotonic clock the test moves: one second a step unless told otherwise."""
+    now = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    return now
+
+
+def lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [record.getMessage() for record in caplog.records]
+
+
+def test_a_trainer_sharing_steps_logs_where_the_global_step_passes_a_multiple(
+    clock: list[float], caplog: pytest.LogCaptureFixture
+) -> None:
+    """With a parameter server two trainers share the steps: this one sees every other global
+    step, and still logs near every tenth global step, not every tenth of its own."""
+    caplog.set_level(logging.INFO)
+    meter = Throughput(10)
+    for global_step in range(1, 42, 2):
+        meter.step(global_step, examples=64, loss=0.5)
+        clock[0] += 1.0
+    logged = [int(m.group(1)) for m in map(re.compile(r"step (\d+):").match, lines(caplog)) if m]
+    assert logged == [11, 21, 31, 41]
+    assert lines(caplog)[0] == "first step done (global step 1)"
+    # 5 of this trainer's steps a line: 320 examples and 10 global steps in 5 s.
+    assert "step 11: loss 0.5, 64.0 examples/s, 2.00 global steps/s" in lines(caplog)
+
+
+def test_the_end_says_the_mean_from_the_second_step_to_the_last(
+    clock: list[float], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    meter = Throughput(100)
+    clock[0] += 30.0  # the first step builds the model: left out of the mean
+    meter.step(1, examples=32, loss=None)
+    for global_step in range(2, 12):
+        clock[0] += 0.5
+        meter.step(global_step, examples=32, loss=None)
+    mean = meter.end()
+    assert mean is not None
+    # 10 steps of 32 examples in 5 s.
+    assert mean.examples_per_sec == pytest.approx(64.0)
+    assert meter.global_step == 11
+    assert lines(caplog)[-1] == "last step done after 11 steps here; mean 64.0 examples/s"
+
+
+def test_without_counted_examples_the_line_says_global_steps_only(
+    clock: list[float], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    meter = Throughput(2, counts_examples=False)
+    for global_step in (1, 2, 3):
+        meter.step(global_step, examples=0, loss=1.25)
+        clock[0] += 1.0
+    assert "step 2: loss 1.25, 1.00 global steps/s" in lines(caplog)
+    assert meter.mean_examples_per_sec() is None
+    meter.end()
+    assert lines(caplog)[-1] == "last step done after 3 steps here; mean - examples/s"
+
+
+def test_a_run_too_short_has_no_mean(clock: list[float]) -> None:
+    meter = Throughput(10)
+    meter.step(5, examples=8, loss=None)
+    assert meter.mean() is None
+    assert meter.global_step == 5

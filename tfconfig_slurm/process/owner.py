@@ -1,0 +1,61 @@
+"""The task that owns a run (the chief, or a single process) and what it says of the run in
+state.json, the same for every backend: "running", then "done", "stopped" (with the signal)
+or "failed" (an error raised while it trained, and passed on). No TensorFlow here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from tfconfig_slurm.cluster.layout import CHIEF
+from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.process import reports
+
+
+def owns_run(role: ClusterRole | None) -> bool:
+    """Whether this task owns the run: a single process, or the chief of a cluster."""
+    return role is None or role.role == CHIEF
+
+
+@dataclass(frozen=True)
+class RunOwner:
+    """The owner's view of its run, for state.json and TensorBoard's HParams tab."""
+
+    directory: Path
+    experiment: str
+    hparams: Mapping[str, Any]
+    role: ClusterRole | None
+
+    def first_start(self) -> bool:
+        """Whether no attempt of this run has started before (read before saying "running")."""
+        return "started" not in reports.read_state(self.directory)
+
+    def say(self, state: str, global_step: int | None, **fields: Any) -> None:
+        reports.write_state(
+            self.directory,
+            state,
+            experiment=self.experiment,
+            hparams=self.hparams,
+            role=self.role,
+            global_step=global_step,
+            **fields,
+        )
+
+    @contextmanager
+    def failing_on_error(self, global_step: Callable[[], int | None]) -> Iterator[None]:
+        """Says "failed", at the step `global_step()` gives then, if the block raises."""
+        try:
+            yield
+        except BaseException:
+            self.say("failed", global_step())
+            raise
+
+    def hparams_for_tensorboard(self) -> dict[str, bool | int | float | str]:
+        """The hparams as TensorBoard's HParams tab takes them: other values as text."""
+        return {
+            name: value if isinstance(value, (bool, int, float, str)) else str(value)
+            for name, value in self.hparams.items()
+        }

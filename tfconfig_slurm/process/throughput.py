@@ -1,0 +1,114 @@
+"""One throughput meter for every backend's trainers, and the progress lines scripts grep:
+
+    first step done (global step 151)
+    step 200: loss 0.1043, 3052.4 examples/s, 47.69 global steps/s
+    last step done after 450 steps here; mean 3011.7 examples/s
+
+A line comes each time the global step passes a multiple of --log_every_steps, so that a
+cluster's trainers log at the same global steps whether they take every step (all-reduce) or
+share them (parameter servers). The means leave the first step out: it includes building the
+model and the session. No TensorFlow here: a backend hands in what a step did.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+from absl import logging
+
+
+class Mark(NamedTuple):
+    """A moment of the run, as this trainer saw it."""
+
+    seconds: float
+    local_steps: int
+    global_step: int
+    examples: int
+
+
+class Rates(NamedTuple):
+    """Speeds between two marks; examples_per_sec is None where examples are not counted."""
+
+    examples_per_sec: float | None
+    global_steps_per_sec: float
+
+
+class Throughput:
+    """Counts this trainer's steps and examples, and logs its progress."""
+
+    def __init__(self, every_steps: int, *, counts_examples: bool = True) -> None:
+        self._every = every_steps
+        self._counts_examples = counts_examples
+        self._local_steps = 0
+        self._examples = 0
+        self._first: Mark | None = None
+        self._window: Mark | None = None
+        self._last: Mark | None = None
+
+    def step(
+        self, global_step: int, examples: int, loss: float | None, *, steps: int = 1
+    ) -> Rates | None:
+        """Records `steps` steps of this trainer (the `examples` in them, the global step after
+        them, the loss to log for them). Returns the rates it logged, or None when no line was
+        due."""
+        self._local_steps += steps
+        self._examples += examples
+        mark = Mark(time.monotonic(), self._local_steps, global_step, self._examples)
+        if self._first is None:
+            self._first = self._window = mark
+            logging.info("first step done (global step %d)", global_step)
+            return None
+        self._last = mark
+        assert self._window is not None
+        due = global_step // self._every > self._window.global_step // self._every
+        if not due or mark.seconds <= self._window.seconds:
+            return None
+        rates = self._rates(self._window, mark)
+        said_loss = "" if loss is None else f"loss {loss:.4g}, "
+        said_examples = (
+            "" if rates.examples_per_sec is None else f"{rates.examples_per_sec:.1f} examples/s, "
+        )
+        logging.info(
+            "step %d: %s%s%.2f global steps/s",
+            global_step,
+            said_loss,
+            said_examples,
+            rates.global_steps_per_sec,
+        )
+        self._window = mark
+        return rates
+
+    def end(self) -> Rates | None:
+        """Logs the last step's line; returns the mean rates, None for a run too short."""
+        mean = self.mean()
+        examples = None if mean is None else mean.examples_per_sec
+        logging.info(
+            "last step done after %d steps here; mean %s examples/s",
+            self._local_steps,
+            "-" if examples is None else f"{examples:.1f}",
+        )
+        return mean
+
+    @property
+    def global_step(self) -> int | None:
+        """The global step after this trainer's latest step, None before its first."""
+        latest = self._last or self._first
+        return None if latest is None else latest.global_step
+
+    def mean(self) -> Rates | None:
+        """The rates from the second step to the last; None if the run was too short."""
+        if self._first is None or self._last is None or self._last.seconds <= self._first.seconds:
+            return None
+        return self._rates(self._first, self._last)
+
+    def mean_examples_per_sec(self) -> float | None:
+        mean = self.mean()
+        return None if mean is None else mean.examples_per_sec
+
+    def _rates(self, since: Mark, until: Mark) -> Rates:
+        seconds = until.seconds - since.seconds
+        return Rates(
+            (until.examples - since.examples) / seconds if self._counts_examples else None,
+            (until.global_step - since.global_step) / seconds,
+        )
