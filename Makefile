@@ -19,13 +19,13 @@ PYTHON_TF2 ?= $(shell for p in python3.12 python3.13 \
   && echo $$p && break; done)
 STAMP_TF2 := $(VENV_TF2)/.installed
 
-.PHONY: test lint bench bench-faults run clean slurm-up slurm-down venv venv-tf2
+.PHONY: test docs lint bench bench-faults run clean slurm-up slurm-down venv venv-tf2
 
 # editable_mode=compat: a plain path entry, not an import hook that costs every start ~10 ms.
 $(STAMP): setup.cfg pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.9 to 3.11 found (TensorFlow 2.15 needs one). HINT: apt-get install python3.11 python3.11-venv, or make PYTHON=/path/to/python3.11" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --config-settings editable_mode=compat -e '.[estimator,test,dev]'
+	$(BIN)/pip install --quiet --config-settings editable_mode=compat -e '.[estimator,test,dev,docs]'
 	touch $@
 
 $(STAMP_TF2): setup.cfg pyproject.toml
@@ -44,8 +44,16 @@ PARALLEL := -n 2 --dist loadgroup
 # The Estimator suite (TensorFlow 2.15), then the TensorFlow 2.16+ one in its own environment.
 test: $(STAMP) $(STAMP_TF2)
 	$(BIN)/lint-imports
+	$(BIN)/mkdocs build --strict --site-dir $(SITE)
 	$(BIN)/python -m pytest -m 'not tf2' $(PARALLEL) --durations=25
 	$(BIN_TF2)/python -m pytest -m tf2 $(PARALLEL) --durations=10
+
+# The docs site (MkDocs); strict: a broken link, anchor or a page left out of the nav fails
+# (not with --quiet, which hides the warnings that strict counts).
+SITE := build/site
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir $(SITE)
+	@echo "docs: open $(SITE)/index.html"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
