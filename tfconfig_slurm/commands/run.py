@@ -33,7 +33,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any
 
 from absl import flags
 
@@ -46,9 +46,9 @@ from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import (
     claim,
+    lifecycle,
     local_cluster,
     model_dir,
-    network,
     place,
     preemption,
     run_dir,
@@ -231,19 +231,24 @@ def main(argv: Sequence[str]) -> int | None:
         command = [sys.executable, "-m", "tfconfig_slurm.run", *sys.argv[1:], "--local_cluster="]
         return local_cluster.run(counts, directory, command, PROGRAM, claim.CLI_NAMING)
     where = place.find(os.environ, policy, place.servers_flag(policy))
-    if kind == experiment_lib.KERAS:
-        _check_keras_role(where)
-    if where.role is not None:
-        network.check_task(where.role)
-    elif SYNC_REPLICAS.value:
+    if where.role is None and SYNC_REPLICAS.value:
         raise UsageError(
             "--sync_replicas",
             "synchronises the trainers of a cluster, and this trains in one process",
             "add --local_cluster=ps=1,workers=1, or run it in a SLURM step of several tasks",
         )
     model_dir.check_writable(directory, claim.CLI_NAMING)
-    settings = partial(_settings, directory, hparams)
-    _train(kind, settings, where, stop, preemption.StopPolicy(requeue_on, MAX_REQUEUES.value))
+    task = lifecycle.TaskRun(
+        place=where,
+        model_dir=directory,
+        naming=claim.CLI_NAMING,
+        stop=stop,
+        stop_policy=preemption.StopPolicy(requeue_on, MAX_REQUEUES.value),
+        environ=os.environ,
+    )
+    if kind == experiment_lib.KERAS:
+        lifecycle.run_to_exit(task, lifecycle.ALL_REDUCE, partial(_keras, task, hparams))
+    lifecycle.run_to_exit(task, lifecycle.PARAMETER_SERVERS, partial(_estimator, task, hparams))
 
 
 def _settings(
@@ -274,39 +279,32 @@ def _settings(
     )
 
 
-def _train(
-    kind: str,
-    settings: Callable[[Mapping[str, Any]], TrainingSettings],
-    where: place.Place,
-    stop: preemption.StopRequest,
-    stop_policy: preemption.StopPolicy,
-) -> NoReturn:
-    """Imports TensorFlow and trains the experiment as this task, to the process's end."""
-    spec = EXPERIMENT.value or ""
-    if kind == experiment_lib.KERAS:
-        # Keras 2 (tf-keras) for whatever the experiment reaches through tf.keras too.
-        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-        from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
-        from tfconfig_slurm.backends.keras import train as keras_train  # noqa: PLC0415
-
-        keras_experiment = experiment_lib.load_keras(spec)
-        tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
-        keras_train.run(
-            keras_experiment, settings(keras_experiment.hparams), where, stop, stop_policy
-        )
+def _keras(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
+    """Imports TensorFlow and tf-keras, and the Keras experiment, as its backend."""
+    # Keras 2 (tf-keras) for whatever the experiment reaches through tf.keras too.
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
-    from tfconfig_slurm.backends.estimator import experiment_training, train  # noqa: PLC0415
+    from tfconfig_slurm.backends.keras.train import KerasBackend  # noqa: PLC0415
 
-    experiment = experiment_lib.load(spec)
+    experiment = experiment_lib.load_keras(EXPERIMENT.value or "")
     tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
-    train.run(
-        experiment_training.training(experiment, settings(experiment.hparams), where.role),
-        where,
-        stop,
-        stop_policy,
-        claim.CLI_NAMING,
+    settings = _settings(task.model_dir, hparams, experiment.hparams)
+    return KerasBackend(
+        experiment, settings, task.place.role, task.stop, task.stop_policy.requeue_on
     )
-    tf_process.exit_now(0)
+
+
+def _estimator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
+    """Imports TensorFlow, and the Estimator experiment, as its backend."""
+    from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
+    from tfconfig_slurm.backends.estimator import experiment_training  # noqa: PLC0415
+    from tfconfig_slurm.backends.estimator.train import EstimatorBackend  # noqa: PLC0415
+
+    experiment = experiment_lib.load(EXPERIMENT.value or "")
+    tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
+    settings = _settings(task.model_dir, hparams, experiment.hparams)
+    training = experiment_training.training(experiment, settings, task.place.role)
+    return EstimatorBackend(training, task.place.role, task.stop)
 
 
 def _all_reduce(policy: LayoutPolicy) -> LayoutPolicy:
@@ -342,20 +340,6 @@ def _all_reduce(policy: LayoutPolicy) -> LayoutPolicy:
             "leave it out: a Keras experiment's step is laid out as --all_reduce",
         )
     return dataclasses.replace(policy, all_reduce=True)
-
-
-def _check_keras_role(where: place.Place) -> None:
-    """A TF_CONFIG made elsewhere may give this task a role MultiWorkerMirroredStrategy has not
-    (it fails a ps's process at its creation, with a traceback)."""
-    role = where.role
-    if role is not None and (role.role not in TRAINERS or role.ps_count):
-        raise UsageError(
-            "TF_CONFIG",
-            f"makes this task {role.role} {role.index} of a cluster with "
-            f"{role.ps_count} parameter servers, and a Keras experiment trains with a chief and "
-            "workers only",
-            "lay the step out with --all_reduce (with-tfconfig --all_reduce), or unset TF_CONFIG",
-        )
 
 
 def _sweep_run(sweep_file: Path) -> tuple[str, str]:

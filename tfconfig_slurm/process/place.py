@@ -46,7 +46,8 @@ class Place(NamedTuple):
 
     def log_start(self, model_dir: Path, resumed: int | None, *details: str) -> None:
         """The task's first line, the same for every backend: who and where it is, its GPUs,
-        its model directory, and the checkpoint step it resumes from."""
+        its model directory, and the checkpoint step it resumes from (none, or step 0: it
+        starts)."""
         logging.info(
             "%s on %s at %s with GPUs [%s], model directory %s, %s",
             str(self.role.task_id) if self.role else "chief 0 (single process)",
@@ -56,9 +57,7 @@ class Place(NamedTuple):
             model_dir,
             "; ".join(
                 (
-                    f"resuming from step {resumed}"
-                    if resumed is not None
-                    else "starting at step 0",
+                    f"resuming from step {resumed}" if resumed else "starting at step 0",
                     *details,
                 )
             ),

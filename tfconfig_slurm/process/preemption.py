@@ -6,9 +6,9 @@ SLURM warns a job before its time limit or a preemption when asked to (`#SBATCH
 time limit, `scancel` or a preemption sends SIGTERM, and SIGKILL after KillWait (30 s by
 default): SIGTERM stops training the same way, and requeues only when asked to
 (`--requeue_on_sigterm`; SLURM requeues preempted jobs itself where PreemptMode says so).
-A handler only sets a flag: trainers look at it between steps (lifecycle.PreemptionHook), the
-chief writes its final checkpoint once every worker has stopped, and the first parameter
-server, which sees every trainer finish, requeues the job with `scontrol requeue` (array
+A handler only sets a flag: trainers look at it between steps (each backend's hook or
+callback), the chief writes its final checkpoint once every worker has stopped, and the first
+parameter server, which sees every trainer finish, requeues the job with `scontrol requeue` (array
 tasks by their own id). The requeued run (SLURM_RESTART_COUNT > 0) resumes from that
 checkpoint. A job requeued --max_requeues times already is not requeued again, and says so.
 

@@ -3,7 +3,7 @@ script, with everything `python -m tfconfig_slurm.run` gives an experiment.
 
 The script changes one line and runs under a plain `srun python my_script.py`: each task takes
 its place in the step's layout (TFCONFIG_SLURM_* variables set the layout, as the layout flags
-do), and then runs as the CLI's tasks run (train.py).
+do), and then runs the lifecycle the CLI's tasks run (process/lifecycle.py).
 """
 
 from __future__ import annotations
@@ -19,16 +19,15 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.python.eager import context
 
-from tfconfig_slurm.backends.estimator import train
-from tfconfig_slurm.backends.tf_process import exit_now
+from tfconfig_slurm.backends.estimator import train, trainer
 from tfconfig_slurm.cluster import LayoutPolicy
 from tfconfig_slurm.errors import TfconfigSlurmError, UsageError
 from tfconfig_slurm.process import (
     claim,
     console,
+    lifecycle,
     local_cluster,
     model_dir,
-    network,
     place,
     preemption,
 )
@@ -112,7 +111,7 @@ def _run(
         status = local_cluster.run(
             local_cluster.parse(counts, LOCAL_CLUSTER), directory, command, program, _NAMING
         )
-        exit_now(status)
+        lifecycle.exit_now(status)
     policy = layout or place.policy_from_environ(os.environ)
     try:
         where = place.find(
@@ -122,17 +121,32 @@ def _run(
         )
     except TfconfigSlurmError as error:
         raise error if layout else place.in_variables(error) from None
-    if where.role is not None:
-        network.check_task(where.role)
-        if where.layout_source != "TF_CONFIG" and context.context()._initialized:
-            # CUDA reads CUDA_VISIBLE_DEVICES once, as TensorFlow first finds its devices.
-            logging.warning(
-                "CUDA_VISIBLE_DEVICES: set to [%s] for this task after TensorFlow had found "
-                "its devices, so the task may take every GPU of its node. HINT: call "
-                "tfconfig_slurm.train_and_evaluate before the script runs any TensorFlow op, "
-                "or start it with launch/with-tfconfig",
-                where.gpus,
-            )
+    if (
+        where.role is not None
+        and where.layout_source != "TF_CONFIG"
+        and context.context()._initialized
+    ):
+        # CUDA reads CUDA_VISIBLE_DEVICES once, as TensorFlow first finds its devices.
+        logging.warning(
+            "CUDA_VISIBLE_DEVICES: set to [%s] for this task after TensorFlow had found "
+            "its devices, so the task may take every GPU of its node. HINT: call "
+            "tfconfig_slurm.train_and_evaluate before the script runs any TensorFlow op, "
+            "or start it with launch/with-tfconfig",
+            where.gpus,
+        )
     name = Path(sys.argv[0]).stem or directory.name
     training = train.Training(estimator, train_spec, eval_spec, name=name, hparams=estimator.params)
-    return train.run(training, where, stop, _STOP_POLICY, _NAMING)
+    task = lifecycle.TaskRun(
+        place=where,
+        model_dir=directory,
+        naming=_NAMING,
+        stop=stop,
+        stop_policy=_STOP_POLICY,
+        environ=os.environ,
+    )
+    result: trainer.Result | None = lifecycle.run(
+        task,
+        lifecycle.PARAMETER_SERVERS,
+        lambda: train.EstimatorBackend(training, where.role, stop),
+    )
+    return result

@@ -8,10 +8,10 @@ from pathlib import Path
 import tensorflow as tf
 from absl import logging
 
-from tfconfig_slurm.backends.estimator import estimators, lifecycle
+from tfconfig_slurm.backends.estimator import estimators
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import reports, watchdog
+from tfconfig_slurm.process import preemption, reports, watchdog
 
 
 def run(
@@ -19,7 +19,7 @@ def run(
     eval_spec: tf.estimator.EvalSpec,
     train_steps: int,
     role: ClusterRole,
-    stop: lifecycle.StopRequest,
+    stop: preemption.StopRequest,
 ) -> None:
     # The chief stays until the evaluator has evaluated the final step: if it leaves first, no
     # final checkpoint will come. Told to stop, the chief leaves first.

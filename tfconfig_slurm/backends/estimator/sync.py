@@ -14,7 +14,7 @@ other hook's end(), so the final checkpoint and the ps tokens are in first.
 Told to stop, a trainer stops at a step boundary, and a peer told a moment later may already
 be inside the next step, its gradient sent, waiting for a token that only a complete step
 brings. A trainer that stops therefore first queues a token for each peer
-(lifecycle.RELEASE_PEERS): the peer's step ends without an update, and it sees its stop.
+(barriers.RELEASE_PEERS): the peer's step ends without an update, and it sees its stop.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tfconfig_slurm.backends.estimator import lifecycle
+from tfconfig_slurm.backends.estimator import barriers
 from tfconfig_slurm.errors import UsageError
 
 ModelFn = Callable[..., Any]
@@ -89,7 +89,7 @@ def synchronous_model_fn(model_fn: ModelFn, replicas: int, is_chief: bool) -> Mo
         # Without these tokens a peer inside the step a stopping trainer never joins waits
         # for its token forever, and keeps the parameter servers up with it.
         tf.compat.v1.add_to_collection(
-            lifecycle.RELEASE_PEERS, made[0].get_init_tokens_op(replicas - 1)
+            barriers.RELEASE_PEERS, made[0].get_init_tokens_op(replicas - 1)
         )
         if is_chief:
             hooks.append(_CloseAtEndHook())

@@ -12,12 +12,12 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tfconfig_slurm.backends.estimator import estimators, lifecycle
+from tfconfig_slurm.backends.estimator import barriers, estimators
 from tfconfig_slurm.backends.estimator.hooks import ThroughputHook
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import reports, watchdog
+from tfconfig_slurm.process import preemption, reports, watchdog
 from tfconfig_slurm.process.run_dir import RunDir
 
 # What tf.estimator.train_and_evaluate returns: the final metrics and the exporters' results.
@@ -31,7 +31,7 @@ def run(
     *,
     role: ClusterRole,
     server: tf.distribute.Server,
-    stop: lifecycle.StopRequest,
+    stop: preemption.StopRequest,
     name: str,
     leave_session_open: bool,
 ) -> Result | None:
@@ -53,10 +53,10 @@ def run(
     throughput = throughput_hook(user, role)
     # A lost peer reaches this trainer through the parameter servers it is paired with.
     peers = watchdog.PeerWatch(watch_plan.paired(role))
-    barrier = lifecycle.StartBarrierHook(server.target, role.trainers, role.trainer_id)
-    hooks = [throughput, barrier, lifecycle.PreemptionHook(stop, role.trainers, role.trainer_id)]
+    barrier = barriers.StartBarrierHook(server.target, role.trainers, role.trainer_id)
+    hooks = [throughput, barrier, barriers.PreemptionHook(stop, role.trainers, role.trainer_id)]
     if leave_session_open:
-        hooks.append(lifecycle.LeaveSessionOpenHook())
+        hooks.append(barriers.LeaveSessionOpenHook())
     tf_config = role.tf_config(environment="google")
     estimator = estimators.for_task(user, tf_config, config)
     try:
@@ -66,7 +66,7 @@ def run(
         # Once training has ended (the chief's final checkpoint written), from a session of
         # its own; also when training failed or there was nothing left to train: the
         # parameter servers must not wait for this trainer.
-        lifecycle.send_stop_tokens(server.target, role.ps_count, role.trainers, role.trainer_id)
+        barriers.send_stop_tokens(server.target, role.ps_count, role.trainers, role.trainer_id)
         # Only now: a ps that died meanwhile would hold the tokens' session forever.
         peers.stop()
         logging.info("%s %d: told %d ps it is done", role.role, role.index, role.ps_count)

@@ -1,6 +1,6 @@
-"""A Keras experiment's task from its place to its end, on TensorFlow 2.16+ with tf-keras: one
-process, or one trainer of a tf.distribute.MultiWorkerMirroredStrategy cluster (chief and
-workers, no parameter server).
+"""The Keras backend, on TensorFlow 2.16+ with tf-keras: one process, or one trainer of a
+tf.distribute.MultiWorkerMirroredStrategy cluster (chief and workers, no parameter server),
+for the lifecycle of process/lifecycle.py.
 
 - Every trainer builds the model under the strategy, restores the model directory's latest
   checkpoint and trains the steps left to --train_steps with model.fit, on the batches of the
@@ -12,20 +12,18 @@ workers, no parameter server).
 - A stop signal (preemption.py) is agreed on: every STOP_CHECK_STEPS steps the trainers
   all-reduce their flags, so that all save the same step, stop, and the chief requeues.
 - Each trainer watches its neighbours in the tree of trainers (watch_plan.py).
-- The chief logs the loss and examples/s, writes TensorBoard scalars (and eval/ ones),
-  state.json and summary.json, as the Estimator runtime does.
+- The chief logs the loss and examples/s, writes TensorBoard scalars (and eval/ ones) and
+  summary.json, as the Estimator backend does.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
 from collections.abc import Collection, Mapping
-from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, NamedTuple, NoReturn
 
 import tensorflow as tf
 import tf_keras as keras
@@ -33,15 +31,14 @@ from absl import logging
 from tensorboard.plugins.hparams import api as hparams_api
 from tensorflow.python.eager import context
 
-from tfconfig_slurm.backends.tf_process import exit_now
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import EXIT_PEER_LOST, UsageError
-from tfconfig_slurm.process import claim, model_dir, preemption, reports, watchdog
+from tfconfig_slurm.process import preemption, reports, watchdog
 from tfconfig_slurm.process.experiment import KerasExperiment
-from tfconfig_slurm.process.owner import RunOwner, owns_run
-from tfconfig_slurm.process.place import Place
+from tfconfig_slurm.process.lifecycle import Ending, Hparam, exit_now
+from tfconfig_slurm.process.owner import owns_run
 from tfconfig_slurm.process.settings import TrainingSettings
 from tfconfig_slurm.process.throughput import Rates, Throughput
 
@@ -68,125 +65,142 @@ _PEER_ERRORS = (
 )
 
 
-def run(
-    experiment: KerasExperiment,
-    settings: TrainingSettings,
-    where: Place,
-    stop: preemption.StopRequest,
-    stop_policy: preemption.StopPolicy,
-) -> NoReturn:
-    """Trains this task to its end, then ends the process."""
-    role = where.role
-    # Before any other TensorFlow call, as the strategy requires; it takes SIGTERM, which is
-    # taken back at once.
-    strategy = (
-        tf.distribute.MultiWorkerMirroredStrategy()
-        if role is not None
-        else tf.distribute.get_strategy()
-    )
-    stop.listen_again()
-    directory = settings.model_dir
-    owner = _owner(experiment, settings, role)
-    held = model_dir.hold(directory, role, claim.CLI_NAMING)
-    peers = watchdog.PeerWatch(watch_plan.neighbours(role)) if role is not None else None
-    params = dict(settings.params)
-    model, checkpoint, start = _restored(strategy, experiment, params, directory)
-    if role is not None:
-        _check_same_start(strategy, start, directory)
-    where.log_start(directory, start or None, f"{strategy.num_replicas_in_sync} replicas")
-    writer = tf.summary.create_file_writer(str(directory)) if owner else None
-    if owner is not None:
-        _say_started(owner, start, writer)
-    started = time.monotonic()
-    saver = _Saver(checkpoint, directory, role, settings.keep_checkpoint_max, restored=start)
-    progress = _Progress(
-        strategy=strategy,
-        start_step=start,
-        settings=settings,
-        examples_per_step=settings.params["batch_size"] * _local_replicas(strategy, role),
-        writer=writer,
-        stop=stop,
-        requeue_on=stop_policy.requeue_on,
-        saver=saver,
-        agree=role is not None,
-    )
+class KerasBackend:
+    """Keras training as the lifecycle's backend (process/lifecycle.py): this trainer's model,
+    restored, trained with fit to --train_steps, evaluated and reported."""
 
-    def finish() -> NoReturn:
-        """Saves, evaluates and reports the run (or its stop), and ends the process."""
-        # A stop agreed on at the last step is no stop: the run is done.
-        stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
-        if stopped_on is not None:
-            if peers is not None:
-                peers.stop()
-            _end_together(role)
-            if owner is not None:
-                owner.say("stopped", progress.step, signal=stopped_on)
-                exit_now(
-                    preemption.after_stop(
-                        os.environ, stopped_on, stop_policy.requeue_on, stop_policy.max_requeues
-                    )
+    def __init__(
+        self,
+        experiment: KerasExperiment,
+        settings: TrainingSettings,
+        role: ClusterRole | None,
+        stop: preemption.StopRequest,
+        requeue_on: Collection[str],
+    ) -> None:
+        self._experiment = experiment
+        self._settings = settings
+        self._role = role
+        self._stop = stop
+        self._requeue_on = requeue_on
+        self._trainer: _Trainer | None = None
+        self.experiment = experiment.name
+        self.hparams: Mapping[str, Any] = {
+            name: settings.params[name] for name in experiment.hparams
+        }
+
+    def checkpoint_step(self) -> int:
+        return self._set_up().saver.last
+
+    def start_details(self) -> tuple[str, ...]:
+        return (f"{self._set_up().strategy.num_replicas_in_sync} replicas",)
+
+    def write_hparams(self, hparams: Mapping[str, Hparam], trial_id: str) -> None:
+        """Beside the scalars, whose eval/ ones are the metrics the HParams tab shows."""
+        with self._set_up().writer.as_default():
+            hparams_api.hparams(dict(hparams), trial_id=trial_id)
+
+    def _set_up(self) -> _Trainer:
+        """The strategy, the model restored, the watch of the neighbours (once)."""
+        if self._trainer is None:
+            self._trainer = _Trainer.set_up(self._experiment, self._settings, self._role)
+            # The strategy took SIGTERM as it was made.
+            self._stop.listen_again()
+        return self._trainer
+
+    def train(self, end: Callable[[Ending], Any]) -> Any:
+        trainer, settings, role = self._set_up(), self._settings, self._role
+        started = time.monotonic()
+        progress = _Progress(
+            strategy=trainer.strategy,
+            start_step=trainer.saver.last,
+            settings=settings,
+            examples_per_step=settings.params["batch_size"]
+            * _local_replicas(trainer.strategy, role),
+            writer=trainer.writer,
+            stop=self._stop,
+            requeue_on=self._requeue_on,
+            saver=trainer.saver,
+            agree=role is not None,
+        )
+
+        def finish() -> Any:
+            """Saves, evaluates and reports the run (or its stop), and ends it."""
+            # A stop agreed on at the last step is no stop: the run is done.
+            stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
+            metrics = None if stopped_on else self._evaluate(trainer, progress.step)
+            # Before the reports: a worker that has reported leaves, and is not lost.
+            if trainer.peers is not None:
+                trainer.peers.stop()
+            if metrics is not None:
+                _report(
+                    settings.model_dir,
+                    experiment=self._experiment,
+                    settings=settings,
+                    role=role,
+                    progress=progress,
+                    metrics=metrics,
+                    started=started,
                 )
-            exit_now(0)
-        saver.save(progress.step)
-        metrics = model.evaluate(
-            _eval_batches(experiment, params),
-            steps=settings.eval_steps,
+            _end_together(role)
+            return end(Ending(stopped_on))
+
+        try:
+            if settings.train_steps <= progress.step:
+                return finish()
+            inside = _FinishInside(finish)
+            trainer.model.fit(
+                _train_batches(trainer.strategy, self._experiment, settings.params, role),
+                epochs=1,
+                steps_per_epoch=settings.train_steps - progress.step,
+                callbacks=[progress, inside],
+                verbose=0,
+            )
+            return inside.result
+        except _PEER_ERRORS as error:
+            if trainer.peers is None:
+                raise
+            _lost_in_collective(error, trainer.peers)
+
+    def _evaluate(self, trainer: _Trainer, step: int) -> dict[str, Any]:
+        """The final checkpoint saved, and the model's metrics on the whole eval set."""
+        trainer.saver.save(step)
+        metrics = trainer.model.evaluate(
+            _eval_batches(self._experiment, self._settings.params),
+            steps=self._settings.eval_steps,
             return_dict=True,
             verbose=0,
         )
-        if peers is not None:
-            peers.stop()
-        _report(
-            directory,
-            experiment=experiment,
-            settings=settings,
-            role=role,
-            progress=progress,
-            metrics={**metrics, "global_step": progress.step},
-            started=started,
+        return {**metrics, "global_step": step}
+
+
+class _Trainer(NamedTuple):
+    """This trainer, set up: its strategy, model and saver, the chief's summary writer, and
+    the watch of its neighbours in a cluster."""
+
+    strategy: tf.distribute.Strategy
+    model: Any
+    saver: _Saver
+    writer: Any
+    peers: watchdog.PeerWatch | None
+
+    @classmethod
+    def set_up(
+        cls, experiment: KerasExperiment, settings: TrainingSettings, role: ClusterRole | None
+    ) -> _Trainer:
+        # Before any other TensorFlow call, as the strategy requires.
+        strategy = (
+            tf.distribute.MultiWorkerMirroredStrategy()
+            if role is not None
+            else tf.distribute.get_strategy()
         )
-        if owner is not None:
-            owner.say("done", progress.step)
-        _end_together(role)
-        if held is not None:
-            held.release()
-        exit_now(0)
-
-    with owner.failing_on_error(lambda: progress.step) if owner else nullcontext():
-        try:
-            if settings.train_steps > start:
-                model.fit(
-                    _train_batches(strategy, experiment, params, role),
-                    epochs=1,
-                    steps_per_epoch=settings.train_steps - start,
-                    callbacks=[progress, _FinishInside(finish)],
-                    verbose=0,
-                )
-            finish()
-        except _PEER_ERRORS as error:
-            if peers is None:
-                raise
-            _lost_in_collective(error, peers)
-
-
-def _owner(
-    experiment: KerasExperiment, settings: TrainingSettings, role: ClusterRole | None
-) -> RunOwner | None:
-    """This task as the run's owner (state.json, the HParams), or None for another trainer."""
-    if not owns_run(role):
-        return None
-    hparams = {name: settings.params[name] for name in experiment.hparams}
-    return RunOwner(settings.model_dir, experiment.name, hparams, role)
-
-
-def _say_started(owner: RunOwner, step: int, writer: Any) -> None:
-    """The owner's "running", and at the run's first start its hparams, where TensorBoard's
-    HParams tab finds them: beside the scalars, whose eval/ ones are the metrics it shows."""
-    first = owner.first_start()
-    owner.say("running", step)
-    if first:
-        with writer.as_default():
-            hparams_api.hparams(owner.hparams_for_tensorboard(), trial_id=owner.directory.name)
+        directory = settings.model_dir
+        peers = watchdog.PeerWatch(watch_plan.neighbours(role)) if role is not None else None
+        model, checkpoint, start = _restored(strategy, experiment, settings.params, directory)
+        if role is not None:
+            _check_same_start(strategy, start, directory)
+        writer = tf.summary.create_file_writer(str(directory)) if owns_run(role) else None
+        saver = _Saver(checkpoint, directory, role, settings.keep_checkpoint_max, restored=start)
+        return cls(strategy, model, saver, writer, peers)
 
 
 def _lost_in_collective(error: tf.errors.OpError, peers: watchdog.PeerWatch) -> NoReturn:
@@ -341,14 +355,14 @@ class _Saver:
             max_to_keep=keep,
             checkpoint_name=_CHECKPOINT_NAME,
         )
-        # The step of the checkpoint restored, not to be written again.
-        self._last: int | None = restored
+        # The step of the latest checkpoint (first the one restored, not to be written again).
+        self.last = restored
 
     def save(self, step: int) -> None:
-        if step == self._last:
+        if step == self.last:
             return
         self._manager.save(checkpoint_number=step)
-        self._last = step
+        self.last = step
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
 
@@ -356,15 +370,16 @@ class _Saver:
 class _FinishInside(keras.callbacks.Callback):  # type: ignore[misc]
     """Ends the run from fit's last callback, before fit returns: leaving fit deletes its
     input iterator, and TensorFlow 2.21 waits out its tf.data autotuner's sleep to do that
-    (up to a minute: 36-53 s seen between the last step and the evaluation). The process
-    ends with os._exit, which deletes nothing."""
+    (up to a minute: 36-53 s seen between the last step and the evaluation). The CLI's
+    lifecycle ends the process there with os._exit, which deletes nothing."""
 
-    def __init__(self, finish: Callable[[], NoReturn]) -> None:
+    def __init__(self, finish: Callable[[], Any]) -> None:
         super().__init__()
         self._finish = finish
+        self.result: Any = None
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
-        self._finish()
+        self.result = self._finish()
 
 
 class _Progress(keras.callbacks.Callback):  # type: ignore[misc]

@@ -1,4 +1,4 @@
-"""The parameter servers' lifecycle: a start barrier for workers, and a stop barrier for the ps.
+"""The Estimator cluster's barriers: a start barrier for workers, and a stop barrier for the ps.
 
 The Estimator's own parameter server calls `server.join()` and never returns, so a job never
 ends. Here each ps owns a queue (a FIFOQueue placed on it, found by its shared name); every
@@ -18,12 +18,12 @@ that finished may leave without being taken for dead.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import tensorflow as tf
 from absl import logging
 
-from tfconfig_slurm.process import polling
+from tfconfig_slurm.process import polling, preemption
 
 # How long a chief told to stop waits for the workers to stop before it checkpoints anyway.
 PREEMPT_WAIT_SECONDS = 30.0
@@ -36,15 +36,6 @@ OnToken = Callable[[int], None]
 # The graph collection of ops a trainer runs as it stops, before it says so: they let a peer
 # blocked in a step that this trainer will not join (--sync_replicas, sync.py) end that step.
 RELEASE_PEERS = "tfconfig_slurm_release_peers"
-
-
-class StopRequest(Protocol):
-    """Whether this task was told to stop (preemption.StopRequest)."""
-
-    @property
-    def requested(self) -> bool: ...
-
-    signal_name: str
 
 
 def _ps_device(index: int) -> str:
@@ -185,7 +176,7 @@ class PreemptionHook(tf.compat.v1.train.SessionRunHook):
     step any trainer took.
     """
 
-    def __init__(self, stop: StopRequest, trainers: int, trainer_id: int) -> None:
+    def __init__(self, stop: preemption.StopRequest, trainers: int, trainer_id: int) -> None:
         self._stop = stop
         self._trainers = trainers
         self._trainer_id = trainer_id

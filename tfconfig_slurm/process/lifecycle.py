@@ -1,0 +1,196 @@
+"""One task's life, the same for every backend and both edges (`python -m tfconfig_slurm.run`
+and `tfconfig_slurm.train_and_evaluate`): the start checks, the model directory held, the run
+said "running", the backend's training, then "done" or "stopped", the requeue and the exit.
+
+A backend supplies only its training and evaluation and its checkpoint step (`Backend`); the
+edges find the task's place and listen for signals first of all, then hand over here. No
+TensorFlow here: the backend is made only once the start checks have passed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, NoReturn, Protocol, Union
+
+from absl import logging
+
+from tfconfig_slurm.cluster.layout import PS, TRAINERS
+from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process import claim, model_dir, network, preemption
+from tfconfig_slurm.process.owner import RunOwner, owns_run
+from tfconfig_slurm.process.place import Place
+
+# How a backend's cluster is laid out: trainers with parameter servers (Estimator), or trainers
+# that all-reduce their gradients, a chief and workers only (Keras).
+PARAMETER_SERVERS = "parameter servers"
+ALL_REDUCE = "all-reduce"
+
+Hparam = Union[bool, int, float, str]
+
+
+class Ending(NamedTuple):
+    """How a backend's training of this task ended."""
+
+    # The signal the task stopped on, before the last step; None when it trained to the end.
+    stopped_on: str | None
+    # What the Python API returns on this task (Estimator: the metrics and export results).
+    result: Any = None
+
+
+class Backend(Protocol):
+    """What a backend gives the lifecycle: its training and evaluation, its checkpoint step."""
+
+    # What it trains: the experiment's name and the run's hparams (state.json, the runs table).
+    experiment: str
+    hparams: Mapping[str, Any]
+
+    def checkpoint_step(self) -> int | None:
+        """The global step of the model directory's latest checkpoint (None: there is none).
+        The first call sets training up in this process."""
+
+    def start_details(self) -> tuple[str, ...]:
+        """What the task's first line says beyond its place and step (e.g. "2 replicas")."""
+
+    def write_hparams(self, hparams: Mapping[str, Hparam], trial_id: str) -> None:
+        """The run's hparams where TensorBoard's HParams tab finds them (at its first start)."""
+
+    def train(self, end: Callable[[Ending], Any]) -> Any:
+        """Trains and evaluates this task, and returns what `end(ending)` returns; a backend
+        may call `end` where its training ends, inside a callback, since `end` may never
+        return."""
+
+
+@dataclass(frozen=True)
+class TaskRun:
+    """One task of a run, as an edge hands it over: where it runs and how it may stop."""
+
+    place: Place
+    model_dir: Path
+    # How the edge names the model directory in its messages (a flag, RunConfig's model_dir).
+    naming: claim.Naming
+    stop: preemption.StopRequest
+    stop_policy: preemption.StopPolicy
+    environ: Mapping[str, str]
+
+
+def run(task: TaskRun, layout: str, backend: Callable[[], Backend]) -> Any:
+    """Runs this task to its end with the backend `backend()` makes, which trains as `layout`
+    (PARAMETER_SERVERS or ALL_REDUCE), and returns the backend's result (the Python API); a
+    parameter server and a task told to stop end the process instead. Bad input raises
+    UsageError before anything is made."""
+    return _run(task, layout, backend, returns=True)
+
+
+def run_to_exit(task: TaskRun, layout: str, backend: Callable[[], Backend]) -> NoReturn:
+    """As `run`, for the CLI: every task ends the process where its training ends (a Keras
+    trainer inside fit's last callback, before fit tears its input down)."""
+    _run(task, layout, backend, returns=False)
+    # Reached only by a backend that returns without calling its end.
+    exit_now(0)
+
+
+def _run(task: TaskRun, layout: str, backend: Callable[[], Backend], *, returns: bool) -> Any:
+    role = task.place.role
+    _check_layout(layout, task.place)
+    if role is not None:
+        network.check_task(role)
+    trainer = backend()
+    held = model_dir.hold(task.model_dir, role, task.naming)
+    step = trainer.checkpoint_step()
+    task.place.log_start(task.model_dir, step, *trainer.start_details())
+    end = _End(task, trainer, held, None, returns)
+    if not owns_run(role):
+        return trainer.train(end)
+    owner = RunOwner(task.model_dir, trainer.experiment, trainer.hparams, role)
+    first = owner.first_start()
+    owner.say("running", step)
+    with owner.failing_on_error(trainer.checkpoint_step):
+        if first:
+            trainer.write_hparams(owner.hparams_for_tensorboard(), task.model_dir.name)
+        return trainer.train(dataclasses.replace(end, owner=owner))
+
+
+@dataclass(frozen=True)
+class _End:
+    """The lifecycle's end of a task, which the backend calls as its training ends."""
+
+    task: TaskRun
+    backend: Backend
+    held: claim.Claim | None
+    owner: RunOwner | None
+    # Whether a trainer returns the backend's result, or ends the process.
+    returns: bool
+
+    def __call__(self, ending: Ending) -> Any:
+        role = self.task.place.role
+        step = self.backend.checkpoint_step()
+        if ending.stopped_on is not None:
+            if self.owner is not None:
+                self.owner.say("stopped", step, signal=ending.stopped_on)
+            # The model directory stays held, for the requeued job to resume there.
+            status = 0
+            if _requeues(role):
+                policy = self.task.stop_policy
+                status = preemption.after_stop(
+                    self.task.environ, ending.stopped_on, policy.requeue_on, policy.max_requeues
+                )
+            exit_now(status)
+        if self.owner is not None:
+            self.owner.say("done", step)
+        if role is not None:
+            logging.info("%s: done", role.task_id)
+        if self.held is not None:
+            self.held.release()
+        if self.returns and (role is None or role.role != PS):
+            return ending.result
+        exit_now(0)
+
+
+def _requeues(role: ClusterRole | None) -> bool:
+    """Whether this task requeues the job after a stop: the one that sees every trainer
+    finish, the first parameter server where there are some, else the chief."""
+    if role is None:
+        return True
+    if role.ps_count:
+        return role.role == PS and role.index == 0
+    return owns_run(role)
+
+
+def _check_layout(layout: str, place: Place) -> None:
+    """A cluster the backend cannot train in fails here, before the backend is made."""
+    role = place.role
+    if role is None:
+        return
+    if layout == PARAMETER_SERVERS and role.ps_count == 0:
+        raise UsageError(
+            place.layout_source,
+            "gives a cluster without parameter servers, which Estimator training needs",
+            "a parameter server on each node is the default; drop the setting that removed them",
+        )
+    if layout == ALL_REDUCE and (role.role not in TRAINERS or role.ps_count):
+        # MultiWorkerMirroredStrategy would fail a ps's process at its creation, with a trace.
+        raise UsageError(
+            place.layout_source,
+            f"makes this task {role.task_id} of a cluster with {role.ps_count} parameter "
+            "servers, and a Keras experiment trains with a chief and workers only",
+            "lay the step out with --all_reduce (with-tfconfig --all_reduce), or unset TF_CONFIG",
+        )
+
+
+def exit_now(status: int) -> NoReturn:
+    """Ends this finished process with `status` at once, once its logs are out.
+
+    Shutting down an interpreter that imported TensorFlow took 0.6-1.7 s here, the largest
+    part of a cluster's teardown, and a ps's gRPC server cannot be stopped anyway; nothing of
+    that shutdown is work the process still owes. A backend flushes its own writers first.
+    """
+    logging.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
