@@ -268,6 +268,20 @@ def test_a_flag_a_keras_experiment_cannot_honour_is_one_line(
     assert not (tmp_path / "mnist_keras").exists()
 
 
+def test_a_keras_experiment_whose_functions_take_other_arguments_is_refused_at_load(
+    tmp_path: Path,
+) -> None:
+    experiment = tmp_path / "no_params.py"
+    experiment.write_text("def build_model():\n    pass\ndef dataset(mode, params):\n    pass\n")
+    result = run_module(RUN, f"--experiment={experiment}", f"--output_root={tmp_path}")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "tfconfig-slurm-run: --experiment: experiment_no_params.build_model() cannot be called "
+        "as build_model(params): too many positional arguments. HINT: define build_model(params)"
+    )
+    assert not (tmp_path / "no_params").exists()
+
+
 def test_a_tf_config_with_a_parameter_server_is_one_line(tmp_path: Path) -> None:
     """As with-tfconfig without --all_reduce would make: MultiWorkerMirroredStrategy would fail
     the ps's process with a traceback."""

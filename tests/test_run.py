@@ -107,6 +107,24 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
         (("--experiment=no_such_experiment",), "--experiment", None),
         (("--experiment=missing/file.py",), "--experiment", None),
         (("--experiment={module}",), "defines no model_fn", BAD_EXPERIMENT),
+        (
+            ("--experiment={module}",),
+            "input_fn(params) cannot be called as input_fn(mode, params)",
+            "def model_fn(features, labels, mode, params): pass\ndef input_fn(params): pass\n",
+        ),
+        (
+            ("--experiment={module}",),
+            "model_fn(features, labels, mode) cannot be called as "
+            "model_fn(features, labels, mode, params): it takes no params",
+            "def model_fn(features, labels, mode): pass\ndef input_fn(mode, params): pass\n",
+        ),
+        (
+            ("--experiment={module}",),
+            "train_input_fn(params, batch_size) cannot be called as train_input_fn(params)",
+            "def model_fn(features, labels, mode, params): pass\n"
+            "def train_input_fn(params, batch_size): pass\n"
+            "def eval_input_fn(params): pass\n",
+        ),
         (("--experiment={module}",), "NameError", "undefined_name\n"),
         (("--experiment={module}",), "SyntaxError", "def model_fn(:\n"),
         (("--experiment={module}",), "no_such_package", "import no_such_package\n"),

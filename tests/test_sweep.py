@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -56,6 +57,22 @@ def test_a_sweep_is_one_array_task_a_line_reading_its_kept_lines(tmp_path: Path)
     ]
     # A dry run submits nothing and keeps nothing.
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.tensorflow
+@pytest.mark.skipif(shutil.which("sbatch") is None, reason="needs SLURM's sbatch on PATH")
+def test_a_sweep_sbatch_refused_keeps_no_lines_and_its_retry_is_not_blocked(
+    tmp_path: Path,
+) -> None:
+    # Without SLURM_CONF (the environment below has none) this machine's sbatch finds no
+    # controller and refuses, as on a login node set up wrongly.
+    refused = sweep(tmp_path, THREE, "three.sweep", "--train_steps=10", "--output_root=out")
+    assert refused.returncode == 1, refused.stderr
+    assert "nothing was submitted" in refused.stderr
+    assert not (tmp_path / "out" / "sweeps" / "three.txt").exists()
+    retry = sweep(tmp_path, "learning_rate=0.1\n", "three.sweep", "--output_root=out")
+    assert retry.returncode == 1, retry.stderr
+    assert "submitted before" not in retry.stderr
 
 
 @pytest.mark.tensorflow

@@ -8,6 +8,7 @@ help.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from typing import Callable, NoReturn, Optional
@@ -32,6 +33,7 @@ def run_cli(
     stop_at_first_argument: bool = False,
     arguments: bool = False,
     logs: bool = False,
+    tensorflow_log_level: str | None = None,
 ) -> NoReturn:
     """Parses the flags of `sys.argv` and runs `main` with what remains, failing as `fail` does.
 
@@ -39,8 +41,12 @@ def run_cli(
     wrapped command's own flags reach it untouched; with `arguments`, words that are not
     flags may come anywhere and reach `main`; otherwise the command takes flags only, and a
     word that is not one is refused. With `logs`, absl logging writes INFO and above to
-    stderr, as in an absl app.
+    stderr, as in an absl app. `tensorflow_log_level` hides TensorFlow's C++ lines below it
+    (TF_CPP_MIN_LOG_LEVEL: its start-up notes are noise for a user), unless the environment
+    sets it.
     """
+    if tensorflow_log_level is not None:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", tensorflow_log_level)
     flags.FLAGS.set_gnu_getopt(not stop_at_first_argument)
     try:
         argv = flags.FLAGS(sys.argv)

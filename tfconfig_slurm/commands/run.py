@@ -373,9 +373,7 @@ def _default_id(experiment: str) -> str:
 
 
 def run() -> None:
-    # TensorFlow's C++ start-up notes are noise for a user; an explicit setting wins.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    run_cli(PROGRAM, main, logs=True)
+    run_cli(PROGRAM, main, logs=True, tensorflow_log_level="1")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ job id.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -110,11 +109,17 @@ def main(argv: Sequence[str]) -> int:
         return 0
     if shutil.which("sbatch") is None:
         raise UsageError("sbatch", "is not on PATH", "run the sweep on a SLURM login node")
+    # Written before sbatch, for the array's first tasks to read, and kept only once sbatch
+    # took the array: a sweep that was never submitted does not bind its name to its lines.
+    submitted_before = kept.exists()
     kept.parent.mkdir(parents=True, exist_ok=True)
     kept.write_text(text)
     submitted = subprocess.run(command, capture_output=True, text=True, check=False)
     if submitted.returncode != 0:
+        if not submitted_before:
+            kept.unlink()
         sys.stderr.write(submitted.stderr)
+        sys.stderr.write(f"{PROGRAM}: sbatch refused the array; nothing was submitted\n")
         return submitted.returncode
     job = submitted.stdout.strip().split(";")[0]
     sys.stdout.write(f"{job}\n")
@@ -172,8 +177,8 @@ def _checked_lines(sweep_file: Path) -> list[str]:
 
 
 def run() -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    run_cli(PROGRAM, main, stop_at_first_argument=True)
+    # Quieter than a run's: the sweep loads the experiment only to check each line's hparams.
+    run_cli(PROGRAM, main, stop_at_first_argument=True, tensorflow_log_level="2")
 
 
 if __name__ == "__main__":

@@ -17,13 +17,14 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import inspect
 import sys
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import versions
@@ -34,6 +35,8 @@ _SEARCH_FOLDERS = (Path.cwd() / "experiments", Path(__file__).resolve().parents[
 _HINT = "name a file experiments/NAME.py, a file path, or an importable module path"
 
 InputFn = Callable[[Mapping[str, Any]], Any]
+# What Estimator passes, by name, to the model and input functions that name them.
+_ESTIMATOR_ARGUMENTS = {"features", "labels", "mode", "params", "config"}
 ESTIMATOR = "Estimator"
 KERAS = "Keras"
 
@@ -149,6 +152,8 @@ def load_keras(spec: str) -> KerasExperiment:
             "a Keras experiment defines build_model(params), returning the compiled model, and "
             "dataset(mode, params), returning the batches for mode 'train' or 'eval'",
         )
+    _check_call(module, "build_model", "build_model(params)", {})
+    _check_call(module, "dataset", "dataset(mode, params)", "train", {})
     return KerasExperiment(
         name=name,
         build_model=functions["build_model"],  # type: ignore[arg-type]
@@ -169,6 +174,7 @@ def load(spec: str) -> Experiment:
             "define model_fn(features, labels, mode, params) returning a "
             "tf.estimator.EstimatorSpec (or, for a Keras experiment, build_model(params))",
         )
+    _check_by_name(module, "model_fn", "model_fn(features, labels, mode, params)")
     train_input_fn, eval_input_fn = _input_fns(module)
     return Experiment(
         name=name,
@@ -217,6 +223,8 @@ def _import(spec: str, name: str, path: Path | None) -> ModuleType:
 def _input_fns(module: ModuleType) -> tuple[InputFn, InputFn]:
     input_fn = getattr(module, "input_fn", None)
     if callable(input_fn):
+        _check_call(module, "input_fn", "input_fn(mode, params)", "train", {})
+
         # Estimator passes `params` by name to input functions that take it.
         def train_input_fn(params: Mapping[str, Any]) -> Any:
             return input_fn("train", params)
@@ -227,6 +235,8 @@ def _input_fns(module: ModuleType) -> tuple[InputFn, InputFn]:
         return train_input_fn, eval_input_fn
     train, evaluate = (getattr(module, name, None) for name in ("train_input_fn", "eval_input_fn"))
     if callable(train) and callable(evaluate):
+        _check_by_name(module, "train_input_fn", "train_input_fn(params)")
+        _check_by_name(module, "eval_input_fn", "eval_input_fn(params)")
         return train, evaluate
     missing = [
         name
@@ -239,6 +249,57 @@ def _input_fns(module: ModuleType) -> tuple[InputFn, InputFn]:
         + (f" and no {' or '.join(missing)}" if len(missing) < 2 else ""),
         "define input_fn(mode, params), or train_input_fn(params) and eval_input_fn(params)",
     )
+
+
+def _check_call(module: ModuleType, function: str, call: str, *args: Any) -> None:
+    """Fails at load, in one line, where the runtime's call of `function` with `args` would
+    fail with a TypeError traceback in the middle of training."""
+    signature = _signature(module, function)
+    if signature is None:
+        return
+    try:
+        signature.bind(*args)
+    except TypeError as error:
+        _refuse(module, function, signature, call, str(error))
+
+
+def _check_by_name(module: ModuleType, function: str, call: str) -> None:
+    """As _check_call for a function Estimator calls: it passes each of features, labels,
+    mode, params and config by name to a function that names it (and refuses a model_fn
+    without features, or without params when there are params, as the runtime's are)."""
+    signature = _signature(module, function)
+    if signature is None:
+        return
+    named = set(signature.parameters) & _ESTIMATOR_ARGUMENTS
+    needed = {"features", "params"} if function == "model_fn" else set()
+    try:
+        if needed - named:
+            raise TypeError(f"it takes no {' and no '.join(sorted(needed - named))}")
+        signature.bind(**dict.fromkeys(named))
+    except TypeError as error:
+        _refuse(module, function, signature, call, str(error))
+
+
+def _signature(module: ModuleType, function: str) -> inspect.Signature | None:
+    try:
+        return inspect.signature(getattr(module, function))
+    except (TypeError, ValueError):
+        # A builtin or C function without a signature: it is called and judged then.
+        return None
+
+
+def _refuse(
+    module: ModuleType, function: str, signature: inspect.Signature, call: str, why: str
+) -> NoReturn:
+    raise UsageError(
+        "--experiment",
+        f"{module.__name__}.{function}{signature} cannot be called as {call}: {why}",
+        f"define {call}",
+    )
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
 
 
 def _source(module: ModuleType) -> str:
@@ -285,7 +346,7 @@ def _typed(name: str, text: str, default: Any) -> Any:
         except ValueError:
             raise UsageError(
                 "--hparams",
-                f"sets {name}={text!r}, expected a {kind.__name__} like its default {default!r}",
+                f"sets {name}={text!r}, expected {_a(kind.__name__)} like its default {default!r}",
                 f"e.g. {name}={default!r}",
             ) from None
     return text

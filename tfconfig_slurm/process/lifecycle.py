@@ -109,6 +109,14 @@ def _run(task: TaskRun, layout: str, backend: Callable[[], Backend], *, returns:
         return trainer.train(end)
     owner = RunOwner(task.model_dir, trainer.experiment, trainer.hparams, role)
     first = owner.first_start()
+    changed = owner.changed_hparams()
+    if changed:
+        logging.warning(
+            "resuming %s with other hparams than its last attempt (%s); state.json keeps each "
+            "attempt's, and the run's summary mixes them",
+            task.model_dir,
+            ", ".join(f"{name}: {then!r} -> {now!r}" for name, (then, now) in changed.items()),
+        )
     owner.say("running", step)
     with owner.failing_on_error(trainer.checkpoint_step):
         if first:

@@ -4,6 +4,7 @@ or "failed" (an error raised while it trained, and passed on). No TensorFlow her
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +33,20 @@ class RunOwner:
     def first_start(self) -> bool:
         """Whether no attempt of this run has started before (read before saying "running")."""
         return "started" not in reports.read_state(self.directory)
+
+    def changed_hparams(self) -> dict[str, tuple[Any, Any]]:
+        """The hparams that differ from the last attempt's, each as (then, now); read before
+        saying "running"."""
+        then = reports.read_state(self.directory).get("hparams")
+        if then is None:
+            return {}
+        # As state.json holds them: JSON's values.
+        now = json.loads(json.dumps(dict(self.hparams)))
+        return {
+            name: (then.get(name), now.get(name))
+            for name in sorted({*then, *now})
+            if then.get(name) != now.get(name)
+        }
 
     def say(self, state: str, global_step: int | None, **fields: Any) -> None:
         reports.write_state(

@@ -158,10 +158,15 @@ def write_state(
     then "done", "stopped" (on a signal, with the step) or "failed", with the experiment, its
     hparams, the SLURM job and the run id; earlier fields are kept."""
     current = read_state(model_dir)
-    if state == "running":
-        # A new attempt: what an earlier one said of its end no longer holds.
-        current = {"started": current.get("started", time.time())}
     job = read_slurm_job(os.environ)
+    if state == "running":
+        # A new attempt: what an earlier one said of its end no longer holds; what each
+        # attempt trained with is kept, for a resume that changed the hparams.
+        attempt = {"hparams": dict(hparams), "job_id": job.name if job else None}
+        current = {
+            "started": current.get("started", time.time()),
+            "attempts": [*current.get("attempts", []), {**attempt, "started": time.time()}],
+        }
     said = {
         "experiment": experiment,
         "hparams": dict(hparams),

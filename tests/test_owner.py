@@ -1,0 +1,30 @@
+"""What the run's owner says in state.json across attempts (process/owner.py, reports.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tfconfig_slurm.process.owner import RunOwner
+from tfconfig_slurm.process.run_dir import RunDir
+
+
+def test_a_resume_with_other_hparams_names_them_and_each_attempt_is_kept(tmp_path: Path) -> None:
+    first = RunOwner(tmp_path, "mnist_deep", {"learning_rate": 0.001, "dropout": 0.5}, None)
+    assert first.first_start()
+    assert first.changed_hparams() == {}
+    first.say("running", None)
+    first.say("stopped", 200, signal="SIGUSR1")
+
+    same = RunOwner(tmp_path, "mnist_deep", {"dropout": 0.5, "learning_rate": 0.001}, None)
+    assert same.changed_hparams() == {}
+    other = RunOwner(tmp_path, "mnist_deep", {"learning_rate": 0.01, "dropout": 0.5}, None)
+    assert not other.first_start()
+    assert other.changed_hparams() == {"learning_rate": (0.001, 0.01)}
+    other.say("running", 200)
+
+    state = json.loads(RunDir(tmp_path).state.read_text())
+    assert state["state"] == "running"
+    assert state["hparams"] == {"learning_rate": 0.01, "dropout": 0.5}
+    assert [attempt["hparams"]["learning_rate"] for attempt in state["attempts"]] == [0.001, 0.01]
+    assert "signal" not in state
