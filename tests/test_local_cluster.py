@@ -139,6 +139,16 @@ def test_a_failing_task_stops_the_others(tmp_path: Path) -> None:
     result = run_cluster(tmp_path, "--train_steps=100000", experiment=str(experiment))
     assert result.returncode == 1
     assert re.search(r"worker \d \(pid \d+\) failed with exit status 1", result.stderr)
+    # The run keeps the first failure: the worker that raised, not a peer that saw it go.
+    (record,) = (tmp_path / "breaks" / "failures").glob("local-*.json")
+    first = json.loads(record.read_text())
+    assert re.fullmatch(r"worker \d", first["task"]), first
+    assert (first["what"], first["exit_status"], first["seen_by"]) == (
+        "RuntimeError: this worker breaks on purpose",
+        1,
+        None,
+    )
+    assert f"first to fail: {first['task']} on {first['node']}: RuntimeError:" in result.stderr
     pids = started_pids(result.stderr)
     assert len(pids) == 4
     assert not [pid for pid in pids.values() if alive(pid)]

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,10 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
     dead = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True)
     failed = run_dir(tmp_path, "d-failed", {"state": "running", "hparams": hparams}, None, 30)
     claim.claim(failed, Holder(job=None, host=os.uname().nodename, pid=int(dead.stdout)))
+    (failed / "failures").mkdir()
+    first = {"task": "worker 1", "node": "node2", "what": "ValueError: bad batch",
+             "exit_status": 1, "seen_by": None, "time": time.time()}  # fmt: skip
+    (failed / "failures" / "7.0.0.json").write_text(json.dumps(first))
     run_dir(tmp_path, "e-stopped", {"state": "stopped", "signal": "SIGUSR1"}, None, 40)
     (tmp_path / "not-a-run").mkdir()
 
@@ -163,10 +168,14 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
     assert runs[1]["eval"]["accuracy"] == 0.9 and runs[1]["examples_per_sec"] == 150.5
     assert runs[0]["hparams"] == {"learning_rate": 0.002}
     assert {"experiment_id", "state", "global_step", "hparams", "eval", "job_id"} <= set(runs[0])
+    assert [run["first_failure"] for run in runs] == [
+        None, None, None, "worker 1 on node2: ValueError: bad batch (exit 1)", None
+    ]  # fmt: skip
     text = run_module("tfconfig_slurm.commands", "runs", str(tmp_path), "--sort=accuracy")
     lines = text.stdout.splitlines()
     assert lines[0].split()[:4] == ["EXPERIMENT_ID", "STATE", "STEP", "EVAL"]
     assert lines[1].startswith("b-done") and "accuracy=0.95" in lines[1]
+    assert lines[-1] == "d-failed: first to fail: worker 1 on node2: ValueError: bad batch (exit 1)"
 
 
 def test_the_runs_table_refuses_an_unknown_metric_and_a_missing_root(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from absl import flags
 
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import claim, reports, run_dir
+from tfconfig_slurm.process import claim, failure, reports, run_dir
 
 PROGRAM = "tfconfig-slurm runs"
 
@@ -37,7 +37,7 @@ JSON_OUTPUT = flags.DEFINE_boolean(
     "json",
     False,
     "Print the runs as a JSON list of objects (experiment_id, state, global_step, hparams, "
-    "eval, job_id, examples_per_sec, updated).",
+    "eval, job_id, examples_per_sec, first_failure, updated).",
 )
 # A job that squeue lists in these states has not started its run (again) yet.
 _WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING"}
@@ -75,14 +75,16 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         return None
     latest = re.search(r'^model_checkpoint_path: ".*?(\d+)"', checkpoint or "", re.M)
     speeds = [trainer.get("examples_per_sec") or 0.0 for trainer in summary.get("trainers", ())]
+    said = _state(folder, state, summary, jobs)
     return {
         "experiment_id": folder.name,
-        "state": _state(folder, state, summary, jobs),
+        "state": said,
         "global_step": int(latest.group(1)) if latest else state.get("global_step"),
         "eval": summary.get("eval", {}) if state.get("state", "done") == "done" else {},
         "examples_per_sec": round(sum(speeds), 1) if speeds else None,
         "hparams": state.get("hparams", {}),
         "job_id": state.get("job_id"),
+        "first_failure": _first_failure(folder, state) if said == "failed" else None,
         "updated": max(
             _modified(path) for path in (paths.state, paths.summary, paths.checkpoint_index)
         ),
@@ -109,6 +111,15 @@ def _state(
     # Outside SLURM, or without squeue: the model directory's lock says whether it trains.
     live = claim.held_by_live_run(folder)
     return "running" if live in (True, None) else "failed"
+
+
+def _first_failure(folder: Path, state: Mapping[str, Any]) -> str | None:
+    """The line of the first failure recorded since the run's last attempt started."""
+    first = failure.latest(folder)
+    attempts = state.get("attempts") or [{}]
+    if first is None or first.time < attempts[-1].get("started", 0.0):
+        return None
+    return first.line()
 
 
 def _queued_jobs() -> dict[str, str] | None:
@@ -169,6 +180,12 @@ def _table(runs: list[dict[str, Any]]) -> str:
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     lines = [
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows
+    ]
+    # Too long for a column: each failed run's first failure, under the table.
+    lines += [
+        f"{run['experiment_id']}: first to fail: {run['first_failure']}"
+        for run in runs
+        if run["first_failure"]
     ]
     return "\n".join(lines) + "\n"
 

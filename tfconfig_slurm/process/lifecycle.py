@@ -22,7 +22,7 @@ from absl import logging
 from tfconfig_slurm.cluster.layout import PS, TRAINERS
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import claim, model_dir, network, preemption
+from tfconfig_slurm.process import claim, failure, model_dir, network, preemption
 from tfconfig_slurm.process.owner import RunOwner, owns_run
 from tfconfig_slurm.process.place import Place
 
@@ -102,6 +102,13 @@ def _run(task: TaskRun, layout: str, backend: Callable[[], Backend], *, returns:
         network.check_task(role)
     trainer = backend()
     held = model_dir.hold(task.model_dir, role, task.naming)
+    failure.attach(task.model_dir, role, task.place.node)
+    with failure.recording_errors():
+        return _train(task, trainer, held, returns)
+
+
+def _train(task: TaskRun, trainer: Backend, held: claim.Claim | None, returns: bool) -> Any:
+    role = task.place.role
     step = trainer.checkpoint_step()
     task.place.log_start(task.model_dir, step, *trainer.start_details())
     end = _End(task, trainer, held, None, returns)

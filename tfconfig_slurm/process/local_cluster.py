@@ -38,7 +38,7 @@ from absl import logging
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
 from tfconfig_slurm.cluster.role import LOCAL_RUN_PREFIX, ClusterRole
 from tfconfig_slurm.errors import USAGE_EXIT_CODE, UsageError
-from tfconfig_slurm.process import claim
+from tfconfig_slurm.process import claim, failure
 from tfconfig_slurm.process.run_dir import RunDir
 
 _COUNTS = {"ps": PS, "workers": WORKER, "evaluator": EVALUATOR}
@@ -210,6 +210,10 @@ def _run(counts: Mapping[str, int], model_dir: Path, command: Sequence[str], pro
             if status < 0
             else f"failed with exit status {status}",
         )
+        # The task that failed first, as it said, where the last to exit may only be its peer.
+        first = failure.read(model_dir, every_role.run_id or "")
+        if first is not None:
+            logging.error("first to fail: %s", first.line())
     # As a shell reports a process that a signal ended.
     return 128 + stopped_by if stopped_by is not None else int(failed is not None)
 

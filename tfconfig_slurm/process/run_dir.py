@@ -56,6 +56,14 @@ class RunDir:
         return self.path / "evaluator.json"
 
     @property
+    def failures(self) -> Path:
+        return self.path / "failures"
+
+    def failure(self, run_id: str) -> Path:
+        """The first failure of the attempt `run_id` (process/failure.py)."""
+        return self.failures / f"{run_id}.json"
+
+    @property
     def checkpoint_index(self) -> Path:
         """TensorFlow's own file naming the latest checkpoint."""
         return self.path / "checkpoint"

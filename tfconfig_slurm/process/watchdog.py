@@ -26,6 +26,7 @@ from typing import Callable
 from absl import logging
 
 from tfconfig_slurm.errors import EXIT_PEER_LOST
+from tfconfig_slurm.process import failure
 
 # A peer is lost after refusing or timing out for this long in a row. Short, as refusals
 # come only from a closed port; long enough to ride out a dropped packet.
@@ -59,6 +60,7 @@ def exit_on_lost(name: str, address: str, silent_for: float) -> None:
     TensorFlow, where nothing but an exit reaches it. `silent_for` is 0 for a peer that
     said its command failed."""
     say_lost(name, address, silent_for)
+    failure.record_lost(name, address, silent_for)
     os._exit(EXIT_PEER_LOST)
 
 

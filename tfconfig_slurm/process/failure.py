@@ -1,0 +1,138 @@
+"""The first failure of a run's attempt, kept in its run directory, where the batch script and
+`tfconfig-slurm runs` read it instead of grepping the tasks' logs.
+
+A task that fails says why itself: its error (an exception out of training). A task that died
+without a word (killed, or its node cut off) is recorded by the first of its watchers to find
+it lost. The first record of an attempt stays: `failures/<run id>.json` is made at once or not
+at all, and a requeued attempt has a run id of its own. A single process, which fails on its
+own console, and a command under with-tfconfig, which has no run directory, record nothing.
+
+The lifecycle attaches the task's run directory once it holds it (`attach`); the watchdog,
+which ends the process from its own thread, records through that. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.errors import USAGE_EXIT_CODE, TfconfigSlurmError
+from tfconfig_slurm.process.run_dir import RunDir
+
+# An error's text is cut here: the task's log has the rest.
+_MAX_ERROR_CHARS = 400
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Which task failed first, where, and how."""
+
+    task: str
+    node: str
+    what: str
+    exit_status: int | None
+    # The watcher that found the task lost; None when the task said it itself.
+    seen_by: str | None
+    time: float
+
+    def line(self) -> str:
+        """One line for a person: `worker 0 on node2: ValueError: ... (exit 1)`."""
+        status = "" if self.exit_status is None else f" (exit {self.exit_status})"
+        seen = f", seen by {self.seen_by}" if self.seen_by else ""
+        return f"{self.task} on {self.node}: {self.what}{status}{seen}"
+
+
+@dataclass(frozen=True)
+class _Attached:
+    model_dir: Path
+    role: ClusterRole
+    node: str
+
+
+class _Task:
+    """This process's task, once attached: one a process."""
+
+    attached: _Attached | None = None
+
+
+_TASK = _Task()
+
+
+def attach(model_dir: Path, role: ClusterRole | None, node: str) -> None:
+    """From now on this task's failures, and the peers it finds lost, are recorded in
+    `model_dir` (a cluster's tasks only: a single process fails on its own console)."""
+    if role is not None and role.run_id is not None:
+        _TASK.attached = _Attached(model_dir, role, node)
+
+
+@contextlib.contextmanager
+def recording_errors() -> Iterator[None]:
+    """Within the block, an exception is recorded as this task's failure, and passed on."""
+    try:
+        yield
+    except Exception as error:
+        attached = _TASK.attached
+        if attached is not None:
+            text = " ".join(f"{type(error).__name__}: {error}".split())[:_MAX_ERROR_CHARS]
+            status = USAGE_EXIT_CODE if isinstance(error, TfconfigSlurmError) else 1
+            task = str(attached.role.task_id)
+            _record(attached, Failure(task, attached.node, text, status, None, time.time()))
+        raise
+
+
+def record_lost(name: str, address: str, silent_for: float) -> None:
+    """`name` at `address`, watched by this task, is lost: recorded as the failure, unless
+    another came first. `silent_for` is 0 for a peer that said its command failed."""
+    attached = _TASK.attached
+    if attached is None:
+        return
+    what = (
+        "its command failed"
+        if silent_for == 0
+        else "stopped answering: killed, or its node cut off"
+    )
+    node, seen_by = address.rpartition(":")[0], str(attached.role.task_id)
+    _record(attached, Failure(name, node, what, None, seen_by, time.time()))
+
+
+def _record(attached: _Attached, failure: Failure) -> None:
+    path = RunDir(attached.model_dir).failure(attached.role.run_id or "")
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(exist_ok=True)
+        # Written aside, then linked in place: a reader sees all of it or nothing, and a
+        # second link of the same name fails, so the first failure stays.
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as stream:
+            json.dump({**asdict(failure), "line": failure.line()}, stream, indent=1)
+        try:
+            os.link(stream.name, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(stream.name)
+
+
+def read(model_dir: Path, run_id: str) -> Failure | None:
+    """The first failure of the attempt `run_id`, if one was recorded."""
+    return _read(RunDir(model_dir).failure(run_id))
+
+
+def latest(model_dir: Path) -> Failure | None:
+    """The newest attempt's first failure recorded in `model_dir`, if any."""
+    records = filter(None, map(_read, RunDir(model_dir).failures.glob("*.json")))
+    return max(records, key=lambda failure: failure.time, default=None)
+
+
+def _read(path: Path) -> Failure | None:
+    try:
+        fields = json.loads(path.read_text())
+        fields.pop("line", None)
+        return Failure(**fields)
+    except (OSError, ValueError, TypeError):
+        return None
