@@ -10,15 +10,15 @@ from tfconfig_slurm.process.run_dir import RunDir
 
 
 def test_a_resume_with_other_hparams_names_them_and_each_attempt_is_kept(tmp_path: Path) -> None:
-    first = RunOwner(tmp_path, "mnist_deep", {"learning_rate": 0.001, "dropout": 0.5}, None)
+    first = RunOwner(tmp_path, "mnist_deep", {"learning_rate": 0.001, "dropout": 0.5}, None, "7")
     assert first.first_start()
     assert first.changed_hparams() == {}
     first.say("running", None)
     first.say("stopped", 200, signal="SIGUSR1")
 
-    same = RunOwner(tmp_path, "mnist_deep", {"dropout": 0.5, "learning_rate": 0.001}, None)
+    same = RunOwner(tmp_path, "mnist_deep", {"dropout": 0.5, "learning_rate": 0.001}, None, "7")
     assert same.changed_hparams() == {}
-    other = RunOwner(tmp_path, "mnist_deep", {"learning_rate": 0.01, "dropout": 0.5}, None)
+    other = RunOwner(tmp_path, "mnist_deep", {"learning_rate": 0.01, "dropout": 0.5}, None, "7")
     assert not other.first_start()
     assert other.changed_hparams() == {"learning_rate": (0.001, 0.01)}
     other.say("running", 200)
@@ -27,4 +27,6 @@ def test_a_resume_with_other_hparams_names_them_and_each_attempt_is_kept(tmp_pat
     assert state["state"] == "running"
     assert state["hparams"] == {"learning_rate": 0.01, "dropout": 0.5}
     assert [attempt["hparams"]["learning_rate"] for attempt in state["attempts"]] == [0.001, 0.01]
+    assert [attempt["job_id"] for attempt in state["attempts"]] == ["7", "7"]
+    assert state["job_id"] == "7"
     assert "signal" not in state

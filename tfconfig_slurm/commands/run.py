@@ -229,7 +229,14 @@ def main(argv: Sequence[str]) -> int | None:
         model_dir.check_writable(directory, claim.CLI_NAMING)
         # The trailing --local_cluster= overrides the launcher's: a task runs one role.
         command = [sys.executable, "-m", "tfconfig_slurm.run", *sys.argv[1:], "--local_cluster="]
-        return local_cluster.run(counts, directory, command, PROGRAM, claim.CLI_NAMING)
+        return local_cluster.run(
+            counts,
+            directory,
+            command,
+            program=PROGRAM,
+            naming=claim.CLI_NAMING,
+            environ=os.environ,
+        )
     where = place.find(os.environ, policy, place.servers_flag(policy))
     if where.role is None and SYNC_REPLICAS.value:
         raise UsageError(

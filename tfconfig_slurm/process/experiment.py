@@ -29,9 +29,9 @@ from typing import Any, Callable, NoReturn
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import versions
 
-# Where `--experiment NAME` looks for NAME.py: the working directory's experiments/, then the
-# experiments installed with the package (tfconfig_slurm/experiments).
-_SEARCH_FOLDERS = (Path.cwd() / "experiments", Path(__file__).resolve().parents[1] / "experiments")
+# The experiments installed with the package, where `--experiment NAME` looks for NAME.py
+# after the working directory's experiments/.
+_SHIPPED = Path(__file__).resolve().parents[1] / "experiments"
 _HINT = "name a file experiments/NAME.py, a file path, or an importable module path"
 
 InputFn = Callable[[Mapping[str, Any]], Any]
@@ -66,7 +66,9 @@ def locate(spec: str) -> tuple[str, Path | None]:
         if path.suffix != ".py":
             raise UsageError("--experiment", f"file {spec!r} is not a .py file", _HINT)
         return path.stem, path
-    for folder in _SEARCH_FOLDERS:
+    # The working directory as it is now, not as it was at import.
+    folders = (Path.cwd() / "experiments", _SHIPPED)
+    for folder in folders:
         candidate = folder / f"{spec}.py"
         if candidate.is_file():
             return spec, candidate
@@ -75,7 +77,7 @@ def locate(spec: str) -> tuple[str, Path | None]:
     except (ImportError, ValueError):
         found = None
     if found is None:
-        searched = ", ".join(map(str, _SEARCH_FOLDERS))
+        searched = ", ".join(map(str, folders))
         raise UsageError(
             "--experiment",
             f"{spec!r} is neither {spec}.py in an experiments folder (looked in {searched}) nor an "

@@ -21,6 +21,7 @@ from absl import logging
 
 from tfconfig_slurm.cluster.layout import PS, TRAINERS
 from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import claim, failure, model_dir, network, preemption
 from tfconfig_slurm.process.owner import RunOwner, owns_run
@@ -101,7 +102,7 @@ def _run(task: TaskRun, layout: str, backend: Callable[[], Backend], *, returns:
     if role is not None:
         network.check_task(role)
     trainer = backend()
-    held = model_dir.hold(task.model_dir, role, task.naming)
+    held = model_dir.hold(task.model_dir, role, task.naming, task.environ)
     failure.attach(task.model_dir, role, task.place.node)
     with failure.recording_errors():
         return _train(task, trainer, held, returns)
@@ -114,7 +115,10 @@ def _train(task: TaskRun, trainer: Backend, held: claim.Claim | None, returns: b
     end = _End(task, trainer, held, None, returns)
     if not owns_run(role):
         return trainer.train(end)
-    owner = RunOwner(task.model_dir, trainer.experiment, trainer.hparams, role)
+    job = read_slurm_job(task.environ)
+    owner = RunOwner(
+        task.model_dir, trainer.experiment, trainer.hparams, role, job.name if job else None
+    )
     first = owner.first_start()
     changed = owner.changed_hparams()
     if changed:

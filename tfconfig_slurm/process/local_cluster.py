@@ -124,25 +124,34 @@ def run(
     counts: Mapping[str, int],
     model_dir: Path,
     command: Sequence[str],
+    *,
     program: str,
     naming: claim.Naming,
+    environ: Mapping[str, str],
 ) -> int:
     """Runs the cluster of `command` to the end; the exit status is 0 only if every task's is.
 
     `counts` are the tasks by role, as `parse` reads them. The launcher holds the model
     directory for its tasks, which do not claim it; `naming` says how the user names it, in
     the error that another run holds it. `program` starts the one line a
-    task writes when it refuses its input (cli.fail).
+    task writes when it refuses its input (cli.fail). Each task runs in `environ`, with its
+    own TF_CONFIG.
     """
-    held = claim.claim(model_dir, claim.this_holder(os.environ), naming)
+    held = claim.claim(model_dir, claim.this_holder(environ), naming)
     held.renew()
     try:
-        return _run(counts, model_dir, command, program)
+        return _run(counts, model_dir, command, program, environ)
     finally:
         held.release()
 
 
-def _run(counts: Mapping[str, int], model_dir: Path, command: Sequence[str], program: str) -> int:
+def _run(
+    counts: Mapping[str, int],
+    model_dir: Path,
+    command: Sequence[str],
+    program: str,
+    environ: Mapping[str, str],
+) -> int:
     # Free ports, distinct because all are bound at once, then released for the tasks to
     # bind: TensorFlow's gRPC server refuses SO_REUSEPORT, so nothing can hold them meanwhile.
     with ExitStack() as reservations:
@@ -178,7 +187,13 @@ def _run(counts: Mapping[str, int], model_dir: Path, command: Sequence[str], pro
             for task in tasks:
                 role = replace(every_role, role=task.role, index=task.index)
                 started[task] = _start(
-                    task, role, command, logs, refusals=refusals[task], program=program
+                    task,
+                    role,
+                    command,
+                    logs,
+                    refusals=refusals[task],
+                    program=program,
+                    environ=environ,
                 )
             failed = _supervise({task: process for task, (process, _) in started.items()})
         except _Signalled as signalled:
@@ -226,14 +241,14 @@ def _start(
     *,
     refusals: list[str],
     program: str,
+    environ: Mapping[str, str],
 ) -> tuple[subprocess.Popen[str], threading.Thread]:
-    environ = dict(os.environ)
-    environ["TF_CONFIG"] = json.dumps(role.tf_config())
+    task_environ = {**environ, "TF_CONFIG": json.dumps(role.tf_config())}
     if task.role in (PS, EVALUATOR):
-        environ["CUDA_VISIBLE_DEVICES"] = ""
+        task_environ["CUDA_VISIBLE_DEVICES"] = ""
     process = subprocess.Popen(
         command,
-        env=environ,
+        env=task_environ,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from tfconfig_slurm.cluster.layout import CHIEF
@@ -38,14 +39,20 @@ def check_writable(model_dir: Path, naming: claim.Naming) -> None:
         )
 
 
-def hold(model_dir: Path, role: ClusterRole | None, naming: claim.Naming) -> claim.Claim | None:
-    """Holds the model directory for this run; returns the claim this task keeps renewed and
-    releases at the end: the chief's, or a single process's. Creates the directory."""
+def hold(
+    model_dir: Path,
+    role: ClusterRole | None,
+    naming: claim.Naming,
+    environ: Mapping[str, str],
+) -> claim.Claim | None:
+    """Holds the model directory for this run, as the task whose environment is `environ`;
+    returns the claim this task keeps renewed and releases at the end: the chief's, or a
+    single process's. Creates the directory."""
     if role is not None and (role.run_id or "").startswith(LOCAL_RUN_PREFIX):
         # A --local_cluster's launcher holds it for its tasks.
         model_dir.mkdir(parents=True, exist_ok=True)
         return None
-    holder = claim.this_holder(os.environ)
+    holder = claim.this_holder(environ)
     owner = role is None or role.role == CHIEF
     if not owner and holder.job is None:
         # Outside SLURM, only the chief can tell its own run from another.

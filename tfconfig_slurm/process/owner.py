@@ -29,6 +29,8 @@ class RunOwner:
     experiment: str
     hparams: Mapping[str, Any]
     role: ClusterRole | None
+    # The SLURM job (123, or 123_4 for an array task); None outside SLURM.
+    job_id: str | None
 
     def first_start(self) -> bool:
         """Whether no attempt of this run has started before (read before saying "running")."""
@@ -55,6 +57,7 @@ class RunOwner:
             experiment=self.experiment,
             hparams=self.hparams,
             role=self.role,
+            job_id=self.job_id,
             global_step=global_step,
             **fields,
         )

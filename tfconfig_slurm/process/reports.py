@@ -19,7 +19,6 @@ from typing import Any
 from absl import logging
 
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.process import polling
 from tfconfig_slurm.process.run_dir import RunDir
 
@@ -151,18 +150,18 @@ def write_state(
     experiment: str,
     hparams: Mapping[str, Any],
     role: ClusterRole | None,
+    job_id: str | None,
     global_step: int | None,
     **fields: Any,
 ) -> None:
     """Records what the run is doing, for its owner (the chief, a single process): "running",
     then "done", "stopped" (on a signal, with the step) or "failed", with the experiment, its
-    hparams, the SLURM job and the run id; earlier fields are kept."""
+    hparams, the SLURM job `job_id` and the run id; earlier fields are kept."""
     current = read_state(model_dir)
-    job = read_slurm_job(os.environ)
     if state == "running":
         # A new attempt: what an earlier one said of its end no longer holds; what each
         # attempt trained with is kept, for a resume that changed the hparams.
-        attempt = {"hparams": dict(hparams), "job_id": job.name if job else None}
+        attempt = {"hparams": dict(hparams), "job_id": job_id}
         current = {
             "started": current.get("started", time.time()),
             "attempts": [*current.get("attempts", []), {**attempt, "started": time.time()}],
@@ -170,7 +169,7 @@ def write_state(
     said = {
         "experiment": experiment,
         "hparams": dict(hparams),
-        "job_id": job.name if job else None,
+        "job_id": job_id,
         "run": role.run_id if role else None,
         "global_step": global_step,
         **fields,

@@ -109,7 +109,12 @@ def _run(
         # Python 3.10 keeps the command line exactly as it was given (python -m ... too).
         command = getattr(sys, "orig_argv", [sys.executable, *sys.argv])
         status = local_cluster.run(
-            local_cluster.parse(counts, LOCAL_CLUSTER), directory, command, program, _NAMING
+            local_cluster.parse(counts, LOCAL_CLUSTER),
+            directory,
+            command,
+            program=program,
+            naming=_NAMING,
+            environ=os.environ,
         )
         lifecycle.exit_now(status)
     policy = layout or place.policy_from_environ(os.environ)
