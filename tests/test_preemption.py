@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,35 @@ def test_the_request_is_a_flag_set_by_the_signal() -> None:
         assert stop.signal_name == "SIGUSR2"
     finally:
         signal.signal(signal.SIGUSR2, previous)
+        signal.set_wakeup_fd(-1)
+
+
+# The main thread blocks the signal and sits in C (libc's sleep), as a trainer does in a
+# TensorFlow step that waits on a dead peer: Python cannot run its handler there.
+BLOCKED_IN_C = """
+import ctypes, os, signal, threading, time
+from tfconfig_slurm.process import preemption
+
+stop = preemption.StopRequest()
+stop.listen(signal.SIGUSR2)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+seen = []
+threading.Thread(target=lambda: (stop.wait(), seen.append(time.monotonic()))).start()
+threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR2)).start()
+started = time.monotonic()
+ctypes.CDLL(None).sleep(3)
+print(f"{seen[0] - started:.2f} {stop.signal_name}")
+"""
+
+
+def test_a_stop_is_seen_while_the_main_thread_is_inside_c_code() -> None:
+    child = subprocess.run(
+        [sys.executable, "-c", BLOCKED_IN_C], capture_output=True, text=True, timeout=60, check=True
+    )
+    seconds, name = child.stdout.split()
+    assert name == "SIGUSR2"
+    # Seen as it came (0.2 s), not once the main thread left C (3 s).
+    assert float(seconds) < 1.5, child.stdout
 
 
 def test_a_job_at_its_requeue_limit_ends_and_says_so(caplog: pytest.LogCaptureFixture) -> None:

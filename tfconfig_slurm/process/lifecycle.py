@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +24,8 @@ from absl import logging
 from tfconfig_slurm.cluster.layout import PS, TRAINERS
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import read_slurm_job
-from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import claim, failure, model_dir, network, preemption
+from tfconfig_slurm.errors import EXIT_PEER_LOST, UsageError
+from tfconfig_slurm.process import claim, failure, model_dir, network, preemption, watchdog
 from tfconfig_slurm.process.owner import RunOwner, owns_run
 from tfconfig_slurm.process.place import Place
 
@@ -33,6 +35,9 @@ PARAMETER_SERVERS = "parameter servers"
 ALL_REDUCE = "all-reduce"
 
 Hparam = Union[bool, int, float, str]
+# How often a task told to stop looks for the run's failure record: a stat of the run
+# directory, for the few seconds a stop takes.
+FAILURE_POLL_SECONDS = 0.25
 
 
 class Ending(NamedTuple):
@@ -104,6 +109,13 @@ def _run(task: TaskRun, layout: str, backend: Callable[[], Backend], *, returns:
     trainer = backend()
     held = model_dir.hold(task.model_dir, role, task.naming, task.environ)
     failure.attach(task.model_dir, role, task.place.node)
+    if role is not None and role.run_id is not None:
+        threading.Thread(
+            target=_end_if_failed_while_stopping,
+            args=(task, role.run_id),
+            name="failure-watch",
+            daemon=True,
+        ).start()
     with failure.recording_errors():
         return _train(task, trainer, held, returns)
 
@@ -169,6 +181,27 @@ class _End:
         if self.returns and (role is None or role.role != PS):
             return ending.result
         exit_now(0)
+
+
+def _end_if_failed_while_stopping(task: TaskRun, run_id: str) -> None:
+    """Once told to stop, ends this task as soon as the run has failed: a stop with nothing to
+    save. SLURM stops a step so (SIGTERM) when a task failed, and the others would otherwise
+    stop gracefully beside it until their watchdogs, one after another, found it lost. A
+    peer's port that refuses at the signal is a dead peer (watchdog.snap_all), and the first
+    task to record a failure ends the rest within FAILURE_POLL_SECONDS."""
+    task.stop.wait()
+    watchdog.snap_all()
+    while True:
+        first = failure.read(task.model_dir, run_id)
+        if first is not None:
+            logging.error(
+                "the run failed (first to fail: %s); ending this task, told to stop, at once "
+                "(exit %d)",
+                first.line(),
+                EXIT_PEER_LOST,
+            )
+            exit_now(EXIT_PEER_LOST)
+        time.sleep(FAILURE_POLL_SECONDS)
 
 
 def _requeues(role: ClusterRole | None) -> bool:

@@ -18,6 +18,7 @@ No TensorFlow here.
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import threading
 from collections.abc import Collection, Mapping
@@ -53,28 +54,54 @@ def parse_signal(name: str) -> signal.Signals | None:
 
 
 class StopRequest:
-    """Whether this task was told to stop, and by which signal."""
+    """Whether this task was told to stop, and by which signal.
+
+    Python runs a signal handler in the main thread, and only between two of its bytecodes:
+    a trainer blocked in TensorFlow's C++ (a step waiting on a dead parameter server) would
+    not know it was told to stop until that call returned, if ever. So the signals also
+    reach a thread at once, through the interpreter's wakeup file descriptor, which its C
+    handler writes each signal to.
+    """
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self._signums: list[signal.Signals] = []
+        self._wakeups: socket.socket | None = None
         self.signal_name = ""
 
     def listen(self, *signums: signal.Signals | None) -> None:
-        """From now on, each of `signums` asks this task to stop; nothing else happens on it."""
+        """From now on, each of `signums` asks this task to stop; nothing else happens on it.
+        Call it from the main thread."""
         self._signums.extend(filter(None, signums))
         self.listen_again()
+        if self._wakeups is None:
+            reader, writer = socket.socketpair()
+            writer.setblocking(False)
+            signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+            # Kept open for as long as the process lives, as the interpreter writes to it.
+            self._wakeups, self._wakeup_writer = reader, writer
+            threading.Thread(target=self._read_wakeups, name="signals", daemon=True).start()
+
+    def _read_wakeups(self) -> None:
+        assert self._wakeups is not None
+        while data := self._wakeups.recv(64):
+            for number in data:
+                if number in self._signums:
+                    self._ask(signal.Signals(number).name)
+
+    def _ask(self, name: str) -> None:
+        # The first signal names the stop.
+        if not self._event.is_set():
+            self.signal_name = name
+        self._event.set()
 
     def listen_again(self) -> None:
         """Takes the signals back from whatever took them since (MultiWorkerMirroredStrategy
         installs its own SIGTERM handler, which only logs)."""
 
         def handler(number: int, frame: FrameType | None) -> None:
-            # Only a flag: the handler may run in the middle of anything. The first signal
-            # names the stop.
-            if not self._event.is_set():
-                self.signal_name = signal.Signals(number).name
-            self._event.set()
+            # Only a flag: the handler may run in the middle of anything.
+            self._ask(signal.Signals(number).name)
 
         for signum in self._signums:
             signal.signal(signum, handler)
@@ -82,6 +109,10 @@ class StopRequest:
     @property
     def requested(self) -> bool:
         return self._event.is_set()
+
+    def wait(self) -> None:
+        """Returns once this task is told to stop (for a thread that acts on it)."""
+        self._event.wait()
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Callable
 
@@ -53,6 +54,10 @@ FAILED = b"tfconfig-slurm: failed..\n"
 
 OnLost = Callable[[str, str, float], None]
 OnFinished = Callable[[str], None]
+
+# A snap check (PeerWatch.snap) probes a peer twice this far apart: a port that refuses both
+# times is closed, not between a dropped packet and its retry.
+SNAP_RECHECK_SECONDS = 0.2
 
 
 def exit_on_lost(name: str, address: str, silent_for: float) -> None:
@@ -106,9 +111,12 @@ class PeerWatch:
         self._interval = round_seconds(len(peers), probe_seconds)
         self._lock = threading.Lock()
         self._watched = set(peers)
+        # When each peer last answered (monotonic); None until it first does.
+        self._last_answer: dict[str, float | None] = dict.fromkeys(self._addresses)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="peer-watch", daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     def release(self, *names: str) -> None:
         """Stops watching these peers: they finished, so their leaving is no loss."""
@@ -131,10 +139,24 @@ class PeerWatch:
         any, and reports nothing more."""
         self._stopped.set()
 
+    def snap(self) -> None:
+        """Probes at once every watched peer that has answered before, and loses those whose
+        port refuses twice in a row: for a task just told to stop, whose peers are all still
+        at work unless one is dead (SLURM stops the step so when a task has failed)."""
+        with self._lock:
+            if self._stopped.is_set():
+                return
+            answered = [name for name in self._watched if self._last_answer[name] is not None]
+        refused = [name for name in answered if _refuses(self._addresses[name])]
+        if refused:
+            time.sleep(SNAP_RECHECK_SECONDS)
+        for name in refused:
+            if _refuses(self._addresses[name]):
+                self._lose(name, time.monotonic() - (self._last_answer[name] or 0.0))
+
     def _watch(self) -> None:
         started = time.monotonic()
-        # When each peer last answered; None until it first does.
-        last_answer: dict[str, float | None] = dict.fromkeys(self._addresses)
+        last_answer = self._last_answer
         failing_since: dict[str, float] = {}
         while not self._stopped.wait(self._interval):
             with self._lock:
@@ -169,6 +191,28 @@ class PeerWatch:
                 return
             self._watched.discard(name)
         self._on_lost(name, self._addresses[name], silent_for)
+
+
+# The watches of this process, for a snap check of all of them (snap_all).
+_LIVE: weakref.WeakSet[PeerWatch] = weakref.WeakSet()
+
+
+def snap_all() -> None:
+    """PeerWatch.snap for every watch of this process that is still watching."""
+    for watch in list(_LIVE):
+        watch.snap()
+
+
+def _refuses(address: str) -> bool:
+    """Whether `address`'s host refuses a connection: it is up, and nothing listens there."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=_CONNECT_TIMEOUT_SECONDS).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def round_seconds(peers: int, probe_seconds: float = PROBE_SECONDS) -> float:
