@@ -105,6 +105,7 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
     ("flags", "culprit", "module"),
     [
         (("--experiment=no_such_experiment",), "--experiment", None),
+        (("--experiment=mnist_dep",), "HINT: did you mean mnist_deep?", None),
         (("--experiment=missing/file.py",), "--experiment", None),
         (("--experiment={module}",), "defines no model_fn", BAD_EXPERIMENT),
         (

@@ -15,6 +15,7 @@ Either may define `HPARAMS`, a dict of defaults that `--hparams` may override.
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -78,11 +79,13 @@ def locate(spec: str) -> tuple[str, Path | None]:
         found = None
     if found is None:
         searched = ", ".join(map(str, folders))
+        names = sorted({path.stem for folder in folders for path in folder.glob("[!_]*.py")})
+        close = difflib.get_close_matches(spec, names, n=1)
         raise UsageError(
             "--experiment",
             f"{spec!r} is neither {spec}.py in an experiments folder (looked in {searched}) nor an "
             "importable module",
-            _HINT,
+            f"did you mean {close[0]}?" if close else _HINT,
         )
     return spec.rsplit(".", 1)[-1], None
 
