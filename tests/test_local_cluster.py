@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli import run_module
+from tfconfig_slurm.process import local_cluster
 
 pytestmark = pytest.mark.tensorflow
 
@@ -325,3 +326,9 @@ def test_params_tell_each_trainer_its_share_of_the_data(tmp_path: Path) -> None:
     # Three trainers (chief, worker 0, worker 1) read shards 0, 1 and 2 of three.
     trained = {name: share for name, share in shares.items() if name.endswith("-train")}
     assert trained == {"chief0-train": [3, 0], "worker0-train": [3, 1], "worker1-train": [3, 2]}
+
+
+def test_a_cluster_far_larger_than_the_machine_warns() -> None:
+    assert local_cluster.crowding({"ps": 1, "worker": 2, "evaluator": 0}, cpus=2) == ""
+    warning = local_cluster.crowding({"ps": 1, "worker": 200, "evaluator": 0}, cpus=2)
+    assert warning.startswith("the local cluster has 202 tasks for this machine's 2 CPUs")

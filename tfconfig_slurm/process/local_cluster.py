@@ -46,6 +46,8 @@ _COUNTS = {"ps": PS, "workers": WORKER, "evaluator": EVALUATOR}
 # and when the launcher was told to stop (time for the chief's checkpoint, within SLURM's
 # default KillWait of 30 s should the launcher itself run in a job).
 _STOP_GRACE_SECONDS = 5.0
+# More tasks than this a CPU only share it: a cluster that size warns as it starts.
+TASKS_PER_CPU = 4
 _SIGNALLED_GRACE_SECONDS = 25.0
 # What stops the launcher, and with it every task: a shell's Ctrl-C, a kill, a hang-up.
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -120,6 +122,19 @@ def parse(
     return counts
 
 
+def crowding(counts: Mapping[str, int], cpus: int) -> str:
+    """A warning for a cluster with more than TASKS_PER_CPU tasks a CPU; "" for one that fits."""
+    tasks = 1 + sum(counts.values())
+    if tasks <= TASKS_PER_CPU * cpus:
+        return ""
+    return (
+        f"the local cluster has {tasks} tasks for this machine's {cpus} CPUs: each TensorFlow "
+        "process takes its share of them and its own memory, so training crawls and a stop "
+        "takes long. HINT: fewer workers train faster here; a cluster this size belongs on "
+        "SLURM"
+    )
+
+
 def run(
     counts: Mapping[str, int],
     model_dir: Path,
@@ -137,6 +152,9 @@ def run(
     task writes when it refuses its input (cli.fail). Each task runs in `environ`, with its
     own TF_CONFIG.
     """
+    crowded = crowding(counts, len(os.sched_getaffinity(0)))
+    if crowded:
+        logging.warning("%s", crowded)
     held = claim.claim(model_dir, claim.this_holder(environ), naming)
     held.renew()
     try:
