@@ -49,9 +49,12 @@ def test_a_sweep_is_one_array_task_a_line_reading_its_kept_lines(tmp_path: Path)
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     command = result.stdout.split()
-    assert command[:5] == ["sbatch", "--parsable", "--array=0-2%2", "--job-name=three", "--nodes=1"]
-    assert command[5] == str(REPOSITORY / "launch" / "train.sbatch")
-    assert command[6:] == [
+    assert command[:6] == [
+        "sbatch", "--parsable", "--array=0-2%2", "--job-name=three", "--output=three-%A_%a.out",
+        "--nodes=1",
+    ]  # fmt: skip
+    assert command[6] == str(REPOSITORY / "launch" / "train.sbatch")
+    assert command[7:] == [
         "--train_steps=10",
         "--output_root=out",
         f"--sweep_file={tmp_path}/out/sweeps/three.txt",
@@ -86,11 +89,11 @@ def test_the_sweep_s_own_flags_after_the_file_are_the_sweep_s(tmp_path: Path) ->
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     command = result.stdout.split()
-    assert command[:6] == [
-        "sbatch", "--parsable", "--array=0-2%2", "--job-name=three", "--nodes=1",
-        "--ntasks-per-node=2",
+    assert command[:7] == [
+        "sbatch", "--parsable", "--array=0-2%2", "--job-name=three", "--output=three-%A_%a.out",
+        "--nodes=1", "--ntasks-per-node=2",
     ]  # fmt: skip
-    assert command[7:] == [
+    assert command[8:] == [
         "--train_steps=10",
         "--output_root=out",
         f"--sweep_file={tmp_path}/out/sweeps/three.txt",

@@ -102,6 +102,8 @@ def main(argv: Sequence[str]) -> int:
     array = f"0-{len(lines) - 1}" + (f"%{MAX_RUNNING.value}" if MAX_RUNNING.value else "")
     command = [
         "sbatch", "--parsable", f"--array={array}", f"--job-name={sweep_file.stem}",
+        # One output file a run, named as the runs table names it: <sweep>-<job>_<line>.out.
+        f"--output={sweep_file.stem}-%A_%a.out",
         *SBATCH_OPTIONS.value, BATCH_SCRIPT.value, *runtime_flags, f"--sweep_file={kept}",
     ]  # fmt: skip
     if DRY_RUN.value:
