@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -81,13 +82,30 @@ def test_launch_tensorboard_serves_the_output_root(trained: tuple[Path, str]) ->
     assert {"loss", "accuracy", "examples_per_sec"} <= set(tags["first"])
 
 
-def test_resumes_from_the_latest_checkpoint(trained: tuple[Path, str]) -> None:
-    model_dir, _ = trained
-    result = train(model_dir.parent, "--train_steps=30", "--experiment_id=first")
+def test_resumes_from_the_latest_checkpoint(trained: tuple[Path, str], tmp_path: Path) -> None:
+    # A copy: the shared run stays at step 20 for the tests that read it, in any order.
+    model_dir = shutil.copytree(trained[0], tmp_path / "first")
+    result = train(tmp_path, "--train_steps=30", "--experiment_id=first")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming from step 20" in result.stderr
+    assert "nothing to train" not in result.stderr
     assert json.loads((model_dir / "summary.json").read_text())["global_step"] == 30
     assert (model_dir / "model.ckpt-30.index").is_file()
+
+
+def test_a_run_already_at_its_steps_says_there_is_nothing_to_train(
+    trained: tuple[Path, str], tmp_path: Path
+) -> None:
+    model_dir = shutil.copytree(trained[0], tmp_path / "first")
+    (model_dir / "summary.json").unlink()
+    result = train(tmp_path, "--train_steps=20", "--experiment_id=first")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(
+        r"the checkpoint in \S+ is at global step 20, and training ends at step 20: nothing to "
+        "train; the checkpoint is evaluated and reported",
+        result.stderr,
+    ), result.stderr[-3000:]
+    assert json.loads((model_dir / "summary.json").read_text())["eval"]["global_step"] == 20
 
 
 def test_learns(tmp_path: Path) -> None:

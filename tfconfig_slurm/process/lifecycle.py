@@ -52,9 +52,11 @@ class Ending(NamedTuple):
 class Backend(Protocol):
     """What a backend gives the lifecycle: its training and evaluation, its checkpoint step."""
 
-    # What it trains: the experiment's name and the run's hparams (state.json, the runs table).
+    # What it trains: the experiment's name and the run's hparams (state.json, the runs table),
+    # and the global step its training ends at.
     experiment: str
     hparams: Mapping[str, Any]
+    train_steps: int
 
     def checkpoint_step(self) -> int | None:
         """The global step of the model directory's latest checkpoint (None: there is none).
@@ -124,6 +126,15 @@ def _train(task: TaskRun, trainer: Backend, held: claim.Claim | None, returns: b
     role = task.place.role
     step = trainer.checkpoint_step()
     task.place.log_start(task.model_dir, step, *trainer.start_details())
+    if step is not None and step >= trainer.train_steps:
+        logging.warning(
+            "the checkpoint in %s is at global step %d, and training ends at step %d: nothing "
+            "to train; the checkpoint is evaluated and reported. HINT: raise the steps to "
+            "train (--train_steps, or TrainSpec's max_steps) to train on",
+            task.model_dir,
+            step,
+            trainer.train_steps,
+        )
     end = _End(task, trainer, held, None, returns)
     if not owns_run(role):
         return trainer.train(end)

@@ -53,6 +53,7 @@ class EstimatorBackend:
         self._directory = Path(training.estimator.model_dir)
         self.experiment = training.name
         self.hparams = training.hparams
+        self.train_steps: int = training.train_spec.max_steps
 
     def checkpoint_step(self) -> int | None:
         return resume_step(self._directory)

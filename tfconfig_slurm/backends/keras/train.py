@@ -84,6 +84,7 @@ class KerasBackend:
         self._requeue_on = requeue_on
         self._trainer: _Trainer | None = None
         self.experiment = experiment.name
+        self.train_steps = settings.train_steps
         self.hparams: Mapping[str, Any] = {
             name: settings.params[name] for name in experiment.hparams
         }
