@@ -49,13 +49,15 @@ def tensorboard(root: Path) -> Iterator[str]:
     )  # fmt: skip
     try:
         assert server.stderr is not None
-        # TensorBoard names the port it took once it serves; a line for each notice before.
+        # The script's ssh line names the port it chose; TensorBoard names it once it serves.
+        tunnel = re.search(r"ssh -N -L (\d+):localhost:(\d+) \S+", server.stderr.readline())
+        assert tunnel is not None and tunnel[1] == tunnel[2], "no ssh line naming the port"
         lines = iter(server.stderr.readline, "")
         url = next(
             (found[0] for line in lines if (found := re.findall(r"http://localhost:\d+/", line))),
             None,
         )
-        assert url is not None, "TensorBoard ended without serving"
+        assert url == f"http://localhost:{tunnel[1]}/", f"TensorBoard serves at {url}"
         yield url
     finally:
         server.terminate()
