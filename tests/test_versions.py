@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tfconfig_slurm.errors import InstallError
-from tfconfig_slurm.process import experiment, versions
+from tfconfig_slurm.process import experiment, supervise, versions
 from tfconfig_slurm.process.versions import Installed
 
 
@@ -87,3 +87,14 @@ def test_an_experiment_s_kind_is_read_from_its_source(
 def test_the_shipped_experiments_kinds() -> None:
     assert experiment.kind("mnist_deep") == experiment.ESTIMATOR
     assert experiment.kind("mnist_keras") == experiment.KERAS
+
+
+def test_a_failed_parameter_server_s_hint_follows_the_tensorflow_installed() -> None:
+    """A stock Estimator script on TensorFlow 2.21 fails on tf.estimator, and the hint named only
+    MultiWorkerMirroredStrategy (a newcomer followed it, to no end)."""
+    mirrored = "MultiWorkerMirroredStrategy fails beside a parameter server: run it under "
+    tf2 = supervise._ps_failure_hint(Installed((3, 12), "2.21.0", None, "2.21.0"))
+    assert tf2.startswith("With TensorFlow 2.21.0 here, an Estimator script cannot run")
+    assert mirrored in tf2
+    estimator = supervise._ps_failure_hint(Installed((3, 11), "2.15.1", "2.15.0"))
+    assert estimator.startswith("A script that trains with MultiWorkerMirroredStrategy")

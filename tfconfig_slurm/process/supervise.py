@@ -41,7 +41,7 @@ from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import EXIT_PEER_LOST
-from tfconfig_slurm.process import watchdog
+from tfconfig_slurm.process import versions, watchdog
 
 # The signals a supervisor passes on to its command.
 FORWARDED = (
@@ -183,11 +183,10 @@ def _serve_until_trainers_finish(
         _after_command()
         if status != 0:
             logging.error(
-                "ps %d: its command failed (exit %d). A script that trains with "
-                "MultiWorkerMirroredStrategy fails beside a parameter server: run it under "
-                "with-tfconfig --all_reduce",
+                "ps %d: its command failed (exit %d); its log above says why. %s",
                 role.index,
                 status,
+                _ps_failure_hint(versions.installed()),
             )
             _claim_the_end(ending)
             _say_failed(role)
@@ -209,6 +208,21 @@ def _serve_until_trainers_finish(
         answer.append(watchdog.FINISHED)
         _until_gone(watch_plan.other_servers(role) if role.index == 0 else {})
     return 0
+
+
+def _ps_failure_hint(found: versions.Installed) -> str:
+    """What commonly fails a parameter server's command, as far as the TensorFlow installed
+    tells: the supervisor does not read the command's output."""
+    mirrored = (
+        "a script that trains with MultiWorkerMirroredStrategy fails beside a parameter "
+        "server: run it under with-tfconfig --all_reduce"
+    )
+    if found.tensorflow and not versions.has_estimator_release(found.tensorflow):
+        return (
+            f"With TensorFlow {found.tensorflow} here, an Estimator script cannot run "
+            f"(Estimator needs TensorFlow 2.15), and {mirrored}"
+        )
+    return mirrored[0].upper() + mirrored[1:]
 
 
 def say_finished(role: ClusterRole, lost: watchdog.OnLost) -> None:

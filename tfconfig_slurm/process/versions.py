@@ -65,7 +65,7 @@ def require_estimator(what: str, found: Installed | None = None) -> None:
     python = "Python {}.{}".format(*found.python)
     if found.tensorflow is None:
         problem = f"needs TensorFlow 2.15, which this {python} does not have"
-    elif _major_minor(found.tensorflow) > LAST_ESTIMATOR_RELEASE:
+    elif not has_estimator_release(found.tensorflow):
         problem = (
             f"needs TensorFlow 2.15, the last release with Estimator, and this {python} has "
             f"TensorFlow {found.tensorflow}"
@@ -82,7 +82,7 @@ def require_keras(what: str, found: Installed | None = None) -> None:
     (Keras 2, whose multi-worker training works where Keras 3's does not) are installed."""
     found = found or installed()
     python = "Python {}.{}".format(*found.python)
-    if found.tensorflow is None or _major_minor(found.tensorflow) <= LAST_ESTIMATOR_RELEASE:
+    if found.tensorflow is None or has_estimator_release(found.tensorflow):
         has = f"TensorFlow {found.tensorflow}" if found.tensorflow else "no TensorFlow"
         problem = f"needs TensorFlow 2.16 or later with tf-keras, and this {python} has {has}"
     elif found.tf_keras is None:
@@ -90,6 +90,11 @@ def require_keras(what: str, found: Installed | None = None) -> None:
     else:
         return
     raise InstallError(what, problem, _KERAS_INSTALL)
+
+
+def has_estimator_release(tensorflow: str) -> bool:
+    """Whether TensorFlow `tensorflow` (a version) still has Estimator (2.15 and older)."""
+    return _major_minor(tensorflow) <= LAST_ESTIMATOR_RELEASE
 
 
 def _version(distribution: str) -> str | None:
