@@ -84,6 +84,20 @@ def test_mnist_keras_trains_resumes_to_the_step_and_reaches_97_percent(tmp_path:
     assert hparams_sessions(model_dir) == [
         {"learning_rate": 0.001, "dropout": 0.5, "shuffle_buffer": 10000}
     ]
+    # Each run that trained to its end exported the model, as a SavedModel that serves.
+    exports = sorted((model_dir / "export" / "mnist_keras").iterdir())
+    assert len(exports) == 2
+    assert served_classes(exports[-1]) == 10
+
+
+def served_classes(export: Path) -> int:
+    """The number of classes the exported model scores for one image."""
+    import numpy as np  # noqa: PLC0415
+    import tf_keras  # noqa: PLC0415
+
+    model = tf_keras.models.load_model(str(export))
+    scores = model.predict(np.zeros((1, *model.input_shape[1:]), np.float32), verbose=0)
+    return int(scores.shape[-1])
 
 
 def hparams_sessions(model_dir: Path) -> list[dict[str, object]]:
@@ -243,6 +257,9 @@ def test_a_local_cluster_trains_all_reduce_stops_on_sigterm_and_resumes(tmp_path
     assert [trainer["role"] for trainer in summary["trainers"]] == ["chief", "worker"]
     assert checkpoint_step(model_dir) == stopped + 10
     assert {log.name for log in (model_dir / "logs").iterdir()} == {"chief-0.log", "worker-0.log"}
+    # The chief's export only: the worker's, made for the collectives, is deleted.
+    (export,) = (model_dir / "export" / "mnist_keras").iterdir()
+    assert served_classes(export) == 10
 
 
 @pytest.mark.parametrize(

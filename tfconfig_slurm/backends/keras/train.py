@@ -39,6 +39,7 @@ from tfconfig_slurm.process import preemption, reports, watchdog
 from tfconfig_slurm.process.experiment import KerasExperiment
 from tfconfig_slurm.process.lifecycle import Ending, Hparam, exit_now
 from tfconfig_slurm.process.owner import owns_run
+from tfconfig_slurm.process.run_dir import RunDir
 from tfconfig_slurm.process.settings import TrainingSettings
 from tfconfig_slurm.process.throughput import Rates, Throughput
 
@@ -129,6 +130,8 @@ class KerasBackend:
             # A stop agreed on at the last step is no stop: the run is done.
             stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
             metrics = None if stopped_on else self._evaluate(trainer, progress.step)
+            if metrics is not None:
+                _export(trainer.model, settings.model_dir, self._experiment.name, role)
             # Before the reports: a worker that has reported leaves, and is not lost.
             if trainer.peers is not None:
                 trainer.peers.stop()
@@ -172,6 +175,22 @@ class KerasBackend:
             verbose=0,
         )
         return {**metrics, "global_step": step}
+
+
+def _export(model: Any, directory: Path, name: str, role: ClusterRole | None) -> None:
+    """The trained model as a SavedModel, in export/<name>/<timestamp> as an Estimator
+    exports it. Every trainer saves, as the strategy's collectives require; another trainer
+    than the chief into a scratch directory it deletes."""
+    if role is None or role.role == CHIEF:
+        path = RunDir(directory).export(name) / str(int(time.time()))
+        model.save(str(path))
+        logging.info("exported the model to %s", path)
+        return
+    scratch = tempfile.mkdtemp(prefix=f"tfconfig-slurm-{role.role}-{role.index}-export-")
+    try:
+        model.save(scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 class _Trainer(NamedTuple):
