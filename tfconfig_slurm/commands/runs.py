@@ -24,6 +24,7 @@ from typing import Any
 
 from absl import flags
 
+from tfconfig_slurm.commands import json_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import claim, failure, reports, run_dir
@@ -33,12 +34,7 @@ PROGRAM = "tfconfig-slurm runs"
 SORT = flags.DEFINE_string(
     "sort", None, "Order the runs by this final metric, best first, e.g. accuracy or loss."
 )
-JSON_OUTPUT = flags.DEFINE_boolean(
-    "json",
-    False,
-    "Print the runs as a JSON list of objects (experiment_id, state, global_step, hparams, "
-    "eval, job_id, examples_per_sec, first_failure, updated).",
-)
+flags.adopt_module_key_flags(json_flag)
 # A job that squeue lists in these states has not started its run (again) yet.
 _WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING"}
 
@@ -58,7 +54,7 @@ def main(argv: Sequence[str]) -> int:
     runs = [run for run in (_run(folder, jobs) for folder in folders) if run is not None]
     if SORT.value:
         runs = _sorted(runs, SORT.value)
-    if JSON_OUTPUT.value:
+    if json_flag.JSON.value:
         sys.stdout.write(json.dumps(runs, indent=1) + "\n")
     else:
         sys.stdout.write(_table(runs))

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from absl import flags
 
 from tfconfig_slurm.cluster import render
-from tfconfig_slurm.commands import layout_flags, plan_flags
+from tfconfig_slurm.commands import json_flag, layout_flags, plan_flags
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
 
@@ -42,7 +42,7 @@ EXPLAIN = flags.DEFINE_boolean(
     "Print a table of every task: rank, node, role, index, address, GPUs. In a job step, "
     "rank 0 prints it and the other tasks nothing.",
 )
-JSON = flags.DEFINE_boolean("json", False, "With --explain: print the tasks as a JSON list.")
+flags.adopt_module_key_flags(json_flag)
 flags.adopt_module_key_flags(layout_flags)
 flags.adopt_module_key_flags(plan_flags)
 
@@ -50,14 +50,14 @@ flags.adopt_module_key_flags(plan_flags)
 def main(argv: Sequence[str]) -> None:
     if EXPORT.value and EXPLAIN.value:
         raise UsageError("--export", "and --explain exclude each other", "choose one")
-    if JSON.value and not EXPLAIN.value:
+    if json_flag.JSON.value and not EXPLAIN.value:
         raise UsageError("--json", "goes with --explain", "add --explain")
     layout, rank = layout_flags.resolve_layout(os.environ)
     if EXPLAIN.value and rank:
         # Every task of the step has the same table: one copy is enough.
         return
     if EXPLAIN.value:
-        if JSON.value:
+        if json_flag.JSON.value:
             output = json.dumps(render.explain_records(layout), indent=1) + "\n"
         else:
             output = render.explain_table(layout)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tfconfig_slurm.cluster.role import TaskId
 
@@ -22,56 +23,45 @@ def output_root(environ: Mapping[str, str]) -> str:
     return environ.get(OUTPUT_ROOT_VARIABLE, DEFAULT_OUTPUT_ROOT)
 
 
+class _Entry:
+    """A file or folder of every run directory, by its name there: `run.state` is a Path."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, run: RunDir, owner: Any = None) -> Path:
+        return run.path / self.name
+
+
 @dataclass(frozen=True)
 class RunDir:
     """A model directory, as the runtime lays it out beside TensorFlow's checkpoints."""
 
     path: Path
 
-    @property
-    def lock(self) -> Path:
-        """Held by the run that trains here (process/claim.py)."""
-        return self.path / "run.lock"
-
-    @property
-    def state(self) -> Path:
-        """What the run is doing, for `tfconfig-slurm runs`."""
-        return self.path / "state.json"
-
-    @property
-    def summary(self) -> Path:
-        """The chief's account of a finished run: metrics and every trainer's speed."""
-        return self.path / "summary.json"
-
-    @property
-    def trainer_reports(self) -> Path:
-        return self.path / "trainers"
+    # Held by the run that trains here (process/claim.py).
+    lock = _Entry("run.lock")
+    # What the run is doing, for `tfconfig-slurm runs`.
+    state = _Entry("state.json")
+    # The chief's account of a finished run: metrics and every trainer's speed.
+    summary = _Entry("summary.json")
+    # One report a trainer: its steps and speed.
+    trainer_reports = _Entry("trainers")
+    # The evaluator's metrics of the final checkpoint, for the chief's summary.
+    evaluator_result = _Entry("evaluator.json")
+    # The first failure of each attempt (process/failure.py).
+    failures = _Entry("failures")
+    # TensorFlow's own file naming the latest checkpoint.
+    checkpoint_index = _Entry("checkpoint")
+    # One log per task, from the batch script or the local cluster.
+    logs = _Entry("logs")
 
     def trainer_report(self, task: TaskId) -> Path:
         return self.trainer_reports / f"{task.role}-{task.index}.json"
 
-    @property
-    def evaluator_result(self) -> Path:
-        """The evaluator's metrics of the final checkpoint, for the chief's summary."""
-        return self.path / "evaluator.json"
-
-    @property
-    def failures(self) -> Path:
-        return self.path / "failures"
-
     def failure(self, run_id: str) -> Path:
-        """The first failure of the attempt `run_id` (process/failure.py)."""
+        """The first failure of the attempt `run_id`."""
         return self.failures / f"{run_id}.json"
-
-    @property
-    def checkpoint_index(self) -> Path:
-        """TensorFlow's own file naming the latest checkpoint."""
-        return self.path / "checkpoint"
-
-    @property
-    def logs(self) -> Path:
-        """One log per task, from the batch script or the local cluster."""
-        return self.path / "logs"
 
     def export(self, name: str) -> Path:
         """Where the model is exported, one timestamped folder per export."""
