@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.cli import REPOSITORY, run_module
+from tests.slurm_cluster import SlurmCluster
 from tfconfig_slurm.process import claim
 from tfconfig_slurm.process.claim import Holder
 
@@ -64,12 +64,11 @@ def test_a_sweep_is_one_array_task_a_line_reading_its_kept_lines(tmp_path: Path)
 
 
 @pytest.mark.tensorflow
-@pytest.mark.skipif(shutil.which("sbatch") is None, reason="needs SLURM's sbatch on PATH")
 def test_a_sweep_sbatch_refused_keeps_no_lines_and_its_retry_is_not_blocked(
-    tmp_path: Path,
+    tmp_path: Path, slurm_cluster: SlurmCluster
 ) -> None:
-    # Without SLURM_CONF (the environment below has none) this machine's sbatch finds no
-    # controller and refuses, as on a login node set up wrongly.
+    # The test cluster's sbatch, without its SLURM_CONF (the environment below has none),
+    # finds no controller and refuses, as on a login node set up wrongly.
     refused = sweep(tmp_path, THREE, "three.sweep", "--train_steps=10", "--output_root=out")
     assert refused.returncode == 1, refused.stderr
     assert "nothing was submitted" in refused.stderr

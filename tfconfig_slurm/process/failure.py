@@ -87,19 +87,23 @@ def recording_errors() -> Iterator[None]:
         raise
 
 
-def record_lost(name: str, address: str, silent_for: float) -> None:
+def record_lost(name: str, address: str, silent_for: float) -> Failure | None:
     """`name` at `address`, watched by this task, is lost: recorded as the failure, unless
-    another came first. `silent_for` is 0 for a peer that said its command failed."""
+    another came first. `silent_for` is 0 for a peer that said its command failed. Returns
+    the failure recorded before this one, if there was one: the run had failed already."""
     attached = _TASK.attached
     if attached is None:
-        return
+        return None
     what = (
         "its command failed"
         if silent_for == 0
         else "stopped answering: killed, or its node cut off"
     )
     node, seen_by = address.rpartition(":")[0], str(attached.role.task_id)
-    _record(attached, Failure(name, node, what, None, seen_by, time.time()))
+    lost = Failure(name, node, what, None, seen_by, time.time())
+    _record(attached, lost)
+    first = _read(RunDir(attached.model_dir).failure(attached.role.run_id or ""))
+    return first if first is not None and first != lost else None
 
 
 def _record(attached: _Attached, failure: Failure) -> None:

@@ -63,9 +63,19 @@ SNAP_RECHECK_SECONDS = 0.2
 def exit_on_lost(name: str, address: str, silent_for: float) -> None:
     """Says which peer is gone and ends this process at once: it may be hung inside
     TensorFlow, where nothing but an exit reaches it. `silent_for` is 0 for a peer that
-    said its command failed."""
-    say_lost(name, address, silent_for)
-    failure.record_lost(name, address, silent_for)
+    said its command failed. Where the run had already failed, that first failure is the
+    cause to name: the peer may only have ended for it."""
+    first = failure.record_lost(name, address, silent_for)
+    if first is None:
+        say_lost(name, address, silent_for)
+    else:
+        logging.error(
+            "the run failed (first to fail: %s); ending this task (exit %d), as %s is gone",
+            first.line(),
+            EXIT_PEER_LOST,
+            name,
+        )
+        logging.flush()
     os._exit(EXIT_PEER_LOST)
 
 
