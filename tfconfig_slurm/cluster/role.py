@@ -146,6 +146,10 @@ class ClusterRole:
         """The name of the trainer that hands the ps this token (see trainer_id)."""
         return str(TaskId(CHIEF, 0) if trainer_id == 0 else TaskId(WORKER, trainer_id - 1))
 
+    def trainer_address(self, trainer_id: int) -> str:
+        """The address of the trainer `trainer_id` names (see trainer_id)."""
+        return self.cluster[CHIEF][0] if trainer_id == 0 else self.cluster[WORKER][trainer_id - 1]
+
     def jobs(self) -> dict[str, list[str]]:
         """The cluster as TF_CONFIG and tf.train.ClusterSpec take it: lists of addresses."""
         return {job: list(tasks) for job, tasks in self.cluster.items()}

@@ -24,7 +24,9 @@ parent has said so too. The chief so says when every trainer has finished.
 
 from __future__ import annotations
 
-from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
+from collections.abc import Iterable
+
+from tfconfig_slurm.cluster.layout import PS
 from tfconfig_slurm.cluster.role import ClusterRole, TaskId
 
 FAN_OUT = 16
@@ -38,12 +40,9 @@ def paired(role: ClusterRole) -> dict[str, str]:
     pairs = min(trainers, servers)
     if role.role == PS:
         mine = role.index % pairs
-        names = [role.trainer_name(t) for t in range(trainers) if t % pairs == mine]
-    else:
-        mine = role.trainer_id % pairs
-        names = [str(TaskId(PS, p)) for p in range(servers) if p % pairs == mine]
-    everyone = role.named(PS, CHIEF, WORKER)
-    return {name: everyone[name] for name in names}
+        return _trainers(role, (t for t in range(trainers) if t % pairs == mine))
+    mine = role.trainer_id % pairs
+    return {str(TaskId(PS, p)): role.cluster[PS][p] for p in range(servers) if p % pairs == mine}
 
 
 def neighbours(role: ClusterRole) -> dict[str, str]:
@@ -51,8 +50,7 @@ def neighbours(role: ClusterRole) -> dict[str, str]:
     in a cluster without parameter servers."""
     near = children(role)
     if role.trainer_id:
-        name = role.trainer_name(_parent_id(role.trainer_id))
-        near[name] = role.named(CHIEF, WORKER)[name]
+        near.update(_trainers(role, [_parent_id(role.trainer_id)]))
     return near
 
 
@@ -63,16 +61,14 @@ def other_servers(role: ClusterRole) -> dict[str, str]:
 
 def children(role: ClusterRole) -> dict[str, str]:
     """This trainer's children in the tree of trainers, by name."""
-    everyone = role.named(CHIEF, WORKER)
-    names = map(role.trainer_name, _child_ids(role.trainer_id, role.trainers))
-    return {name: everyone[name] for name in names}
+    return _trainers(role, _child_ids(role.trainer_id, role.trainers))
 
 
 def parent(role: ClusterRole) -> str | None:
     """The address of this trainer's parent in the tree of trainers; None for the chief."""
     if role.trainer_id == 0:
         return None
-    return role.named(CHIEF, WORKER)[role.trainer_name(_parent_id(role.trainer_id))]
+    return role.trainer_address(_parent_id(role.trainer_id))
 
 
 def trainers_below(role: ClusterRole) -> int:
@@ -82,6 +78,12 @@ def trainers_below(role: ClusterRole) -> int:
         level = [child for parent in level for child in _child_ids(parent, role.trainers)]
         count += len(level)
     return count
+
+
+def _trainers(role: ClusterRole, trainer_ids: Iterable[int]) -> dict[str, str]:
+    """These trainers' addresses by name; looked up one by one, as a cluster of thousands
+    would make building every name for each task quadratic."""
+    return {role.trainer_name(t): role.trainer_address(t) for t in trainer_ids}
 
 
 def _parent_id(trainer_id: int) -> int:
