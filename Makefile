@@ -19,7 +19,7 @@ PYTHON_TF2 ?= $(shell for p in python3.12 python3.13 \
   && echo $$p && break; done)
 STAMP_TF2 := $(VENV_TF2)/.installed
 
-.PHONY: test docs lint bench bench-faults run clean slurm-up slurm-down venv venv-tf2
+.PHONY: test docs lint bench bench-faults run clean slurm-up slurm-down venv venv-tf2 venvs
 
 # editable_mode=compat: a plain path entry, not an import hook that costs every start ~10 ms.
 $(STAMP): setup.cfg pyproject.toml
@@ -38,11 +38,14 @@ $(STAMP_TF2): setup.cfg pyproject.toml
 # `source .venv-tf2/bin/activate` (Keras, TensorFlow 2.16+) then puts the commands on PATH.
 venv: $(STAMP)
 venv-tf2: $(STAMP_TF2)
+# Both at once: each pip spends most of its time downloading and unpacking, not computing.
+venvs:
+	@$(MAKE) --no-print-directory -j2 $(STAMP) $(STAMP_TF2)
 
 # Two pytest-xdist workers; the SLURM tests all go to one of them (tests/conftest.py).
 PARALLEL := -n 2 --dist loadgroup
 # The Estimator suite (TensorFlow 2.15), then the TensorFlow 2.16+ one in its own environment.
-test: $(STAMP) $(STAMP_TF2)
+test: venvs
 	$(BIN)/lint-imports
 	$(BIN)/mkdocs build --strict --site-dir $(SITE)
 	$(BIN)/python -m pytest -m 'not tf2' $(PARALLEL) --durations=25
@@ -61,7 +64,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-bench: $(STAMP) $(STAMP_TF2)
+bench: venvs
 	$(BIN)/python bench/resolve.py
 	$(BIN)/python bench/runtime.py
 	$(BIN)/python bench/keras_vs_estimator.py --keras_python $(BIN_TF2)/python

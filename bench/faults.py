@@ -39,19 +39,8 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.slurm_cluster import (
-    SCRIPT,
-    STATE,
-    TRAINING,
-    SlurmCluster,
-    checkpoint_step,
-    highest_step,
-    job_id_of,
-    read_logs,
-    release,
-    submit,
-    wait_until,
-)
+from tests.cli import checkpoint_step, highest_step, read_logs, wait_until
+from tests.slurm_cluster import SCRIPT, STATE, TRAINING, SlurmCluster, job_id_of, release, submit
 
 # The step's ranks: node1 runs ps 0 (rank 0) and the chief (1), node2 ps 1 (2), worker 0 (3).
 _VICTIMS = {"kill_worker": 3, "kill_ps": 2, "kill_chief": 1}

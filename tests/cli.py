@@ -7,8 +7,12 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Callable
+
+import pytest
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 
@@ -62,3 +66,59 @@ def tensorboard(root: Path) -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def checkpoint_step(model_dir: Path) -> int:
+    """The step of a model directory's latest checkpoint (Estimator's model.ckpt-N, Keras's
+    ckpt-N)."""
+    latest = re.search(
+        r'^model_checkpoint_path: "(?:model\.)?ckpt-(\d+)"',
+        (model_dir / "checkpoint").read_text(),
+        re.M,
+    )
+    assert latest is not None
+    return int(latest.group(1))
+
+
+def saved_step(model_dir: Path) -> int:
+    """checkpoint_step, 0 before the first checkpoint."""
+    return checkpoint_step(model_dir) if (model_dir / "checkpoint").exists() else 0
+
+
+def wait_until(done: Callable[[], bool], seconds: float) -> bool:
+    """Polls `done` until it holds (True) or `seconds` pass (False)."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def wait_for(read: Callable[[], str], pattern: str, seconds: float) -> re.Match[str]:
+    """Polls `read()` until `pattern` appears in what it returns."""
+    if not wait_until(lambda: re.search(pattern, read()) is not None, seconds):
+        pytest.fail(f"no {pattern!r} within {seconds:.0f} s:\n{read()[-3000:]}")
+    found = re.search(pattern, read())
+    assert found is not None
+    return found
+
+
+def ended_within(process: subprocess.Popen[Any], seconds: float) -> float:
+    started = time.monotonic()
+    try:
+        process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail(f"the job still ran {seconds:.0f} s after the kill: it hangs")
+    return time.monotonic() - started
+
+
+def highest_step(log: str) -> int:
+    """The highest global step trainers logged (with --log_every_steps=1, the last reached)."""
+    return max(map(int, re.findall(r"step (\d+): loss \S+, [\d.]+ examples/s", log)), default=0)
+
+
+def read_logs(folder: Path) -> str:
+    """Every task's log in a folder, in the order of their names."""
+    return "".join(path.read_text(errors="replace") for path in sorted(folder.glob("*.log")))

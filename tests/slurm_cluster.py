@@ -16,11 +16,11 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import NoReturn
 
 import pytest
 
-from tests.cli import REPOSITORY
+from tests.cli import REPOSITORY, read_logs, wait_for, wait_until
 
 SCRIPT = REPOSITORY / "tests" / "slurm" / "cluster"
 STATE = Path("/tmp/tfconfig-slurm-cluster")
@@ -178,14 +178,6 @@ def finish(cluster: SlurmCluster, job: subprocess.Popen[str]) -> dict[str, str]:
     return fields
 
 
-def checkpoint_step(model_dir: Path) -> int:
-    latest = re.search(
-        r'^model_checkpoint_path: "model\.ckpt-(\d+)"', (model_dir / "checkpoint").read_text(), re.M
-    )
-    assert latest is not None
-    return int(latest.group(1))
-
-
 # How long after its processes are gone a requeued run's end still took to reach slurmctld.
 _SETTLE_SECONDS = 3.0
 
@@ -198,35 +190,6 @@ def release(cluster: SlurmCluster, job_id: str) -> None:
     time.sleep(_SETTLE_SECONDS)
     released = cluster.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
     assert released.returncode == 0, released.stderr
-
-
-def wait_until(done: Callable[[], bool], seconds: float) -> bool:
-    """Polls `done` until it holds (True) or `seconds` pass (False)."""
-    deadline = time.monotonic() + seconds
-    while not done():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
-def wait_for(read: Callable[[], str], pattern: str, seconds: float) -> re.Match[str]:
-    """Polls `read()` until `pattern` appears in what it returns."""
-    if not wait_until(lambda: re.search(pattern, read()) is not None, seconds):
-        pytest.fail(f"no {pattern!r} within {seconds:.0f} s:\n{read()[-3000:]}")
-    found = re.search(pattern, read())
-    assert found is not None
-    return found
-
-
-def ended_within(process: subprocess.Popen[Any], seconds: float) -> float:
-    started = time.monotonic()
-    try:
-        process.wait(timeout=seconds)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        pytest.fail(f"the job still ran {seconds:.0f} s after the kill: it hangs")
-    return time.monotonic() - started
 
 
 def warn_and_requeue(
@@ -257,16 +220,6 @@ def warn_and_requeue(
         if job.poll() is None:
             cluster.run(["scancel", "--user=root"])
             job.kill()
-
-
-def highest_step(log: str) -> int:
-    """The highest global step trainers logged (with --log_every_steps=1, the last reached)."""
-    return max(map(int, re.findall(r"step (\d+): loss \S+, [\d.]+ examples/s", log)), default=0)
-
-
-def read_logs(folder: Path) -> str:
-    """Every task's log in a folder, in the order of their names."""
-    return "".join(path.read_text(errors="replace") for path in sorted(folder.glob("*.log")))
 
 
 def job_id_of(logs: Path) -> str:

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import REPOSITORY
-from tests.slurm_cluster import checkpoint_step
+from tests.cli import REPOSITORY, checkpoint_step
 from tests.slurm_envs import task_env
 
 pytestmark = pytest.mark.tensorflow

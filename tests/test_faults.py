@@ -14,20 +14,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import REPOSITORY
+from tests.cli import (
+    REPOSITORY,
+    checkpoint_step,
+    ended_within,
+    highest_step,
+    read_logs,
+    saved_step,
+    wait_for,
+    wait_until,
+)
 from tests.slurm_cluster import (
     NODES,
     TRAINING,
     SlurmCluster,
-    checkpoint_step,
-    ended_within,
     finish,
-    highest_step,
     job_id_of,
-    read_logs,
     submit,
-    wait_for,
-    wait_until,
     warn_and_requeue,
 )
 
@@ -53,7 +56,9 @@ def test_a_killed_task_ends_the_step_and_is_named(
     logs = tmp_path / "first"
     try:
         wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
-        time.sleep(2.0)  # a checkpoint interval or two into training
+        # A checkpoint interval or more into training.
+        model_dir = tmp_path / "mnist_deep"
+        assert wait_until(lambda: saved_step(model_dir) >= CHECKPOINT_STEPS, START_SECONDS)
         reached = highest_step(read_logs(logs))
         os.kill(slurm_cluster.task_pid(rank), signal.SIGKILL)
         took = ended_within(step, END_SECONDS)
@@ -69,9 +74,9 @@ def test_a_killed_task_ends_the_step_and_is_named(
     # killed, at most one checkpoint interval and the steps in flight are not in the last
     # checkpoint. (Steps the others took after the kill, until the watchdog ended them,
     # could never be saved by a dead chief.)
-    model_dir = tmp_path / "mnist_deep"
     assert reached - checkpoint_step(model_dir) <= CHECKPOINT_STEPS + 2
-    # The next run resumes from that checkpoint.
+    # The next run resumes from that checkpoint: on one node, a ps and the chief, as the
+    # checkpoint does not depend on the layout.
     resumed_from = checkpoint_step(model_dir)
     rerun = srun_training(
         slurm_cluster,
@@ -79,6 +84,7 @@ def test_a_killed_task_ends_the_step_and_is_named(
         "second",
         f"--train_steps={resumed_from + 5}",
         "--log_every_steps=1",
+        nodes="node1",
     )
     assert rerun.wait(timeout=START_SECONDS) == 0, read_logs(tmp_path / "second")[-3000:]
     # The step stored in a checkpoint may be a step or two past its name: asynchronous
@@ -90,14 +96,15 @@ def test_a_killed_task_ends_the_step_and_is_named(
 
 
 def srun_training(
-    cluster: SlurmCluster, root: Path, logs: str, *flags: str
+    cluster: SlurmCluster, root: Path, logs: str, *flags: str, nodes: str = "node[1-2]"
 ) -> subprocess.Popen[str]:
-    """mnist_deep in a 2-node step, one log per task in root/logs; no --kill-on-bad-exit:
-    SLURM then waits for every task, so only the runtime can end the survivors of a fault."""
+    """mnist_deep in a step of a ps and a trainer a node, one log per task in root/logs; no
+    --kill-on-bad-exit: SLURM then waits for every task, so only the runtime can end the
+    survivors of a fault."""
     (root / logs).mkdir()
     return subprocess.Popen(
         [
-            *("srun", "--nodelist=node[1-2]", "--ntasks-per-node=2", "--gres=gpu:1"),
+            *("srun", f"--nodelist={nodes}", "--ntasks-per-node=2", "--gres=gpu:1"),
             f"--output={root / logs}/%t.log",
             *(sys.executable, "-m", "tfconfig_slurm.run", f"--output_root={root}"),
             "--experiment=mnist_deep",

@@ -17,18 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import REPOSITORY, run_module
-from tests.slurm_cluster import (
-    NODES,
-    TRAINING,
-    SlurmCluster,
+from tests.cli import (
+    REPOSITORY,
+    checkpoint_step,
     ended_within,
     read_logs,
-    submit,
+    run_module,
     wait_for,
     wait_until,
-    warn_and_requeue,
 )
+from tests.slurm_cluster import NODES, TRAINING, SlurmCluster, submit, warn_and_requeue
 from tests.test_local_cluster import alive, started_pids
 from tests.test_signals import ended
 from tests.test_signals import start as start_console
@@ -44,14 +42,6 @@ def train(root: Path, *flags: str, timeout: float = 300) -> subprocess.Completed
     return run_module(
         RUN, "--experiment=mnist_keras", f"--output_root={root}", *flags, timeout=timeout
     )
-
-
-def checkpoint_step(model_dir: Path) -> int:
-    latest = re.search(
-        r'^model_checkpoint_path: "ckpt-(\d+)"', (model_dir / "checkpoint").read_text()
-    )
-    assert latest is not None
-    return int(latest.group(1))
 
 
 def test_mnist_keras_trains_resumes_to_the_step_and_reaches_97_percent(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,14 @@ def cluster_run(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-un
     return root / "mnist_deep", result.stderr
 
 
+def copy_of(cluster_run, tmp_path: Path) -> Path:  # type: ignore[no-untyped-def]
+    """The module's run copied, for a test that trains it further: the others read it as
+    it was, whatever the order."""
+    model_dir: Path = cluster_run[0]
+    shutil.copytree(model_dir, tmp_path / model_dir.name)
+    return tmp_path / model_dir.name
+
+
 def test_every_task_exits_0_and_none_is_left_behind(cluster_run) -> None:  # type: ignore[no-untyped-def]
     model_dir, log = cluster_run
     pids = started_pids(log)
@@ -90,7 +99,9 @@ def test_every_event_file_reads_back_whole(cluster_run) -> None:  # type: ignore
 def test_the_chief_reports_every_trainer(cluster_run) -> None:  # type: ignore[no-untyped-def]
     model_dir, _ = cluster_run
     summary = json.loads((model_dir / "summary.json").read_text())
-    assert summary["global_step"] >= 40
+    # Asynchronous trainers: each stops once it sees step 40, with the step it had in flight
+    # and, where it read the step just before another's update, one more (43 seen here).
+    assert 40 <= summary["global_step"] <= 40 + 2 * 3
     assert sorted((t["role"], t["index"]) for t in summary["trainers"]) == [
         ("chief", 0),
         ("worker", 0),
@@ -98,21 +109,23 @@ def test_the_chief_reports_every_trainer(cluster_run) -> None:  # type: ignore[n
     ]
     assert all(t["examples_per_sec"] > 0 for t in summary["trainers"])
     assert summary["layout"]["ps"] and len(summary["layout"]["worker"]) == 2
-    assert 0.0 <= summary["eval"]["accuracy"] <= 1.0
+    # The final checkpoint evaluated: 0.87 after 43 steps here, chance is 0.1.
+    assert summary["eval"]["global_step"] == summary["global_step"]
+    assert summary["eval"]["accuracy"] > 0.5
     for task in ("chief-0", "ps-0", "worker-0", "worker-1"):
         assert (model_dir / "logs" / f"{task}.log").stat().st_size > 0
 
 
-def test_a_finished_model_ends_every_task_at_once(cluster_run) -> None:  # type: ignore[no-untyped-def]
+def test_a_finished_model_ends_every_task_at_once(cluster_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Nothing left to train: trainers still release the ps, and all exit 0."""
-    model_dir, _ = cluster_run
+    model_dir = copy_of(cluster_run, tmp_path)
     result = run_cluster(model_dir.parent, "--train_steps=40")
     assert result.returncode == 0, result.stderr[-4000:]
     assert "ps 0: 3 of 3 trainers finished" in result.stderr
 
 
-def test_resumes_in_a_cluster(cluster_run) -> None:  # type: ignore[no-untyped-def]
-    model_dir, _ = cluster_run
+def test_resumes_in_a_cluster(cluster_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    model_dir = copy_of(cluster_run, tmp_path)
     first_step = json.loads((model_dir / "summary.json").read_text())["global_step"]
     result = run_cluster(model_dir.parent, "--train_steps=80")
     assert result.returncode == 0, result.stderr[-4000:]

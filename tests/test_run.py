@@ -46,7 +46,8 @@ def test_trains_evaluates_and_reports(trained: tuple[Path, str]) -> None:
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["global_step"] == 20
     assert summary["eval"]["global_step"] == 20
-    assert 0.0 <= summary["eval"]["accuracy"] <= 1.0
+    # Better than chance (0.1) after 20 steps (0.89 here): it trained on what it evaluates.
+    assert summary["eval"]["accuracy"] > 0.5, summary["eval"]
     assert summary["trainers"][0]["examples_per_sec"] > 0
     assert (model_dir / "model.ckpt-20.index").is_file()
     assert any((model_dir / "export").iterdir())

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import REPOSITORY
-from tests.slurm_cluster import checkpoint_step, wait_until
+from tests.cli import REPOSITORY, checkpoint_step, wait_until
 from tests.test_local_cluster import alive, started_pids
 
 pytestmark = pytest.mark.tensorflow

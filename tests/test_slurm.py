@@ -15,19 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.cli import REPOSITORY, tensorboard
-from tests.slurm_cluster import (
-    NODES,
-    SBATCH,
-    SMALL_JOB,
-    SlurmCluster,
-    checkpoint_step,
-    finish,
-    job_id_of,
-    read_logs,
-    submit,
-    wait_until,
-)
+from tests.cli import REPOSITORY, checkpoint_step, read_logs, tensorboard, wait_until
+from tests.slurm_cluster import NODES, SBATCH, SMALL_JOB, SlurmCluster, finish, job_id_of, submit
 
 pytestmark = pytest.mark.slurm
 
@@ -175,16 +164,20 @@ def test_array_tasks_train_their_own_experiment_into_their_own_directories(
     shutil.copy(
         REPOSITORY / "tfconfig_slurm" / "experiments" / "mnist_deep.py", tmp_path / "digits.py"
     )
+    # Not sbatch --wait, which looks every 10 s.
     submitted = slurm_cluster.run(
-        ["sbatch", "--wait", "--parsable", "--array=0-1", *SMALL_JOB, str(SBATCH),
+        ["sbatch", "--parsable", "--array=0-1", *SMALL_JOB, str(SBATCH),
          "--experiment=digits.py", "--train_steps=10"],
         cwd=tmp_path,
         TFCONFIG_SLURM_OUTPUT=str(tmp_path),
     )  # fmt: skip
     assert submitted.returncode == 0, submitted.stderr
+    assert wait_until(lambda: not queued(slurm_cluster, submitted.stdout.strip()), 300)
     assert sorted(path.name for path in tmp_path.glob("digits-*")) == ["digits-0", "digits-1"]
     for index in (0, 1):
         assert checkpoint_step(tmp_path / f"digits-{index}") >= 10
+        state = json.loads((tmp_path / f"digits-{index}" / "state.json").read_text())
+        assert state["state"] == "done", state
     assert not (tmp_path / "mnist_deep").exists()
 
 
