@@ -97,9 +97,10 @@ class SlurmCluster:
             found[node] = [int(pid) for pid in listed.stdout.split()]
         return found
 
-    def task_pid(self, rank: int, running: str = "tfconfig_slurm.run") -> int:
-        """The pid of a running task's process, by its rank in the step: by default the
-        tfconfig_slurm runtime; else the command `running` names, not its with-tfconfig."""
+    def task_pid(self, rank: int, running: str = "tfconfig_slurm.run", job_id: str = "") -> int:
+        """The pid of a running task's process, by its rank in the step (of the job `job_id`
+        names, where several run): by default the tfconfig_slurm runtime; else the command
+        `running` names, not its with-tfconfig."""
         for pids in self.node_pids().values():
             for pid in pids:
                 try:
@@ -109,6 +110,7 @@ class SlurmCluster:
                 command = _command_line(pid)
                 if (
                     f"SLURM_PROCID={rank}".encode() in environ
+                    and (not job_id or f"SLURM_JOB_ID={job_id}".encode() in environ)
                     and running in command
                     and "tfconfig_slurm.commands.with_tfconfig" not in command
                 ):

@@ -231,9 +231,11 @@ def test_scancel_checkpoints_every_step_taken_and_resubmitting_resumes(
     assert re.search(r"ps 0: 2 of 2 trainers finished", log)
     assert checkpoint_step(tmp_path / "cancelled") == max(stopped_at)
 
+    # Resumed on one node: a ps and the chief.
     again = submit(
-        slurm_cluster, tmp_path, "cancelled", f"--train_steps={max(stopped_at) + 5}", *updates
-    )
+        slurm_cluster, tmp_path, "cancelled", f"--train_steps={max(stopped_at) + 5}", *updates,
+        nodes="node1", sbatch_options=("--nodes=1",),
+    )  # fmt: skip
     resumed = finish(slurm_cluster, again)
     assert (resumed["JobState"], resumed["ExitCode"]) == ("COMPLETED", "0:0"), resumed["stderr"]
     assert f"resuming from step {max(stopped_at)}" in read_logs(logs)

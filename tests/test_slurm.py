@@ -384,7 +384,11 @@ def test_the_runs_table_follows_a_run_through_running_requeued_stopped_and_faile
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     endless = ("--train_steps=1000000", "--save_checkpoints_steps=20")
-    job = submit(slurm_cluster, tmp_path, "long", *endless)
+    # Two runs at once, a node each: one stopped, one killed.
+    job, other = (
+        submit(slurm_cluster, tmp_path, name, *endless, nodes=node, sbatch_options=("--nodes=1",))
+        for name, node in (("long", "node1"), ("killed", "node2"))
+    )
     root = tmp_path
 
     def state(name: str) -> str:
@@ -405,12 +409,11 @@ def test_the_runs_table_follows_a_run_through_running_requeued_stopped_and_faile
     slurm_cluster.run(["scancel", job_id])
     assert wait_until(lambda: not queued(slurm_cluster, job_id), 60)
     assert state("long") == "stopped"
-    # Another run whose chief is killed outright (as by the OOM killer) never says it ended:
-    # the table says failed once its job has ended.
-    other = submit(slurm_cluster, tmp_path, "killed", *endless)
+    # The other run, whose chief is killed outright (as by the OOM killer), never says it
+    # ended: the table says failed once its job has ended.
     assert wait_until((tmp_path / "killed" / "checkpoint").exists, 300)
     other_id = job_id_of(tmp_path / "killed" / "logs")
-    os.kill(slurm_cluster.task_pid(1), signal.SIGKILL)
+    os.kill(slurm_cluster.task_pid(1, job_id=other_id), signal.SIGKILL)
     assert wait_until(lambda: not queued(slurm_cluster, other_id), 60)
     assert state("killed") == "failed"
     for submitted in (job, other):
