@@ -203,6 +203,51 @@ def test_usr1_checkpoints_requeues_and_resumes_losing_no_step(
     assert checkpoint_step(tmp_path / "preempted") >= 200
 
 
+# A user's own batch script: no --signal, a time limit of one minute.
+LIMITED_SCRIPT = """#!/bin/bash
+#SBATCH --requeue
+srun --cpu-bind=none --output={logs}/%t.log {python} -m tfconfig_slurm.run \\
+    --experiment=mnist_deep --output_root={root} --train_steps=1000000 --log_every_steps=1 \\
+    --save_checkpoints_steps=20
+"""
+
+
+@pytest.mark.slurm
+def test_a_time_limit_without_signal_stops_with_a_checkpoint_and_requeues(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """The runtime asks squeue for the time left, and stops the job before it (at most half
+    of what was left at start: here about 26 s before the minute ends), as on SIGUSR1."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    script = tmp_path / "limited.sbatch"
+    script.write_text(LIMITED_SCRIPT.format(logs=logs, python=sys.executable, root=tmp_path))
+    submitted = slurm_cluster.run(
+        ["sbatch", "--parsable", "--time=1", "--nodes=1", "--ntasks-per-node=2",
+         "--gres=gpu:1", "--nodelist=node1", str(script)],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    try:
+        wait_for(
+            lambda: slurm_cluster.run(["scontrol", "show", "job", job_id]).stdout,
+            r"(?s)JobState=PENDING.*Restarts=1",
+            START_SECONDS,
+        )
+    finally:
+        slurm_cluster.run(["scancel", job_id])
+    log = read_logs(logs)
+    assert re.search(rf"job {job_id} ends at its time limit at [\d:]+: this run stops at", log)
+    assert re.search(rf"job {job_id} reaches its time limit in \d+ s: stopping every task", log)
+    stopped_at = [
+        int(step) for step in re.findall(r"stopping on SIGUSR1 at global step (\d+)", log)
+    ]
+    assert len(stopped_at) == 1, log[-3000:]  # the chief, its one trainer
+    assert f"requeued job {job_id} (restart 1 of at most 3)" in log
+    assert checkpoint_step(tmp_path / "mnist_deep") == stopped_at[0]
+
+
 @pytest.mark.slurm
 @pytest.mark.parametrize("updates", [(), ("--sync_replicas",)], ids=["async", "sync"])
 def test_scancel_checkpoints_every_step_taken_and_resubmitting_resumes(

@@ -175,6 +175,16 @@ REQUEUE_ON_SIGTERM = flags.DEFINE_boolean(
     "the job is also requeued. Off: SLURM requeues preempted jobs itself where its "
     "PreemptMode says so, and a scancel means stop.",
 )
+TIME_LIMIT_MARGIN = flags.DEFINE_float(
+    "time_limit_margin",
+    120.0,
+    "Seconds before the job's time limit (asked of squeue, and again each minute, as "
+    "scontrol update TimeLimit= moves it) at which every task is sent --preempt_signal: "
+    "training stops with a checkpoint and the job requeues itself, with no #SBATCH --signal "
+    "needed. At most half the time the job has left when the run starts. 0: stop only on "
+    "signals.",
+    lower_bound=0.0,
+)
 MAX_REQUEUES = flags.DEFINE_integer(
     "max_requeues",
     3,
@@ -250,7 +260,12 @@ def main(argv: Sequence[str]) -> int | None:
         model_dir=directory,
         naming=claim.CLI_NAMING,
         stop=stop,
-        stop_policy=preemption.StopPolicy(requeue_on, MAX_REQUEUES.value),
+        stop_policy=preemption.StopPolicy(
+            requeue_on,
+            MAX_REQUEUES.value,
+            time_limit_signal=preempt.name if preempt else None,
+            time_limit_margin=TIME_LIMIT_MARGIN.value,
+        ),
         environ=os.environ,
     )
     if kind == experiment_lib.KERAS:

@@ -25,7 +25,15 @@ from tfconfig_slurm.cluster.layout import PS, TRAINERS
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import EXIT_PEER_LOST, UsageError
-from tfconfig_slurm.process import claim, failure, model_dir, network, preemption, watchdog
+from tfconfig_slurm.process import (
+    claim,
+    failure,
+    model_dir,
+    network,
+    preemption,
+    time_limit,
+    watchdog,
+)
 from tfconfig_slurm.process.owner import RunOwner, owns_run
 from tfconfig_slurm.process.place import Place
 
@@ -118,8 +126,19 @@ def _run(task: TaskRun, layout: str, backend: Callable[[], Backend], *, returns:
             name="failure-watch",
             daemon=True,
         ).start()
+    _keep_time_limit(task)
     with failure.recording_errors():
         return _train(task, trainer, held, returns)
+
+
+def _keep_time_limit(task: TaskRun) -> None:
+    """The task that requeues the job stops it before its time limit (process/time_limit.py)."""
+    policy = task.stop_policy
+    job = read_slurm_job(task.environ)
+    if job is None or not policy.time_limit_signal or policy.time_limit_margin <= 0:
+        return
+    if _requeues(task.place.role):
+        time_limit.watch(job, task.stop, policy.time_limit_signal, policy.time_limit_margin)
 
 
 def _train(task: TaskRun, trainer: Backend, held: claim.Claim | None, returns: bool) -> Any:

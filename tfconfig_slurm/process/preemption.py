@@ -87,9 +87,10 @@ class StopRequest:
         while data := self._wakeups.recv(64):
             for number in data:
                 if number in self._signums:
-                    self._ask(signal.Signals(number).name)
+                    self.ask(signal.Signals(number).name)
 
-    def _ask(self, name: str) -> None:
+    def ask(self, name: str) -> None:
+        """Asks this task to stop, as the signal `name` does (process/time_limit.py)."""
         # The first signal names the stop.
         if not self._event.is_set():
             self.signal_name = name
@@ -101,7 +102,7 @@ class StopRequest:
 
         def handler(number: int, frame: FrameType | None) -> None:
             # Only a flag: the handler may run in the middle of anything.
-            self._ask(signal.Signals(number).name)
+            self.ask(signal.Signals(number).name)
 
         for signum in self._signums:
             signal.signal(signum, handler)
@@ -110,17 +111,22 @@ class StopRequest:
     def requested(self) -> bool:
         return self._event.is_set()
 
-    def wait(self) -> None:
-        """Returns once this task is told to stop (for a thread that acts on it)."""
-        self._event.wait()
+    def wait(self, seconds: float | None = None) -> bool:
+        """Returns once this task is told to stop (for a thread that acts on it), or after
+        `seconds`: whether it was told."""
+        return self._event.wait(seconds)
 
 
 @dataclass(frozen=True)
 class StopPolicy:
-    """What a stop on a signal does at the end: which signals requeue the job, how often."""
+    """What a stop on a signal does at the end: which signals requeue the job, how often;
+    and the stop before the job's time limit (process/time_limit.py): the signal it is
+    taken for (None: none), how many seconds before the limit."""
 
     requeue_on: Collection[str]
     max_requeues: int
+    time_limit_signal: str | None = None
+    time_limit_margin: float = 0.0
 
 
 def after_stop(

@@ -41,7 +41,12 @@ _NAMING = claim.Naming(
 )
 # The signals that stop training at the next step with a checkpoint, and which of them
 # requeue the job (as python -m tfconfig_slurm.run's defaults).
-_STOP_POLICY = preemption.StopPolicy(requeue_on={signal.SIGUSR1.name}, max_requeues=3)
+_STOP_POLICY = preemption.StopPolicy(
+    requeue_on={signal.SIGUSR1.name},
+    max_requeues=3,
+    time_limit_signal=signal.SIGUSR1.name,
+    time_limit_margin=120.0,
+)
 
 
 def train_and_evaluate(

@@ -1,0 +1,70 @@
+"""The stop before a job's time limit, without SLURM's warning signal (time_limit.py): squeue's
+time left read, the stop at the margin, a limit that moves (no SLURM needed: squeue is asked
+through a stand-in; the SLURM test of it is in test_faults.py)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from tfconfig_slurm.cluster.step import SlurmJob
+from tfconfig_slurm.process import time_limit
+from tfconfig_slurm.process.preemption import StopRequest
+
+JOB = SlurmJob(job_id=77, array_job_id=None, array_task_id=None, restart_count=0)
+
+
+@pytest.mark.parametrize(
+    ("shown", "seconds"),
+    [
+        ("45:10", 2710.0),
+        ("1:02:03", 3723.0),
+        ("2-01:00:00", 176400.0),
+        ("0:05\n", 5.0),
+        ("UNLIMITED", None),
+        ("NOT_SET", None),
+        ("INVALID", None),
+        ("", None),
+    ],
+)
+def test_squeue_s_time_left_in_seconds(shown: str, seconds: float | None) -> None:
+    assert time_limit.parse_time_left(shown) == seconds
+
+
+def answers(*lefts: float | str) -> time_limit.Ask:
+    """squeue's answers, one a call, the last repeated."""
+    given = list(lefts)
+    return lambda job: given.pop(0) if len(given) > 1 else given[0]
+
+
+def test_the_run_stops_at_the_margin_as_on_the_signal(caplog: pytest.LogCaptureFixture) -> None:
+    stop = StopRequest()
+    caplog.set_level(logging.INFO)
+    started = time.monotonic()
+    # 4 s left: the margin is at most half of that, so the stop comes 2 s in.
+    assert time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=answers(4.0)) is not None
+    assert stop.wait(10.0)
+    assert 1.5 <= time.monotonic() - started <= 3.5
+    assert stop.signal_name == "SIGUSR1"
+    assert "this run stops at" in caplog.text and "2 s before" in caplog.text
+    assert "job 77 reaches its time limit in 2 s" in caplog.text
+
+
+def test_a_limit_moved_later_moves_the_stop(caplog: pytest.LogCaptureFixture) -> None:
+    stop = StopRequest()
+    caplog.set_level(logging.INFO)
+    # Asked again when the first stop was due (2 s in), the job has 100 s left.
+    time_limit.watch(JOB, stop, "SIGUSR1", 2.0, ask=answers(4.0, 100.0))
+    assert not stop.wait(4.0)
+    assert "job 77's time limit moved to" in caplog.text
+    stop.ask("SIGTERM")
+
+
+def test_a_job_without_a_limit_is_not_watched(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    stop = StopRequest()
+    watched = time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=answers("it has none (UNLIMITED)"))
+    assert watched is None
+    assert "job 77: no time limit to stop before (it has none (UNLIMITED))" in caplog.text

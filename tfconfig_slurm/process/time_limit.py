@@ -1,0 +1,161 @@
+"""A job's time limit, kept without SLURM's warning signal.
+
+Without `#SBATCH --signal=USR1@90` a time limit sends SIGTERM, then SIGKILL 30 s later, and
+nothing requeues the job. So the task that requeues the job (process/lifecycle.py) asks SLURM
+how long the job has left (`squeue --format=%L`, again every POLL_SECONDS: `scontrol update
+TimeLimit=` moves it), and `margin` seconds before the limit sends the preempt signal to every
+task of the job (`scancel --signal=USR1 JOB`) and to itself: the run stops at the next step
+with a checkpoint and the job requeues itself, exactly as on the warning signal, and
+whichever comes first wins. The margin is at most half of what the job had left when the run
+started, so that a short job trains before it stops. One squeue a minute per job: thousands
+of tasks do not each ask slurmctld.
+
+No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Union
+
+from absl import logging
+
+from tfconfig_slurm.cluster.step import SlurmJob
+from tfconfig_slurm.process.preemption import StopRequest
+
+POLL_SECONDS = 60.0
+# A limit that moved by less than this did not move: squeue's own rounding.
+_MOVED_SECONDS = 5.0
+_COMMAND_SECONDS = 30.0
+# squeue's %L: [days-][hours:]minutes:seconds.
+_TIME_LEFT = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)")
+
+Ask = Callable[[str], Union[float, str]]
+
+
+def parse_time_left(text: str) -> float | None:
+    """squeue's %L in seconds (`1-02:03:04`, `45:10`); None for UNLIMITED, NOT_SET, INVALID."""
+    found = _TIME_LEFT.fullmatch(text.strip())
+    if found is None:
+        return None
+    days, hours, minutes, seconds = (int(part or 0) for part in found.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def time_left(job: str) -> float | str:
+    """Seconds until `job`'s time limit, or why it cannot be known (a sentence)."""
+    try:
+        shown = subprocess.run(
+            ["squeue", "--noheader", f"--jobs={job}", "--format=%L"],
+            capture_output=True,
+            text=True,
+            timeout=_COMMAND_SECONDS,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"squeue failed: {error}"
+    if shown.returncode != 0:
+        return f"squeue failed: {shown.stderr.strip() or shown.returncode}"
+    left = parse_time_left(shown.stdout.splitlines()[0] if shown.stdout.strip() else "")
+    if left is None:
+        return f"it has none ({shown.stdout.strip() or 'squeue does not list it'})"
+    return left
+
+
+def watch(
+    job: SlurmJob, stop: StopRequest, signal_name: str, margin: float, ask: Ask = time_left
+) -> threading.Thread | None:
+    """Starts watching `job`'s time limit (see the module); None where it has none."""
+    left = ask(job.name)
+    if isinstance(left, str):
+        logging.info(
+            "job %s: no time limit to stop before (%s); the run stops early only on %s",
+            job.name,
+            left,
+            signal_name,
+        )
+        return None
+    margin = min(margin, left / 2)
+    deadline = time.time() + left
+    logging.info(
+        "job %s ends at its time limit at %s: this run stops at %s, %.0f s before, with a "
+        "checkpoint and the requeue, as on %s",
+        job.name,
+        _clock(deadline),
+        _clock(deadline - margin),
+        margin,
+        signal_name,
+    )
+    kept = _Kept(job, stop, signal_name, margin, ask)
+    thread = threading.Thread(target=kept.keep, args=(deadline,), name="time-limit", daemon=True)
+    thread.start()
+    return thread
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A job's time limit, watched for a task that stops the job before it."""
+
+    job: SlurmJob
+    stop: StopRequest
+    signal_name: str
+    margin: float
+    ask: Ask
+
+    def keep(self, deadline: float) -> None:
+        job, margin = self.job, self.margin
+        while not self.stop.requested:
+            now = time.time()
+            if now >= deadline - margin:
+                self._stop_the_job(deadline - now)
+                return
+            if self.stop.wait(min(POLL_SECONDS, deadline - margin - now)):
+                return
+            left = self.ask(job.name)
+            if isinstance(left, float) and abs(time.time() + left - deadline) > _MOVED_SECONDS:
+                deadline = time.time() + left
+                logging.info(
+                    "job %s's time limit moved to %s: this run now stops at %s",
+                    job.name,
+                    _clock(deadline),
+                    _clock(deadline - margin),
+                )
+
+    def _stop_the_job(self, left: float) -> None:
+        job, name = self.job.name, self.signal_name.removeprefix("SIG")
+        logging.warning(
+            "job %s reaches its time limit in %.0f s: stopping every task at its next step "
+            "with a checkpoint, as on %s (scancel --signal=%s %s)",
+            job,
+            left,
+            self.signal_name,
+            name,
+            job,
+        )
+        try:
+            sent = subprocess.run(
+                ["scancel", f"--signal={name}", job],
+                capture_output=True,
+                text=True,
+                timeout=_COMMAND_SECONDS,
+                check=False,
+            )
+            problem = sent.stderr.strip() if sent.returncode else ""
+        except (OSError, subprocess.TimeoutExpired) as error:
+            problem = str(error)
+        if problem:
+            logging.error(
+                "scancel --signal could not reach the job's other tasks (%s): only this task "
+                "stops; the others stop when SLURM ends the job",
+                problem,
+            )
+        # This task may run outside any step scancel reaches (a batch script's own python).
+        self.stop.ask(self.signal_name)
+
+
+def _clock(epoch: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(epoch))
