@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.slurm_envs import captured, task_env
+from tests.slurm_envs import captured, captured_step, task_env
 from tfconfig_slurm.cluster import (
     ClusterLayout,
     LayoutPolicy,
@@ -296,3 +296,51 @@ def test_bad_policies(policy: dict[str, object], culprit: str) -> None:
     with pytest.raises(UsageError) as raised:
         LayoutPolicy(**policy)  # type: ignore[arg-type]
     assert raised.value.culprit == culprit
+
+
+@pytest.mark.parametrize("configuration", ["het_srun_1cpu_2x2gres2", "het_sbatch_1cpu_2x2gres2"])
+def test_a_heterogeneous_job_puts_its_parameter_servers_on_the_cpu_component(
+    configuration: str,
+) -> None:
+    """srun -N1 -n1 : -N2 --ntasks-per-node=2 --gres=gpu:2, and #SBATCH hetjob + srun
+    --het-group=0,1: the first component's node1 runs the ps, a trainer drives each GPU of
+    node2 and node3, and no GPU is idle."""
+    environs = captured_step(configuration)
+    layouts = [layout_of(environ) for environ in environs]
+    assert all(layout.cluster() == layouts[0].cluster() for layout in layouts)
+    # Each task sees its own GPUs; the ps's task, on the CPU node, sees none.
+    for environ, layout in zip(environs, layouts):
+        task = layout.task(int(environ["SLURM_PROCID"]))
+        assert task.node == environ["SLURMD_NODENAME"]
+        assert roles(layout) == ["ps0", "chief0", "worker0", "worker1", "worker2"]
+        assert task.gpus == (() if task.role == "ps" else (str(task.local_id),))
+        assert layout.idle_gpus == {}
+
+
+def test_a_heterogeneous_job_s_evaluator_needs_a_second_cpu_task() -> None:
+    with pytest.raises(LayoutError) as raised:
+        layout_of(captured("het_srun_1cpu_2x2gres2", "task-3"), LayoutPolicy(evaluator=True))
+    assert raised.value.culprit == "--evaluator"
+    assert "#SBATCH --ntasks=2 before hetjob" in raised.value.hint
+    two_cpu_tasks = {
+        **captured("het_srun_1cpu_2x2gres2", "task-4"),
+        "SLURM_PROCID": "5",
+        "SLURM_STEP_TASKS_PER_NODE": "2,2(x2)",
+        "SLURM_STEP_NUM_TASKS": "6",
+    }
+    layout = layout_of(two_cpu_tasks, LayoutPolicy(evaluator=True))
+    assert roles(layout) == ["ps0", "evaluator0", "chief0", "worker0", "worker1", "worker2"]
+    assert [task.gpus for task in layout.tasks][:2] == [(), ()]
+
+
+def test_a_step_of_one_component_of_a_heterogeneous_job_is_laid_out_as_any() -> None:
+    """srun --het-group=1 alone: the step has no node of the first component."""
+    gpu_only = {
+        **captured("het_sbatch_1cpu_2x2gres2", "task-3"),
+        "SLURM_STEP_NODELIST": "node[2-3]",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+        "SLURM_STEP_NUM_TASKS": "4",
+        "SLURM_PROCID": "2",
+        "SLURM_NODEID": "1",
+    }
+    assert roles(layout_of(gpu_only)) == ["ps0", "chief0", "ps1", "worker0"]

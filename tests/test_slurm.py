@@ -420,3 +420,36 @@ def test_the_runs_table_follows_a_run_through_running_requeued_stopped_and_faile
     assert state("killed") == "failed"
     for submitted in (job, other):
         submitted.wait(timeout=60)
+
+
+def test_a_heterogeneous_step_trains_with_its_parameter_server_on_the_cpu_component(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """srun's ':' makes a heterogeneous job: a CPU task on node1, and a GPU node whose two
+    tasks train. The explanation comes from a task that sees the GPUs; the run trains with
+    its ps on node1 and a trainer on each GPU."""
+    explain = ["python", "-m", "tfconfig_slurm.tfconfig", "--explain", "--json"]
+    planned = slurm_cluster.run(
+        ["srun", "--nodelist=node1", "-N1", "-n1", *explain, ":",
+         "--nodelist=node2", "-N1", "-n2", "--gres=gpu:2", *explain],
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    tasks = json.loads(planned.stdout)
+    assert [(task["node"], task["role"], task["gpus"]) for task in tasks] == [
+        ("node1", "ps", []),
+        ("node2", "chief", ["0"]),
+        ("node2", "worker", ["1"]),
+    ]
+    train = [
+        "python", "-m", "tfconfig_slurm.run", "--experiment=mnist_deep", "--train_steps=20",
+        f"--output_root={tmp_path}",
+    ]  # fmt: skip
+    trained = slurm_cluster.run(
+        ["srun", "--nodelist=node1", "-N1", "-n1", *train, ":",
+         "--nodelist=node2", "-N1", "-n2", "--gres=gpu:2", *train],
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    summary = json.loads((tmp_path / "mnist_deep" / "summary.json").read_text())
+    assert [address.split(":")[0] for address in summary["layout"]["ps"]] == ["node1"]
+    assert summary["global_step"] >= 20
+    assert slurm_cluster.task_pids() == {node: [] for node in NODES}

@@ -97,6 +97,26 @@ def test_plan_defaults_to_one_trainer_per_gpu_plus_a_ps() -> None:
     assert len(records) == 10
 
 
+def test_a_heterogeneous_plan_puts_the_parameter_servers_on_the_cpu_nodes() -> None:
+    result = run_module(
+        TFCONFIG, "--explain", "--nodelist=gpu[01-02]", "--gpus_per_node=2",
+        "--cpu_nodelist=cpu01", "--cpu_ntasks_per_node=2", "--evaluator",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("3 nodes (1 CPU, for the parameter servers), 6 tasks")
+    assert "2 GPUs per GPU node" in lines[0] and "idle" not in result.stdout
+    rows = [line.split() for line in lines[2:8]]
+    assert [(row[1], row[3], row[6]) for row in rows] == [
+        ("cpu01", "ps", "-"),
+        ("cpu01", "evaluator", "-"),
+        ("gpu01", "chief", "0"),
+        ("gpu01", "worker", "1"),
+        ("gpu02", "worker", "0"),
+        ("gpu02", "worker", "1"),
+    ]
+
+
 def test_flagfile(tmp_path: Path) -> None:
     flagfile = tmp_path / "layout.flags"
     flagfile.write_text("--ps_per_node=0\n--address_template={node}-ib0\n")
@@ -293,6 +313,12 @@ MALFORMED = [
         "--gpus_per_node",
     ),
     ("bad planned hostlist", ("--explain", "--nodelist=gpu[01-"), {}, "--nodelist"),
+    (
+        "cpu nodes among the gpu nodes",
+        ("--explain", "--nodelist=gpu[01-02]", "--cpu_nodelist=gpu02"),
+        {},
+        "--cpu_nodelist",
+    ),
     (
         "no planned task",
         ("--explain", "--nodelist=n1", "--ntasks_per_node=0"),

@@ -3,7 +3,9 @@
 Pure and deterministic: the same `StepShape` and `LayoutPolicy` give every task the same
 `ClusterLayout`. The default policy puts `ps_per_node` parameter servers first on each node and
 makes the other tasks trainers, each driving one of the node's GPUs; the first trainer of the
-first node is the chief. An evaluator takes a GPU its node's trainers left free.
+first node is the chief. An evaluator takes a GPU its node's trainers left free. In a step
+across a heterogeneous job's components, every task of the first component's (CPU) nodes is a
+parameter server, the evaluator the last of them, and the other nodes' tasks train.
 """
 
 from __future__ import annotations
@@ -174,6 +176,8 @@ class ClusterLayout:
         if not node_gpus:
             return tuple(gpus)
         taken: Counter[int] = Counter()
+        # A heterogeneous job's first component has no GPUs: node_gpus are the others'.
+        taken.update({node: len(node_gpus) for node in self.shape.server_nodes})
         # Trainers first, so that an evaluator placed anywhere by --roles never takes a
         # trainer's GPU; whether the trainers fit was checked when the layout was made.
         for kinds in (TRAINERS, (EVALUATOR,)):
@@ -192,8 +196,18 @@ class ClusterLayout:
         return {
             self.shape.nodes[node]: idle
             for node in range(len(self.shape.nodes))
-            if (idle := tuple(gpu for gpu in self.shape.node_gpus if gpu not in used[node]))
+            if node not in self.shape.server_nodes
+            and (idle := tuple(gpu for gpu in self.shape.node_gpus if gpu not in used[node]))
         }
+
+    @property
+    def reporting_rank(self) -> int:
+        """The one task of a step that prints its table: rank 0, or in a heterogeneous step
+        the first rank off the first component, whose tasks alone see the GPUs."""
+        servers = self.shape.server_nodes
+        return next(
+            rank for rank, node in enumerate(self.placement.node_indices) if node not in servers
+        )
 
     def task(self, rank: int) -> Task:
         return Task(
@@ -251,7 +265,7 @@ def _lay_out(shape: StepShape, placement: Placement, policy: LayoutPolicy) -> Cl
     kinds = (
         _explicit_roles(policy.roles, len(placement.local_ids))
         if policy.roles
-        else _policy_roles(placement, policy)
+        else _policy_roles(shape, placement, policy)
     )
     kinds[_choose_chief(placement, kinds, policy)] = CHIEF
     _check_gpus_fit(shape, placement, kinds, policy)
@@ -286,11 +300,35 @@ def _lay_out(shape: StepShape, placement: Placement, policy: LayoutPolicy) -> Cl
     )
 
 
-def _policy_roles(placement: Placement, policy: LayoutPolicy) -> list[str]:
-    """ps for the first ps_per_node tasks of each node, workers for the rest (chief comes later)."""
+def _policy_roles(shape: StepShape, placement: Placement, policy: LayoutPolicy) -> list[str]:
+    """ps for the first ps_per_node tasks of each node, workers for the rest (chief comes
+    later); in a heterogeneous step, ps for every task of the first component's nodes, and
+    ps_per_node (given) on the others."""
+    if shape.server_nodes and not policy.all_reduce:
+        return _heterogeneous_roles(shape, placement, policy)
     kinds = [PS if local < policy.servers_per_node else WORKER for local in placement.local_ids]
     if policy.evaluator:
         kinds[-1] = EVALUATOR
+    return kinds
+
+
+def _heterogeneous_roles(shape: StepShape, placement: Placement, policy: LayoutPolicy) -> list[str]:
+    servers = set(shape.server_nodes)
+    elsewhere = policy.ps_per_node or 0
+    kinds = [
+        PS if node in servers or local < elsewhere else WORKER
+        for node, local in zip(placement.node_indices, placement.local_ids)
+    ]
+    if policy.evaluator:
+        on_servers = [rank for rank, node in enumerate(placement.node_indices) if node in servers]
+        if len(on_servers) < 2:
+            raise LayoutError(
+                "--evaluator",
+                "asks for an evaluator beside the parameter servers, and the heterogeneous "
+                f"job's first component runs {len(on_servers)} task in this step",
+                "give the first component one task more: #SBATCH --ntasks=2 before hetjob",
+            )
+        kinds[on_servers[-1]] = EVALUATOR
     return kinds
 
 

@@ -66,8 +66,9 @@ def summary_line(layout: ClusterLayout) -> str:
     # From the columns: building every Task again here would double --explain's work.
     evaluator_gpu = any(gpus for role, gpus in zip(layout.roles, layout.gpus) if role == EVALUATOR)
     idle = sum(map(len, layout.idle_gpus.values()))
+    per = "GPU node" if shape.server_nodes else "node"
     gpus = (
-        f"{len(shape.node_gpus)} GPUs per node, 1 per trainer"
+        f"{len(shape.node_gpus)} GPUs per {per}, 1 per trainer"
         + (", 1 for the evaluator" if evaluator_gpu else "")
         + (f", {idle} idle" if idle else "")
         if shape.node_gpus
@@ -79,8 +80,11 @@ def summary_line(layout: ClusterLayout) -> str:
         for role, count in counts.items()
         if count
     )
+    nodes = f"{len(shape.nodes)} nodes"
+    if shape.server_nodes:
+        nodes += f" ({len(shape.server_nodes)} CPU, for the parameter servers)"
     return (
-        f"{len(shape.nodes)} nodes, {shape.num_tasks} tasks ({shape.distribution}): {described}; "
+        f"{nodes}, {shape.num_tasks} tasks ({shape.distribution}): {described}; "
         f"{gpus}; ports from {layout.port_base}"
     )
 

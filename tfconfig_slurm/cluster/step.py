@@ -41,6 +41,13 @@ SOURCES: Mapping[str, tuple[str, ...]] = {
     "gpus": ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"),
     "gpus_on_node": ("SLURM_GPUS_ON_NODE",),
     "gpus_allocated": ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE"),
+    # A heterogeneous job's components (sbatch's `#SBATCH hetjob`, srun's `:`); srun of
+    # Slurm 22.05 names them PACK in a step it made itself.
+    "het_size": ("SLURM_HET_SIZE", "SLURM_PACK_SIZE"),
+    "first_component_nodelist": (
+        "SLURM_JOB_NODELIST_HET_GROUP_0",
+        "SLURM_JOB_NODELIST_PACK_GROUP_0",
+    ),
 }
 # The node's GPUs as SLURM gave them to a step, `<job>.<step>:<ids>`, saved by the task
 # environment (environment.py) where it narrows CUDA_VISIBLE_DEVICES to one task's GPUs: a
@@ -73,6 +80,10 @@ class StepShape:
     # How often SLURM requeued the job: a requeued job keeps its id and numbers its steps
     # from 0 again.
     restart_count: int = 0
+    # In a step across a heterogeneous job's components, the nodes (by index) of its first
+    # component, the CPU nodes that run the parameter servers while the others train; the
+    # GPUs above are then those of the other components' nodes. Empty for any other step.
+    server_nodes: tuple[int, ...] = ()
 
     @property
     def num_tasks(self) -> int:
@@ -197,6 +208,7 @@ def read_slurm_step(environ: Mapping[str, str]) -> SlurmStep:
             job_id=job_and_step[0],
             step_id=job_and_step[1],
             restart_count=_optional_whole_number(environ, "restart_count") or 0,
+            server_nodes=_first_component_nodes(environ, nodes),
         ),
         rank=rank,
         node_index=node_index,
@@ -312,6 +324,18 @@ def expand_nodes(
         repeated = next(node for node in nodes if nodes.count(node) > 1)
         raise error(culprit, f"names node {repeated} more than once", hint)
     return nodes
+
+
+def _first_component_nodes(environ: Mapping[str, str], nodes: tuple[str, ...]) -> tuple[int, ...]:
+    """The step's nodes of a heterogeneous job's first component, when the step also has
+    nodes of another (see StepShape.server_nodes)."""
+    size = _optional_whole_number(environ, "het_size")
+    found = _lookup(environ, "first_component_nodelist")
+    if size is None or size < 2 or found is None:
+        return ()
+    first = set(expand_nodes(*found, SlurmEnvironmentError, _RUN_IN_SRUN))
+    servers = tuple(index for index, node in enumerate(nodes) if node in first)
+    return servers if len(servers) < len(nodes) else ()
 
 
 def _distribution(environ: Mapping[str, str]) -> str:

@@ -24,6 +24,16 @@ NTASKS_PER_NODE = flags.DEFINE_integer(
 GPUS_PER_NODE = flags.DEFINE_integer(
     "gpus_per_node", 0, "With --nodelist: GPUs on each node, as #SBATCH --gres=gpu:N."
 )
+CPU_NODELIST = flags.DEFINE_string(
+    "cpu_nodelist",
+    None,
+    "With --nodelist: plan a heterogeneous job (#SBATCH hetjob, srun's ':') whose first "
+    "component is these CPU nodes, which run the parameter servers (and the evaluator) "
+    "while the --nodelist nodes train, e.g. --cpu_nodelist=cpu01.",
+)
+CPU_NTASKS_PER_NODE = flags.DEFINE_integer(
+    "cpu_ntasks_per_node", 1, "With --cpu_nodelist: tasks on each CPU node, all parameter servers."
+)
 DISTRIBUTION = flags.DEFINE_enum(
     "distribution",
     "block",
@@ -45,20 +55,39 @@ def planned_shape(policy: LayoutPolicy) -> StepShape:
         raise UsageError(
             "--gpus_per_node", f"is {gpus}, expected 0 to {MAX_GPUS_PER_NODE}", "e.g. 4"
         )
+    cpu_nodes = _cpu_nodes()
     tasks = NTASKS_PER_NODE.value
     if tasks is None:
-        tasks = policy.servers_per_node + max(gpus, 1)
-    if tasks < 1:
-        raise UsageError(
-            "--ntasks_per_node", f"is {tasks}, expected 1 or more", "e.g. GPUs per node + 1"
-        )
-    tasks_per_node = (tasks,) * len(nodes)
+        servers = (policy.ps_per_node or 0) if cpu_nodes else policy.servers_per_node
+        tasks = servers + max(gpus, 1)
+    for flag, count in (
+        ("--ntasks_per_node", tasks),
+        ("--cpu_ntasks_per_node", CPU_NTASKS_PER_NODE.value),
+    ):
+        if count < 1:
+            raise UsageError(flag, f"is {count}, expected 1 or more", "e.g. GPUs per node + 1")
+    tasks_per_node = (CPU_NTASKS_PER_NODE.value,) * len(cpu_nodes) + (tasks,) * len(nodes)
     check_task_count("--ntasks_per_node", tasks_per_node, UsageError, "plan a smaller step")
+    if set(cpu_nodes) & set(nodes):
+        raise UsageError(
+            "--cpu_nodelist",
+            f"names {sorted(set(cpu_nodes) & set(nodes))[0]}, which --nodelist names too",
+            "a heterogeneous job's components run on nodes of their own",
+        )
     return StepShape(
-        nodes=nodes,
+        nodes=cpu_nodes + nodes,
         tasks_per_node=tasks_per_node,
         distribution=DISTRIBUTION.value,
         node_gpus=tuple(str(gpu) for gpu in range(gpus)),
         job_id=0,
         step_id=0,
+        server_nodes=tuple(range(len(cpu_nodes))),
+    )
+
+
+def _cpu_nodes() -> tuple[str, ...]:
+    if CPU_NODELIST.value is None:
+        return ()
+    return expand_nodes(
+        "--cpu_nodelist", CPU_NODELIST.value, UsageError, "e.g. --cpu_nodelist='cpu[01-02]'"
     )

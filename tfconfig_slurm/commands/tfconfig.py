@@ -40,7 +40,8 @@ EXPLAIN = flags.DEFINE_boolean(
     "explain",
     False,
     "Print a table of every task: rank, node, role, index, address, GPUs. In a job step, "
-    "rank 0 prints it and the other tasks nothing.",
+    "rank 0 prints it and the other tasks nothing (in a heterogeneous step, the first task "
+    "off the first component, which sees the GPUs).",
 )
 flags.adopt_module_key_flags(json_flag)
 flags.adopt_module_key_flags(layout_flags)
@@ -53,7 +54,7 @@ def main(argv: Sequence[str]) -> None:
     if json_flag.JSON.value and not EXPLAIN.value:
         raise UsageError("--json", "goes with --explain", "add --explain")
     layout, rank = layout_flags.resolve_layout(os.environ)
-    if EXPLAIN.value and rank:
+    if EXPLAIN.value and rank is not None and rank != layout.reporting_rank:
         # Every task of the step has the same table: one copy is enough.
         return
     if EXPLAIN.value:
