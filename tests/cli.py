@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -122,3 +124,18 @@ def highest_step(log: str) -> int:
 def read_logs(folder: Path) -> str:
     """Every task's log in a folder, in the order of their names."""
     return "".join(path.read_text(errors="replace") for path in sorted(folder.glob("*.log")))
+
+
+def free_port_block(count: int) -> int:
+    """The first of `count` consecutive loopback ports that are free now, below Linux's
+    ephemeral range: for a step of tasks on this host, each on base + its local id."""
+    for _ in range(100):
+        base = random.randrange(20000, 32768 - count)
+        with contextlib.ExitStack() as holders:
+            try:
+                for port in range(base, base + count):
+                    holders.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return base
+    raise AssertionError(f"no {count} consecutive free ports")

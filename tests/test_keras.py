@@ -21,6 +21,7 @@ from tests.cli import (
     REPOSITORY,
     checkpoint_step,
     ended_within,
+    free_port_block,
     read_logs,
     run_module,
     wait_for,
@@ -145,7 +146,8 @@ def test_two_trainers_stop_together_on_one_s_signal_with_the_step_saved(tmp_path
     """SIGUSR1 reaches the worker only: the chief learns it at the next agreement, both save
     the same step and exit 0, and the chief says the run stopped on SIGUSR1 (the signal that
     requeues); a run started again resumes from that step."""
-    cluster = {"chief": ["localhost:24611"], "worker": ["localhost:24612"]}
+    base = free_port_block(2)
+    cluster = {"chief": [f"localhost:{base}"], "worker": [f"localhost:{base + 1}"]}
     tasks = [
         start(tmp_path, {"cluster": cluster, "task": {"type": kind, "index": 0}})
         for kind in ("chief", "worker")
@@ -186,7 +188,8 @@ def test_trainers_that_restore_different_steps_refuse_in_one_line(tmp_path: Path
     none. Trained on, their replicas would differ and the worker's last steps would hang."""
     first = train(tmp_path / "shared", "--train_steps=10")
     assert first.returncode == 0, first.stderr[-3000:]
-    cluster = {"chief": ["localhost:24641"], "worker": ["localhost:24642"]}
+    base = free_port_block(2)
+    cluster = {"chief": [f"localhost:{base}"], "worker": [f"localhost:{base + 1}"]}
     tasks = [
         start(tmp_path / root, {"cluster": cluster, "task": {"type": kind, "index": 0}})
         for kind, root in (("chief", "shared"), ("worker", "elsewhere"))
@@ -292,7 +295,8 @@ def test_a_keras_experiment_whose_functions_take_other_arguments_is_refused_at_l
 def test_a_tf_config_with_a_parameter_server_is_one_line(tmp_path: Path) -> None:
     """As with-tfconfig without --all_reduce would make: MultiWorkerMirroredStrategy would fail
     the ps's process with a traceback."""
-    cluster = {"chief": ["localhost:24621"], "ps": ["localhost:24622"]}
+    base = free_port_block(2)
+    cluster = {"chief": [f"localhost:{base}"], "ps": [f"localhost:{base + 1}"]}
     result = run_module(
         RUN, "--experiment=mnist_keras", f"--output_root={tmp_path}",
         environ={"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}})},

@@ -86,18 +86,26 @@ def test_sigterm_checkpoints_every_step_and_sigquit_shows_stacks(tmp_path: Path)
     assert f"resuming from step {stopped}" in resumed.stderr
 
 
-def test_sigterm_to_a_local_cluster_stops_every_task_at_a_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("signum", "status"),
+    # SIGUSR1, the preempt signal (#SBATCH --signal, the stop before a time limit), goes on to
+    # the tasks, which stop as they would on their own; outside SLURM nothing is requeued.
+    [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGUSR1, 0)],
+)
+def test_a_signal_to_a_local_cluster_stops_every_task_at_a_checkpoint(
+    tmp_path: Path, signum: signal.Signals, status: int
+) -> None:
     process, console = start(
         tmp_path, *TRAIN_LONG, "--local_cluster=ps=1,workers=1", "--save_checkpoints_steps=50"
     )
     wait_for(console, r"(?s)first step done.*first step done", process)
-    process.send_signal(signal.SIGTERM)
-    assert ended(process) == 128 + signal.SIGTERM
+    process.send_signal(signum)
+    assert ended(process) == status
     log = console.read_text()
     pids = started_pids(log)
     assert sorted(pids) == ["chief 0", "ps 0", "worker 0"]
     assert wait_until(lambda: not [pid for pid in pids.values() if alive(pid)], 5.0)
-    stopped = list(map(int, re.findall(r"stopping on SIGTERM at global step (\d+)", log)))
+    stopped = list(map(int, re.findall(rf"stopping on {signum.name} at global step (\d+)", log)))
     assert len(stopped) == 2  # the chief and the worker
     assert checkpoint_step(tmp_path / "mnist_deep") == max(stopped)
     assert "ps 0: 2 of 2 trainers finished" in log

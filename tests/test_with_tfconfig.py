@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import REPOSITORY
+from tests.cli import REPOSITORY, free_port_block
 from tests.slurm_envs import captured, task_env
 from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step
 from tfconfig_slurm.cluster.render import tf_config_json
@@ -261,7 +261,7 @@ def ended(step: list[subprocess.Popen[str]], seconds: float) -> tuple[list[int |
 def test_eighteen_trainers_finish_through_their_tree_and_the_servers_end_exit_0() -> None:
     """The chief (16 children) and worker 0 (1 child) wait for the trainers below them; the
     chief's FINISHED ends ps 0's command, and ps 0's FINISHED ps 1's."""
-    statuses, logs = ended(wrap_step(27100, 20, {0: "600", 1: "600"}, "3"), 60)
+    statuses, logs = ended(wrap_step(free_port_block(20), 20, {0: "600", 1: "600"}, "3"), 60)
     assert statuses == [0] * 20, logs
     assert "ps 0: every trainer finished; ending its command" in logs
     assert "chief 0 said so" in logs and "ps 0 said so" in logs
@@ -271,15 +271,16 @@ def test_eighteen_trainers_finish_through_their_tree_and_the_servers_end_exit_0(
 def test_a_trainer_that_fails_after_the_others_finished_ends_every_task() -> None:
     """The last trainer (below worker 0 in the tree) fails: worker 0 and its ps take it for
     lost, and the step ends, non-zero, every task gone."""
-    statuses, logs = ended(wrap_step(27200, 20, {0: "600", 1: "600", 19: "-6"}, "3"), 60)
+    base = free_port_block(20)
+    statuses, logs = ended(wrap_step(base, 20, {0: "600", 1: "600", 19: "-6"}, "3"), 60)
     assert statuses[19] == 1, logs
     assert None not in statuses and 3 in statuses and 0 not in statuses[:2], statuses
-    assert "worker 16 at localhost:27219 says its command failed" in logs
+    assert f"worker 16 at localhost:{base + 19} says its command failed" in logs
 
 
 def test_a_finished_trainer_s_wrapper_still_ends_on_sigterm() -> None:
     """Once its command has exited there is nothing to pass a signal on to: scancel ends it."""
-    step = wrap_step(27300, 4, {2: "1"}, "600")
+    step = wrap_step(free_port_block(4), 4, {2: "1"}, "600")
     try:
         time.sleep(4.0)
         step[2].terminate()
@@ -290,7 +291,8 @@ def test_a_finished_trainer_s_wrapper_still_ends_on_sigterm() -> None:
 
 def test_commands_that_never_listen_end_at_once_with_their_status() -> None:
     """Commands that print and exit (no server): nothing waits for a peer that never was."""
-    step = [wrapped(27500, 4, rank, sys.executable, "-c", "print('hi')") for rank in range(4)]
+    base = free_port_block(4)
+    step = [wrapped(base, 4, rank, sys.executable, "-c", "print('hi')") for rank in range(4)]
     statuses, logs = ended(step, 20)
     assert statuses == [0, 0, 0, 0], logs
 
@@ -298,7 +300,7 @@ def test_commands_that_never_listen_end_at_once_with_their_status() -> None:
 def test_a_worker_that_finishes_long_before_the_chief_waits_for_it() -> None:
     """Worker 0 finishes first; the chief, its parent in the tree, sees it only once its own
     command has finished: the worker still says FINISHED then."""
-    statuses, logs = ended(wrap_step(27400, 4, {0: "600", 1: "600", 2: "8"}, "1"), 60)
+    statuses, logs = ended(wrap_step(free_port_block(4), 4, {0: "600", 1: "600", 2: "8"}, "1"), 60)
     assert statuses == [0, 0, 0, 0], logs
     assert "chief 0: its command and the 1 trainers below it finished" in logs
 
@@ -307,7 +309,8 @@ def test_all_reduce_trainers_finishing_apart_all_exit_0() -> None:
     """No parameter servers: 18 trainers watch their tree neighbours; those that finish first
     answer until the chief, which finishes last, has seen every one."""
     seconds = {rank: str(2 + rank % 5) for rank in range(18)}
-    statuses, logs = ended(wrap_step(27600, 18, {**seconds, 0: "9"}, "3", "--all_reduce"), 60)
+    step = wrap_step(free_port_block(18), 18, {**seconds, 0: "9"}, "3", "--all_reduce")
+    statuses, logs = ended(step, 60)
     assert statuses == [0] * 18, logs
     assert "chief 0: its command and the 17 trainers below it finished" in logs
 
@@ -315,7 +318,8 @@ def test_all_reduce_trainers_finishing_apart_all_exit_0() -> None:
 def test_an_all_reduce_trainer_that_fails_ends_every_task_by_name() -> None:
     """Worker 16 (rank 17, below worker 0 in the tree) fails while the others train: worker 0
     names it, and the loss travels up the tree and down to every trainer."""
-    statuses, logs = ended(wrap_step(27700, 18, {17: "-4"}, "600", "--all_reduce"), 60)
+    base = free_port_block(18)
+    statuses, logs = ended(wrap_step(base, 18, {17: "-4"}, "600", "--all_reduce"), 60)
     assert statuses[17] == 1, logs
     assert statuses[:17] == [3] * 17, (statuses, logs)
-    assert "worker 16 at localhost:27717 says its command failed" in logs
+    assert f"worker 16 at localhost:{base + 17} says its command failed" in logs

@@ -8,7 +8,8 @@ loopback ports, and holds the model directory for them; writes one log per task
 (`<model_dir>/logs/<role>-<index>.log`) and prefixes their lines on the console; waits for all,
 and when one fails stops the rest and fails too. Told to stop itself (SIGTERM, SIGINT,
 SIGHUP), it passes SIGTERM on to every task, whose trainers stop at the next step with a
-checkpoint, and kills what is left after a grace: nothing is left behind. A task that fails on
+checkpoint, and kills what is left after a grace: nothing is left behind. SIGUSR1 and
+SIGUSR2 go on to every task, which acts on them as on its own preempt signal. A task that fails on
 bad input (exit 2: every task reads the same flags, so every one fails alike) is reported as
 a single process would report it: its one line, once, and exit 2. Imports no TensorFlow: the
 parent only supervises.
@@ -31,7 +32,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
-from typing import IO
+from typing import IO, Any
 
 from absl import logging
 
@@ -51,6 +52,9 @@ TASKS_PER_CPU = 4
 _SIGNALLED_GRACE_SECONDS = 25.0
 # What stops the launcher, and with it every task: a shell's Ctrl-C, a kill, a hang-up.
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# What the tasks act on themselves (a preempt signal: `#SBATCH --signal=USR1@90` or the stop
+# before a time limit, for a cluster run in a SLURM job): passed on, as a task's own.
+_PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2)
 
 
 class _Signalled(Exception):  # noqa: N818  (a signal, not an error)
@@ -69,6 +73,26 @@ def _raising_on(signums: Sequence[signal.Signals]) -> Iterator[None]:
         for signum in signums:
             signal.signal(signum, signal.SIG_IGN)
         raise _Signalled(signal.Signals(number))
+
+    previous = {signum: signal.signal(signum, handler) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, action in previous.items():
+            signal.signal(signum, action)
+
+
+@contextlib.contextmanager
+def _passing_on(
+    signums: Sequence[signal.Signals], started: Mapping[Any, tuple[subprocess.Popen[str], Any]]
+) -> Iterator[None]:
+    """Within the block, each of these signals goes on to every started task instead of
+    ending the launcher."""
+
+    def handler(number: int, frame: FrameType | None) -> None:
+        for process, _ in list(started.values()):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, number)
 
     previous = {signum: signal.signal(signum, handler) for signum in signums}
     try:
@@ -200,7 +224,7 @@ def _run(
     started: dict[LocalTask, tuple[subprocess.Popen[str], threading.Thread]] = {}
     stopped_by: signal.Signals | None = None
     failed: LocalTask | None = None
-    with _raising_on(_STOP_SIGNALS):
+    with _raising_on(_STOP_SIGNALS), _passing_on(_PASSED_ON, started):
         try:
             for task in tasks:
                 role = replace(every_role, role=task.role, index=task.index)
