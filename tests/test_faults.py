@@ -4,6 +4,7 @@ would otherwise wait for the hung survivors forever) and in --local_cluster mode
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -235,8 +236,14 @@ def test_a_time_limit_without_signal_stops_with_a_checkpoint_and_requeues(
             r"(?s)JobState=PENDING.*Restarts=1",
             START_SECONDS,
         )
+        table = slurm_cluster.run(
+            ["python", "-m", "tfconfig_slurm.commands", "runs", str(tmp_path), "--json"]
+        )
     finally:
         slurm_cluster.run(["scancel", job_id])
+    # The chief, which owns the run, says why it stopped, though it only heard SIGUSR1.
+    (run,) = json.loads(table.stdout)
+    assert (run["state"], run["stopped_by"]) == ("requeued", "time limit"), run
     log = read_logs(logs)
     assert re.search(rf"job {job_id} ends at its time limit at [\d:]+: this run stops at", log)
     assert re.search(rf"job {job_id} reaches its time limit in \d+ s: stopping every task", log)

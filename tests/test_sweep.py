@@ -173,11 +173,16 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
     assert [run["first_failure"] for run in runs] == [
         None, None, None, "worker 1 on node2: ValueError: bad batch (exit 1)", None
     ]  # fmt: skip
+    assert [run["stopped_by"] for run in runs] == [None, None, None, None, "SIGUSR1"]
     text = run_module("tfconfig_slurm.commands", "runs", str(tmp_path), "--sort=accuracy")
     lines = text.stdout.splitlines()
     assert lines[0].split()[:4] == ["EXPERIMENT_ID", "STATE", "STEP", "EVAL"]
     assert lines[1].startswith("b-done") and "accuracy=0.95" in lines[1]
     assert lines[-1] == "d-failed: first to fail: worker 1 on node2: ValueError: bad batch (exit 1)"
+    assert next(line for line in lines if line.startswith("e-stopped")).split()[1:3] == [
+        "stopped",
+        "(SIGUSR1)",
+    ]
 
 
 def test_the_runs_table_refuses_an_unknown_metric_and_a_missing_root(tmp_path: Path) -> None:

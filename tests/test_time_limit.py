@@ -68,3 +68,18 @@ def test_a_job_without_a_limit_is_not_watched(caplog: pytest.LogCaptureFixture) 
     watched = time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=answers("it has none (UNLIMITED)"))
     assert watched is None
     assert "job 77: no time limit to stop before (it has none (UNLIMITED))" in caplog.text
+
+
+def test_a_task_that_only_follows_the_limit_never_stops_the_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The run's owner beside the task that requeues: it knows when the stop is due, to say
+    why the run stopped, and neither stops nor logs it."""
+    caplog.set_level(logging.INFO)
+    stop = StopRequest()
+    # 14 s left: the margin is 7 s, and the stop counts as due 5 s before that, 2 s in.
+    limit = time_limit.watch(JOB, stop, "SIGUSR1", 120.0, acts=False, ask=answers(14.0))
+    assert limit is not None and not limit.due()
+    assert not stop.wait(3.0)
+    assert limit.due()
+    assert caplog.text == ""

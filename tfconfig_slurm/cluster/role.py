@@ -130,6 +130,11 @@ class ClusterRole:
         return TaskId(self.role, self.index)
 
     @property
+    def in_local_cluster(self) -> bool:
+        """Whether a --local_cluster launcher started this task (and speaks for it)."""
+        return (self.run_id or "").startswith(LOCAL_RUN_PREFIX)
+
+    @property
     def address(self) -> str:
         return self.cluster[self.role][self.index] if self.role != EVALUATOR else "-"
 

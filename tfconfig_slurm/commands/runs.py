@@ -81,6 +81,10 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         "hparams": state.get("hparams", {}),
         "job_id": state.get("job_id"),
         "first_failure": _first_failure(folder, state) if said == "failed" else None,
+        # What stopped a stopped or requeued run: "time limit", or the signal.
+        "stopped_by": state.get("why", state.get("signal"))
+        if said in ("stopped", "requeued")
+        else None,
         "updated": max(
             _modified(path) for path in (paths.state, paths.summary, paths.checkpoint_index)
         ),
@@ -164,7 +168,7 @@ def _table(runs: list[dict[str, Any]]) -> str:
         rows.append(
             (
                 run["experiment_id"],
-                run["state"],
+                run["state"] + (f" ({run['stopped_by']})" if run["stopped_by"] else ""),
                 "-" if run["global_step"] is None else str(run["global_step"]),
                 _pairs({k: v for k, v in run["eval"].items() if k != "global_step"}, 4) or "-",
                 "-" if run["examples_per_sec"] is None else f"{run['examples_per_sec']:.0f}",

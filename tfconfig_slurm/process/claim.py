@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 from tfconfig_slurm.cluster.step import SlurmJob, read_slurm_job
 from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process import slurm_commands
 from tfconfig_slurm.process.run_dir import RunDir
 
 RENEW_SECONDS = 10.0
@@ -236,16 +237,7 @@ _LIVE_STATES = {
 
 def squeue(*arguments: str) -> subprocess.CompletedProcess[str] | None:
     """`squeue --noheader ARGUMENTS`; None where squeue cannot be run."""
-    try:
-        return subprocess.run(
-            ["squeue", "--noheader", *arguments],
-            capture_output=True,
-            text=True,
-            timeout=_SQUEUE_SECONDS,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+    return slurm_commands.run(["squeue", "--noheader", *arguments], _SQUEUE_SECONDS)
 
 
 def _job_ended(job: str) -> bool | None:

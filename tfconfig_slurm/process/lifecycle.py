@@ -126,22 +126,40 @@ def _run(task: TaskRun, layout: str, backend: Callable[[], Backend], *, returns:
             name="failure-watch",
             daemon=True,
         ).start()
-    _keep_time_limit(task)
+    limit = _keep_time_limit(task)
     with failure.recording_errors():
-        return _train(task, trainer, held, returns)
+        return _train(task, trainer, held, returns, limit)
 
 
-def _keep_time_limit(task: TaskRun) -> None:
-    """The task that requeues the job stops it before its time limit (process/time_limit.py)."""
-    policy = task.stop_policy
+def _keep_time_limit(task: TaskRun) -> time_limit.TimeLimit | None:
+    """The task that requeues the job stops it before its time limit (process/time_limit.py);
+    the run's owner follows the limit too, to say that the run stopped for it. Not in a local
+    cluster: its tasks may run where scancel reaches none of them (a batch script's own
+    python), and one task stopping alone would fail the others."""
+    policy, role = task.stop_policy, task.place.role
     job = read_slurm_job(task.environ)
     if job is None or not policy.time_limit_signal or policy.time_limit_margin <= 0:
-        return
-    if _requeues(task.place.role):
-        time_limit.watch(job, task.stop, policy.time_limit_signal, policy.time_limit_margin)
+        return None
+    if role is not None and role.in_local_cluster:
+        return None
+    if not (_requeues(role) or owns_run(role)):
+        return None
+    return time_limit.watch(
+        job,
+        task.stop,
+        policy.time_limit_signal,
+        policy.time_limit_margin,
+        acts=_requeues(role),
+    )
 
 
-def _train(task: TaskRun, trainer: Backend, held: claim.Claim | None, returns: bool) -> Any:
+def _train(
+    task: TaskRun,
+    trainer: Backend,
+    held: claim.Claim | None,
+    returns: bool,
+    limit: time_limit.TimeLimit | None,
+) -> Any:
     role = task.place.role
     step = trainer.checkpoint_step()
     task.place.log_start(task.model_dir, step, *trainer.start_details())
@@ -154,7 +172,7 @@ def _train(task: TaskRun, trainer: Backend, held: claim.Claim | None, returns: b
             step,
             trainer.train_steps,
         )
-    end = _End(task, trainer, held, None, returns)
+    end = _End(task, trainer, held, None, returns, limit)
     if not owns_run(role):
         return trainer.train(end)
     job = read_slurm_job(task.environ)
@@ -187,13 +205,18 @@ class _End:
     owner: RunOwner | None
     # Whether a trainer returns the backend's result, or ends the process.
     returns: bool
+    # The job's time limit, where this task follows it.
+    limit: time_limit.TimeLimit | None = None
 
     def __call__(self, ending: Ending) -> Any:
         role = self.task.place.role
         step = self.backend.checkpoint_step()
         if ending.stopped_on is not None:
             if self.owner is not None:
-                self.owner.say("stopped", step, signal=ending.stopped_on)
+                # The stop before the time limit comes as the preempt signal: said as such.
+                due = self.limit is not None and self.limit.due()
+                why = {"why": "time limit"} if due else {}
+                self.owner.say("stopped", step, signal=ending.stopped_on, **why)
             # The model directory stays held, for the requeued job to resume there.
             status = 0
             if _requeues(role):

@@ -32,7 +32,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 from absl import logging
 
@@ -63,8 +63,7 @@ class _Signalled(Exception):  # noqa: N818  (a signal, not an error)
         self.signum = signum
 
 
-@contextlib.contextmanager
-def _raising_on(signums: Sequence[signal.Signals]) -> Iterator[None]:
+def _raising_on(signums: Sequence[signal.Signals]) -> contextlib.AbstractContextManager[None]:
     """Within the block, the first of these signals raises _Signalled in the main thread,
     wherever it is; the ones after it are ignored, so that stopping the tasks is never cut
     short and none is left behind."""
@@ -74,18 +73,12 @@ def _raising_on(signums: Sequence[signal.Signals]) -> Iterator[None]:
             signal.signal(signum, signal.SIG_IGN)
         raise _Signalled(signal.Signals(number))
 
-    previous = {signum: signal.signal(signum, handler) for signum in signums}
-    try:
-        yield
-    finally:
-        for signum, action in previous.items():
-            signal.signal(signum, action)
+    return _handling(signums, handler)
 
 
-@contextlib.contextmanager
 def _passing_on(
     signums: Sequence[signal.Signals], started: Mapping[Any, tuple[subprocess.Popen[str], Any]]
-) -> Iterator[None]:
+) -> contextlib.AbstractContextManager[None]:
     """Within the block, each of these signals goes on to every started task instead of
     ending the launcher."""
 
@@ -94,6 +87,14 @@ def _passing_on(
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, number)
 
+    return _handling(signums, handler)
+
+
+@contextlib.contextmanager
+def _handling(
+    signums: Sequence[signal.Signals], handler: Callable[[int, FrameType | None], None]
+) -> Iterator[None]:
+    """Within the block, `handler` takes these signals; then their handlers are restored."""
     previous = {signum: signal.signal(signum, handler) for signum in signums}
     try:
         yield

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tfconfig_slurm.cluster.layout import CHIEF
-from tfconfig_slurm.cluster.role import LOCAL_RUN_PREFIX, ClusterRole
+from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import claim
 
@@ -48,7 +48,7 @@ def hold(
     """Holds the model directory for this run, as the task whose environment is `environ`;
     returns the claim this task keeps renewed and releases at the end: the chief's, or a
     single process's. Creates the directory."""
-    if role is not None and (role.run_id or "").startswith(LOCAL_RUN_PREFIX):
+    if role is not None and role.in_local_cluster:
         # A --local_cluster's launcher holds it for its tasks.
         model_dir.mkdir(parents=True, exist_ok=True)
         return None

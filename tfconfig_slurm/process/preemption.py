@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import signal
 import socket
-import subprocess
 import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -29,8 +28,7 @@ from absl import logging
 
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import EXIT_NOT_REQUEUED, UsageError
-
-_SCONTROL_SECONDS = 60.0
+from tfconfig_slurm.process import slurm_commands
 
 
 def parse_signal(name: str) -> signal.Signals | None:
@@ -167,17 +165,7 @@ def requeue(environ: Mapping[str, str], max_requeues: int, stopped_on: str) -> i
             max_requeues,
         )
         return EXIT_NOT_REQUEUED
-    try:
-        result = subprocess.run(
-            ["scontrol", "requeue", target],
-            capture_output=True,
-            text=True,
-            timeout=_SCONTROL_SECONDS,
-            check=False,
-        )
-        problem = result.stderr.strip() if result.returncode else ""
-    except (OSError, subprocess.TimeoutExpired) as error:
-        problem = str(error)
+    problem = slurm_commands.failure(["scontrol", "requeue", target])
     if problem:
         logging.error(
             "stopped on %s, but `scontrol requeue %s` failed: %s. HINT: submit the job again "

@@ -16,21 +16,19 @@ No TensorFlow here.
 from __future__ import annotations
 
 import re
-import subprocess
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Union
 
 from absl import logging
 
 from tfconfig_slurm.cluster.step import SlurmJob
+from tfconfig_slurm.process import slurm_commands
 from tfconfig_slurm.process.preemption import StopRequest
 
 POLL_SECONDS = 60.0
 # A limit that moved by less than this did not move: squeue's own rounding.
 _MOVED_SECONDS = 5.0
-_COMMAND_SECONDS = 30.0
 # squeue's %L: [days-][hours:]minutes:seconds.
 _TIME_LEFT = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)")
 
@@ -48,16 +46,9 @@ def parse_time_left(text: str) -> float | None:
 
 def time_left(job: str) -> float | str:
     """Seconds until `job`'s time limit, or why it cannot be known (a sentence)."""
-    try:
-        shown = subprocess.run(
-            ["squeue", "--noheader", f"--jobs={job}", "--format=%L"],
-            capture_output=True,
-            text=True,
-            timeout=_COMMAND_SECONDS,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f"squeue failed: {error}"
+    shown = slurm_commands.run(["squeue", "--noheader", f"--jobs={job}", "--format=%L"])
+    if shown is None:
+        return "squeue cannot be run here"
     if shown.returncode != 0:
         return f"squeue failed: {shown.stderr.strip() or shown.returncode}"
     left = parse_time_left(shown.stdout.splitlines()[0] if shown.stdout.strip() else "")
@@ -67,63 +58,86 @@ def time_left(job: str) -> float | str:
 
 
 def watch(
-    job: SlurmJob, stop: StopRequest, signal_name: str, margin: float, ask: Ask = time_left
-) -> threading.Thread | None:
-    """Starts watching `job`'s time limit (see the module); None where it has none."""
+    job: SlurmJob,
+    stop: StopRequest,
+    signal_name: str,
+    margin: float,
+    *,
+    acts: bool = True,
+    ask: Ask = time_left,
+) -> TimeLimit | None:
+    """Starts watching `job`'s time limit (see the module); None where it has none. A task that
+    does not act (the run's owner, beside the task that requeues) only follows the limit, to
+    say why the run stopped."""
     left = ask(job.name)
     if isinstance(left, str):
+        if acts:
+            logging.info(
+                "job %s: no time limit to stop before (%s); the run stops early only on %s",
+                job.name,
+                left,
+                signal_name,
+            )
+        return None
+    limit = TimeLimit(
+        job, stop, signal_name, margin=min(margin, left / 2), ask=ask, deadline=time.time() + left
+    )
+    if acts:
         logging.info(
-            "job %s: no time limit to stop before (%s); the run stops early only on %s",
+            "job %s ends at its time limit at %s: this run stops at %s, %.0f s before, with a "
+            "checkpoint and the requeue, as on %s",
             job.name,
-            left,
+            _clock(limit.deadline),
+            _clock(limit.deadline - limit.margin),
+            limit.margin,
             signal_name,
         )
-        return None
-    margin = min(margin, left / 2)
-    deadline = time.time() + left
-    logging.info(
-        "job %s ends at its time limit at %s: this run stops at %s, %.0f s before, with a "
-        "checkpoint and the requeue, as on %s",
-        job.name,
-        _clock(deadline),
-        _clock(deadline - margin),
-        margin,
-        signal_name,
-    )
-    kept = _Kept(job, stop, signal_name, margin, ask)
-    thread = threading.Thread(target=kept.keep, args=(deadline,), name="time-limit", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=limit.keep, args=(acts,), name="time-limit", daemon=True).start()
+    return limit
 
 
-@dataclass(frozen=True)
-class _Kept:
-    """A job's time limit, watched for a task that stops the job before it."""
+class TimeLimit:
+    """A job's time limit, followed as it moves, and the stop before it."""
 
-    job: SlurmJob
-    stop: StopRequest
-    signal_name: str
-    margin: float
-    ask: Ask
+    def __init__(
+        self,
+        job: SlurmJob,
+        stop: StopRequest,
+        signal_name: str,
+        *,
+        margin: float,
+        ask: Ask,
+        deadline: float,
+    ) -> None:
+        self.job, self.stop, self.signal_name = job, stop, signal_name
+        self.margin, self._ask = margin, ask
+        # Written by the watching thread only; a float is read whole.
+        self.deadline = deadline
 
-    def keep(self, deadline: float) -> None:
-        job, margin = self.job, self.margin
+    def due(self) -> bool:
+        """Whether the stop before the limit is due (the run stops for the time limit)."""
+        return time.time() >= self.deadline - self.margin - _MOVED_SECONDS
+
+    def keep(self, acts: bool) -> None:
+        job = self.job.name
         while not self.stop.requested:
             now = time.time()
-            if now >= deadline - margin:
-                self._stop_the_job(deadline - now)
+            if now >= self.deadline - self.margin:
+                if acts:
+                    self._stop_the_job(self.deadline - now)
                 return
-            if self.stop.wait(min(POLL_SECONDS, deadline - margin - now)):
+            if self.stop.wait(min(POLL_SECONDS, self.deadline - self.margin - now)):
                 return
-            left = self.ask(job.name)
-            if isinstance(left, float) and abs(time.time() + left - deadline) > _MOVED_SECONDS:
-                deadline = time.time() + left
-                logging.info(
-                    "job %s's time limit moved to %s: this run now stops at %s",
-                    job.name,
-                    _clock(deadline),
-                    _clock(deadline - margin),
-                )
+            left = self._ask(job)
+            if isinstance(left, float) and abs(time.time() + left - self.deadline) > _MOVED_SECONDS:
+                self.deadline = time.time() + left
+                if acts:
+                    logging.info(
+                        "job %s's time limit moved to %s: this run now stops at %s",
+                        job,
+                        _clock(self.deadline),
+                        _clock(self.deadline - self.margin),
+                    )
 
     def _stop_the_job(self, left: float) -> None:
         job, name = self.job.name, self.signal_name.removeprefix("SIG")
@@ -136,17 +150,7 @@ class _Kept:
             name,
             job,
         )
-        try:
-            sent = subprocess.run(
-                ["scancel", f"--signal={name}", job],
-                capture_output=True,
-                text=True,
-                timeout=_COMMAND_SECONDS,
-                check=False,
-            )
-            problem = sent.stderr.strip() if sent.returncode else ""
-        except (OSError, subprocess.TimeoutExpired) as error:
-            problem = str(error)
+        problem = slurm_commands.failure(["scancel", f"--signal={name}", job])
         if problem:
             logging.error(
                 "scancel --signal could not reach the job's other tasks (%s): only this task "
