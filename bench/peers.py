@@ -6,10 +6,13 @@ machine: one process; 1 trainer + 1 ps; 2 trainers + 1 ps (ours as --local_clust
 job as processes this script starts, its ps killed once the chief has exited: a stock ps never
 returns from server.join()).
 
-Steady-state examples/s of a layout is 64 x (LONG - SHORT) / (t_LONG - t_SHORT), from the
-medians of the whole runs' wall times (start to the chief's exit), so that starting, the final
-checkpoint and evaluation, which both runs share, cancel; runs alternate ours and stock.
-Printed: each layout's examples/s and the ratio ours / stock.
+Two measures of a layout's examples/s, each side's and the ratio ours / stock; runs alternate:
+- whole runs: 64 x (LONG - SHORT) / (t_LONG - t_SHORT), from the medians of the whole runs'
+  wall times (start to the chief's exit), so that what both lengths share cancels, though
+  an end that varies between runs does not;
+- steady state: 64 x the global steps/s the chief logs every 100 steps (ours: its step lines;
+  the stock job: Estimator's global_step/sec), after the first 100, in the LONG runs (median
+  of the runs' means), which neither the start nor the end reaches.
 
   .venv/bin/python bench/peers.py [--runs 3] [--short 100] [--long 500]
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -26,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 BATCH = 64
 # Past the longest run: neither side checkpoints while training, only at its end.
@@ -37,6 +42,9 @@ STOCK = f"""
 import json, os, sys
 import tensorflow as tf
 from tfconfig_slurm.experiments import mnist_deep
+
+# As a stock script does, to see Estimator's global_step/sec lines.
+tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)
 
 model_dir, steps = sys.argv[1], int(sys.argv[2])
 task = json.loads(os.environ.get("TF_CONFIG", "{{}}")).get("task", {{}})
@@ -65,7 +73,14 @@ tf.estimator.train_and_evaluate(
 LAYOUTS = {"one process": None, "1 trainer + ps": (1, 0), "2 trainers + ps": (1, 1)}
 
 
-def ours(layout: tuple[int, int] | None, steps: int, root: Path) -> float:
+class Run(NamedTuple):
+    seconds: float
+    # The chief's logged global steps/s after its first logged window, averaged: steady
+    # state, which neither the start nor the end reaches.
+    steps_per_sec: float | None
+
+
+def ours(layout: tuple[int, int] | None, steps: int, root: Path) -> Run:
     command = [
         sys.executable, "-m", "tfconfig_slurm.run", "--experiment=mnist_deep",
         f"--train_steps={steps}", f"--output_root={root}", f"--batch_size={BATCH}",
@@ -75,17 +90,17 @@ def ours(layout: tuple[int, int] | None, steps: int, root: Path) -> float:
     if layout is not None:
         command.append(f"--local_cluster=ps={layout[0]},workers={layout[1]}")
     started = time.monotonic()
-    subprocess.run(command, check=True, timeout=_BOUND_SECONDS, capture_output=True, env=_env())
-    return time.monotonic() - started
+    done = subprocess.run(
+        command, check=True, timeout=_BOUND_SECONDS, capture_output=True, text=True, env=_env()
+    )
+    took = time.monotonic() - started
+    chief = [line for line in done.stderr.splitlines() if layout is None or "[chief 0]" in line]
+    return Run(took, _steady(re.findall(r"([\d.]+) global steps/s", "\n".join(chief))))
 
 
-def stock(layout: tuple[int, int] | None, steps: int, root: Path, script: Path) -> float:
+def stock(layout: tuple[int, int] | None, steps: int, root: Path, script: Path) -> Run:
     command = [sys.executable, str(script), str(root / "model"), str(steps)]
-    if layout is None:
-        started = time.monotonic()
-        subprocess.run(command, check=True, timeout=_BOUND_SECONDS, capture_output=True, env=_env())
-        return time.monotonic() - started
-    servers, workers = layout
+    servers, workers = layout or (0, 0)
     ports = _free_ports(1 + servers + workers)
     addresses = [f"localhost:{port}" for port in ports]
     cluster = {"chief": addresses[:1], "ps": addresses[1 : 1 + servers]}
@@ -93,29 +108,43 @@ def stock(layout: tuple[int, int] | None, steps: int, root: Path, script: Path) 
         cluster["worker"] = addresses[1 + servers :]
     tasks = [("chief", 0)] + [("ps", i) for i in range(servers)]
     tasks += [("worker", i) for i in range(workers)]
+    log = root / "chief.log"
     started = time.monotonic()
-    processes = {
-        task: subprocess.Popen(
-            command,
-            env=_env(
-                TF_CONFIG=json.dumps(
-                    {"cluster": cluster, "task": {"type": task[0], "index": task[1]}}
-                )
-            ),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for task in tasks
-    }
-    status = processes[("chief", 0)].wait(timeout=_BOUND_SECONDS)
+    with log.open("w") as chief_log:
+        processes = {
+            task: subprocess.Popen(
+                command,
+                env=_env(
+                    **(
+                        {}
+                        if layout is None
+                        else {
+                            "TF_CONFIG": json.dumps(
+                                {"cluster": cluster, "task": {"type": task[0], "index": task[1]}}
+                            )
+                        }
+                    )
+                ),
+                stdout=subprocess.DEVNULL,
+                stderr=chief_log if task == ("chief", 0) else subprocess.DEVNULL,
+            )
+            for task in (tasks if layout else tasks[:1])
+        }
+        status = processes[("chief", 0)].wait(timeout=_BOUND_SECONDS)
     took = time.monotonic() - started
     for process in processes.values():
         if process.poll() is None:
             process.kill()
         process.wait()
     if status != 0:
-        raise SystemExit(f"the stock chief failed with exit {status}")
-    return took
+        raise SystemExit(f"the stock chief failed with exit {status}:\n{log.read_text()[-2000:]}")
+    return Run(took, _steady(re.findall(r"global_step/sec: ([\d.]+)", log.read_text())))
+
+
+def _steady(rates: list[str]) -> float | None:
+    """The mean of the logged rates after the first window (which holds the start)."""
+    later = [float(rate) for rate in rates[1:]]
+    return statistics.mean(later) if later else None
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -144,35 +173,46 @@ def main() -> None:
         script.write_text(STOCK)
         for name in arguments.layouts.split(","):
             layout = LAYOUTS[name]
-            times: dict[tuple[str, int], list[float]] = {}
+            runs: dict[tuple[str, int], list[Run]] = {}
             for _ in range(arguments.runs):
                 for steps in (arguments.short, arguments.long):
                     for side in ("ours", "stock"):
                         root = Path(tempfile.mkdtemp(dir=scratch))
-                        took = (
+                        run = (
                             ours(layout, steps, root)
                             if side == "ours"
                             else stock(layout, steps, root, script)
                         )
-                        times.setdefault((side, steps), []).append(took)
-            rates = {
-                side: BATCH
-                * (arguments.long - arguments.short)
-                / (
-                    statistics.median(times[(side, arguments.long)])
-                    - statistics.median(times[(side, arguments.short)])
-                )
-                for side in ("ours", "stock")
-            }
-            runs = "; ".join(
-                f"{side} {steps}: " + ", ".join(f"{took:.1f}" for took in times[(side, steps)])
-                for side, steps in times
-            )
-            print(
-                f"{name}: ours {rates['ours']:.0f} examples/s, stock {rates['stock']:.0f}: "
-                f"{rates['ours'] / rates['stock']:.2f}x  (seconds: {runs})",
-                flush=True,
-            )
+                        runs.setdefault((side, steps), []).append(run)
+            _report(name, runs, arguments.short, arguments.long)
+
+
+def _report(name: str, runs: dict[tuple[str, int], list[Run]], short: int, long: int) -> None:
+    """Both measures of a layout, each side's and their ratio, and the runs' seconds."""
+    whole, steady = {}, {}
+    for side in ("ours", "stock"):
+        seconds = {steps: [run.seconds for run in runs[(side, steps)]] for steps in (short, long)}
+        whole[side] = (
+            BATCH * (long - short)
+            / (statistics.median(seconds[long]) - statistics.median(seconds[short]))
+        )  # fmt: skip
+        logged = [run.steps_per_sec for run in runs[(side, long)] if run.steps_per_sec]
+        steady[side] = BATCH * statistics.median(logged) if logged else float("nan")
+    print(
+        f"{name}: whole runs ours {whole['ours']:.0f} examples/s, stock {whole['stock']:.0f}: "
+        f"{whole['ours'] / whole['stock']:.2f}x; steady state (logged) ours "
+        f"{steady['ours']:.0f}, stock {steady['stock']:.0f}: "
+        f"{steady['ours'] / steady['stock']:.2f}x",
+        flush=True,
+    )
+    print(
+        "  seconds: "
+        + "; ".join(
+            f"{side} {steps}: " + ", ".join(f"{run.seconds:.1f}" for run in measured)
+            for (side, steps), measured in runs.items()
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -125,6 +125,12 @@ class SlurmCluster:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
+    def left_behind(self, seconds: float = 10.0) -> dict[str, list[str]]:
+        """What jobs left on the nodes, by node, once `seconds` passed for it to go ({} when
+        nothing): a step's slurmstepd outlives srun's return by a moment."""
+        wait_until(lambda: not any(self.task_pids().values()), seconds)
+        return {node: left for node, left in self.task_pids().items() if left}
+
     def task_pids(self) -> dict[str, list[str]]:
         """Processes on the nodes other than slurmd itself: what jobs left behind."""
         left = {}

@@ -26,7 +26,6 @@ from tests.cli import (
     wait_until,
 )
 from tests.slurm_cluster import (
-    NODES,
     TRAINING,
     SlurmCluster,
     finish,
@@ -70,7 +69,7 @@ def test_a_killed_task_ends_the_step_and_is_named(
     assert step.returncode != 0
     assert re.search(rf"{victim}\d+ has not answered for \d+ s", survivors), survivors[-3000:]
     assert took < END_SECONDS
-    assert slurm_cluster.task_pids() == {node: [] for node in NODES}
+    assert slurm_cluster.left_behind() == {}
     # Every trainer logs every global step it reaches: of those reached when the task was
     # killed, at most one checkpoint interval and the steps in flight are not in the last
     # checkpoint. (Steps the others took after the kill, until the watchdog ended them,
@@ -179,7 +178,7 @@ def test_a_killed_script_under_with_tfconfig_ends_a_plain_srun_step(
     # Its wrapper says the command failed; were the wrapper gone too, its port falls silent.
     said = rf"{victim} at node\d:\d+ (says its command failed|has not answered for \d+ s)"
     assert re.search(said, stderr), stderr[-3000:]
-    assert wait_until(lambda: not any(slurm_cluster.task_pids().values()), 10.0)
+    assert slurm_cluster.left_behind() == {}
 
 
 @pytest.mark.slurm

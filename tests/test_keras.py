@@ -27,7 +27,7 @@ from tests.cli import (
     wait_for,
     wait_until,
 )
-from tests.slurm_cluster import NODES, TRAINING, SlurmCluster, submit, warn_and_requeue
+from tests.slurm_cluster import TRAINING, SlurmCluster, submit, warn_and_requeue
 from tests.test_local_cluster import alive, started_pids
 from tests.test_signals import ended
 from tests.test_signals import start as start_console
@@ -349,7 +349,7 @@ def test_two_nodes_train_all_reduce_under_plain_srun(
     assert sorted(summary["layout"]) == ["chief", "worker"]
     assert [trainer["role"] for trainer in summary["trainers"]] == ["chief", "worker"]
     assert checkpoint_step(model_dir) == 40
-    assert slurm_cluster.task_pids() == {node: [] for node in NODES}
+    assert slurm_cluster.left_behind() == {}
 
 
 # Two TensorFlow processes starting on 2 cores, their strategy meeting, and their first steps.
@@ -389,7 +389,7 @@ def test_a_killed_keras_trainer_ends_the_step_and_is_named(
     assert step.returncode != 0
     assert re.search(r"worker 0 at node2:\d+ has not answered for \d+ s", chief), chief[-3000:]
     assert took < END_SECONDS
-    assert slurm_cluster.task_pids() == {node: [] for node in NODES}
+    assert slurm_cluster.left_behind() == {}
 
 
 @pytest.mark.slurm

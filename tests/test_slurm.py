@@ -452,4 +452,4 @@ def test_a_heterogeneous_step_trains_with_its_parameter_server_on_the_cpu_compon
     summary = json.loads((tmp_path / "mnist_deep" / "summary.json").read_text())
     assert [address.split(":")[0] for address in summary["layout"]["ps"]] == ["node1"]
     assert summary["global_step"] >= 20
-    assert slurm_cluster.task_pids() == {node: [] for node in NODES}
+    assert slurm_cluster.left_behind() == {}

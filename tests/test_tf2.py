@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli import REPOSITORY
-from tests.slurm_cluster import NODES, SlurmCluster
+from tests.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.tf2
 
@@ -79,15 +79,16 @@ def test_a_stock_multi_worker_mirrored_script_trains_all_reduce_under_with_tfcon
     assert trained["chief-0"]["weights"] == pytest.approx(trained["worker-0"]["weights"])
     assert "rank 0 on node1 is chief 0" in step.stderr
     assert "rank 1 on node2 is worker 0" in step.stderr
-    assert slurm_cluster.task_pids() == {node: [] for node in NODES}
+    assert slurm_cluster.left_behind() == {}
 
 
 @pytest.mark.slurm
 def test_a_crashed_all_reduce_worker_ends_the_step_by_name(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """Alone, the chief would wait in its all-reduce for the dead worker; its wrapper, told by
-    the worker's that the command failed, ends it (exit 3)."""
+    """Alone, the chief could wait in its all-reduce for the dead worker; its wrapper, told by
+    the worker's that the command failed, ends it (exit 3), unless the chief's all-reduce
+    failed by itself first on the connection the worker's death reset (seen once in CI)."""
     started = time.monotonic()
     step = slurm_cluster.run(
         ["srun", *TWO_NODES, "--label", str(WITH_TFCONFIG), "--all_reduce", "python", str(MWMS),
@@ -95,13 +96,13 @@ def test_a_crashed_all_reduce_worker_ends_the_step_by_name(
         timeout=180,
     )  # fmt: skip
     assert step.returncode != 0
-    assert "worker 0 at node2:" in step.stderr and "says its command failed" in step.stderr, (
-        step.stderr[-3000:]
-    )
-    assert "ending this task (exit 3)" in step.stderr
+    assert "worker 0: its command failed" in step.stderr, step.stderr[-3000:]
+    by_name = "worker 0 at node2:" in step.stderr and "says its command failed" in step.stderr
+    ended = by_name and "ending this task (exit 3)" in step.stderr
+    assert ended or "chief 0: its command failed" in step.stderr, step.stderr[-3000:]
     assert reports(tmp_path) == {}
     assert time.monotonic() - started < 150
-    assert slurm_cluster.task_pids() == {node: [] for node in NODES}
+    assert slurm_cluster.left_behind() == {}
 
 
 @pytest.mark.slurm
@@ -123,7 +124,7 @@ def test_a_multi_worker_mirrored_script_in_a_parameter_server_layout_ends_with_a
     assert hint in step.stderr, step.stderr[-3000:]
     assert "ps 0 at node1:" in step.stderr or "ps 1 at node2:" in step.stderr
     assert reports(tmp_path) == {}
-    assert slurm_cluster.task_pids() == {node: [] for node in NODES}
+    assert slurm_cluster.left_behind() == {}
 
 
 def test_without_tensorflow_the_layout_tools_work_and_the_runtime_says_what_to_install(

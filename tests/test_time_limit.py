@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.cli import wait_until
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.process import time_limit
 from tfconfig_slurm.process.preemption import StopRequest
@@ -44,7 +45,7 @@ def test_the_run_stops_at_the_margin_as_on_the_signal(caplog: pytest.LogCaptureF
     caplog.set_level(logging.INFO)
     started = time.monotonic()
     # 4 s left: the margin is at most half of that, so the stop comes 2 s in.
-    assert time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=answers(4.0)) is not None
+    time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=answers(4.0))
     assert stop.wait(10.0)
     assert 1.5 <= time.monotonic() - started <= 3.5
     assert stop.signal_name == "SIGUSR1"
@@ -65,9 +66,10 @@ def test_a_limit_moved_later_moves_the_stop(caplog: pytest.LogCaptureFixture) ->
 def test_a_job_without_a_limit_is_not_watched(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     stop = StopRequest()
-    watched = time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=answers("it has none (UNLIMITED)"))
-    assert watched is None
+    limit = time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=answers("it has none (UNLIMITED)"))
+    assert wait_until(lambda: "no time limit" in caplog.text, 5.0)
     assert "job 77: no time limit to stop before (it has none (UNLIMITED))" in caplog.text
+    assert limit.deadline is None and not limit.due()
 
 
 def test_a_task_that_only_follows_the_limit_never_stops_the_run(
@@ -79,7 +81,7 @@ def test_a_task_that_only_follows_the_limit_never_stops_the_run(
     stop = StopRequest()
     # 14 s left: the margin is 7 s, and the stop counts as due 5 s before that, 2 s in.
     limit = time_limit.watch(JOB, stop, "SIGUSR1", 120.0, acts=False, ask=answers(14.0))
-    assert limit is not None and not limit.due()
+    assert wait_until(lambda: limit.deadline is not None, 5.0) and not limit.due()
     assert not stop.wait(3.0)
     assert limit.due()
     assert caplog.text == ""

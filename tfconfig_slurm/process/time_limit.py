@@ -7,8 +7,9 @@ TimeLimit=` moves it), and `margin` seconds before the limit sends the preempt s
 task of the job (`scancel --signal=USR1 JOB`) and to itself: the run stops at the next step
 with a checkpoint and the job requeues itself, exactly as on the warning signal, and
 whichever comes first wins. The margin is at most half of what the job had left when the run
-started, so that a short job trains before it stops. One squeue a minute per job: thousands
-of tasks do not each ask slurmctld.
+started, so that a short job trains before it stops. The run's owner, where it is another
+task, follows the limit too, to say that the run stopped for it: at most two squeue a minute
+per job, so that thousands of tasks do not each ask slurmctld.
 
 No TensorFlow here.
 """
@@ -65,34 +66,12 @@ def watch(
     *,
     acts: bool = True,
     ask: Ask = time_left,
-) -> TimeLimit | None:
-    """Starts watching `job`'s time limit (see the module); None where it has none. A task that
-    does not act (the run's owner, beside the task that requeues) only follows the limit, to
-    say why the run stopped."""
-    left = ask(job.name)
-    if isinstance(left, str):
-        if acts:
-            logging.info(
-                "job %s: no time limit to stop before (%s); the run stops early only on %s",
-                job.name,
-                left,
-                signal_name,
-            )
-        return None
-    limit = TimeLimit(
-        job, stop, signal_name, margin=min(margin, left / 2), ask=ask, deadline=time.time() + left
-    )
-    if acts:
-        logging.info(
-            "job %s ends at its time limit at %s: this run stops at %s, %.0f s before, with a "
-            "checkpoint and the requeue, as on %s",
-            job.name,
-            _clock(limit.deadline),
-            _clock(limit.deadline - limit.margin),
-            limit.margin,
-            signal_name,
-        )
-    threading.Thread(target=limit.keep, args=(acts,), name="time-limit", daemon=True).start()
+) -> TimeLimit:
+    """Starts watching `job`'s time limit (see the module), from a thread: squeue is not
+    waited for at start. A task that does not act (the run's owner, beside the task that
+    requeues) only follows the limit, to say why the run stopped."""
+    limit = TimeLimit(job, stop, signal_name, margin=margin, ask=ask, acts=acts)
+    threading.Thread(target=limit.keep, name="time-limit", daemon=True).start()
     return limit
 
 
@@ -107,37 +86,63 @@ class TimeLimit:
         *,
         margin: float,
         ask: Ask,
-        deadline: float,
+        acts: bool,
     ) -> None:
         self.job, self.stop, self.signal_name = job, stop, signal_name
-        self.margin, self._ask = margin, ask
-        # Written by the watching thread only; a float is read whole.
-        self.deadline = deadline
+        self.margin, self._ask, self._acts = margin, ask, acts
+        # Set by the watching thread once squeue has said (None: not known, or no limit);
+        # a float is read whole.
+        self.deadline: float | None = None
 
     def due(self) -> bool:
         """Whether the stop before the limit is due (the run stops for the time limit)."""
-        return time.time() >= self.deadline - self.margin - _MOVED_SECONDS
+        deadline = self.deadline
+        return deadline is not None and time.time() >= deadline - self.margin - _MOVED_SECONDS
 
-    def keep(self, acts: bool) -> None:
+    def keep(self) -> None:
         job = self.job.name
+        left = self._ask(job)
+        if isinstance(left, str):
+            self._say(
+                "job %s: no time limit to stop before (%s); the run stops early only on %s",
+                job,
+                left,
+                self.signal_name,
+            )
+            return
+        self.margin = min(self.margin, left / 2)
+        self.deadline = deadline = time.time() + left
+        self._say(
+            "job %s ends at its time limit at %s: this run stops at %s, %.0f s before, "
+            "with a checkpoint and the requeue, as on %s",
+            job,
+            _clock(deadline),
+            _clock(deadline - self.margin),
+            self.margin,
+            self.signal_name,
+        )
         while not self.stop.requested:
             now = time.time()
-            if now >= self.deadline - self.margin:
-                if acts:
-                    self._stop_the_job(self.deadline - now)
+            if now >= deadline - self.margin:
+                if self._acts:
+                    self._stop_the_job(deadline - now)
                 return
-            if self.stop.wait(min(POLL_SECONDS, self.deadline - self.margin - now)):
+            if self.stop.wait(min(POLL_SECONDS, deadline - self.margin - now)):
                 return
             left = self._ask(job)
-            if isinstance(left, float) and abs(time.time() + left - self.deadline) > _MOVED_SECONDS:
-                self.deadline = time.time() + left
-                if acts:
-                    logging.info(
-                        "job %s's time limit moved to %s: this run now stops at %s",
-                        job,
-                        _clock(self.deadline),
-                        _clock(self.deadline - self.margin),
-                    )
+            if isinstance(left, float) and abs(time.time() + left - deadline) > _MOVED_SECONDS:
+                self.deadline = deadline = time.time() + left
+                self._say(
+                    "job %s's time limit moved to %s: this run now stops at %s",
+                    job,
+                    _clock(deadline),
+                    _clock(deadline - self.margin),
+                )
+
+    def _say(self, message: str, *arguments: object) -> None:
+        """Logs, in the task that acts; the other only follows."""
+        if self._acts:
+            logging.info(message, *arguments)
 
     def _stop_the_job(self, left: float) -> None:
         job, name = self.job.name, self.signal_name.removeprefix("SIG")
