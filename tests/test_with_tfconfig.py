@@ -6,6 +6,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import REPOSITORY, free_port_block
+from tests.cli import REPOSITORY, free_port_block, wait_until
 from tests.slurm_envs import captured, task_env
 from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step
 from tfconfig_slurm.cluster.render import tf_config_json
@@ -323,3 +324,60 @@ def test_an_all_reduce_trainer_that_fails_ends_every_task_by_name() -> None:
     assert statuses[17] == 1, logs
     assert statuses[:17] == [3] * 17, (statuses, logs)
     assert f"worker 16 at localhost:{base + 17} says its command failed" in logs
+
+
+def runs_table(root: Path) -> str:
+    listed = subprocess.run(
+        [sys.executable, "-m", "tfconfig_slurm.commands", "runs", str(root)],
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return listed.stdout
+
+
+def test_told_its_model_dir_the_step_records_the_first_to_fail_for_runs(tmp_path: Path) -> None:
+    """Worker 0 (rank 3) fails while the others train: its wrapper records it in the run
+    directory; `tfconfig-slurm runs` shows the run failed, and who failed first."""
+    base, model_dir = free_port_block(4), tmp_path / "mine"
+    step = [
+        wrapped(base, 4, rank, f"--model_dir={model_dir}", *SERVER, "-2" if rank == 3 else "600")
+        for rank in range(4)
+    ]
+    statuses, logs = ended(step, 60)
+    assert statuses[3] == 1 and None not in statuses, (statuses, logs)
+    (record,) = (model_dir / "failures").glob("*.json")
+    assert json.loads(record.read_text())["line"] == (
+        "worker 0 on localhost: its command failed; its output says why (exit 1)"
+    )
+    table = runs_table(tmp_path)
+    assert re.search(r"^mine +failed ", table, re.M), table
+    assert "mine: first to fail: worker 0 on localhost: its command failed" in table
+
+
+def test_told_its_model_dir_the_chief_says_the_run_is_done(tmp_path: Path) -> None:
+    base, model_dir = free_port_block(4), tmp_path / "made" / "here"
+    step = [wrapped(base, 4, rank, f"--model_dir={model_dir}", *SERVER, "1") for rank in range(4)]
+    statuses, logs = ended(step, 60)
+    assert statuses == [0, 0, 0, 0], logs
+    state = json.loads((model_dir / "state.json").read_text())
+    assert (state["state"], state["experiment"]) == ("done", Path(sys.executable).name)
+    assert not (model_dir / "failures").exists()
+
+
+def test_told_its_model_dir_a_chief_sent_sigterm_says_the_run_stopped(tmp_path: Path) -> None:
+    base, model_dir = free_port_block(4), tmp_path / "mine"
+    step = [wrapped(base, 4, rank, f"--model_dir={model_dir}", *SERVER, "600") for rank in range(4)]
+    state = model_dir / "state.json"
+    try:
+        assert wait_until(state.exists, 30.0)
+        assert json.loads(state.read_text())["state"] == "running"
+        step[2].terminate()
+        assert step[2].wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        ended(step, 0)
+    said = json.loads(state.read_text())
+    assert (said["state"], said["signal"]) == ("stopped", "SIGTERM")
+    assert re.search(r"^mine +stopped \(SIGTERM\) ", runs_table(tmp_path), re.M)

@@ -67,11 +67,12 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     state = reports.read_state(folder)
     summary = reports.read_summary(folder)
     checkpoint = _read_text(paths.checkpoint_index)
-    if not state and checkpoint is None:
+    first = failure.latest(folder)
+    if not state and checkpoint is None and first is None:
         return None
     latest = re.search(r'^model_checkpoint_path: ".*?(\d+)"', checkpoint or "", re.M)
     speeds = [trainer.get("examples_per_sec") or 0.0 for trainer in summary.get("trainers", ())]
-    said = _state(folder, state, summary, jobs)
+    said = _state(folder, state, summary, jobs, failed=first is not None)
     return {
         "experiment_id": folder.name,
         "state": said,
@@ -80,7 +81,7 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         "examples_per_sec": round(sum(speeds), 1) if speeds else None,
         "hparams": state.get("hparams", {}),
         "job_id": state.get("job_id"),
-        "first_failure": _first_failure(folder, state) if said == "failed" else None,
+        "first_failure": _first_failure(first, state) if said == "failed" else None,
         # What stopped a stopped or requeued run: "time limit", or the signal.
         "stopped_by": state.get("why", state.get("signal"))
         if said in ("stopped", "requeued")
@@ -96,8 +97,11 @@ def _state(
     state: Mapping[str, Any],
     summary: Mapping[str, Any],
     jobs: Mapping[str, str] | None,
+    *,
+    failed: bool,
 ) -> str:
-    said = state.get("state", "done" if summary else "unknown")
+    # A run a script trained itself (with-tfconfig --model_dir) may say only that it failed.
+    said = state.get("state", "done" if summary else "failed" if failed else "unknown")
     job = state.get("job_id")
     queued = None if jobs is None or job is None else jobs.get(str(job))
     if said == "stopped":
@@ -113,9 +117,9 @@ def _state(
     return "running" if live in (True, None) else "failed"
 
 
-def _first_failure(folder: Path, state: Mapping[str, Any]) -> str | None:
-    """The line of the first failure recorded since the run's last attempt started."""
-    first = failure.latest(folder)
+def _first_failure(first: failure.Failure | None, state: Mapping[str, Any]) -> str | None:
+    """The line of `first`, the newest failure recorded, if it came since the run's last
+    attempt started."""
     attempts = state.get("attempts") or [{}]
     if first is None or first.time < attempts[-1].get("started", 0.0):
         return None

@@ -6,7 +6,8 @@
 Layout flags go before the command; everything from the command on is passed to it untouched.
 The command runs as a child: signals reach it, its exit status comes back out, a parameter
 server's command (which never returns) is ended once every trainer's has exited 0, and a task
-whose peer is lost is ended by name with exit status 3 (see tfconfig_slurm/process/supervise.py).
+whose peer is lost is ended by name with exit status 3 (see tfconfig_slurm/process/supervise.py);
+with --model_dir, the first task to fail is recorded there.
 A TF_CONFIG inherited from the shell that submitted the job is replaced, with a warning; one
 already made for this step (a nested with-tfconfig) that differs is kept, and the command
 refused, unless --override.
@@ -17,16 +18,19 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Sequence
+from pathlib import Path
 
 from absl import flags, logging
 
 from tfconfig_slurm.cluster import render
 from tfconfig_slurm.cluster.layout import EVALUATOR
 from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.commands import layout_flags
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import network, place, supervise
+from tfconfig_slurm.process import failure, network, place, supervise
+from tfconfig_slurm.process.owner import RunOwner, owns_run
 
 PROGRAM = "with-tfconfig"
 # Linux refuses to exec with any single "NAME=value" string longer than MAX_ARG_STRLEN
@@ -35,6 +39,13 @@ MAX_ENVIRONMENT_STRING = 32 * 4096
 
 OVERRIDE = flags.DEFINE_boolean(
     "override", False, "Replace a TF_CONFIG that is already set to a different value."
+)
+MODEL_DIR = flags.DEFINE_string(
+    "model_dir",
+    None,
+    "The command's model directory, if you name it: the first task of the step to fail "
+    "(its command's exit status, or a peer it found lost) is recorded there, under "
+    "failures/, for `tfconfig-slurm runs` to show.",
 )
 flags.adopt_module_key_flags(layout_flags)
 
@@ -82,6 +93,13 @@ def main(argv: Sequence[str]) -> int:
     if task.role != EVALUATOR:
         network.check_port_free(f"{task.role} {task.index}", task.address)
     environment = {**os.environ, **environment}
+    role = ClusterRole.from_json(tf_config)
+    owner = None
+    if MODEL_DIR.value:
+        model_dir = _made(Path(MODEL_DIR.value))
+        failure.attach(model_dir, role, task.node)
+        if owns_run(role):
+            owner = _owner(model_dir, command, role)
     logging.info(
         "rank %d on %s is %s %d at %s with GPUs [%s]; running %s",
         rank,
@@ -92,15 +110,37 @@ def main(argv: Sequence[str]) -> int:
         environment["CUDA_VISIBLE_DEVICES"],
         command[0],
     )
+    group = supervise.command_group()
     try:
-        child = supervise.start(program, command, environment)
+        group.start(command, environment, program=program)
     except OSError as error:
         raise UsageError(
             repr(command[0]),
             f"cannot be run ({error.strerror})",
             "give a program on PATH or a path to an executable file",
         ) from None
-    return supervise.supervise(child, ClusterRole.from_json(tf_config))
+    if owner is not None:
+        owner.say("running", None)
+    return supervise.supervise(group, role, owner)
+
+
+def _made(model_dir: Path) -> Path:
+    try:
+        model_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(
+            "--model_dir",
+            f"{str(model_dir)!r} cannot be made a directory ({error.strerror})",
+            "name the directory your script trains in",
+        ) from None
+    return model_dir
+
+
+def _owner(model_dir: Path, command: Sequence[str], role: ClusterRole) -> RunOwner:
+    """The chief's account of the run in state.json: the script it runs is its experiment."""
+    script = next((word for word in command[1:] if word.endswith(".py")), command[0])
+    job = read_slurm_job(os.environ)
+    return RunOwner(model_dir, Path(script).name, {}, role, job.name if job else None)
 
 
 def run() -> None:

@@ -5,7 +5,8 @@ A task that fails says why itself: its error (an exception out of training). A t
 without a word (killed, or its node cut off) is recorded by the first of its watchers to find
 it lost. The first record of an attempt stays: `failures/<run id>.json` is made at once or not
 at all, and a requeued attempt has a run id of its own. A single process, which fails on its
-own console, and a command under with-tfconfig, which has no run directory, record nothing.
+own console, records nothing, nor does a command under with-tfconfig unless it is told its
+run directory (--model_dir); then a command that failed is recorded by its exit status.
 
 The lifecycle attaches the task's run directory once it holds it (`attach`); the watchdog,
 which ends the process from its own thread, records through that. No TensorFlow here.
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import USAGE_EXIT_CODE, TfconfigSlurmError
+from tfconfig_slurm.process import children
 from tfconfig_slurm.process.run_dir import RunDir
 
 # An error's text is cut here: the task's log has the rest.
@@ -85,6 +87,19 @@ def recording_errors() -> Iterator[None]:
             task = str(attached.role.task_id)
             _record(attached, Failure(task, attached.node, text, status, None, time.time()))
         raise
+
+
+def record_exit(returncode: int) -> None:
+    """This task's command ended with `returncode`, not 0: recorded as the failure, unless
+    another came first."""
+    attached = _TASK.attached
+    if attached is not None:
+        what = "its command failed; its output says why"
+        if returncode < 0:
+            what = f"its command {children.how_it_ended(returncode)}"
+        status = children.exit_status(returncode)
+        task = str(attached.role.task_id)
+        _record(attached, Failure(task, attached.node, what, status, None, time.time()))
 
 
 def record_lost(name: str, address: str, silent_for: float) -> Failure | None:

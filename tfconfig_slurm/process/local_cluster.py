@@ -8,8 +8,9 @@ loopback ports, and holds the model directory for them; writes one log per task
 (`<model_dir>/logs/<role>-<index>.log`) and prefixes their lines on the console; waits for all,
 and when one fails stops the rest and fails too. Told to stop itself (SIGTERM, SIGINT,
 SIGHUP), it passes SIGTERM on to every task, whose trainers stop at the next step with a
-checkpoint, and kills what is left after a grace: nothing is left behind. SIGUSR1 and
-SIGUSR2 go on to every task, which acts on them as on its own preempt signal. A task that fails on
+checkpoint, and kills what is left after a grace: nothing is left behind, and the tasks die
+with a launcher killed outright (children.py). SIGUSR1, SIGUSR2 and SIGQUIT go on to every
+task, which acts on them as on its own signal. A task that fails on
 bad input (exit 2: every task reads the same flags, so every one fails alike) is reported as
 a single process would report it: its one line, once, and exit 2. Imports no TensorFlow: the
 parent only supervises.
@@ -22,24 +23,23 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any, Callable
+from typing import IO
 
 from absl import logging
 
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
 from tfconfig_slurm.cluster.role import LOCAL_RUN_PREFIX, ClusterRole
 from tfconfig_slurm.errors import USAGE_EXIT_CODE, UsageError
-from tfconfig_slurm.process import claim, failure
+from tfconfig_slurm.process import children, claim, failure
 from tfconfig_slurm.process.run_dir import RunDir
 
 _COUNTS = {"ps": PS, "workers": WORKER, "evaluator": EVALUATOR}
@@ -50,11 +50,6 @@ _STOP_GRACE_SECONDS = 5.0
 # More tasks than this a CPU only share it: a cluster that size warns as it starts.
 TASKS_PER_CPU = 4
 _SIGNALLED_GRACE_SECONDS = 25.0
-# What stops the launcher, and with it every task: a shell's Ctrl-C, a kill, a hang-up.
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-# What the tasks act on themselves (a preempt signal: `#SBATCH --signal=USR1@90` or the stop
-# before a time limit, for a cluster run in a SLURM job): passed on, as a task's own.
-_PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2)
 
 
 class _Signalled(Exception):  # noqa: N818  (a signal, not an error)
@@ -73,34 +68,7 @@ def _raising_on(signums: Sequence[signal.Signals]) -> contextlib.AbstractContext
             signal.signal(signum, signal.SIG_IGN)
         raise _Signalled(signal.Signals(number))
 
-    return _handling(signums, handler)
-
-
-def _passing_on(
-    signums: Sequence[signal.Signals], started: Mapping[Any, tuple[subprocess.Popen[str], Any]]
-) -> contextlib.AbstractContextManager[None]:
-    """Within the block, each of these signals goes on to every started task instead of
-    ending the launcher."""
-
-    def handler(number: int, frame: FrameType | None) -> None:
-        for process, _ in list(started.values()):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, number)
-
-    return _handling(signums, handler)
-
-
-@contextlib.contextmanager
-def _handling(
-    signums: Sequence[signal.Signals], handler: Callable[[int, FrameType | None], None]
-) -> Iterator[None]:
-    """Within the block, `handler` takes these signals; then their handlers are restored."""
-    previous = {signum: signal.signal(signum, handler) for signum in signums}
-    try:
-        yield
-    finally:
-        for signum, action in previous.items():
-            signal.signal(signum, action)
+    return children.handling(signums, handler)
 
 
 @dataclass(frozen=True)
@@ -222,14 +190,19 @@ def _run(
     logs = RunDir(model_dir).logs
     logs.mkdir(parents=True, exist_ok=True)
     refusals: dict[LocalTask, list[str]] = {task: [] for task in tasks}
-    started: dict[LocalTask, tuple[subprocess.Popen[str], threading.Thread]] = {}
+    group = children.Group(own_sessions=True)
+    started: dict[LocalTask, tuple[children.Child, threading.Thread]] = {}
     stopped_by: signal.Signals | None = None
     failed: LocalTask | None = None
-    with _raising_on(_STOP_SIGNALS), _passing_on(_PASSED_ON, started):
+    # The tasks act on a preempt signal themselves (`#SBATCH --signal=USR1@90`, the stop
+    # before a time limit, for a cluster run in a SLURM job): passed on, as each task's own.
+    passing_on = children.handling(children.PASSED_ON, lambda number, frame: group.signal(number))
+    with _raising_on(children.STOPPING), passing_on:
         try:
             for task in tasks:
                 role = replace(every_role, role=task.role, index=task.index)
                 started[task] = _start(
+                    group,
                     task,
                     role,
                     command,
@@ -238,7 +211,7 @@ def _run(
                     program=program,
                     environ=environ,
                 )
-            failed = _supervise({task: process for task, (process, _) in started.items()})
+            failed = _supervise(group, {task: process for task, (process, _) in started.items()})
         except _Signalled as signalled:
             stopped_by = signalled.signum
             logging.warning(
@@ -247,7 +220,7 @@ def _run(
                 stopped_by.name,
                 _SIGNALLED_GRACE_SECONDS,
             )
-            _stop((process for process, _ in started.values()), _SIGNALLED_GRACE_SECONDS)
+            group.stop(_SIGNALLED_GRACE_SECONDS)
         finally:
             # Every line a task wrote, its last error included, reaches log and console.
             for _, copier in started.values():
@@ -258,15 +231,13 @@ def _run(
     for task, lines in refusals.items():
         sys.stderr.writelines(_prefix(task) + line for line in lines)
     if failed is not None:
-        status = started[failed][0].returncode
+        process = started[failed][0]
         logging.error(
             "%s %d (pid %d) %s; the other tasks were stopped",
             failed.role,
             failed.index,
-            started[failed][0].pid,
-            f"was killed by {signal.Signals(-status).name}"
-            if status < 0
-            else f"failed with exit status {status}",
+            process.pid,
+            children.how_it_ended(process.returncode),
         )
         # The task that failed first, as it said, where the last to exit may only be its peer.
         first = failure.read(model_dir, every_role.run_id or "")
@@ -277,6 +248,7 @@ def _run(
 
 
 def _start(
+    group: children.Group,
     task: LocalTask,
     role: ClusterRole,
     command: Sequence[str],
@@ -285,19 +257,11 @@ def _start(
     refusals: list[str],
     program: str,
     environ: Mapping[str, str],
-) -> tuple[subprocess.Popen[str], threading.Thread]:
+) -> tuple[children.Child, threading.Thread]:
     task_environ = {**environ, "TF_CONFIG": json.dumps(role.tf_config())}
     if task.role in (PS, EVALUATOR):
         task_environ["CUDA_VISIBLE_DEVICES"] = ""
-    process = subprocess.Popen(
-        command,
-        env=task_environ,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
+    process = group.start(command, task_environ, capture=True)
     log = (logs / f"{task.role}-{task.index}.log").open("w")
     assert process.stdout is not None
     copier = threading.Thread(
@@ -329,9 +293,9 @@ def _copy(
                 sys.stderr.write(prefix + line)
 
 
-def _supervise(processes: dict[LocalTask, subprocess.Popen[str]]) -> LocalTask | None:
+def _supervise(group: children.Group, tasks: dict[LocalTask, children.Child]) -> LocalTask | None:
     """Waits for every task; returns the first that failed, once the others are stopped."""
-    running = dict(processes)
+    running = dict(tasks)
     while running:
         for task, process in list(running.items()):
             status = process.poll()
@@ -339,21 +303,8 @@ def _supervise(processes: dict[LocalTask, subprocess.Popen[str]]) -> LocalTask |
                 continue
             del running[task]
             if status != 0:
-                _stop(running.values())
+                group.stop(_STOP_GRACE_SECONDS)
                 return task
             logging.info("%s %d finished", task.role, task.index)
         time.sleep(0.1)
     return None
-
-
-def _stop(processes: Iterable[subprocess.Popen[str]], grace: float = _STOP_GRACE_SECONDS) -> None:
-    remaining = [process for process in processes if process.poll() is None]
-    for process in remaining:
-        os.killpg(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for process in remaining:
-        try:
-            process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()

@@ -3,8 +3,7 @@ nothing of them.
 
 The command runs as a child, with its task's environment. Signals sent to the supervisor are
 passed on to it, and its exit status comes back out (128 + N for a child a signal ended). The
-child dies with the supervisor (PR_SET_PDEATHSIG), so no task outlives its srun. Around it,
-by role:
+child dies with the supervisor (children.py), so no task outlives its srun. Around it, by role:
 
 - Who watches whom is cluster/watch_plan.py's: a trainer its paired parameter servers, a
   parameter server its paired trainers and the other parameter servers; without parameter
@@ -26,14 +25,13 @@ No TensorFlow here: processes, signals and sockets.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 from absl import logging
 
@@ -41,44 +39,39 @@ from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import EXIT_PEER_LOST
-from tfconfig_slurm.process import versions, watchdog
+from tfconfig_slurm.process import children, failure, versions, watchdog
+from tfconfig_slurm.process.owner import RunOwner
 
 # The signals a supervisor passes on to its command.
-FORWARDED = (
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-    signal.SIGQUIT,
-)
-_STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+FORWARDED = children.STOPPING + children.PASSED_ON
 # How long a parameter server's command, once every trainer has finished, has to end on
 # SIGTERM before it is killed.
 _END_GRACE_SECONDS = 5.0
 # How long a task that finished says so at most, should the peers that wait for it never
 # leave.
 _FINISHED_SECONDS = 60.0
-_PR_SET_PDEATHSIG = 1
-
-Child = subprocess.Popen[bytes]
 
 
-def start(program: str, command: Sequence[str], environment: dict[str, str]) -> Child:
-    """Starts the command (`program` is its first word, found); raises OSError if it cannot."""
-    # preexec_fn is unsafe only once threads run, and none does yet.
-    return subprocess.Popen(
-        list(command),
-        executable=program,
-        env=environment,
-        preexec_fn=_die_with_parent,  # noqa: PLW1509
-    )
+def command_group() -> children.Group:
+    """The group for the one command: it shares the supervisor's process group, as srun and a
+    shell expect of a task's processes."""
+    return children.Group(own_sessions=False)
 
 
-def supervise(child: Child, role: ClusterRole) -> int:
-    """Runs the started command as `role`'s task to its end; the exit status to leave with."""
+def supervise(command: children.Group, role: ClusterRole, owner: RunOwner | None = None) -> int:
+    """Runs the command started in `command` as `role`'s task to its end; the exit status to
+    leave with. The run's `owner` (the chief, told its run directory) says in state.json how
+    the command ended: done, stopped on a signal, or failed."""
+    (child,) = command.started
+    stopped_by: list[signal.Signals] = []
+
+    def forward(number: int, frame: object) -> None:
+        if number in children.STOPPING:
+            stopped_by.append(signal.Signals(number))
+        command.signal(number)
+
     for signum in FORWARDED:
-        signal.signal(signum, lambda number, frame: _forward(child, number))
+        signal.signal(signum, forward)
 
     def lost(name: str, address: str, silent_for: float) -> None:
         _claim_the_end(ending)
@@ -86,7 +79,9 @@ def supervise(child: Child, role: ClusterRole) -> int:
         # Its port is free once it is gone.
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=_END_GRACE_SECONDS)
-        watchdog.say_lost(name, address, silent_for)
+        watchdog.report_lost(name, address, silent_for)
+        if owner is not None:
+            owner.say("failed", None, lost=name)
         # Its own watchers may never have heard from it (its command died before listening):
         # they learn it at once, as from a failed command.
         _say_failed(role, f"it ends, as {name} is lost")
@@ -98,21 +93,37 @@ def supervise(child: Child, role: ClusterRole) -> int:
     ending = threading.Lock()
 
     if role.role == PS:
-        return _serve_until_trainers_finish(child, role, lost, ending)
+        return _serve_until_trainers_finish(command, role, lost, ending)
     if role.role in (CHIEF, WORKER):
         watched = watch_plan.paired(role) if role.ps_count else watch_plan.neighbours(role)
         peers = watchdog.PeerWatch(watched, on_lost=lost)
-        status = _status(child.wait())
+        status = children.exit_status(child.wait())
         _unless_ending(ending)
         peers.stop()
         _after_command()
+        if owner is not None:
+            _say_how_it_ended(owner, status, stopped_by)
         if status == 0:
             say_finished(role, lost)
         else:
             _claim_the_end(ending)
+            if not stopped_by:
+                failure.record_exit(child.returncode)
             _say_failed(role)
         return status
-    return _status(child.wait())
+    status = children.exit_status(child.wait())
+    if status != 0 and not stopped_by:
+        failure.record_exit(child.returncode)
+    return status
+
+
+def _say_how_it_ended(owner: RunOwner, status: int, stopped_by: list[signal.Signals]) -> None:
+    if status == 0:
+        owner.say("done", None)
+    elif stopped_by:
+        owner.say("stopped", None, signal=stopped_by[0].name)
+    else:
+        owner.say("failed", None, exit_status=status)
 
 
 def _unless_ending(ending: threading.Lock) -> None:
@@ -131,7 +142,7 @@ def _after_command() -> None:
     """Nothing left to pass signals on to: the stopping ones end this process, as they would
     any (scancel), the others are ignored."""
     for signum in FORWARDED:
-        signal.signal(signum, signal.SIG_DFL if signum in _STOPPING else signal.SIG_IGN)
+        signal.signal(signum, signal.SIG_DFL if signum in children.STOPPING else signal.SIG_IGN)
 
 
 def _say_failed(role: ClusterRole, why: str = "its command failed") -> None:
@@ -151,10 +162,11 @@ def _say_failed(role: ClusterRole, why: str = "its command failed") -> None:
 
 
 def _serve_until_trainers_finish(
-    child: Child, role: ClusterRole, lost: watchdog.OnLost, ending: threading.Lock
+    command: children.Group, role: ClusterRole, lost: watchdog.OnLost, ending: threading.Lock
 ) -> int:
     """A ps: its paired trainers and the other parameter servers watched; the command ended
     once the chief (for ps 0) or ps 0 (for the others) says every trainer finished."""
+    (child,) = command.started
     servers = role.named(PS)
     herald = {f"{CHIEF} 0": role.named(CHIEF)[f"{CHIEF} 0"]} if role.index == 0 else {
         f"{PS} 0": servers[f"{PS} 0"]
@@ -179,7 +191,7 @@ def _serve_until_trainers_finish(
     near.stop()
     far.stop()
     if child.poll() is not None:
-        status = _status(child.wait())
+        status = children.exit_status(child.wait())
         _after_command()
         if status != 0:
             logging.error(
@@ -189,6 +201,7 @@ def _serve_until_trainers_finish(
                 _ps_failure_hint(versions.installed()),
             )
             _claim_the_end(ending)
+            failure.record_exit(child.returncode)
             _say_failed(role)
         return status
     logging.info(
@@ -197,12 +210,7 @@ def _serve_until_trainers_finish(
         role.index,
         next(iter(herald)),
     )
-    child.terminate()
-    try:
-        child.wait(timeout=_END_GRACE_SECONDS)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()
+    command.stop(_END_GRACE_SECONDS)
     # The other parameter servers learn it from ps 0, and watch each other meanwhile.
     with _answering(role) as answer:
         answer.append(watchdog.FINISHED)
@@ -318,17 +326,3 @@ def _answer(listener: socket.socket, stopped: threading.Event, answer: list[byte
             return
         with contextlib.suppress(OSError), connection:
             connection.sendall(answer[-1])
-
-
-def _forward(child: Child, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        child.send_signal(signum)
-
-
-def _status(returncode: int) -> int:
-    """A shell's exit status for a child's return code: 128 + N for a child signal N ended."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

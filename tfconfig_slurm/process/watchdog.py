@@ -61,25 +61,31 @@ SNAP_RECHECK_SECONDS = 0.2
 
 
 def exit_on_lost(name: str, address: str, silent_for: float) -> None:
-    """Says which peer is gone and ends this process at once: it may be hung inside
-    TensorFlow, where nothing but an exit reaches it. `silent_for` is 0 for a peer that
-    said its command failed. Where the run had already failed, that first failure is the
-    cause to name: the peer may only have ended for it."""
-    first = failure.record_lost(name, address, silent_for)
-    if first is None:
-        say_lost(name, address, silent_for)
-    else:
-        logging.error(
-            "the run failed (first to fail: %s); ending this task (exit %d), as %s is gone",
-            first.line(),
-            EXIT_PEER_LOST,
-            name,
-        )
-        logging.flush()
+    """Reports the lost peer (report_lost) and ends this process at once: it may be hung
+    inside TensorFlow, where nothing but an exit reaches it."""
+    report_lost(name, address, silent_for)
     os._exit(EXIT_PEER_LOST)
 
 
-def say_lost(name: str, address: str, silent_for: float) -> None:
+def report_lost(name: str, address: str, silent_for: float) -> None:
+    """Records the lost peer as the run's failure and says which it is, and that this task
+    ends for it. `silent_for` is 0 for a peer that said its command failed. Where the run had
+    already failed, that first failure is the cause to name: the peer may only have ended
+    for it."""
+    first = failure.record_lost(name, address, silent_for)
+    if first is None:
+        _say_lost(name, address, silent_for)
+        return
+    logging.error(
+        "the run failed (first to fail: %s); ending this task (exit %d), as %s is gone",
+        first.line(),
+        EXIT_PEER_LOST,
+        name,
+    )
+    logging.flush()
+
+
+def _say_lost(name: str, address: str, silent_for: float) -> None:
     """Logs which peer is gone, and that this task ends for it."""
     why = (
         "says its command failed"

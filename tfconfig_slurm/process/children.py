@@ -1,0 +1,117 @@
+"""The commands a supervisor runs (with-tfconfig's one, the local cluster's tasks), as one group:
+started to die with the supervisor, signalled together, stopped with a grace period, and their
+exit status given as a shell gives it.
+
+A child dies with its supervisor (PR_SET_PDEATHSIG), so that no task outlives a supervisor
+that was killed outright. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from types import FrameType
+from typing import Callable
+
+Child = subprocess.Popen[str]
+Handler = Callable[[int, "FrameType | None"], None]
+
+# What ends a supervisor, as it would any process: scancel, a shell's Ctrl-C, a hang-up.
+STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# What its commands act on themselves (a preempt signal: `#SBATCH --signal=USR1@90`, the stop
+# before a time limit) and a user's quit.
+PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
+_PR_SET_PDEATHSIG = 1
+# Looked up before any fork: the child only calls it.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+
+
+class Group:
+    """Children started together. Each in a session of its own (`own_sessions`) is signalled
+    as a whole, with whatever it started; otherwise only the child itself is."""
+
+    def __init__(self, *, own_sessions: bool) -> None:
+        self._own_sessions = own_sessions
+        self.started: list[Child] = []
+
+    def start(
+        self,
+        command: Sequence[str],
+        environ: Mapping[str, str],
+        *,
+        program: str | None = None,
+        capture: bool = False,
+    ) -> Child:
+        """Starts `command` (`program` is its first word, found), its output piped to the
+        supervisor if `capture`; raises OSError if it cannot be started."""
+        child = subprocess.Popen(
+            list(command),
+            executable=program,
+            env=dict(environ),
+            stdin=subprocess.DEVNULL if capture else None,
+            stdout=subprocess.PIPE if capture else None,
+            stderr=subprocess.STDOUT if capture else None,
+            text=True,
+            start_new_session=self._own_sessions,
+            # The one call it makes is looked up already, so a fork beside threads is safe.
+            preexec_fn=_die_with_parent,  # noqa: PLW1509
+        )
+        self.started.append(child)
+        return child
+
+    def signal(self, signum: int, children: Sequence[Child] | None = None) -> None:
+        """Sends `signum` to each of `children` (every started one by default) still there."""
+        for child in self.started if children is None else children:
+            with contextlib.suppress(ProcessLookupError):
+                if self._own_sessions:
+                    os.killpg(child.pid, signum)
+                else:
+                    child.send_signal(signum)
+
+    def stop(self, grace: float, children: Sequence[Child] | None = None) -> None:
+        """SIGTERM to each of `children` (every started one by default) still running; what
+        is left after `grace` seconds is killed. Returns once all have exited."""
+        running = [
+            child for child in (self.started if children is None else children)
+            if child.poll() is None
+        ]  # fmt: skip
+        self.signal(signal.SIGTERM, running)
+        deadline = time.monotonic() + grace
+        for child in running:
+            try:
+                child.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL, [child])
+                child.wait()
+
+
+def exit_status(returncode: int) -> int:
+    """A shell's exit status for a child's return code: 128 + N for a child signal N ended."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def how_it_ended(returncode: int) -> str:
+    """`failed with exit status 1`, `was killed by SIGKILL`."""
+    if returncode < 0:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    return f"failed with exit status {returncode}"
+
+
+@contextlib.contextmanager
+def handling(signums: Sequence[signal.Signals], handler: Handler) -> Iterator[None]:
+    """Within the block, `handler` takes these signals; then their handlers are restored."""
+    previous = {signum: signal.signal(signum, handler) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, action in previous.items():
+            signal.signal(signum, action)
+
+
+def _die_with_parent() -> None:
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
