@@ -174,16 +174,19 @@ def finish(cluster: SlurmCluster, job: subprocess.Popen[str]) -> dict[str, str]:
     job_id = job.stdout.readline().strip().split(";")[0]
     try:
         assert job_id.isdigit(), job.communicate(timeout=CALL_SECONDS)[1]
-        ended = wait_until(
-            lambda: cluster.job(job_id)["JobState"] not in _LIVE_STATES, CALL_SECONDS
-        )
-        assert ended, f"job {job_id} still ran after {CALL_SECONDS:.0f} s"
+        fields = wait_for_end(cluster, job_id)
     finally:
         job.terminate()
         _, stderr = job.communicate()
-    fields = cluster.job(job_id)
     fields["stderr"] = stderr
     return fields
+
+
+def wait_for_end(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
+    """Waits for the job `job_id` to end; its `scontrol show job` fields then."""
+    over = wait_until(lambda: cluster.job(job_id)["JobState"] not in _LIVE_STATES, CALL_SECONDS)
+    assert over, f"job {job_id} still ran after {CALL_SECONDS:.0f} s"
+    return cluster.job(job_id)
 
 
 # How long after its processes are gone a requeued run's end still took to reach slurmctld.

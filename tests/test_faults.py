@@ -31,6 +31,7 @@ from tests.slurm_cluster import (
     finish,
     job_id_of,
     submit,
+    wait_for_end,
     warn_and_requeue,
 )
 
@@ -201,6 +202,59 @@ def test_usr1_checkpoints_requeues_and_resumes_losing_no_step(
     resumed = re.findall(r"chief 0 on node\d .* resuming from step (\d+)", log)
     assert resumed == [str(max(stopped_at))]  # every step taken before the signal is kept
     assert checkpoint_step(tmp_path / "preempted") >= 200
+
+
+@pytest.mark.slurm
+def test_a_job_that_may_not_requeue_goes_on_in_a_new_job_losing_no_step(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """`sbatch --no-requeue`, warned with SIGUSR1: SLURM refuses the requeue, and the run goes
+    on in its batch script submitted again, with its arguments, after the job ends."""
+    job = submit(
+        slurm_cluster,
+        tmp_path,
+        "continued",
+        "--train_steps=200",
+        nodes="node[1-2]",
+        sbatch_options=["--no-requeue"],
+    )
+    logs = tmp_path / "continued" / "logs"
+    next_id = ""
+    try:
+        wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
+        job_id = job_id_of(logs)
+        signalled = slurm_cluster.run(["scancel", "--signal=USR1", job_id])
+        assert signalled.returncode == 0, signalled.stderr
+        first = finish(slurm_cluster, job)
+        pattern = r"so the run goes on in job (\d+)"
+        next_id = wait_for(lambda: read_logs(logs), pattern, END_SECONDS).group(1)
+        second = wait_for_end(slurm_cluster, next_id)
+    finally:
+        if not next_id or slurm_cluster.job(next_id)["JobState"] != "COMPLETED":
+            slurm_cluster.run(["scancel", "--user=root"])
+    assert (first["JobState"], first["ExitCode"], first["Requeue"]) == ("COMPLETED", "0:0", "0")
+    assert (second["JobState"], second["ExitCode"]) == ("COMPLETED", "0:0"), second
+    assert second["Command"] == first["Command"]  # the same script, with its arguments
+    assert (second["NumNodes"], second["NumTasks"], second["TresPerNode"]) == (
+        "2",
+        "4",
+        "gres:gpu:1",
+    )
+    log = read_logs(logs)
+    assert f"job {job_id} may not requeue itself (Requeue=0): a stop on the time limit" in log
+    assert "(continuation 1 of at most 3)" in log
+    stopped_at = [
+        int(step) for step in re.findall(r"stopping on SIGUSR1 at global step (\d+)", log)
+    ]
+    assert len(stopped_at) == 2, log[-3000:]
+    resumed = re.findall(r"chief 0 on node\d .* resuming from step (\d+)", log)
+    assert resumed == [str(max(stopped_at))]
+    assert checkpoint_step(tmp_path / "continued") >= 200
+    table = slurm_cluster.run(
+        ["python", "-m", "tfconfig_slurm.commands", "runs", str(tmp_path), "--json"]
+    )
+    (run,) = json.loads(table.stdout)
+    assert (run["state"], run["job_id"], run["continued_as"]) == ("done", next_id, None)
 
 
 # A user's own batch script: no --signal, a time limit of one minute.

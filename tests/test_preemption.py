@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tfconfig_slurm import errors
+from tfconfig_slurm.cluster.step import CONTINUATION
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import preemption
 
@@ -72,19 +73,31 @@ def test_a_stop_is_seen_while_the_main_thread_is_inside_c_code() -> None:
     assert float(seconds) < 1.5, child.stdout
 
 
-def test_a_job_at_its_requeue_limit_ends_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    environ = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "3"}
+@pytest.mark.parametrize(
+    "counts",
+    [{"SLURM_RESTART_COUNT": "3"}, {"SLURM_RESTART_COUNT": "1", CONTINUATION: "2"}],
+    ids=["requeued", "requeued-and-continued"],
+)
+def test_a_job_at_its_requeue_limit_ends_and_says_so(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path, counts: dict[str, str]
+) -> None:
+    environ = {"SLURM_JOB_ID": "77", **counts}
     with caplog.at_level(logging.INFO):
-        status = preemption.requeue(environ, max_requeues=3, stopped_on="SIGUSR1")
+        status = preemption.requeue(environ, 3, "SIGUSR1", tmp_path)
     assert status == errors.EXIT_NOT_REQUEUED
     (record,) = caplog.records
-    assert "job 77 stopped on SIGUSR1 and was requeued 3 times already" in record.getMessage()
+    assert (
+        "job 77 stopped on SIGUSR1 and the run was requeued or continued 3 times already"
+        in record.getMessage()
+    )
     assert "--max_requeues=3" in record.getMessage()
 
 
-def test_outside_slurm_there_is_nothing_to_requeue(caplog: pytest.LogCaptureFixture) -> None:
+def test_outside_slurm_there_is_nothing_to_requeue(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
     with caplog.at_level(logging.INFO):
-        assert preemption.requeue({}, max_requeues=3, stopped_on="SIGUSR1") == 0
+        assert preemption.requeue({}, 3, "SIGUSR1", tmp_path) == 0
     assert "outside a SLURM job" in caplog.records[0].getMessage()
 
 
@@ -97,6 +110,9 @@ def test_a_failed_requeue_is_an_error_that_names_the_job(
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
     environ = {"SLURM_JOB_ID": "1", "SLURM_ARRAY_JOB_ID": "5", "SLURM_ARRAY_TASK_ID": "2"}
     with caplog.at_level(logging.INFO):
-        status = preemption.requeue(environ, max_requeues=3, stopped_on="SIGUSR1")
+        status = preemption.requeue(environ, 3, "SIGUSR1", tmp_path / "run")
     assert status == errors.EXIT_NOT_REQUEUED
-    assert "`scontrol requeue 5_2` failed" in caplog.records[0].getMessage()
+    said = caplog.records[0].getMessage()
+    assert "`scontrol requeue 5_2` failed" in said
+    assert "the run cannot go on in a new job: scontrol show job failed" in said
+    assert not (tmp_path / "run").exists()

@@ -155,6 +155,10 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
              "exit_status": 1, "seen_by": None, "time": time.time()}  # fmt: skip
     (failed / "failures" / "7.0.0.json").write_text(json.dumps(first))
     run_dir(tmp_path, "e-stopped", {"state": "stopped", "signal": "SIGUSR1"}, None, 40)
+    stopped = {"state": "stopped", "signal": "SIGUSR1", "why": "time limit", "job_id": "41",
+               "attempts": [{"started": time.time() - 60}]}  # fmt: skip
+    continued = run_dir(tmp_path, "f-continued", stopped, None, 60)
+    (continued / "continued.json").write_text('{"job_id": "42", "after": "41", "time": 1e10}')
     (tmp_path / "not-a-run").mkdir()
 
     table = run_module("tfconfig_slurm.commands", "runs", str(tmp_path), "--sort=loss", "--json")
@@ -166,19 +170,23 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
         ("c-running", "running", 20),
         ("d-failed", "failed", 30),
         ("e-stopped", "stopped", 40),
+        ("f-continued", "stopped", 60),
     ]
     assert runs[1]["eval"]["accuracy"] == 0.9 and runs[1]["examples_per_sec"] == 150.5
     assert runs[0]["hparams"] == {"learning_rate": 0.002}
     assert {"experiment_id", "state", "global_step", "hparams", "eval", "job_id"} <= set(runs[0])
     assert [run["first_failure"] for run in runs] == [
-        None, None, None, "worker 1 on node2: ValueError: bad batch (exit 1)", None
+        None, None, None, "worker 1 on node2: ValueError: bad batch (exit 1)", None, None
     ]  # fmt: skip
-    assert [run["stopped_by"] for run in runs] == [None, None, None, None, "SIGUSR1"]
+    assert [run["stopped_by"] for run in runs][-2:] == ["SIGUSR1", "time limit"]
+    assert [run["continued_as"] for run in runs][-2:] == [None, "42"]
     text = run_module("tfconfig_slurm.commands", "runs", str(tmp_path), "--sort=accuracy")
     lines = text.stdout.splitlines()
     assert lines[0].split()[:4] == ["EXPERIMENT_ID", "STATE", "STEP", "EVAL"]
     assert lines[1].startswith("b-done") and "accuracy=0.95" in lines[1]
     assert lines[-1] == "d-failed: first to fail: worker 1 on node2: ValueError: bad batch (exit 1)"
+    continued_line = next(line for line in lines if line.startswith("f-continued"))
+    assert "41 -> 42" in continued_line and "(time limit)" in continued_line
     assert next(line for line in lines if line.startswith("e-stopped")).split()[1:3] == [
         "stopped",
         "(SIGUSR1)",

@@ -17,6 +17,8 @@ BLOCK = "block"
 CYCLIC = "cyclic"
 DISTRIBUTIONS = (BLOCK, CYCLIC)
 
+CONTINUATION = "TFCONFIG_SLURM_CONTINUATION"
+
 # Where each value comes from; the first variable that is set wins. The step's own variables
 # come before the job's, because a step may run on only part of its job's allocation.
 # CUDA_VISIBLE_DEVICES leads the GPU sources because it is what CUDA reads in this task's
@@ -37,6 +39,9 @@ SOURCES: Mapping[str, tuple[str, ...]] = {
     "array_job_id": ("SLURM_ARRAY_JOB_ID",),
     "array_task_id": ("SLURM_ARRAY_TASK_ID",),
     "restart_count": ("SLURM_RESTART_COUNT",),
+    # Not SLURM's: how many jobs before this one the run went on from, where SLURM refused to
+    # requeue (process/continuation.py sets it in the next job).
+    "continuation": (CONTINUATION,),
     "distribution": ("SLURM_DISTRIBUTION",),
     "gpus": ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"),
     "gpus_on_node": ("SLURM_GPUS_ON_NODE",),
@@ -117,6 +122,8 @@ class SlurmJob:
     array_job_id: int | None
     array_task_id: int | None
     restart_count: int
+    # The jobs this run went on in before, where it could not requeue (continuation.py).
+    continuation: int = 0
 
     @property
     def name(self) -> str:
@@ -138,6 +145,7 @@ def read_slurm_job(environ: Mapping[str, str]) -> SlurmJob | None:
         array_job_id=_optional_whole_number(environ, "array_job_id"),
         array_task_id=_optional_whole_number(environ, "array_task_id"),
         restart_count=_optional_whole_number(environ, "restart_count") or 0,
+        continuation=_optional_whole_number(environ, "continuation") or 0,
     )
 
 

@@ -7,7 +7,8 @@ OUTPUT_ROOT defaults to $TFCONFIG_SLURM_OUTPUT, else ./tf-output. A run's state 
 what it wrote (state.json, summary.json) and, where squeue is there, from SLURM: running; done;
 failed (a run that ended without saying so: killed, its node lost, or an error); stopped (on a
 signal, with a checkpoint; it resumes when run again); requeued (stopped, and its job waits in
-the queue to resume). --sort orders by a final metric, best first (the lowest for a loss or
+the queue to resume); continued (stopped, and the job it goes on in waits: JOB shows `31 ->
+35`). --sort orders by a final metric, best first (the lowest for a loss or
 an error, else the highest). Imports no TensorFlow.
 """
 
@@ -27,7 +28,7 @@ from absl import flags
 from tfconfig_slurm.commands import json_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import claim, failure, reports, run_dir
+from tfconfig_slurm.process import claim, continuation, failure, reports, run_dir
 
 PROGRAM = "tfconfig-slurm runs"
 
@@ -72,7 +73,8 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         return None
     latest = re.search(r'^model_checkpoint_path: ".*?(\d+)"', checkpoint or "", re.M)
     speeds = [trainer.get("examples_per_sec") or 0.0 for trainer in summary.get("trainers", ())]
-    said = _state(folder, state, summary, jobs, failed=first is not None)
+    continued = _continued(folder, state)
+    said = _state(folder, state, summary, jobs, failed=first is not None, continued=continued)
     return {
         "experiment_id": folder.name,
         "state": said,
@@ -81,10 +83,12 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         "examples_per_sec": round(sum(speeds), 1) if speeds else None,
         "hparams": state.get("hparams", {}),
         "job_id": state.get("job_id"),
+        # The job the run goes on in, where its own could not requeue.
+        "continued_as": continued.job_id if continued else None,
         "first_failure": _first_failure(first, state) if said == "failed" else None,
         # What stopped a stopped or requeued run: "time limit", or the signal.
         "stopped_by": state.get("why", state.get("signal"))
-        if said in ("stopped", "requeued")
+        if said in ("stopped", "requeued", "continued")
         else None,
         "updated": max(
             _modified(path) for path in (paths.state, paths.summary, paths.checkpoint_index)
@@ -99,15 +103,20 @@ def _state(
     jobs: Mapping[str, str] | None,
     *,
     failed: bool,
+    continued: continuation.Continued | None,
 ) -> str:
     # A run a script trained itself (with-tfconfig --model_dir) may say only that it failed.
     said = state.get("state", "done" if summary else "failed" if failed else "unknown")
     job = state.get("job_id")
+    if said == "stopped" and continued is not None:
+        job = continued.job_id
     queued = None if jobs is None or job is None else jobs.get(str(job))
     if said == "stopped":
         if queued is None:
             return "stopped"
-        return "requeued" if queued in _WAITING else "running"
+        if queued in _WAITING:
+            return "requeued" if continued is None else "continued"
+        return "running"
     if said != "running":
         return str(said)
     if job is not None and jobs is not None:
@@ -115,6 +124,15 @@ def _state(
     # Outside SLURM, or without squeue: the model directory's lock says whether it trains.
     live = claim.held_by_live_run(folder)
     return "running" if live in (True, None) else "failed"
+
+
+def _continued(folder: Path, state: Mapping[str, Any]) -> continuation.Continued | None:
+    """The job the run went on in, if it did since its last attempt started."""
+    continued = continuation.read(folder)
+    attempts = state.get("attempts") or [{}]
+    if continued is None or continued.time < attempts[-1].get("started", 0.0):
+        return None
+    return continued
 
 
 def _first_failure(first: failure.Failure | None, state: Mapping[str, Any]) -> str | None:
@@ -177,7 +195,8 @@ def _table(runs: list[dict[str, Any]]) -> str:
                 _pairs({k: v for k, v in run["eval"].items() if k != "global_step"}, 4) or "-",
                 "-" if run["examples_per_sec"] is None else f"{run['examples_per_sec']:.0f}",
                 _pairs(run["hparams"], 6) or "-",
-                run["job_id"] or "-",
+                (run["job_id"] or "-")
+                + (f" -> {run['continued_as']}" if run["continued_as"] else ""),
                 "-" if run["updated"] is None else _ago(run["updated"]),
             )
         )

@@ -27,6 +27,7 @@ from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import EXIT_PEER_LOST, UsageError
 from tfconfig_slurm.process import (
     claim,
+    continuation,
     failure,
     model_dir,
     network,
@@ -127,6 +128,7 @@ def _run(task: TaskRun, layout: str, backend: Callable[[], Backend], *, returns:
             daemon=True,
         ).start()
     limit = _keep_time_limit(task)
+    _say_how_a_stop_goes_on(task)
     with failure.recording_errors():
         return _train(task, trainer, held, returns, limit)
 
@@ -151,6 +153,19 @@ def _keep_time_limit(task: TaskRun) -> time_limit.TimeLimit | None:
         policy.time_limit_margin,
         acts=_requeues(role),
     )
+
+
+def _say_how_a_stop_goes_on(task: TaskRun) -> None:
+    """The task that requeues the job says at start, from a thread (slurmctld may be slow),
+    where the job may not requeue itself (process/continuation.py)."""
+    job, role = read_slurm_job(task.environ), task.place.role
+    if job is None or not task.stop_policy.requeue_on or not _requeues(role):
+        return
+    if role is not None and role.in_local_cluster:
+        return
+    threading.Thread(
+        target=continuation.say_at_start, args=(job,), name="requeue-check", daemon=True
+    ).start()
 
 
 def _train(
@@ -220,9 +235,11 @@ class _End:
             # The model directory stays held, for the requeued job to resume there.
             status = 0
             if _requeues(role):
-                policy = self.task.stop_policy
                 status = preemption.after_stop(
-                    self.task.environ, ending.stopped_on, policy.requeue_on, policy.max_requeues
+                    self.task.environ,
+                    ending.stopped_on,
+                    self.task.stop_policy,
+                    self.task.model_dir,
                 )
             exit_now(status)
         if self.owner is not None:

@@ -9,8 +9,10 @@ default): SIGTERM stops training the same way, and requeues only when asked to
 A handler only sets a flag: trainers look at it between steps (each backend's hook or
 callback), the chief writes its final checkpoint once every worker has stopped, and the first
 parameter server, which sees every trainer finish, requeues the job with `scontrol requeue` (array
-tasks by their own id). The requeued run (SLURM_RESTART_COUNT > 0) resumes from that
-checkpoint. A job requeued --max_requeues times already is not requeued again, and says so.
+tasks by their own id), or where SLURM refuses, submits it again to go on after it
+(process/continuation.py). The requeued run (SLURM_RESTART_COUNT > 0) resumes from that
+checkpoint. A run requeued or continued --max_requeues times already is not requeued again,
+and says so.
 
 No TensorFlow here.
 """
@@ -22,13 +24,14 @@ import socket
 import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
 from absl import logging
 
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import EXIT_NOT_REQUEUED, UsageError
-from tfconfig_slurm.process import slurm_commands
+from tfconfig_slurm.process import continuation, slurm_commands
 
 
 def parse_signal(name: str) -> signal.Signals | None:
@@ -128,12 +131,16 @@ class StopPolicy:
 
 
 def after_stop(
-    environ: Mapping[str, str], stopped_on: str, requeue_on: Collection[str], max_requeues: int
+    environ: Mapping[str, str],
+    stopped_on: str,
+    policy: StopPolicy,
+    model_dir: Path,
 ) -> int:
     """What a task that stopped on a signal does last: requeues the job when the signal is one
-    of `requeue_on`, else says how to resume; the exit status this task should end with."""
-    if stopped_on in requeue_on:
-        return requeue(environ, max_requeues, stopped_on)
+    of the policy's `requeue_on` (or has it go on in a new job, process/continuation.py), else
+    says how to resume; the exit status this task should end with."""
+    if stopped_on in policy.requeue_on:
+        return requeue(environ, policy.max_requeues, stopped_on, model_dir)
     logging.info(
         "stopped on %s with a checkpoint of every step taken; not requeueing the job (a "
         "--preempt_signal requeues it, and SIGTERM with --requeue_on_sigterm): run again with "
@@ -143,8 +150,9 @@ def after_stop(
     return 0
 
 
-def requeue(environ: Mapping[str, str], max_requeues: int, stopped_on: str) -> int:
-    """Puts this SLURM job back in the queue; the exit status this task should end with."""
+def requeue(environ: Mapping[str, str], max_requeues: int, stopped_on: str, model_dir: Path) -> int:
+    """Puts this SLURM job back in the queue, or where SLURM refuses, submits it again to go
+    on after it; the exit status this task should end with."""
     job = read_slurm_job(environ)
     if job is None:
         logging.warning(
@@ -153,12 +161,12 @@ def requeue(environ: Mapping[str, str], max_requeues: int, stopped_on: str) -> i
             stopped_on,
         )
         return 0
-    target, restarts = job.name, job.restart_count
+    target, restarts = job.name, job.restart_count + job.continuation
     if restarts >= max_requeues:
         logging.error(
-            "job %s stopped on %s and was requeued %d times already (--max_requeues=%d): not "
-            "requeueing it again. HINT: submit it again with the same experiment id to resume "
-            "from the checkpoint, or raise --max_requeues",
+            "job %s stopped on %s and the run was requeued or continued %d times already "
+            "(--max_requeues=%d): not requeueing it again. HINT: submit it again with the same "
+            "experiment id to resume from the checkpoint, or raise --max_requeues",
             target,
             stopped_on,
             restarts,
@@ -166,18 +174,40 @@ def requeue(environ: Mapping[str, str], max_requeues: int, stopped_on: str) -> i
         )
         return EXIT_NOT_REQUEUED
     problem = slurm_commands.failure(["scontrol", "requeue", target])
-    if problem:
+    if not problem:
+        logging.info(
+            "stopped on %s; requeued job %s (restart %d of at most %d): it resumes from the "
+            "checkpoint",
+            stopped_on,
+            target,
+            restarts + 1,
+            max_requeues,
+        )
+        return 0
+    try:
+        record = continuation.job_record(target)
+        if isinstance(record, str):
+            raise continuation.ContinuationError(record)
+        next_job = continuation.submit(job, model_dir, environ, record)
+    except continuation.ContinuationError as error:
         logging.error(
-            "stopped on %s, but `scontrol requeue %s` failed: %s. HINT: submit the job again "
-            "with the same experiment id to resume from the checkpoint",
+            "stopped on %s, but `scontrol requeue %s` failed (%s), and the run cannot go on in "
+            "a new job: %s. HINT: submit the job again with the same experiment id to resume "
+            "from the checkpoint",
             stopped_on,
             target,
             problem,
+            error,
         )
         return EXIT_NOT_REQUEUED
     logging.info(
-        "stopped on %s; requeued job %s (restart %d of at most %d): it resumes from the checkpoint",
+        "stopped on %s; SLURM refused to requeue job %s (%s), so the run goes on in job %s, "
+        "its batch script submitted again to start once job %s ends (continuation %d of at "
+        "most %d): it resumes from the checkpoint",
         stopped_on,
+        target,
+        problem,
+        next_job,
         target,
         restarts + 1,
         max_requeues,

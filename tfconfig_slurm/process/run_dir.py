@@ -51,6 +51,8 @@ class RunDir:
     evaluator_result = _Entry("evaluator.json")
     # The first failure of each attempt (process/failure.py).
     failures = _Entry("failures")
+    # The job the run went on in, where its own could not requeue (process/continuation.py).
+    continuation = _Entry("continued.json")
     # TensorFlow's own file naming the latest checkpoint.
     checkpoint_index = _Entry("checkpoint")
     # One log per task, from the batch script or the local cluster.

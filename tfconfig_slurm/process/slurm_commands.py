@@ -4,20 +4,27 @@ deadline, and a command that cannot run or fails told as one sentence. No Tensor
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 # slurmctld can be slow to answer when busy; a command that takes longer is given up on.
 COMMAND_SECONDS = 60.0
 
 
 def run(
-    command: Sequence[str], seconds: float = COMMAND_SECONDS
+    command: Sequence[str],
+    seconds: float = COMMAND_SECONDS,
+    environ: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str] | None:
-    """Runs the command, its output captured; None where it cannot be run (not installed,
-    or no answer within `seconds`)."""
+    """Runs the command (in `environ`, else this process's environment), its output
+    captured; None where it cannot be run (not installed, or no answer within `seconds`)."""
     try:
         return subprocess.run(
-            list(command), capture_output=True, text=True, timeout=seconds, check=False
+            list(command),
+            capture_output=True,
+            text=True,
+            timeout=seconds,
+            check=False,
+            env=None if environ is None else dict(environ),
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
