@@ -401,7 +401,7 @@ def test_the_batch_script_names_the_task_that_failed_first(
         if job.poll() is None:
             job.kill()
     assert ended["JobState"] == "FAILED" and ended["ExitCode"] != "0:0"
-    output = (tmp_path / f"mnist_deep-{ended['JobId']}.out").read_text()
+    output = (tmp_path / f"train-{ended['JobId']}.out").read_text()
     second_node = re.search(r"worker 0 on (node\d)", read_logs(logs))
     assert second_node is not None
     # From the run's failure record, written by the first watcher to find worker 0 lost; else

@@ -140,7 +140,7 @@ def test_two_jobs_on_one_id_the_second_stops_at_start_naming_the_first(
     assert refusal in logs
     assert loser["ExitCode"] != "0:0"
     # The batch job's output says why, in the refusing task's own line.
-    output = (tmp_path / f"mnist_deep-{loser['JobId']}.out").read_text()
+    output = (tmp_path / f"train-{loser['JobId']}.out").read_text()
     # srun names the tasks that failed alike together (`tasks 0-1:`).
     named = rf"first to fail: tasks? [\d,-]+: .*; its last line: .*{refusal}"
     assert re.search(named, output), output
