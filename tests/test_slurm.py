@@ -393,14 +393,11 @@ def test_the_runs_table_follows_a_run_through_running_requeued_stopped_and_faile
     )
     root = tmp_path
 
+    def listed(name: str) -> dict[str, Any]:
+        return next(run for run in runs_table(slurm_cluster, root) if run["experiment_id"] == name)
+
     def state(name: str) -> str:
-        return str(
-            next(
-                run["state"]
-                for run in runs_table(slurm_cluster, root)
-                if run["experiment_id"] == name
-            )
-        )
+        return str(listed(name)["state"])
 
     assert wait_until((tmp_path / "long" / "checkpoint").exists, 300)
     job_id = job_id_of(tmp_path / "long" / "logs")
@@ -410,7 +407,13 @@ def test_the_runs_table_follows_a_run_through_running_requeued_stopped_and_faile
     assert wait_until(lambda: state("long") == "requeued", 120)
     slurm_cluster.run(["scancel", job_id])
     assert wait_until(lambda: not queued(slurm_cluster, job_id), 60)
-    assert state("long") == "stopped"
+    # Stopped on SIGUSR1, and then cancelled in the queue: SLURM's word comes first.
+    said = listed("long")
+    assert (said["state"], said["stopped_by"], said["ended_by"]) == (
+        "stopped",
+        "SIGUSR1",
+        "cancelled",
+    )
     # The other run, whose chief is killed outright (as by the OOM killer), never says it
     # ended: the table says failed once its job has ended.
     assert wait_until((tmp_path / "killed" / "checkpoint").exists, 300)

@@ -200,3 +200,32 @@ def test_the_runs_table_refuses_an_unknown_metric_and_a_missing_root(tmp_path: P
     assert "--sort: is 'acc', which no finished run reports" in unknown.stderr
     missing = run_module("tfconfig_slurm.commands", "runs", str(tmp_path / "none"))
     assert missing.returncode == 2 and "OUTPUT_ROOT:" in missing.stderr
+
+
+def test_the_runs_table_says_how_slurm_ended_a_job_the_run_could_not_say(tmp_path: Path) -> None:
+    """squeue lists ended jobs for a while (MinJobAge): a squeue that says so, first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"
+    squeue.write_text(
+        "#!/bin/sh\nprintf '41 NODE_FAIL\\n42 OUT_OF_MEMORY\\n43 CANCELLED\\n44 FAILED\\n'\n"
+    )
+    squeue.chmod(0o755)
+    root = tmp_path / "runs"
+    for name, job, said in (("a", 41, "running"), ("b", 42, "running"),
+                            ("c", 43, "stopped"), ("d", 44, "running")):  # fmt: skip
+        run_dir(root, name, {"state": said, "job_id": str(job), "signal": "SIGTERM"}, None, 5)
+    table = run_module(
+        "tfconfig_slurm.commands",
+        "runs",
+        str(root),
+        "--json",
+        environ={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"},
+    )
+    assert table.returncode == 0, table.stderr
+    assert [(run["state"], run["ended_by"]) for run in json.loads(table.stdout)] == [
+        ("failed", "node failure"),
+        ("failed", "out of memory"),
+        ("stopped", "cancelled"),
+        ("failed", None),
+    ]

@@ -8,7 +8,9 @@ what it wrote (state.json, summary.json) and, where squeue is there, from SLURM:
 failed (a run that ended without saying so: killed, its node lost, or an error); stopped (on a
 signal, with a checkpoint; it resumes when run again); requeued (stopped, and its job waits in
 the queue to resume); continued (stopped, and the job it goes on in waits: JOB shows `31 ->
-35`). --sort orders by a final metric, best first (the lowest for a loss or
+35`). Beside the state, why: the time limit or the signal that stopped a run, and, for a few
+minutes after its job ended, SLURM's word where the run could not say (cancelled, node
+failure, out of memory). --sort orders by a final metric, best first (the lowest for a loss or
 an error, else the highest). Imports no TensorFlow.
 """
 
@@ -38,6 +40,18 @@ SORT = flags.DEFINE_string(
 flags.adopt_module_key_flags(json_flag)
 # A job that squeue lists in these states has not started its run (again) yet.
 _WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING"}
+# How SLURM says a job ended that the run cannot say itself (squeue lists ended jobs for
+# MinJobAge, 300 s by default); other ended states say nothing more than the run's own.
+_ENDED = {
+    "CANCELLED": "cancelled",
+    "NODE_FAIL": "node failure",
+    "BOOT_FAIL": "node failure",
+    "OUT_OF_MEMORY": "out of memory",
+    "TIMEOUT": "time limit",
+    "DEADLINE": "deadline",
+    "PREEMPTED": "preempted",
+}
+_GONE = {*_ENDED, "COMPLETED", "FAILED", "SPECIAL_EXIT"}
 
 
 def main(argv: Sequence[str]) -> int:
@@ -75,6 +89,8 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     speeds = [trainer.get("examples_per_sec") or 0.0 for trainer in summary.get("trainers", ())]
     continued = _continued(folder, state)
     said = _state(folder, state, summary, jobs, failed=first is not None, continued=continued)
+    # SLURM's word for how the run's job ended, while squeue still lists it.
+    slurm_said = _ENDED.get((jobs or {}).get(str(state.get("job_id")), ""))
     return {
         "experiment_id": folder.name,
         "state": said,
@@ -90,6 +106,9 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         "stopped_by": state.get("why", state.get("signal"))
         if said in ("stopped", "requeued", "continued")
         else None,
+        # How SLURM ended the run's job where the run could not say: cancelled, node failure,
+        # out of memory, time limit, preempted.
+        "ended_by": slurm_said if said in ("stopped", "failed") else None,
         "updated": max(
             _modified(path) for path in (paths.state, paths.summary, paths.checkpoint_index)
         ),
@@ -111,6 +130,8 @@ def _state(
     if said == "stopped" and continued is not None:
         job = continued.job_id
     queued = None if jobs is None or job is None else jobs.get(str(job))
+    if queued in _GONE:
+        queued = None
     if said == "stopped":
         if queued is None:
             return "stopped"
@@ -145,9 +166,9 @@ def _first_failure(first: failure.Failure | None, state: Mapping[str, Any]) -> s
 
 
 def _queued_jobs() -> dict[str, str] | None:
-    """Every job squeue lists (array tasks one by one, as 123_4) and its state; None without
-    squeue."""
-    listed = claim.squeue("--array", "--format=%i %T")
+    """Every job squeue lists (array tasks one by one, as 123_4), those that ended lately
+    too, and its state; None without squeue."""
+    listed = claim.squeue("--array", "--states=all", "--format=%i %T")
     if listed is None or listed.returncode != 0:
         return None
     return dict(line.split(maxsplit=1) for line in listed.stdout.splitlines() if " " in line)
@@ -190,7 +211,7 @@ def _table(runs: list[dict[str, Any]]) -> str:
         rows.append(
             (
                 run["experiment_id"],
-                run["state"] + (f" ({run['stopped_by']})" if run["stopped_by"] else ""),
+                run["state"] + _why(run),
                 "-" if run["global_step"] is None else str(run["global_step"]),
                 _pairs({k: v for k, v in run["eval"].items() if k != "global_step"}, 4) or "-",
                 "-" if run["examples_per_sec"] is None else f"{run['examples_per_sec']:.0f}",
@@ -211,6 +232,12 @@ def _table(runs: list[dict[str, Any]]) -> str:
         if run["first_failure"]
     ]
     return "\n".join(lines) + "\n"
+
+
+def _why(run: Mapping[str, Any]) -> str:
+    """` (time limit)`, ` (node failure)`: what stopped or ended a run, SLURM's word first."""
+    why = run["ended_by"] or run["stopped_by"]
+    return f" ({why})" if why else ""
 
 
 def _pairs(values: Mapping[str, Any], digits: int) -> str:
