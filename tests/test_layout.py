@@ -166,6 +166,54 @@ def test_all_reduce_lays_out_a_chief_and_a_worker_per_gpu_and_no_parameter_serve
     assert tf_config(layout, 5)["task"] == {"type": "worker", "index": 4}
 
 
+def test_a_coordinator_layout_gives_each_node_s_workers_its_gpus_and_the_coordinator_none() -> None:
+    """As ParameterServerStrategy wants: 2 nodes x 4 GPUs, the first with 3 tasks (ps,
+    coordinator, worker), the second with 3 (ps, two workers that split its GPUs)."""
+    environ = task_env(["a", "b"], [3, 3], 1, gpus="0,1,2,3")
+    layout = layout_of(environ, LayoutPolicy(coordinator=True))
+    assert roles(layout) == ["ps0", "chief0", "worker0", "ps1", "worker1", "worker2"]
+    assert [task.gpus for task in layout.tasks] == [
+        (), (), ("0", "1", "2", "3"), (), ("0", "1"), ("2", "3")
+    ]  # fmt: skip
+    assert ClusterRole.from_tf_config(tf_config(layout, 1)).coordinator
+    assert not layout.idle_gpus
+    assert "1 chief (the coordinator)" in render.summary_line(layout)
+
+
+def test_a_coordinator_s_evaluator_names_only_itself_and_still_knows_its_cluster() -> None:
+    layout = layout_of(
+        task_env(["a", "b"], [3, 3], 5), LayoutPolicy(coordinator=True, evaluator=True)
+    )
+    config = tf_config(layout, 5)
+    assert config["cluster"] == {"evaluator": [layout.task(5).address]}
+    assert config["task"] == {"type": "evaluator", "index": 0}
+    role = ClusterRole.from_tf_config(config)
+    assert (role.coordinator, role.has_evaluator) == (True, True)
+    assert role.jobs() == layout.cluster()
+    # Nobody else's cluster names the evaluator, the coordinator's least of all.
+    assert "evaluator" not in tf_config(layout, 1)["cluster"]
+
+
+def test_a_node_without_a_worker_beside_the_coordinator_is_named_idle() -> None:
+    layout = layout_of(task_env(["a", "b"], [2, 2], 0, gpus="0,1"), LayoutPolicy(coordinator=True))
+    assert roles(layout) == ["ps0", "chief0", "ps1", "worker0"]
+    assert layout.idle_gpus == {"a": ("0", "1")}
+    warning = render.idle_gpus_warning(layout)
+    assert warning is not None and "sbatch --nodes=2 --ntasks=5" in warning
+
+
+@pytest.mark.parametrize(
+    ("tasks", "gpus", "culprit"),
+    [([2, 1], "0,1", "--coordinator"), ([3, 4], "0,1", "GPUs of node b")],
+)
+def test_a_coordinator_layout_that_cannot_be_is_refused(
+    tasks: list[int], gpus: str, culprit: str
+) -> None:
+    with pytest.raises(LayoutError) as raised:
+        layout_of(task_env(["a", "b"], tasks, 0, gpus=gpus), LayoutPolicy(coordinator=True))
+    assert raised.value.culprit == culprit
+
+
 def test_explicit_roles_as_in_tf4slurm() -> None:
     explicit = ("ps", "worker", "worker", "worker", "ps", "worker", "worker", "worker")
     layout = layout_of(task_env(["a", "b"], [4, 4], 0), LayoutPolicy(roles=explicit))
@@ -290,6 +338,8 @@ def test_no_trainer_is_refused() -> None:
         ({"address_template": "{node} ib"}, "--address_template"),
         ({"all_reduce": True, "ps_per_node": 1}, "--ps_per_node"),
         ({"all_reduce": True, "roles": ("chief", "ps")}, "--roles"),
+        ({"coordinator": True, "all_reduce": True}, "--coordinator"),
+        ({"coordinator": True, "ps_per_node": 0}, "--ps_per_node"),
     ],
 )
 def test_bad_policies(policy: dict[str, object], culprit: str) -> None:

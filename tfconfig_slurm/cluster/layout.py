@@ -5,7 +5,9 @@ Pure and deterministic: the same `StepShape` and `LayoutPolicy` give every task 
 makes the other tasks trainers, each driving one of the node's GPUs; the first trainer of the
 first node is the chief. An evaluator takes a GPU its node's trainers left free. In a step
 across a heterogeneous job's components, every task of the first component's (CPU) nodes is a
-parameter server, the evaluator the last of them, and the other nodes' tasks train.
+parameter server, the evaluator the last of them, and the other nodes' tasks train. For
+ParameterServerStrategy (`coordinator`) the chief is the coordinator, which trains nothing and
+takes no GPU, and a node's workers share all its GPUs.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ class LayoutPolicy:
     port_base: int | None = None
     # The layout tf.distribute.MultiWorkerMirroredStrategy wants: no parameter servers.
     all_reduce: bool = False
+    # The layout tf.distribute.ParameterServerStrategy wants: the chief a coordinator that
+    # holds no GPU, the workers of a node sharing its GPUs.
+    coordinator: bool = False
 
     def __post_init__(self) -> None:
         if self.ps_per_node is not None and self.ps_per_node < 0:
@@ -81,6 +86,20 @@ class LayoutPolicy:
                 "--roles",
                 "names a ps, and --all_reduce lays a step out without parameter servers",
                 "give only chief, worker and evaluator roles with --all_reduce",
+            )
+        if self.coordinator and self.all_reduce:
+            raise UsageError(
+                "--coordinator",
+                "lays a step out for ParameterServerStrategy, and --all_reduce for "
+                "MultiWorkerMirroredStrategy",
+                "give one of them",
+            )
+        if self.coordinator and self.ps_per_node == 0:
+            raise UsageError(
+                "--ps_per_node",
+                "is 0, and --coordinator lays a step out for ParameterServerStrategy, which "
+                "keeps its variables on parameter servers",
+                "leave --ps_per_node out (one a node), or give 1 or more",
             )
         _check_address_template(self.address_template)
         if self.port_base is not None and not MIN_PORT <= self.port_base <= MAX_PORT:
@@ -165,16 +184,22 @@ class ClusterLayout:
     roles: tuple[str, ...]
     indices: tuple[int, ...]
     addresses: tuple[str, ...]
+    # Laid out for ParameterServerStrategy: the chief coordinates (LayoutPolicy.coordinator).
+    coordinator: bool = False
 
     @functools.cached_property
     def gpus(self) -> tuple[tuple[str, ...], ...]:
         """Each rank's GPUs: one for each trainer, in rank order (which is local-id order on a
         node), then one for an evaluator where one is left; none for a ps. A trainer drives
-        one GPU, so a node's further GPUs are left to nobody (`idle_gpus`)."""
+        one GPU, so a node's further GPUs are left to nobody (`idle_gpus`). With a
+        coordinator, a node's workers share all its GPUs, in equal runs, and the coordinator
+        has none."""
         node_gpus = self.shape.node_gpus
         gpus: list[tuple[str, ...]] = [()] * len(self.roles)
         if not node_gpus:
             return tuple(gpus)
+        if self.coordinator:
+            return self._shared_gpus()
         taken: Counter[int] = Counter()
         # A heterogeneous job's first component has no GPUs: node_gpus are the others'.
         taken.update({node: len(node_gpus) for node in self.shape.server_nodes})
@@ -185,6 +210,18 @@ class ClusterLayout:
                 if role in kinds and taken[node] < len(node_gpus):
                     gpus[rank] = (node_gpus[taken[node]],)
                     taken[node] += 1
+        return tuple(gpus)
+
+    def _shared_gpus(self) -> tuple[tuple[str, ...], ...]:
+        node_gpus = self.shape.node_gpus
+        workers = _trainers_per_node(self.placement, self.roles, (WORKER,))
+        seen: Counter[int] = Counter()
+        gpus: list[tuple[str, ...]] = [()] * len(self.roles)
+        for rank, (node, role) in enumerate(zip(self.placement.node_indices, self.roles)):
+            if role == WORKER:
+                share, nth = len(node_gpus) // workers[node], seen[node]
+                gpus[rank] = node_gpus[nth * share : (nth + 1) * share]
+                seen[node] += 1
         return tuple(gpus)
 
     @property
@@ -268,6 +305,14 @@ def _lay_out(shape: StepShape, placement: Placement, policy: LayoutPolicy) -> Cl
         else _policy_roles(shape, placement, policy)
     )
     kinds[_choose_chief(placement, kinds, policy)] = CHIEF
+    if policy.coordinator and WORKER not in kinds:
+        raise LayoutError(
+            "--coordinator",
+            f"leaves no worker among the step's {len(kinds)} tasks: the first trainer became "
+            "the coordinator, which trains nothing",
+            "start one task more on the first node, e.g. sbatch --ntasks=<N + 1> (block "
+            "distribution puts it there)",
+        )
     _check_gpus_fit(shape, placement, kinds, policy)
     busiest = max(shape.tasks_per_node)
     port_base = policy.port_base
@@ -286,6 +331,7 @@ def _lay_out(shape: StepShape, placement: Placement, policy: LayoutPolicy) -> Cl
     return ClusterLayout(
         shape=shape,
         placement=placement,
+        coordinator=policy.coordinator,
         port_base=port_base,
         roles=tuple(kinds),
         # Each rank's index within its role, in rank order.
@@ -369,8 +415,10 @@ def _choose_chief(placement: Placement, kinds: list[str], policy: LayoutPolicy) 
     return first[2]
 
 
-def _trainers_per_node(placement: Placement, roles: Sequence[str]) -> Counter[int]:
-    return Counter(itertools.compress(placement.node_indices, [role in TRAINERS for role in roles]))
+def _trainers_per_node(
+    placement: Placement, roles: Sequence[str], kinds: Sequence[str] = TRAINERS
+) -> Counter[int]:
+    return Counter(itertools.compress(placement.node_indices, [role in kinds for role in roles]))
 
 
 def _check_gpus_fit(
@@ -379,9 +427,18 @@ def _check_gpus_fit(
     """Every trainer of a node must have a GPU of its own, where the step has GPUs."""
     if not shape.node_gpus:
         return
-    for node, trainers in sorted(_trainers_per_node(placement, roles).items()):
+    # A coordinator trains nothing: only the workers need GPUs, and they share a node's.
+    kinds = (WORKER,) if policy.coordinator else TRAINERS
+    for node, trainers in sorted(_trainers_per_node(placement, roles, kinds).items()):
         if trainers > len(shape.node_gpus):
             raise _too_few_gpus(shape, node, trainers, policy)
+        if policy.coordinator and len(shape.node_gpus) % trainers:
+            raise LayoutError(
+                f"GPUs of node {shape.nodes[node]}",
+                f"are {len(shape.node_gpus)} for its {trainers} workers, which share them in "
+                "equal runs",
+                "one worker a node takes all its GPUs: #SBATCH --ntasks-per-node=<ps + 1>",
+            )
 
 
 def _too_few_gpus(

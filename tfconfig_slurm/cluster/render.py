@@ -22,6 +22,8 @@ def tf_config(layout: ClusterLayout, rank: int) -> dict[str, Any]:
         layout.indices[rank],
         has_evaluator=layout.count(EVALUATOR) > 0,
         run_id=layout.shape.run_id,
+        coordinator=layout.coordinator,
+        evaluator_address=layout.addresses[rank],
     )
 
 
@@ -67,8 +69,9 @@ def summary_line(layout: ClusterLayout) -> str:
     evaluator_gpu = any(gpus for role, gpus in zip(layout.roles, layout.gpus) if role == EVALUATOR)
     idle = sum(map(len, layout.idle_gpus.values()))
     per = "GPU node" if shape.server_nodes else "node"
+    use = "shared by its workers" if layout.coordinator else "1 per trainer"
     gpus = (
-        f"{len(shape.node_gpus)} GPUs per {per}, 1 per trainer"
+        f"{len(shape.node_gpus)} GPUs per {per}, {use}"
         + (", 1 for the evaluator" if evaluator_gpu else "")
         + (f", {idle} idle" if idle else "")
         if shape.node_gpus
@@ -76,7 +79,9 @@ def summary_line(layout: ClusterLayout) -> str:
     )
     counts = {role: layout.count(role) for role in (CHIEF, WORKER, PS, EVALUATOR)}
     described = ", ".join(
-        f"{count} {role}" + ("s" if count > 1 and role != PS else "")
+        f"{count} {role}"
+        + ("s" if count > 1 and role != PS else "")
+        + (" (the coordinator)" if role == CHIEF and layout.coordinator else "")
         for role, count in counts.items()
         if count
     )
@@ -97,6 +102,14 @@ def idle_gpus_warning(layout: ClusterLayout) -> str | None:
     named = [f"{node}: {','.join(gpus)}" for node, gpus in list(idle.items())[:3]]
     node, gpus = max(idle.items(), key=lambda item: len(item[1]))
     tasks = layout.shape.tasks_per_node[layout.shape.nodes.index(node)]
+    if layout.coordinator:
+        return (
+            f"GPUs idle on {len(idle)} of {len(layout.shape.nodes)} nodes "
+            f"({'; '.join(named)}{'; ...' if len(idle) > 3 else ''}): no worker runs there "
+            "(the coordinator takes none). HINT: start a worker there, one task more on the "
+            f"node: sbatch --nodes={len(layout.shape.nodes)} "
+            f"--ntasks={layout.shape.num_tasks + len(idle)} puts it on the first node"
+        )
     return (
         f"GPUs idle on {len(idle)} of {len(layout.shape.nodes)} nodes "
         f"({'; '.join(named)}{'; ...' if len(idle) > 3 else ''}): each trainer drives one GPU, "

@@ -18,6 +18,11 @@ from tfconfig_slurm.errors import UsageError
 # TF_CONFIG was made for (StepShape.run_id), which tells it from one inherited from elsewhere.
 RUNTIME_KEY = "tfconfig_slurm"
 RUN = "run"
+# Set in a cluster laid out for ParameterServerStrategy, whose chief coordinates.
+COORDINATOR = "coordinator"
+# Where that cluster's evaluator finds it: its own TF_CONFIG names only itself, as
+# ParameterServerStrategy wants (an evaluator in the coordinator's cluster hangs it).
+CLUSTER = "cluster"
 # The run id of a --local_cluster's TF_CONFIG, which its launcher hands each task itself.
 LOCAL_RUN_PREFIX = "local-"
 _HINT = (
@@ -44,13 +49,20 @@ def write(
     *,
     has_evaluator: bool,
     run_id: str | None,
+    coordinator: bool = False,
+    evaluator_address: str = "-",
 ) -> dict[str, Any]:
-    """A TF_CONFIG, in the form `tf.estimator.RunConfig` and TensorFlow's resolvers read."""
-    return {
-        "cluster": cluster,
-        "task": {"type": role, "index": index},
-        RUNTIME_KEY: {EVALUATOR: has_evaluator, RUN: run_id},
-    }
+    """A TF_CONFIG, in the form `tf.estimator.RunConfig` and TensorFlow's resolvers read. In
+    a cluster laid out for a coordinator, the evaluator's names only itself (at
+    `evaluator_address`), and the cluster sits under the package's key."""
+    runtime: dict[str, Any] = {EVALUATOR: has_evaluator, RUN: run_id}
+    if not coordinator:
+        return {"cluster": cluster, "task": {"type": role, "index": index}, RUNTIME_KEY: runtime}
+    runtime[COORDINATOR] = True
+    if role == EVALUATOR:
+        runtime[CLUSTER] = cluster
+        cluster = {EVALUATOR: [evaluator_address]}
+    return {"cluster": cluster, "task": {"type": role, "index": index}, RUNTIME_KEY: runtime}
 
 
 def run_of(text: str) -> str | None:
@@ -78,11 +90,17 @@ class ClusterRole:
     # leave in the model directory carry it, so that the chief never takes an earlier run's.
     # None in a TF_CONFIG made elsewhere.
     run_id: str | None = None
+    # Laid out for ParameterServerStrategy: the chief coordinates, the workers only serve.
+    coordinator: bool = False
 
     @classmethod
     def from_tf_config(cls, tf_config: Mapping[str, Any]) -> ClusterRole:
+        runtime = tf_config.get(RUNTIME_KEY) or {}
+        if not isinstance(runtime, Mapping):
+            raise UsageError("TF_CONFIG", f"has a {RUNTIME_KEY!r} that is not an object", _HINT)
         try:
-            cluster = {job: tuple(tasks) for job, tasks in tf_config["cluster"].items()}
+            jobs = runtime.get(CLUSTER) or tf_config["cluster"]
+            cluster = {job: tuple(tasks) for job, tasks in jobs.items() if job != EVALUATOR}
             role, index = tf_config["task"]["type"], int(tf_config["task"]["index"])
         except (KeyError, TypeError, ValueError, AttributeError):
             raise UsageError("TF_CONFIG", "is not a cluster and a task", _HINT) from None
@@ -92,9 +110,6 @@ class ClusterRole:
             raise UsageError("TF_CONFIG", f"names {role} {index}, which its cluster lacks", _HINT)
         if len(cluster.get(CHIEF, ())) != 1:
             raise UsageError("TF_CONFIG", "needs exactly one chief in its cluster", _HINT)
-        runtime = tf_config.get(RUNTIME_KEY) or {}
-        if not isinstance(runtime, Mapping):
-            raise UsageError("TF_CONFIG", f"has a {RUNTIME_KEY!r} that is not an object", _HINT)
         has_evaluator = role == EVALUATOR or bool(runtime.get(EVALUATOR, False))
         run_id = runtime.get(RUN)
         return cls(
@@ -103,6 +118,7 @@ class ClusterRole:
             index=index,
             has_evaluator=has_evaluator,
             run_id=None if run_id is None else str(run_id),
+            coordinator=bool(runtime.get(COORDINATOR, False)),
         )
 
     @classmethod
@@ -166,6 +182,7 @@ class ClusterRole:
             self.index,
             has_evaluator=self.has_evaluator,
             run_id=self.run_id,
+            coordinator=self.coordinator,
         )
         return config | extra
 

@@ -32,6 +32,14 @@ ALL_REDUCE = flags.DEFINE_boolean(
     "wants: a chief and workers, one per GPU, and no parameter servers (a parameter server "
     "in its cluster makes every task fail or hang).",
 )
+COORDINATOR = flags.DEFINE_boolean(
+    "coordinator",
+    LayoutPolicy.coordinator,
+    "Lay the step out for tf.distribute.ParameterServerStrategy: the chief (the first "
+    "trainer of the first node) is the coordinator, which trains nothing and takes no GPU; "
+    "each node's parameter servers, then its workers, which share the node's GPUs (one "
+    "worker a node takes them all). The evaluator's TF_CONFIG names only itself.",
+)
 ROLES = flags.DEFINE_list(
     "roles",
     None,
@@ -74,6 +82,7 @@ def policy_from_flags() -> LayoutPolicy:
     return LayoutPolicy(
         ps_per_node=PS_PER_NODE.value,
         all_reduce=ALL_REDUCE.value,
+        coordinator=COORDINATOR.value,
         roles=tuple(ROLES.value) if ROLES.value else None,
         evaluator=EVALUATOR.value,
         address_template=ADDRESS_TEMPLATE.value,

@@ -30,6 +30,7 @@ POLICY_VARIABLES = {
     "--address_template": "TFCONFIG_SLURM_ADDRESS_TEMPLATE",
     "--port_base": "TFCONFIG_SLURM_PORT_BASE",
     "--all_reduce": "TFCONFIG_SLURM_ALL_REDUCE",
+    "--coordinator": "TFCONFIG_SLURM_COORDINATOR",
 }
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no", "")
 
@@ -150,7 +151,7 @@ def in_variables(error: TfconfigSlurmError) -> TfconfigSlurmError:
 def _parse(flag: str, variable: str, text: str) -> object:
     if flag == "--roles":
         return tuple(role.strip() for role in text.split(",") if role.strip()) or None
-    if flag in ("--evaluator", "--all_reduce"):
+    if flag in ("--evaluator", "--all_reduce", "--coordinator"):
         if text.lower() not in _TRUE + _FALSE:
             raise UsageError(variable, f"is {text!r}, expected 1 or 0", f"e.g. {variable}=1")
         return text.lower() in _TRUE
