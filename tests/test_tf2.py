@@ -1,6 +1,6 @@
 """TensorFlow 2.16+ with tf-keras, in its own environment (.venv-tf2, Python 3.12): the
-Estimator runtime refuses it in one line, and a stock MultiWorkerMirroredStrategy script runs
-under with-tfconfig on the real SLURM test cluster."""
+Estimator runtime refuses it in one line, and stock MultiWorkerMirroredStrategy and
+ParameterServerStrategy scripts run under with-tfconfig on the real SLURM test cluster."""
 
 from __future__ import annotations
 
@@ -125,6 +125,63 @@ def test_a_multi_worker_mirrored_script_in_a_parameter_server_layout_ends_with_a
     assert "ps 0 at node1:" in step.stderr or "ps 1 at node2:" in step.stderr
     assert reports(tmp_path) == {}
     assert slurm_cluster.left_behind() == {}
+
+
+PSS = REPOSITORY / "tests" / "fixtures" / "pss_keras.py"
+# node1: ps 0 and the coordinator; node2: ps 1 and worker 0.
+COORDINATED = ("--nodes=2", "--ntasks-per-node=2")
+
+
+def pss_step(
+    cluster: SlurmCluster, out: Path, *victim: str
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """The tutorial's script under with-tfconfig --coordinator, 4 epochs of 10 steps; the
+    seconds from the coordinator's end to the step's."""
+    step = cluster.run(
+        ["srun", *COORDINATED, "--label", str(WITH_TFCONFIG), "--coordinator", "python",
+         str(PSS), str(out), "4", *victim],
+        timeout=240,
+    )  # fmt: skip
+    finished = (out / "chief.json").stat().st_mtime if (out / "chief.json").exists() else 0.0
+    return step, time.time() - finished
+
+
+@pytest.mark.slurm
+def test_a_parameter_server_strategy_script_survives_a_killed_worker_and_every_task_ends(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """Worker 0's command is killed -9 after the first epoch: its wrapper starts it again on
+    its port, the coordinator carries on and trains every step; its exit ends the others."""
+    step, _ = pss_step(slurm_cluster, tmp_path, "worker")
+    assert step.returncode == 0, step.stderr[-3000:]
+    assert (
+        "worker 0: its command was killed by SIGKILL; starting it again on its port "
+        "(restart 1 of at most 3)"
+    ) in step.stderr
+    trained = json.loads((tmp_path / "chief.json").read_text())
+    # Scheduled functions run at least once: one the killed worker had begun may run twice.
+    assert trained["resumed_at_epoch"] == 0 and trained["steps"] >= 40, trained
+    assert "ps 1: the coordinator finished; ending its command" in step.stderr
+    assert slurm_cluster.left_behind() == {}
+
+
+@pytest.mark.slurm
+def test_a_killed_parameter_server_ends_the_step_and_a_new_one_resumes(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    step, _ = pss_step(slurm_cluster, tmp_path, "ps")
+    assert step.returncode != 0
+    assert "ps 0: its command was killed by SIGKILL (exit 137)" in step.stderr, step.stderr[-3000:]
+    assert "run the step again to resume from the last checkpoint" in step.stderr
+    named = "ps 0 at node1:" in step.stderr and "says its command failed" in step.stderr
+    assert named or "chief 0: its command failed" in step.stderr, step.stderr[-3000:]
+    assert not (tmp_path / "chief.json").exists()
+    assert slurm_cluster.left_behind() == {}
+    again, ending = pss_step(slurm_cluster, tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    trained = json.loads((tmp_path / "chief.json").read_text())
+    assert trained["resumed_at_epoch"] >= 1 and trained["steps"] == 40, trained
+    assert ending < 15.0, ending
 
 
 def test_without_tensorflow_the_layout_tools_work_and_the_runtime_says_what_to_install(

@@ -381,3 +381,53 @@ def test_told_its_model_dir_a_chief_sent_sigterm_says_the_run_stopped(tmp_path: 
     said = json.loads(state.read_text())
     assert (said["state"], said["signal"]) == ("stopped", "SIGTERM")
     assert re.search(r"^mine +stopped \(SIGTERM\) ", runs_table(tmp_path), re.M)
+
+
+# One node of 4 tasks laid out for ParameterServerStrategy: ps 0, the coordinator (chief 0),
+# worker 0 and worker 1, by rank.
+COORDINATED = "--coordinator"
+# SERVER, but it fails its first time (exit 1 at once), and serves its seconds the next.
+FAILS_ONCE = [
+    "sh",
+    "-c",
+    'if [ -e "$1" ]; then shift; exec "$@"; fi; touch "$1"; exit 1',
+    "fails-once",
+]
+
+
+def test_the_coordinator_s_exit_ends_every_server_and_worker_exit_0() -> None:
+    step = wrap_step(free_port_block(4), 4, {1: "2"}, "600", COORDINATED)
+    statuses, logs = ended(step, 60)
+    assert statuses == [0, 0, 0, 0], logs
+    assert "chief 0 (the coordinator): its command finished" in logs
+    assert "ps 0: the coordinator finished; ending its command" in logs
+    assert "worker 1: the coordinator finished; ending its command" in logs
+
+
+def test_a_coordinator_s_worker_whose_command_fails_starts_it_again(tmp_path: Path) -> None:
+    """The coordinator carries on without worker 1 while its wrapper starts its command again;
+    the step still ends exit 0."""
+    base, marker = free_port_block(4), str(tmp_path / "failed-once")
+    step = [
+        wrapped(base, 4, rank, *SERVER, "6" if rank == 1 else "600", layout=COORDINATED)
+        if rank != 3
+        else wrapped(base, 4, rank, *FAILS_ONCE, marker, *SERVER, "600", layout=COORDINATED)
+        for rank in range(4)
+    ]
+    statuses, logs = ended(step, 60)
+    assert statuses == [0, 0, 0, 0], logs
+    assert (
+        "worker 1: its command failed with exit status 1; starting it again on its port "
+        "(restart 1 of at most 3)"
+    ) in logs
+
+
+@pytest.mark.parametrize(
+    ("rank", "named"), [(1, "chief 0"), (0, "ps 0")], ids=["coordinator", "ps"]
+)
+def test_a_failed_coordinator_or_ps_ends_every_task_by_name(rank: int, named: str) -> None:
+    base = free_port_block(4)
+    statuses, logs = ended(wrap_step(base, 4, {rank: "-2"}, "600", COORDINATED), 60)
+    assert statuses[rank] == 1, (statuses, logs)
+    assert None not in statuses and 0 not in statuses, (statuses, logs)
+    assert f"{named} at localhost:{base + rank} says its command failed" in logs

@@ -15,6 +15,11 @@ A cluster without parameter servers (all-reduce training) has only trainers: eac
 neighbours in the tree of trainers below (its parent and children), so a loss travels along
 the tree, at most twice its depth (3 levels at 4,000 trainers).
 
+In a step laid out for ParameterServerStrategy (`coordinator`), a lost worker is the
+coordinator's to tolerate: nobody watches the workers. The coordinator watches every ps; the
+end travels from it to ps 0, from ps 0 to the other parameter servers (`herald`), and from
+each ps to its paired workers, which serve until then.
+
 `launch/with-tfconfig`'s trainers also tell the parameter servers that they finished, which
 the runtime's trainers do through its stop tokens: along a tree of the trainers (the chief
 its root, FAN_OUT children each), a trainer whose command exited 0 waits until each of its
@@ -26,10 +31,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tfconfig_slurm.cluster.layout import PS
+from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
 from tfconfig_slurm.cluster.role import ClusterRole, TaskId
 
 FAN_OUT = 16
+_CHIEF = str(TaskId(CHIEF, 0))
 
 
 def paired(role: ClusterRole) -> dict[str, str]:
@@ -43,6 +49,23 @@ def paired(role: ClusterRole) -> dict[str, str]:
         return _trainers(role, (t for t in range(trainers) if t % pairs == mine))
     mine = role.trainer_id % pairs
     return {str(TaskId(PS, p)): role.cluster[PS][p] for p in range(servers) if p % pairs == mine}
+
+
+def herald(role: ClusterRole) -> dict[str, str]:
+    """Whose FINISHED ends a serving task's command, by name: the chief's for ps 0, ps 0's for
+    the other parameter servers, and with a coordinator, a worker's paired parameter
+    servers'."""
+    if role.role == PS:
+        if role.index == 0:
+            return {str(TaskId(CHIEF, 0)): role.cluster[CHIEF][0]}
+        return {str(TaskId(PS, 0)): role.cluster[PS][0]}
+    return paired(role) if role.coordinator and role.role == WORKER else {}
+
+
+def paired_workers(role: ClusterRole) -> dict[str, str]:
+    """The workers among a ps's paired trainers: with a coordinator, the ones that serve until
+    it says FINISHED."""
+    return {name: address for name, address in paired(role).items() if name != _CHIEF}
 
 
 def neighbours(role: ClusterRole) -> dict[str, str]:

@@ -7,7 +7,9 @@ Layout flags go before the command; everything from the command on is passed to 
 The command runs as a child: signals reach it, its exit status comes back out, a parameter
 server's command (which never returns) is ended once every trainer's has exited 0, and a task
 whose peer is lost is ended by name with exit status 3 (see tfconfig_slurm/process/supervise.py);
-with --model_dir, the first task to fail is recorded there.
+with --model_dir, the first task to fail is recorded there. In a --coordinator step
+(ParameterServerStrategy) the coordinator's exit ends every task, and a worker's command that
+fails is started again.
 A TF_CONFIG inherited from the shell that submitted the job is replaced, with a warning; one
 already made for this step (a nested with-tfconfig) that differs is kept, and the command
 refused, unless --override.
@@ -46,6 +48,13 @@ MODEL_DIR = flags.DEFINE_string(
     "The command's model directory, if you name it: the first task of the step to fail "
     "(its command's exit status, or a peer it found lost) is recorded there, under "
     "failures/, for `tfconfig-slurm runs` to show.",
+)
+WORKER_RESTARTS = flags.DEFINE_integer(
+    "worker_restarts",
+    supervise.WORKER_RESTARTS,
+    "In a --coordinator step (ParameterServerStrategy), how often a worker's command that "
+    "failed is started again on its port: the coordinator carries on without it meanwhile.",
+    lower_bound=0,
 )
 flags.adopt_module_key_flags(layout_flags)
 
@@ -121,7 +130,7 @@ def main(argv: Sequence[str]) -> int:
         ) from None
     if owner is not None:
         owner.say("running", None)
-    return supervise.supervise(group, role, owner)
+    return supervise.supervise(group, role, owner, WORKER_RESTARTS.value)
 
 
 def _made(model_dir: Path) -> Path:

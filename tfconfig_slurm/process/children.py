@@ -38,6 +38,8 @@ class Group:
     def __init__(self, *, own_sessions: bool) -> None:
         self._own_sessions = own_sessions
         self.started: list[Child] = []
+        # How each was started, for start_again.
+        self._how: dict[int, tuple[Sequence[str], Mapping[str, str], str | None, bool]] = {}
 
     def start(
         self,
@@ -62,11 +64,20 @@ class Group:
             preexec_fn=_die_with_parent,  # noqa: PLW1509
         )
         self.started.append(child)
+        self._how[child.pid] = (command, environ, program, capture)
         return child
 
+    def start_again(self, child: Child) -> Child:
+        """Starts `child`'s command again, as it was started."""
+        command, environ, program, capture = self._how[child.pid]
+        return self.start(command, environ, program=program, capture=capture)
+
     def signal(self, signum: int, children: Sequence[Child] | None = None) -> None:
-        """Sends `signum` to each of `children` (every started one by default) still there."""
+        """Sends `signum` to each of `children` (every started one by default) still running:
+        the pid of one that exited may be another process's by now."""
         for child in self.started if children is None else children:
+            if child.poll() is not None:
+                continue
             with contextlib.suppress(ProcessLookupError):
                 if self._own_sessions:
                     os.killpg(child.pid, signum)

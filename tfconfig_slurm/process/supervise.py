@@ -47,6 +47,9 @@ FORWARDED = children.STOPPING + children.PASSED_ON
 # How long a parameter server's command, once every trainer has finished, has to end on
 # SIGTERM before it is killed.
 _END_GRACE_SECONDS = 5.0
+# How often a ParameterServerStrategy worker's command that failed is started again: the
+# coordinator carries on with the others meanwhile, and uses it again once it is back.
+WORKER_RESTARTS = 3
 # How long a task that finished says so at most, should the peers that wait for it never
 # leave.
 _FINISHED_SECONDS = 60.0
@@ -58,10 +61,16 @@ def command_group() -> children.Group:
     return children.Group(own_sessions=False)
 
 
-def supervise(command: children.Group, role: ClusterRole, owner: RunOwner | None = None) -> int:
+def supervise(
+    command: children.Group,
+    role: ClusterRole,
+    owner: RunOwner | None = None,
+    restarts: int = WORKER_RESTARTS,
+) -> int:
     """Runs the command started in `command` as `role`'s task to its end; the exit status to
     leave with. The run's `owner` (the chief, told its run directory) says in state.json how
-    the command ended: done, stopped on a signal, or failed."""
+    the command ended: done, stopped on a signal, or failed. A coordinator's worker whose
+    command fails starts it again, at most `restarts` times."""
     (child,) = command.started
     stopped_by: list[signal.Signals] = []
 
@@ -75,10 +84,11 @@ def supervise(command: children.Group, role: ClusterRole, owner: RunOwner | None
 
     def lost(name: str, address: str, silent_for: float) -> None:
         _claim_the_end(ending)
-        child.kill()
+        command.signal(signal.SIGKILL)
         # Its port is free once it is gone.
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=_END_GRACE_SECONDS)
+        for started in command.started:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                started.wait(timeout=_END_GRACE_SECONDS)
         watchdog.report_lost(name, address, silent_for)
         if owner is not None:
             owner.say("failed", None, lost=name)
@@ -92,8 +102,10 @@ def supervise(command: children.Group, role: ClusterRole, owner: RunOwner | None
     # thread for a command that failed; any other waits for it to end the process.
     ending = threading.Lock()
 
-    if role.role == PS:
-        return _serve_until_trainers_finish(command, role, lost, ending)
+    if role.role == PS or (role.coordinator and role.role == WORKER):
+        return _serve(command, role, lost, ending, restarts if role.role == WORKER else 0)
+    if role.coordinator and role.role == CHIEF:
+        return _coordinate(command, role, lost, ending, owner=owner, stopped_by=stopped_by)
     if role.role in (CHIEF, WORKER):
         watched = watch_plan.paired(role) if role.ps_count else watch_plan.neighbours(role)
         peers = watchdog.PeerWatch(watched, on_lost=lost)
@@ -161,61 +173,129 @@ def _say_failed(role: ClusterRole, why: str = "its command failed") -> None:
         time.sleep(seconds)
 
 
-def _serve_until_trainers_finish(
-    command: children.Group, role: ClusterRole, lost: watchdog.OnLost, ending: threading.Lock
+def _coordinate(
+    command: children.Group,
+    role: ClusterRole,
+    lost: watchdog.OnLost,
+    ending: threading.Lock,
+    *,
+    owner: RunOwner | None,
+    stopped_by: list[signal.Signals],
 ) -> int:
-    """A ps: its paired trainers and the other parameter servers watched; the command ended
-    once the chief (for ps 0) or ps 0 (for the others) says every trainer finished."""
+    """A ParameterServerStrategy coordinator: every ps watched (a lost ps fails the run; a
+    lost worker is TensorFlow's to tolerate); once its command exits 0, says FINISHED, which
+    ends every ps's and worker's command, until the parameter servers have gone."""
     (child,) = command.started
-    servers = role.named(PS)
-    herald = {f"{CHIEF} 0": role.named(CHIEF)[f"{CHIEF} 0"]} if role.index == 0 else {
-        f"{PS} 0": servers[f"{PS} 0"]
-    }  # fmt: skip
+    peers = watchdog.PeerWatch(role.named(PS), on_lost=lost)
+    status = children.exit_status(child.wait())
+    _unless_ending(ending)
+    peers.stop()
+    _after_command()
+    if owner is not None:
+        _say_how_it_ended(owner, status, stopped_by)
+    if status != 0:
+        _claim_the_end(ending)
+        if not stopped_by:
+            failure.record_exit(child.returncode)
+        _say_failed(role)
+        return status
+    logging.info(
+        "chief 0 (the coordinator): its command finished; the parameter servers and the "
+        "workers end theirs"
+    )
+    with _answering(role) as answer:
+        answer.append(watchdog.FINISHED)
+        _until_gone(role.named(PS))
+    return 0
+
+
+def _serve(
+    command: children.Group,
+    role: ClusterRole,
+    lost: watchdog.OnLost,
+    ending: threading.Lock,
+    restarts: int,
+) -> int:
+    """A task that serves (a ps, a coordinator's worker) until its herald says FINISHED
+    (watch_plan.herald), then ends its command, whose server.join() never returns. A ps also
+    watches its paired trainers (none with a coordinator) and the other parameter servers. A
+    command that fails is started again `restarts` times, each said in the log."""
+    herald = watch_plan.herald(role)
     everyone = threading.Event()
 
     def on_finished(name: str) -> None:
         if name in herald:
             everyone.set()
 
-    near = watchdog.PeerWatch(
-        {**watch_plan.paired(role), **herald}, on_lost=lost, on_finished=on_finished
-    )
-    mesh = watch_plan.other_servers(role)
+    trainers = watch_plan.paired(role) if role.role == PS and not role.coordinator else {}
+    near = watchdog.PeerWatch({**trainers, **herald}, on_lost=lost, on_finished=on_finished)
+    mesh = watch_plan.other_servers(role) if role.role == PS else {}
     for name in herald:
         mesh.pop(name, None)
     # Another ps that ended its command says FINISHED: released, not lost.
     far = watchdog.PeerWatch(mesh, on_lost=lost, on_finished=lambda name: None)
-    while child.poll() is None and not everyone.wait(0.2):
-        pass
+    child, restarted = command.started[-1], 0
+    while not everyone.wait(0.2):
+        if child.poll() is None:
+            continue
+        if child.returncode == 0 or restarted == restarts or ending.locked():
+            break
+        restarted += 1
+        logging.warning(
+            "%s: its command %s; starting it again on its port (restart %d of at most %d)",
+            role.task_id,
+            children.how_it_ended(child.returncode),
+            restarted,
+            restarts,
+        )
+        child = command.start_again(child)
     _unless_ending(ending)
     near.stop()
     far.stop()
-    if child.poll() is not None:
+    if not everyone.is_set():
         status = children.exit_status(child.wait())
         _after_command()
         if status != 0:
             logging.error(
-                "ps %d: its command failed (exit %d); its log above says why. %s",
-                role.index,
+                "%s: its command %s (exit %d); its log above may say why.%s",
+                role.task_id,
+                children.how_it_ended(child.returncode),
                 status,
-                _ps_failure_hint(versions.installed()),
+                _server_failure_hint(role, child.returncode),
             )
             _claim_the_end(ending)
             failure.record_exit(child.returncode)
             _say_failed(role)
         return status
     logging.info(
-        "ps %d: every trainer finished; ending its command (a parameter server's "
-        "server.join() never returns; %s said so)",
-        role.index,
+        "%s: %s; ending its command (a server's join() never returns; %s said so)",
+        role.task_id,
+        "the coordinator finished" if role.coordinator else "every trainer finished",
         next(iter(herald)),
     )
     command.stop(_END_GRACE_SECONDS)
-    # The other parameter servers learn it from ps 0, and watch each other meanwhile.
+    # The other parameter servers learn it from ps 0, and a coordinator's workers from their
+    # paired parameter servers; each watches its own meanwhile.
+    waiting = watch_plan.other_servers(role) if role.role == PS and role.index == 0 else {}
+    if role.coordinator and role.role == PS:
+        waiting.update(watch_plan.paired_workers(role))
     with _answering(role) as answer:
         answer.append(watchdog.FINISHED)
-        _until_gone(watch_plan.other_servers(role) if role.index == 0 else {})
+        _until_gone(waiting)
     return 0
+
+
+def _server_failure_hint(role: ClusterRole, returncode: int) -> str:
+    """What to do about a serving task's failed command, from a space on; "" for a worker."""
+    if role.role != PS:
+        return ""
+    if role.coordinator:
+        return (
+            " The coordinator cannot go on without it: run the step again to resume from the "
+            "last checkpoint"
+        )
+    # A script's own error (not a signal) is what fails a ps of the other layouts.
+    return f" {_ps_failure_hint(versions.installed())}" if returncode > 0 else ""
 
 
 def _ps_failure_hint(found: versions.Installed) -> str:
