@@ -25,6 +25,7 @@ No TensorFlow here: processes, signals and sockets.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -104,24 +105,15 @@ def supervise(
 
     if role.role == PS or (role.coordinator and role.role == WORKER):
         return _serve(command, role, lost, ending, restarts if role.role == WORKER else 0)
+    ended = functools.partial(
+        _run_watched, command, role, lost, ending, owner=owner, stopped_by=stopped_by
+    )
     if role.coordinator and role.role == CHIEF:
-        return _coordinate(command, role, lost, ending, owner=owner, stopped_by=stopped_by)
+        return _coordinate(role, ended(role.named(PS)))
     if role.role in (CHIEF, WORKER):
-        watched = watch_plan.paired(role) if role.ps_count else watch_plan.neighbours(role)
-        peers = watchdog.PeerWatch(watched, on_lost=lost)
-        status = children.exit_status(child.wait())
-        _unless_ending(ending)
-        peers.stop()
-        _after_command()
-        if owner is not None:
-            _say_how_it_ended(owner, status, stopped_by)
+        status = ended(watch_plan.paired(role) if role.ps_count else watch_plan.neighbours(role))
         if status == 0:
             say_finished(role, lost)
-        else:
-            _claim_the_end(ending)
-            if not stopped_by:
-                failure.record_exit(child.returncode)
-            _say_failed(role)
         return status
     status = children.exit_status(child.wait())
     if status != 0 and not stopped_by:
@@ -173,20 +165,21 @@ def _say_failed(role: ClusterRole, why: str = "its command failed") -> None:
         time.sleep(seconds)
 
 
-def _coordinate(
+def _run_watched(
     command: children.Group,
     role: ClusterRole,
     lost: watchdog.OnLost,
     ending: threading.Lock,
+    watched: dict[str, str],
     *,
     owner: RunOwner | None,
     stopped_by: list[signal.Signals],
 ) -> int:
-    """A ParameterServerStrategy coordinator: every ps watched (a lost ps fails the run; a
-    lost worker is TensorFlow's to tolerate); once its command exits 0, says FINISHED, which
-    ends every ps's and worker's command, until the parameter servers have gone."""
+    """Runs a trainer's or coordinator's command while `watched` are watched; once it exits,
+    the run's owner says how, and a failure is recorded and said on the task's port. The
+    command's exit status."""
     (child,) = command.started
-    peers = watchdog.PeerWatch(role.named(PS), on_lost=lost)
+    peers = watchdog.PeerWatch(watched, on_lost=lost)
     status = children.exit_status(child.wait())
     _unless_ending(ending)
     peers.stop()
@@ -198,6 +191,15 @@ def _coordinate(
         if not stopped_by:
             failure.record_exit(child.returncode)
         _say_failed(role)
+    return status
+
+
+def _coordinate(role: ClusterRole, status: int) -> int:
+    """A ParameterServerStrategy coordinator whose command ended with `status`, watching every
+    ps meanwhile (a lost ps fails the run; a lost worker is TensorFlow's to tolerate): once
+    it exits 0, says FINISHED, which ends every ps's and worker's command, until the
+    parameter servers have gone."""
+    if status != 0:
         return status
     logging.info(
         "chief 0 (the coordinator): its command finished; the parameter servers and the "
