@@ -13,8 +13,12 @@ from pathlib import Path
 
 import pytest
 
+import tfconfig_slurm
 from tests.cli import REPOSITORY
 from tests.slurm_cluster import SlurmCluster
+from tests.slurm_envs import captured
+from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step
+from tfconfig_slurm.errors import UsageError
 
 pytestmark = pytest.mark.tf2
 
@@ -80,6 +84,43 @@ def test_a_stock_multi_worker_mirrored_script_trains_all_reduce_under_with_tfcon
     assert "rank 0 on node1 is chief 0" in step.stderr
     assert "rank 1 on node2 is worker 0" in step.stderr
     assert slurm_cluster.left_behind() == {}
+
+
+@pytest.mark.slurm
+def test_a_script_given_the_cluster_resolver_trains_all_reduce_under_plain_srun(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """No TF_CONFIG anywhere: the strategy takes its cluster from tfconfig_slurm's resolver."""
+    step = slurm_cluster.run(
+        ["srun", *TWO_NODES, "--label", "python", str(MWMS), str(tmp_path), "40"],
+        MWMS_RESOLVER="1",
+        PYTHONPATH=str(REPOSITORY),
+    )  # fmt: skip
+    assert step.returncode == 0, step.stderr[-3000:]
+    trained = reports(tmp_path)
+    assert sorted(trained) == ["chief-0", "worker-0"], step.stderr[-3000:]
+    assert {report["replicas"] for report in trained.values()} == {2}
+    assert trained["chief-0"]["weights"] == pytest.approx(trained["worker-0"]["weights"])
+
+
+def test_the_cluster_resolver_is_the_task_s_place_in_the_core_s_layout() -> None:
+    environ = captured("block_3x3_gres2", "task-4") | {"TF_CONFIG": "{}"}
+    resolver = tfconfig_slurm.cluster_resolver(environ, coordinator=True)
+    layout = lay_out_step(read_slurm_step(captured("block_3x3_gres2", "task-4")),
+                          LayoutPolicy(coordinator=True))  # fmt: skip
+    task = layout.task(4)
+    assert (resolver.task_type, resolver.task_id) == (task.role, task.index) == ("worker", 1)
+    assert resolver.cluster_spec().as_dict() == layout.cluster()
+    assert resolver.num_accelerators() == {"GPU": 1}
+    assert environ["CUDA_VISIBLE_DEVICES"] == ",".join(task.gpus)
+    assert "TF_CONFIG" not in environ
+    assert resolver.master("ps", 0) == f"grpc://{layout.cluster()['ps'][0]}"
+
+
+def test_the_cluster_resolver_refuses_a_setting_it_does_not_know() -> None:
+    with pytest.raises(UsageError) as raised:
+        tfconfig_slurm.cluster_resolver(captured("block_3x3_gres2", "task-4"), parameter_servers=2)
+    assert raised.value.culprit == "cluster_resolver(parameter_servers=...)"
 
 
 @pytest.mark.slurm

@@ -3,8 +3,10 @@
 `tfconfig_slurm.train_and_evaluate` is tf.estimator.train_and_evaluate as a task of a SLURM
 step (it imports TensorFlow when first used; it is left out of `import *`, which would end
 a process without Estimator); `input_shard()` says which share of the data a trainer reads.
-`tfconfig_slurm.cluster` turns a SLURM task's environment into its TF_CONFIG without
-importing TensorFlow; `python -m tfconfig_slurm.tfconfig` prints or explains it.
+`tfconfig_slurm.cluster_resolver(...)` is this task's tf.distribute cluster resolver, for a
+strategy (it imports TensorFlow). `tfconfig_slurm.cluster` turns a SLURM task's environment
+into its TF_CONFIG without importing TensorFlow; `python -m tfconfig_slurm.tfconfig` prints or
+explains it.
 """
 
 from typing import Any
@@ -48,4 +50,8 @@ def __getattr__(name: str) -> Any:
         from tfconfig_slurm.backends.estimator.api import train_and_evaluate  # noqa: PLC0415
 
         return train_and_evaluate
+    if name == "cluster_resolver":
+        from tfconfig_slurm.backends.keras.resolver import cluster_resolver  # noqa: PLC0415
+
+        return cluster_resolver
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

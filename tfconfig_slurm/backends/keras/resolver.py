@@ -1,0 +1,73 @@
+"""A tf.distribute cluster resolver backed by the core: this SLURM task's place in its step,
+laid out as everywhere else, for a script that passes it to a strategy instead of setting
+TF_CONFIG:
+
+  strategy = tf.distribute.MultiWorkerMirroredStrategy(
+      cluster_resolver=tfconfig_slurm.cluster_resolver(all_reduce=True))
+  strategy = tf.distribute.ParameterServerStrategy(
+      tfconfig_slurm.cluster_resolver(coordinator=True))
+
+The layout comes from the TFCONFIG_SLURM_* variables (the layout flags' names) and the
+keyword arguments, which win. No environment string carries the cluster, so no 128 KiB
+limit applies. The task's GPUs are set in CUDA_VISIBLE_DEVICES, as with-tfconfig sets them:
+make the resolver before TensorFlow first looks at its devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import MutableMapping
+from typing import Any
+
+import tensorflow as tf
+from absl import logging
+
+from tfconfig_slurm.cluster import LayoutPolicy, read_slurm_step, render
+from tfconfig_slurm.cluster.layout import EVALUATOR
+from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process import place
+
+
+def cluster_resolver(
+    environ: MutableMapping[str, str] = os.environ, **layout: Any
+) -> tf.distribute.cluster_resolver.SimpleClusterResolver:
+    """This task's resolver. `layout` takes LayoutPolicy's fields (all_reduce=True,
+    coordinator=True, ps_per_node=2, ...) over the TFCONFIG_SLURM_* variables; a bad value
+    raises UsageError naming it. Sets CUDA_VISIBLE_DEVICES in `environ` to the task's GPUs."""
+    known = sorted(field.name for field in dataclasses.fields(LayoutPolicy))
+    unknown = sorted(set(layout) - set(known))
+    if unknown:
+        raise UsageError(
+            f"cluster_resolver({unknown[0]}=...)",
+            "is no layout setting",
+            f"give only these: {', '.join(known)}",
+        )
+    policy = dataclasses.replace(place.policy_from_environ(environ), **layout)
+    step = read_slurm_step(environ)
+    laid_out = place.step_layout(step, policy)
+    task = laid_out.task(step.rank)
+    environ.update(render.task_environment(laid_out, step.rank))
+    # TensorFlow's own resolvers read the cluster from TF_CONFIG; this one carries it itself.
+    environ.pop("TF_CONFIG", None)
+    cluster = laid_out.cluster()
+    if task.role == EVALUATOR:
+        # Outside the cluster: ParameterServerStrategy's coordinator must not see it, and the
+        # evaluator needs none.
+        cluster = {EVALUATOR: [task.address]}
+    logging.info(
+        "rank %d on %s is %s %d at %s with GPUs [%s]",
+        step.rank,
+        task.node,
+        task.role,
+        task.index,
+        task.address,
+        ",".join(task.gpus),
+    )
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster),
+        task_type=task.role,
+        task_id=task.index,
+        num_accelerators={"GPU": len(task.gpus)} if task.gpus else None,
+        rpc_layer="grpc",
+    )
