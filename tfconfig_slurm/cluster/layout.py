@@ -194,48 +194,60 @@ class ClusterLayout:
         one GPU, so a node's further GPUs are left to nobody (`idle_gpus`). With a
         coordinator, a node's workers share all its GPUs, in equal runs, and the coordinator
         has none."""
-        node_gpus = self.shape.node_gpus
         gpus: list[tuple[str, ...]] = [()] * len(self.roles)
-        if not node_gpus:
+        if not self.shape.node_gpus:
             return tuple(gpus)
-        if self.coordinator:
-            return self._shared_gpus()
-        taken: Counter[int] = Counter()
-        # A heterogeneous job's first component has no GPUs: node_gpus are the others'.
-        taken.update({node: len(node_gpus) for node in self.shape.server_nodes})
-        # Trainers first, so that an evaluator placed anywhere by --roles never takes a
-        # trainer's GPU; whether the trainers fit was checked when the layout was made.
-        for kinds in (TRAINERS, (EVALUATOR,)):
-            for rank, (node, role) in enumerate(zip(self.placement.node_indices, self.roles)):
-                if role in kinds and taken[node] < len(node_gpus):
-                    gpus[rank] = (node_gpus[taken[node]],)
-                    taken[node] += 1
+        by_node: dict[int, list[int]] = {}
+        for rank, node in enumerate(self.placement.node_indices):
+            by_node.setdefault(node, []).append(rank)
+        for node, ranks in by_node.items():
+            for rank, given in self._node_gpus(node, ranks).items():
+                gpus[rank] = given
         return tuple(gpus)
 
-    def _shared_gpus(self) -> tuple[tuple[str, ...], ...]:
+    def _gpus_of(self, rank: int) -> tuple[str, ...]:
+        """One rank's GPUs, from its node's ranks alone: a task needs only its own, and the
+        whole column of a large step costs tens of milliseconds."""
+        if "gpus" in self.__dict__ or not self.shape.node_gpus:
+            return self.gpus[rank]
+        node = self.placement.node_indices[rank]
+        ranks = itertools.compress(itertools.count(), map(node.__eq__, self.placement.node_indices))
+        return self._node_gpus(node, list(ranks)).get(rank, ())
+
+    def _node_gpus(self, node: int, ranks: Sequence[int]) -> dict[int, tuple[str, ...]]:
+        """The GPUs of the ranks of one node (all of them, in rank order) that get any."""
         node_gpus = self.shape.node_gpus
-        workers = _trainers_per_node(self.placement, self.roles, (WORKER,))
-        seen: Counter[int] = Counter()
-        gpus: list[tuple[str, ...]] = [()] * len(self.roles)
-        for rank, (node, role) in enumerate(zip(self.placement.node_indices, self.roles)):
-            if role == WORKER:
-                share, nth = len(node_gpus) // workers[node], seen[node]
-                gpus[rank] = node_gpus[nth * share : (nth + 1) * share]
-                seen[node] += 1
-        return tuple(gpus)
+        # A heterogeneous job's first component has no GPUs: node_gpus are the others'.
+        if node in self.shape.server_nodes:
+            return {}
+        if self.coordinator:
+            workers = [rank for rank in ranks if self.roles[rank] == WORKER]
+            share = len(node_gpus) // max(len(workers), 1)
+            return {
+                rank: node_gpus[nth * share : (nth + 1) * share] for nth, rank in enumerate(workers)
+            }
+        # Trainers first, so that an evaluator placed anywhere by --roles never takes a
+        # trainer's GPU; whether the trainers fit was checked when the layout was made.
+        takers = [rank for rank in ranks if self.roles[rank] in TRAINERS]
+        takers += [rank for rank in ranks if self.roles[rank] == EVALUATOR]
+        return {rank: (gpu,) for rank, gpu in zip(takers, node_gpus)}
 
     @property
     def idle_gpus(self) -> dict[str, tuple[str, ...]]:
-        """The GPUs no task of a node uses, by node name, for the nodes that have any."""
-        used: dict[int, set[str]] = {}
-        for node, gpus in zip(self.placement.node_indices, self.gpus):
-            used.setdefault(node, set()).update(gpus)
-        return {
-            self.shape.nodes[node]: idle
-            for node in range(len(self.shape.nodes))
-            if node not in self.shape.server_nodes
-            and (idle := tuple(gpu for gpu in self.shape.node_gpus if gpu not in used[node]))
-        }
+        """The GPUs no task of a node uses, by node name, for the nodes that have any. Counted
+        by node, without every rank's GPUs: each task of a step warns of them."""
+        node_gpus = self.shape.node_gpus
+        if not node_gpus:
+            return {}
+        kinds = (WORKER,) if self.coordinator else (*TRAINERS, EVALUATOR)
+        users = _trainers_per_node(self.placement, self.roles, kinds)
+        servers = set(self.shape.server_nodes)
+        idle = {}
+        for node, name in enumerate(self.shape.nodes):
+            free = () if users[node] and self.coordinator else node_gpus[users[node] :]
+            if free and node not in servers:
+                idle[name] = tuple(free)
+        return idle
 
     @property
     def reporting_rank(self) -> int:
@@ -254,7 +266,7 @@ class ClusterLayout:
             role=self.roles[rank],
             index=self.indices[rank],
             address=self.addresses[rank],
-            gpus=self.gpus[rank],
+            gpus=self._gpus_of(rank),
         )
 
     @property
@@ -334,8 +346,9 @@ def _lay_out(shape: StepShape, placement: Placement, policy: LayoutPolicy) -> Cl
         coordinator=policy.coordinator,
         port_base=port_base,
         roles=tuple(kinds),
-        # Each rank's index within its role, in rank order.
-        indices=tuple(next(counters[role]) for role in kinds),
+        # Each rank's index within its role, in rank order (C-level maps: a step may have
+        # 36,864 ranks, and every task lays it out).
+        indices=tuple(map(next, map(counters.__getitem__, kinds))),
         addresses=tuple(
             map(
                 operator.add,
@@ -352,7 +365,10 @@ def _policy_roles(shape: StepShape, placement: Placement, policy: LayoutPolicy) 
     ps_per_node (given) on the others."""
     if shape.server_nodes and not policy.all_reduce:
         return _heterogeneous_roles(shape, placement, policy)
-    kinds = [PS if local < policy.servers_per_node else WORKER for local in placement.local_ids]
+    # By local id, looked up at C speed for each rank.
+    servers = min(policy.servers_per_node, max(shape.tasks_per_node))
+    by_local_id = [PS] * servers + [WORKER] * (max(shape.tasks_per_node) - servers)
+    kinds = list(map(by_local_id.__getitem__, placement.local_ids))
     if policy.evaluator:
         kinds[-1] = EVALUATOR
     return kinds
@@ -409,7 +425,7 @@ def _choose_chief(placement: Placement, kinds: list[str], policy: LayoutPolicy) 
     first = min(
         itertools.compress(
             zip(placement.node_indices, placement.local_ids, range(len(kinds))),
-            [kind == WORKER for kind in kinds],
+            map(WORKER.__eq__, kinds),
         )
     )
     return first[2]
@@ -418,7 +434,7 @@ def _choose_chief(placement: Placement, kinds: list[str], policy: LayoutPolicy) 
 def _trainers_per_node(
     placement: Placement, roles: Sequence[str], kinds: Sequence[str] = TRAINERS
 ) -> Counter[int]:
-    return Counter(itertools.compress(placement.node_indices, [role in kinds for role in roles]))
+    return Counter(itertools.compress(placement.node_indices, map(kinds.__contains__, roles)))
 
 
 def _check_gpus_fit(

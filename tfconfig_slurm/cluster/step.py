@@ -6,6 +6,7 @@ subprocess. Hostlists and tasks-per-node strings go through python-hostlist, in 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -60,6 +61,7 @@ SOURCES: Mapping[str, tuple[str, ...]] = {
 # it. It counts only in the step it names, never when inherited by another.
 STEP_GPUS = "TFCONFIG_SLURM_STEP_GPUS"
 
+_SPACE = re.compile(r"\s")
 _RUN_IN_SRUN = "SLURM sets it in every task of a job step: run this inside srun"
 # SLURM's ids and counts are 32-bit; a longer number is garbage, and Python refuses to
 # convert numbers of more than 4300 digits anyway.
@@ -324,9 +326,9 @@ def expand_nodes(
             f"is {value!r}, not a SLURM hostlist ({bad})",
             "expected a form such as node[01-04],gpu7; " + hint,
         ) from None
-    if not nodes or any(not node for node in nodes):
+    if not nodes or "" in nodes:
         raise error(culprit, f"is {value!r}, which names no node", hint)
-    if any(character.isspace() for node in nodes for character in node):
+    if _SPACE.search("/".join(nodes)):
         raise error(culprit, f"is {value!r}: node names cannot hold spaces", hint)
     if len(set(nodes)) != len(nodes):
         repeated = next(node for node in nodes if nodes.count(node) > 1)
