@@ -259,6 +259,14 @@ class ClusterLayout:
         )
 
     def task(self, rank: int) -> Task:
+        return self._task(rank, self._gpus_of(rank))
+
+    @property
+    def tasks(self) -> tuple[Task, ...]:
+        # Every rank's GPUs at once: rank by rank would be quadratic.
+        return tuple(map(self._task, range(len(self.roles)), self.gpus))
+
+    def _task(self, rank: int, gpus: tuple[str, ...]) -> Task:
         return Task(
             rank=rank,
             node=self.shape.nodes[self.placement.node_indices[rank]],
@@ -266,12 +274,8 @@ class ClusterLayout:
             role=self.roles[rank],
             index=self.indices[rank],
             address=self.addresses[rank],
-            gpus=self._gpus_of(rank),
+            gpus=gpus,
         )
-
-    @property
-    def tasks(self) -> tuple[Task, ...]:
-        return tuple(self.task(rank) for rank in range(len(self.roles)))
 
     def cluster(self) -> dict[str, list[str]]:
         """The TF_CONFIG cluster: addresses by job, each job's list in index order."""

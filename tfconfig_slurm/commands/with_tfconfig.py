@@ -85,7 +85,7 @@ def main(argv: Sequence[str]) -> int:
     if size > MAX_ENVIRONMENT_STRING:
         raise UsageError(
             "TF_CONFIG",
-            f"is {size} bytes for {len(layout.tasks)} tasks, more than the "
+            f"is {size} bytes for {len(layout.roles)} tasks, more than the "
             f"{MAX_ENVIRONMENT_STRING} bytes Linux lets one environment string pass to exec",
             "compute it inside the training process, which needs no variable: "
             "tfconfig_slurm.cluster.read_slurm_step and lay_out_step, then "
