@@ -64,18 +64,28 @@ EXPERIMENT = flags.DEFINE_string(
     "The experiment: a name (NAME.py in ./experiments, else one that ships with the "
     "package: mnist_deep), a file path, or a module path.",
 )
+# Their defaults come from the environment when the command runs (output_root,
+# experiment_id), not when this module is imported.
 OUTPUT_ROOT = flags.DEFINE_string(
     "output_root",
-    run_dir.output_root(os.environ),
+    None,
     "Where model directories go (default: $TFCONFIG_SLURM_OUTPUT, else ./tf-output).",
 )
 EXPERIMENT_ID = flags.DEFINE_string(
     "experiment_id",
-    os.environ.get("EXPERIMENT_ID"),
+    None,
     "The model directory's name under --output_root; the same id resumes, and only one run "
     "at a time may train there (default: $EXPERIMENT_ID, else the experiment's name, and in "
     "a SLURM job array <name>-<array task id>).",
 )
+ID_VARIABLE = "EXPERIMENT_ID"
+
+
+def output_root() -> str:
+    """--output_root, else $TFCONFIG_SLURM_OUTPUT, else ./tf-output."""
+    return OUTPUT_ROOT.value or run_dir.output_root(os.environ)
+
+
 PRINT_MODEL_DIR = flags.DEFINE_boolean(
     "print_model_dir",
     False,
@@ -227,7 +237,9 @@ def main(argv: Sequence[str]) -> int | None:
     hparams, default_id = HPARAMS.value, _default_id(name)
     if SWEEP_FILE.value:
         hparams, default_id = _sweep_run(Path(SWEEP_FILE.value))
-    directory = Path(OUTPUT_ROOT.value, EXPERIMENT_ID.value or default_id)
+    directory = Path(
+        output_root(), EXPERIMENT_ID.value or os.environ.get(ID_VARIABLE) or default_id
+    )
     if PRINT_MODEL_DIR.value:
         sys.stdout.write(f"{directory}\n")
         return 0

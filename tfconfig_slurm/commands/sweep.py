@@ -90,7 +90,7 @@ def main(argv: Sequence[str]) -> int:
                 f"leave it out: run i of the sweep is {sweep_file.stem}-i",
             )
     lines = _checked_lines(sweep_file)
-    kept = Path(runtime.OUTPUT_ROOT.value, SWEEPS, f"{sweep_file.stem}.txt").absolute()
+    kept = Path(runtime.output_root(), SWEEPS, f"{sweep_file.stem}.txt").absolute()
     text = "".join(f"{line}\n" for line in lines)
     if kept.exists() and kept.read_text() != text:
         raise UsageError(
@@ -131,8 +131,8 @@ def main(argv: Sequence[str]) -> int:
         else f"{len(lines)} runs {sweep_file.stem}-0 to {sweep_file.stem}-{len(lines) - 1}"
     )
     sys.stderr.write(
-        f"{PROGRAM}: job array {job}: {runs} in {runtime.OUTPUT_ROOT.value}; see them with "
-        f"tfconfig-slurm runs {runtime.OUTPUT_ROOT.value}\n"
+        f"{PROGRAM}: job array {job}: {runs} in {runtime.output_root()}; see them with "
+        f"tfconfig-slurm runs {runtime.output_root()}\n"
     )
     return 0
 
