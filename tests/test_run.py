@@ -248,6 +248,27 @@ def test_a_step_without_parameter_servers_is_refused(tmp_path: Path, flag: str) 
     assert not (tmp_path / "mnist_deep").exists()
 
 
+@pytest.mark.usefixtures("node_names")
+def test_a_coordinator_s_layout_is_refused_by_the_runtime_as_flag_and_as_tf_config(
+    tmp_path: Path,
+) -> None:
+    """The runtime trains no ParameterServerStrategy: --coordinator, and a TF_CONFIG made with
+    it (python -m tfconfig_slurm.run under with-tfconfig --coordinator), say so in one line."""
+    environ = captured("uneven_n10_cpu", "task-0")
+    by_flag = train(tmp_path, "--coordinator", environ=environ)
+    made = run_module("tfconfig_slurm.tfconfig", "--coordinator", environ=environ)
+    assert made.returncode == 0, made.stderr
+    by_tf_config = train(tmp_path, environ=environ | {"TF_CONFIG": made.stdout.strip()})
+    for result, culprit in ((by_flag, "--coordinator"), (by_tf_config, "TF_CONFIG")):
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith(
+            f"tfconfig-slurm-run: {culprit}: lays the step out for ParameterServerStrategy's "
+            "coordinator, which the runtime does not train"
+        ), result.stderr
+        assert "with-tfconfig --coordinator" in result.stderr
+    assert not (tmp_path / "mnist_deep").exists()
+
+
 @pytest.mark.parametrize(
     ("flags", "environ", "expected"),
     [

@@ -244,6 +244,8 @@ def main(argv: Sequence[str]) -> int | None:
         sys.stdout.write(f"{directory}\n")
         return 0
     policy = layout_flags.step_policy()
+    if policy.coordinator:
+        raise lifecycle.coordinator_refused("--coordinator")
     if kind == experiment_lib.KERAS:
         policy = _all_reduce(policy)
     if LOCAL_CLUSTER.value:

@@ -47,7 +47,8 @@ MODEL_DIR = flags.DEFINE_string(
     None,
     "The command's model directory, if you name it: the first task of the step to fail "
     "(its command's exit status, or a peer it found lost) is recorded there, under "
-    "failures/, for `tfconfig-slurm runs` to show.",
+    "failures/, and the chief says in state.json how the run went (running, done, stopped, "
+    "failed); `tfconfig-slurm runs` lists it.",
 )
 WORKER_RESTARTS = flags.DEFINE_integer(
     "worker_restarts",

@@ -284,11 +284,23 @@ def _requeues(role: ClusterRole | None) -> bool:
     return owns_run(role)
 
 
+def coordinator_refused(culprit: str) -> UsageError:
+    """The runtime trains no ParameterServerStrategy yet: a coordinator's layout is refused."""
+    return UsageError(
+        culprit,
+        "lays the step out for ParameterServerStrategy's coordinator, which the runtime does "
+        "not train: its experiments train Estimator with parameter servers, or Keras all-reduce",
+        "leave it out; run a ParameterServerStrategy script under with-tfconfig --coordinator",
+    )
+
+
 def _check_layout(layout: str, place: Place) -> None:
     """A cluster the backend cannot train in fails here, before the backend is made."""
     role = place.role
     if role is None:
         return
+    if role.coordinator:
+        raise coordinator_refused(place.layout_source)
     if layout == PARAMETER_SERVERS and role.ps_count == 0:
         raise UsageError(
             place.layout_source,

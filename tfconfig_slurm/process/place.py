@@ -127,6 +127,8 @@ def given_tf_config(environ: Mapping[str, str], shape: StepShape | None) -> str 
 
 def servers_flag(policy: LayoutPolicy) -> str:
     """The flag that set how many parameter servers the policy's layout has, for errors."""
+    if policy.coordinator:
+        return "--coordinator"
     return "--all_reduce" if policy.all_reduce else "--ps_per_node"
 
 
