@@ -66,6 +66,7 @@ lint: $(STAMP)
 
 bench: venvs
 	$(BIN)/python bench/resolve.py
+	$(BIN)/python bench/loopback.py
 	$(BIN)/python bench/peers.py
 	$(BIN)/python bench/runtime.py
 	$(BIN)/python bench/keras_vs_estimator.py --keras_python $(BIN_TF2)/python

@@ -19,7 +19,9 @@ NTASKS_PER_NODE = flags.DEFINE_integer(
     "ntasks_per_node",
     None,
     "With --nodelist: tasks on each node, as #SBATCH --ntasks-per-node. Default: one trainer "
-    "per GPU plus --ps_per_node, or one trainer plus --ps_per_node without GPUs.",
+    "per GPU plus --ps_per_node, or one trainer plus --ps_per_node without GPUs; with "
+    "--coordinator, one worker plus --ps_per_node, and the coordinator besides on the first "
+    "node.",
 )
 GPUS_PER_NODE = flags.DEFINE_integer(
     "gpus_per_node", 0, "With --nodelist: GPUs on each node, as #SBATCH --gres=gpu:N."
@@ -57,16 +59,24 @@ def planned_shape(policy: LayoutPolicy) -> StepShape:
         )
     cpu_nodes = _cpu_nodes()
     tasks = NTASKS_PER_NODE.value
+    # A coordinator's first node runs it beside that node's worker, one task more.
+    first_extra = 0
     if tasks is None:
         servers = (policy.ps_per_node or 0) if cpu_nodes else policy.servers_per_node
-        tasks = servers + max(gpus, 1)
+        # One trainer a GPU; a coordinator's workers take a node's GPUs together.
+        tasks = servers + (1 if policy.coordinator else max(gpus, 1))
+        first_extra = int(policy.coordinator)
     for flag, count in (
         ("--ntasks_per_node", tasks),
         ("--cpu_ntasks_per_node", CPU_NTASKS_PER_NODE.value),
     ):
         if count < 1:
             raise UsageError(flag, f"is {count}, expected 1 or more", "e.g. GPUs per node + 1")
-    tasks_per_node = (CPU_NTASKS_PER_NODE.value,) * len(cpu_nodes) + (tasks,) * len(nodes)
+    tasks_per_node = (
+        (CPU_NTASKS_PER_NODE.value,) * len(cpu_nodes)
+        + (tasks + first_extra,)
+        + (tasks,) * (len(nodes) - 1)
+    )
     check_task_count("--ntasks_per_node", tasks_per_node, UsageError, "plan a smaller step")
     if set(cpu_nodes) & set(nodes):
         raise UsageError(

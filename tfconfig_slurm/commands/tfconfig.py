@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from tfconfig_slurm.cluster import render
+from tfconfig_slurm.cluster import ClusterLayout, data_path, render
 from tfconfig_slurm.commands import json_flag, layout_flags, plan_flags
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
@@ -43,6 +43,19 @@ EXPLAIN = flags.DEFINE_boolean(
     "rank 0 prints it and the other tasks nothing (in a heterogeneous step, the first task "
     "off the first component, which sees the GPUs).",
 )
+MODEL_BYTES = flags.DEFINE_string(
+    "model_bytes",
+    None,
+    "With --explain: the size of the model's dense variables (e.g. 13MB, 1.5GiB; 4 bytes a "
+    "float32 parameter), to print what each step asks of the busiest node's network in a "
+    "parameter-server layout, and what one trainer a node would ask.",
+)
+LINK_GBITS = flags.DEFINE_float(
+    "link_gbits",
+    None,
+    f"With --model_bytes: the nodes' network in Gbit/s (default "
+    f"{data_path.DEFAULT_GBITS_PER_SECOND:g}, Ethernet; InfiniBand HDR is 200).",
+)
 flags.adopt_module_key_flags(json_flag)
 flags.adopt_module_key_flags(layout_flags)
 flags.adopt_module_key_flags(plan_flags)
@@ -53,6 +66,7 @@ def main(argv: Sequence[str]) -> None:
         raise UsageError("--export", "and --explain exclude each other", "choose one")
     if json_flag.JSON.value and not EXPLAIN.value:
         raise UsageError("--json", "goes with --explain", "add --explain")
+    model_bytes = _model_bytes()
     layout, rank = layout_flags.resolve_layout(os.environ)
     if EXPLAIN.value and rank is not None and rank != layout.reporting_rank:
         # Every task of the step has the same table: one copy is enough.
@@ -62,6 +76,8 @@ def main(argv: Sequence[str]) -> None:
             output = json.dumps(render.explain_records(layout), indent=1) + "\n"
         else:
             output = render.explain_table(layout)
+            if model_bytes is not None:
+                output += _data_path_line(layout, model_bytes)
             if rank is None and layout_flags.PORT_BASE.value is None:
                 output += (
                     "(planned: a job's ports start at a base derived from its job and step "
@@ -78,6 +94,31 @@ def main(argv: Sequence[str]) -> None:
     else:
         output = render.tf_config_json(layout, rank) + "\n"
     sys.stdout.write(output)
+
+
+def _model_bytes() -> int | None:
+    """--model_bytes, checked with --link_gbits; None when not given."""
+    if (MODEL_BYTES.value is not None or LINK_GBITS.value is not None) and (
+        not EXPLAIN.value or json_flag.JSON.value
+    ):
+        culprit = "--model_bytes" if MODEL_BYTES.value is not None else "--link_gbits"
+        raise UsageError(culprit, "goes with the --explain table", "add --explain, without --json")
+    if LINK_GBITS.value is not None and (MODEL_BYTES.value is None or LINK_GBITS.value <= 0):
+        raise UsageError(
+            "--link_gbits",
+            f"is {LINK_GBITS.value:g}; it needs --model_bytes, and more than 0",
+            "e.g. --model_bytes=13MB --link_gbits=100",
+        )
+    return None if MODEL_BYTES.value is None else data_path.parse_bytes(MODEL_BYTES.value)
+
+
+def _data_path_line(layout: ClusterLayout, model_bytes: int) -> str:
+    path = data_path.data_path(layout, model_bytes)
+    if path is None:
+        return "(data path: estimated for layouts with parameter servers only)\n"
+    given = LINK_GBITS.value
+    speed = data_path.DEFAULT_GBITS_PER_SECOND if given is None else given
+    return data_path.describe(path, speed, given is not None) + "\n"
 
 
 def run() -> None:

@@ -1,0 +1,123 @@
+"""What a parameter-server layout asks of each node's network, per training step, before a job
+is submitted: `--explain --model_bytes=...`.
+
+Each step every trainer reads all the variables (M bytes) from the parameter servers and sends
+them its gradients (M bytes); the variables are spread over the parameter servers evenly, so a
+node whose parameter servers hold a share S of them sends and receives, each way,
+
+    T_n * M * (1 - S)       its own T_n trainers, to and from the other nodes' servers
+  + (T - T_n) * M * S       its servers, to and from the other nodes' T - T_n trainers
+
+which is 2 * G * M * (N - 1) / N for N alike nodes of G trainers and a ps each. One trainer a
+node that drives all its GPUs (ParameterServerStrategy's worker, `--coordinator`) sums their
+gradients first and moves G times less. Dense variables only: a sparse update moves less.
+Pure: no TensorFlow, no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import NamedTuple
+
+from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER, ClusterLayout
+from tfconfig_slurm.errors import UsageError
+
+# A link's speed when the user names none: 25 Gbit/s Ethernet, common on GPU nodes' second
+# network; InfiniBand HDR gives 200.
+DEFAULT_GBITS_PER_SECOND = 25.0
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)", re.IGNORECASE)
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+class DataPath(NamedTuple):
+    """The busiest node's traffic each step, each way, and what one trainer a node would move."""
+
+    node: str
+    bytes_each_way: float
+    # The same with each node's trainers as one that drives all its GPUs; None where the
+    # layout has one already.
+    one_trainer_a_node: float | None
+
+    def seconds(self, gbits_per_second: float) -> float:
+        return self.bytes_each_way * 8 / (gbits_per_second * 1e9)
+
+
+def parse_bytes(text: str, culprit: str = "--model_bytes") -> int:
+    """`13MB`, `3.3e6`, `1.5GiB`, `420000000` as bytes; UsageError naming `culprit` else."""
+    found = _SIZE.fullmatch(text.strip())
+    try:
+        number = float(text) if found is None else float(found.group(1))
+    except ValueError:
+        raise UsageError(
+            culprit,
+            f"is {text!r}, expected a size such as 13MB, 1.5GiB or 420000000",
+            "give the size of the model's dense variables (4 bytes a float32 parameter)",
+        ) from None
+    unit = "" if found is None else found.group(2).lower()
+    scale = _UNITS.get(unit[:1], 1)
+    if "i" in unit and scale > 1:
+        # KiB, MiB, GiB, TiB: powers of 1024.
+        scale = 1 << (10 * (len(str(scale)) - 1) // 3)
+    size = int(number * scale)
+    if size <= 0:
+        raise UsageError(culprit, f"is {text!r}, expected more than 0 bytes", "e.g. 13MB")
+    return size
+
+
+def data_path(layout: ClusterLayout, model_bytes: int) -> DataPath | None:
+    """The busiest node's traffic per step; None for a layout without parameter servers (its
+    all-reduce moves what its collective's algorithm moves)."""
+    roles, nodes = layout.roles, layout.placement.node_indices
+    # A coordinator trains nothing: its workers do.
+    trains = (WORKER,) if layout.coordinator else (CHIEF, WORKER)
+    trainers = Counter(node for node, role in zip(nodes, roles) if role in trains)
+    servers = Counter(node for node, role in zip(nodes, roles) if role == PS)
+    total_trainers, total_servers = sum(trainers.values()), sum(servers.values())
+    if not total_servers or not total_trainers:
+        return None
+
+    def each_way(node: int, trainers_on: int, everyone: int) -> float:
+        share = servers[node] / total_servers
+        return trainers_on * model_bytes * (1 - share) + (everyone - trainers_on) * (
+            model_bytes * share
+        )
+
+    busiest = max(
+        range(len(layout.shape.nodes)),
+        key=lambda node: each_way(node, trainers[node], total_trainers),
+    )
+    moved = each_way(busiest, trainers[busiest], total_trainers)
+    alone = None
+    if max(trainers.values()) > 1:
+        nodes_training = len(trainers)
+        alone = max(
+            each_way(node, 1 if trainers[node] else 0, nodes_training)
+            for node in range(len(layout.shape.nodes))
+        )
+    return DataPath(layout.shape.nodes[busiest], moved, alone)
+
+
+def describe(path: DataPath, gbits_per_second: float, gbits_given: bool) -> str:
+    """One line for --explain."""
+    speed = f"{gbits_per_second:g} Gbit/s" + ("" if gbits_given else " (--link_gbits; a guess)")
+    line = (
+        f"data path: each step {path.node} sends and receives {_mb(path.bytes_each_way)} each "
+        "way to the parameter servers and trainers of other nodes, "
+        f"{_ms(path.seconds(gbits_per_second))} at {speed}"
+    )
+    if path.one_trainer_a_node is not None:
+        factor = path.bytes_each_way / max(path.one_trainer_a_node, 1.0)
+        line += (
+            f"; one trainer a node that sums its GPUs' gradients first (ParameterServerStrategy, "
+            f"--coordinator) would move {_mb(path.one_trainer_a_node)}, {factor:.3g}x less"
+        )
+    return line
+
+
+def _mb(size: float) -> str:
+    return f"{size / 1e6:.3g} MB"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
