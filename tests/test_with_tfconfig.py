@@ -431,3 +431,15 @@ def test_a_failed_coordinator_or_ps_ends_every_task_by_name(rank: int, named: st
     assert statuses[rank] == 1, (statuses, logs)
     assert None not in statuses and 0 not in statuses, (statuses, logs)
     assert f"{named} at localhost:{base + rank} says its command failed" in logs
+
+
+def test_a_coordinator_s_worker_told_to_stop_does_not_start_its_command_again() -> None:
+    """scancel's SIGTERM reaches the worker's wrapper and its command: a stop, not a failure."""
+    step = wrap_step(free_port_block(4), 4, {}, "600", COORDINATED)
+    try:
+        time.sleep(2.0)
+        step[3].terminate()
+        assert step[3].wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        _, logs = ended(step, 0)
+    assert "starting it again" not in logs

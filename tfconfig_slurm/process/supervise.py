@@ -104,7 +104,14 @@ def supervise(
     ending = threading.Lock()
 
     if role.role == PS or (role.coordinator and role.role == WORKER):
-        return _serve(command, role, lost, ending, restarts if role.role == WORKER else 0)
+        return _serve(
+            command,
+            role,
+            lost,
+            ending,
+            restarts=restarts if role.role == WORKER else 0,
+            stopped_by=stopped_by,
+        )
     ended = functools.partial(
         _run_watched, command, role, lost, ending, owner=owner, stopped_by=stopped_by
     )
@@ -216,12 +223,15 @@ def _serve(
     role: ClusterRole,
     lost: watchdog.OnLost,
     ending: threading.Lock,
+    *,
     restarts: int,
+    stopped_by: list[signal.Signals],
 ) -> int:
     """A task that serves (a ps, a coordinator's worker) until its herald says FINISHED
     (watch_plan.herald), then ends its command, whose server.join() never returns. A ps also
     watches its paired trainers (none with a coordinator) and the other parameter servers. A
-    command that fails is started again `restarts` times, each said in the log."""
+    command that fails is started again `restarts` times, each said in the log, unless a
+    stopping signal (`stopped_by`) ended it."""
     herald = watch_plan.herald(role)
     everyone = threading.Event()
 
@@ -240,7 +250,7 @@ def _serve(
     while not everyone.wait(0.2):
         if child.poll() is None:
             continue
-        if child.returncode == 0 or restarted == restarts or ending.locked():
+        if child.returncode == 0 or restarted == restarts or ending.locked() or stopped_by:
             break
         restarted += 1
         logging.warning(
@@ -266,7 +276,9 @@ def _serve(
                 _server_failure_hint(role, child.returncode),
             )
             _claim_the_end(ending)
-            failure.record_exit(child.returncode)
+            # A command a signal stopped (scancel) did not fail.
+            if not stopped_by:
+                failure.record_exit(child.returncode)
             _say_failed(role)
         return status
     logging.info(
