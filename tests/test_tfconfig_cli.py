@@ -137,8 +137,11 @@ def test_binary_flagfile(tmp_path: Path) -> None:
     assert result.stderr.startswith("tfconfig-slurm: --flagfile names a file that is not UTF-8")
 
 
-def test_help_teaches() -> None:
-    result = run_module(TFCONFIG, "--help")
+@pytest.mark.parametrize("asked", ["--help", "--helpshort"])
+def test_help_teaches(asked: str) -> None:
+    """--helpshort is absl.app's name for it, which absl users type."""
+    result = run_module(TFCONFIG, asked)
+    assert result.returncode == 0, result.stderr
     assert "--explain --nodelist='gpu[01-04]'" in result.stdout
     for flag in ("--ps_per_node", "--roles", "--evaluator", "--address_template", "--port_base"):
         assert flag in result.stdout

@@ -2,8 +2,8 @@
 
 Flags are parsed by absl (`--flagfile` and absl's syntax included) and logs go through absl
 logging, but without `absl.app`: it imports pdb at start-up, a quarter of the time
-`tfconfig-slurm` takes for a 36,864-task step. `--help` and `--helpfull` print absl's own flag
-help.
+`tfconfig-slurm` takes for a 36,864-task step. `--help` (or absl's `--helpshort`) and
+`--helpfull` print absl's own flag help.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ HELP = flags.DEFINE_boolean(
     "help", False, "Show this help and the command's flags.", short_name="h"
 )
 HELPFULL = flags.DEFINE_boolean("helpfull", False, "Show help on every flag, absl's included.")
+# absl.app's name for --help, which absl users type.
+HELPSHORT = flags.DEFINE_boolean("helpshort", False, "Show this help and the command's flags.")
 
 
 def run_cli(
@@ -62,7 +64,7 @@ def run_cli(
             repr(argv[1]), "is not a flag", f"flags start with --; see {program} --help"
         )
         fail(program, stray.one_line())
-    if HELP.value or HELPFULL.value:
+    if HELP.value or HELPSHORT.value or HELPFULL.value:
         sys.stdout.write(_usage(main, full=HELPFULL.value))
         sys.exit(0)
     if logs:
