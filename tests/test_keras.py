@@ -52,6 +52,9 @@ def test_mnist_keras_trains_resumes_to_the_step_and_reaches_97_percent(tmp_path:
     assert first.returncode == 0, first.stderr[-3000:]
     model_dir = tmp_path / "mnist_keras"
     assert checkpoint_step(model_dir) == 150
+    # Each checkpoint timed, for the stop before a time limit (test_time_limit.py).
+    written = re.findall(r"checkpoint of step (\d+) written in \d+\.\d\d s", first.stderr)
+    assert written == ["100", "150"], first.stderr[-3000:]
     logged = re.search(
         r"step 100: loss (\d[\d.e-]*), [\d.]+ examples/s, [\d.]+ global steps/s", first.stderr
     )

@@ -111,10 +111,15 @@ def test_a_run_already_at_its_steps_says_there_is_nothing_to_train(
 
 def test_learns(tmp_path: Path) -> None:
     """Enough steps to see that the model learns: far above the 10% of guessing."""
-    result = train(tmp_path, "--train_steps=150", "--log_every_steps=50")
+    result = train(
+        tmp_path, "--train_steps=150", "--log_every_steps=50", "--save_checkpoints_steps=100"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "mnist_deep" / "summary.json").read_text())
     assert summary["eval"]["accuracy"] > 0.8
+    # Each checkpoint timed, for the stop before a time limit (test_time_limit.py).
+    written = re.findall(r"checkpoint of step (\d+) written in \d+\.\d\d s", result.stderr)
+    assert written == ["0", "100", "150"], result.stderr[-3000:]
 
 
 BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    return None\n"

@@ -85,3 +85,39 @@ def test_a_task_that_only_follows_the_limit_never_stops_the_run(
     assert not stop.wait(3.0)
     assert limit.due()
     assert caplog.text == ""
+
+
+def test_a_checkpoint_slower_than_half_the_margin_moves_the_stop_earlier(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The run's owner, which writes the checkpoints, follows the limit beside the task that
+    requeues: once a checkpoint took 5 s, it stops the job 10 s before the limit itself, where
+    the margin of 2 s would have left too little for the final checkpoint."""
+    caplog.set_level(logging.INFO)
+    stop = StopRequest()
+    # squeue says 14 s at start, and 9 s when asked again before the stop, 5 s in.
+    limit = time_limit.watch(JOB, stop, "SIGUSR1", 2.0, acts=False, ask=answers(14.0, 9.0))
+    assert wait_until(lambda: limit.deadline is not None, 5.0) and not limit.due()
+    started = time.monotonic()
+    stop.checkpoint_written(20, 5.0)
+    # 14 s left at start, less the 10 s margin: due about 4 s in, looked at every 5 s.
+    assert stop.wait(10.0)
+    assert time.monotonic() - started <= 6.0
+    assert stop.signal_name == "SIGUSR1"
+    assert "checkpoint of step 20 written in 5.00 s" in caplog.text
+    assert "this task's checkpoints take up to 5.0 s; the run now stops at" in caplog.text
+    assert "10 s before the time limit" in caplog.text
+    assert "job 77 reaches its time limit in" in caplog.text
+    assert limit.due()
+
+
+def test_checkpoints_quicker_than_the_margin_leave_it_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    stop = StopRequest()
+    time_limit.watch(JOB, stop, "SIGUSR1", 120.0, acts=False, ask=answers(14.0))
+    stop.checkpoint_written(20, 1.0)
+    # The margin stays 7 s (half of 14): not due yet, and a follower never stops the job.
+    assert not stop.wait(9.0)
+    assert "take up to" not in caplog.text and "reaches its time limit" not in caplog.text

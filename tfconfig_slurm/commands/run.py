@@ -191,8 +191,8 @@ TIME_LIMIT_MARGIN = flags.DEFINE_float(
     "Seconds before the job's time limit (asked of squeue, and again each minute, as "
     "scontrol update TimeLimit= moves it) at which every task is sent --preempt_signal: "
     "training stops with a checkpoint and the job requeues itself, with no #SBATCH --signal "
-    "needed. At most half the time the job has left when the run starts. 0: stop only on "
-    "signals.",
+    "needed. At most half the time the job has left when the run starts; at least twice the "
+    "chief's longest checkpoint write. 0: stop only on signals.",
     lower_bound=0.0,
 )
 MAX_REQUEUES = flags.DEFINE_integer(

@@ -69,6 +69,15 @@ class StopRequest:
         self._signums: list[signal.Signals] = []
         self._wakeups: socket.socket | None = None
         self.signal_name = ""
+        # The longest this task took to write a checkpoint: a stop before the time limit
+        # must leave it time for one more (process/time_limit.py). A float is read whole.
+        self.longest_checkpoint = 0.0
+
+    def checkpoint_written(self, step: int, seconds: float) -> None:
+        """A backend wrote the checkpoint of `step` in `seconds`: said, and kept for the stop
+        before the time limit."""
+        logging.info("checkpoint of step %d written in %.2f s", step, seconds)
+        self.longest_checkpoint = max(self.longest_checkpoint, seconds)
 
     def listen(self, *signums: signal.Signals | None) -> None:
         """From now on, each of `signums` asks this task to stop; nothing else happens on it.

@@ -9,7 +9,9 @@ with a checkpoint and the job requeues itself, exactly as on the warning signal,
 whichever comes first wins. The margin is at most half of what the job had left when the run
 started, so that a short job trains before it stops. The run's owner, where it is another
 task, follows the limit too, to say that the run stopped for it: at most two squeue a minute
-per job, so that thousands of tasks do not each ask slurmctld.
+per job, so that thousands of tasks do not each ask slurmctld. The owner writes the
+checkpoints: where twice the longest it took for one is more than the margin, that is its
+margin, and it stops the job itself when the other task would be late.
 
 No TensorFlow here.
 """
@@ -28,6 +30,10 @@ from tfconfig_slurm.process import slurm_commands
 from tfconfig_slurm.process.preemption import StopRequest
 
 POLL_SECONDS = 60.0
+# How often the stop's time is looked at again: a checkpoint may have made the margin larger.
+_LOOK_SECONDS = 5.0
+# A stop must leave time for the final checkpoint: twice the longest one, as writes vary.
+_CHECKPOINTS_IN_MARGIN = 2.0
 # A limit that moved by less than this did not move: squeue's own rounding.
 _MOVED_SECONDS = 5.0
 # squeue's %L: [days-][hours:]minutes:seconds.
@@ -97,7 +103,11 @@ class TimeLimit:
     def due(self) -> bool:
         """Whether the stop before the limit is due (the run stops for the time limit)."""
         deadline = self.deadline
-        return deadline is not None and time.time() >= deadline - self.margin - _MOVED_SECONDS
+        return deadline is not None and time.time() >= deadline - self._margin() - _MOVED_SECONDS
+
+    def _margin(self) -> float:
+        """The margin, or the time for this task's checkpoints, where that is more."""
+        return max(self.margin, _CHECKPOINTS_IN_MARGIN * self.stop.longest_checkpoint)
 
     def keep(self) -> None:
         job = self.job.name
@@ -121,23 +131,37 @@ class TimeLimit:
             self.margin,
             self.signal_name,
         )
+        asked, said = time.monotonic(), self.margin
         while not self.stop.requested:
-            now = time.time()
-            if now >= deadline - self.margin:
-                if self._acts:
-                    self._stop_the_job(deadline - now)
-                return
-            if self.stop.wait(min(POLL_SECONDS, deadline - self.margin - now)):
-                return
-            left = self._ask(job)
-            if isinstance(left, float) and abs(time.time() + left - deadline) > _MOVED_SECONDS:
-                self.deadline = deadline = time.time() + left
-                self._say(
-                    "job %s's time limit moved to %s: this run now stops at %s",
+            margin = self._margin()
+            if margin > said:
+                said = margin
+                logging.info(
+                    "job %s: this task's checkpoints take up to %.1f s; the run now stops at "
+                    "%s, %.0f s before the time limit",
                     job,
-                    _clock(deadline),
-                    _clock(deadline - self.margin),
+                    self.stop.longest_checkpoint,
+                    _clock(deadline - margin),
+                    margin,
                 )
+            # squeue is asked again before the stop, as the limit may have moved.
+            if time.time() >= deadline - margin or time.monotonic() - asked >= POLL_SECONDS:
+                left, asked = self._ask(job), time.monotonic()
+                if isinstance(left, float) and abs(time.time() + left - deadline) > _MOVED_SECONDS:
+                    self.deadline = deadline = time.time() + left
+                    self._say(
+                        "job %s's time limit moved to %s: this run now stops at %s",
+                        job,
+                        _clock(deadline),
+                        _clock(deadline - margin),
+                    )
+                if time.time() >= deadline - margin:
+                    # Where this task's checkpoints set the margin, the other task is late.
+                    if self._acts or margin > self.margin:
+                        self._stop_the_job(deadline - time.time())
+                    return
+            if self.stop.wait(min(_LOOK_SECONDS, deadline - margin - time.time())):
+                return
 
     def _say(self, message: str, *arguments: object) -> None:
         """Logs, in the task that acts; the other only follows."""

@@ -1,4 +1,5 @@
-"""Session hooks the runtime adds to every trainer: throughput, logged and written as scalars.
+"""Session hooks the runtime adds to every trainer: throughput, logged and written as scalars;
+and the chief's checkpoints, timed.
 
 The examples of a step are counted in the graph: the batch dimension of what the input
 pipeline handed the step (the first tensor of Estimator's dataset iterator, or of a queue's
@@ -8,10 +9,12 @@ batch size, and a last batch cut short counts for what it holds.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import tensorflow as tf
 
+from tfconfig_slurm.process.preemption import StopRequest
 from tfconfig_slurm.process.throughput import Rates, Throughput
 
 # Ops that hand a step its input, as Estimator's input functions build them.
@@ -92,3 +95,18 @@ def _batch_size() -> tf.Tensor | None:
             if dense and dense[0].shape.rank:
                 return tf.shape(dense[0], out_type=tf.int64)[0]
     return None
+
+
+class CheckpointTimer(tf.compat.v1.train.CheckpointSaverListener):
+    """Times each checkpoint the chief writes, for the stop before the time limit, which must
+    leave time for one more (process/time_limit.py)."""
+
+    def __init__(self, stop: StopRequest) -> None:
+        self._stop = stop
+        self._started = 0.0
+
+    def before_save(self, session: Any, global_step_value: int) -> None:
+        self._started = time.monotonic()
+
+    def after_save(self, session: Any, global_step_value: int) -> None:
+        self._stop.checkpoint_written(global_step_value, time.monotonic() - self._started)

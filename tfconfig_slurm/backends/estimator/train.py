@@ -112,7 +112,9 @@ def _train_alone(training: Training, stop: StopRequest) -> trainer.Result | None
     throughput = trainer.throughput_hook(estimator, None)
     hooks = [throughput, barriers.PreemptionHook(stop, trainers=1, trainer_id=0)]
     metrics, exports = tf.estimator.train_and_evaluate(
-        estimator, trainer.with_hooks(training.train_spec, hooks), training.eval_spec
+        estimator,
+        trainer.with_runtime(training.train_spec, estimator, hooks, stop),
+        training.eval_spec,
     )
     if stop.requested:
         return None

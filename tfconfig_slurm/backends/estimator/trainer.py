@@ -13,7 +13,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfconfig_slurm.backends.estimator import barriers, estimators
-from tfconfig_slurm.backends.estimator.hooks import ThroughputHook
+from tfconfig_slurm.backends.estimator.hooks import CheckpointTimer, ThroughputHook
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
@@ -61,7 +61,9 @@ def run(
     estimator = estimators.for_task(user, tf_config, config)
     try:
         with estimators.tf_config_environment(tf_config):
-            tf.estimator.train_and_evaluate(estimator, with_hooks(train_spec, hooks), eval_spec)
+            tf.estimator.train_and_evaluate(
+                estimator, with_runtime(train_spec, estimator, hooks, stop), eval_spec
+            )
     finally:
         # Once training has ended (the chief's final checkpoint written), from a session of
         # its own; also when training failed or there was nothing left to train: the
@@ -138,8 +140,23 @@ def throughput_hook(estimator: tf.estimator.Estimator, role: ClusterRole | None)
     return ThroughputHook(summaries, every)
 
 
-def with_hooks(spec: tf.estimator.TrainSpec, hooks: list[Any]) -> tf.estimator.TrainSpec:
-    return spec._replace(hooks=(*spec.hooks, *hooks))
+def with_runtime(
+    spec: tf.estimator.TrainSpec,
+    estimator: tf.estimator.Estimator,
+    hooks: list[Any],
+    stop: preemption.StopRequest,
+) -> tf.estimator.TrainSpec:
+    """The user's TrainSpec with the runtime's hooks, and its checkpoints timed where the
+    estimator writes any (Estimator refuses a listener where no hook saves)."""
+    config = estimator.config
+    timed = (
+        (CheckpointTimer(stop),)
+        if config.save_checkpoints_steps or config.save_checkpoints_secs
+        else ()
+    )
+    return spec._replace(
+        hooks=(*spec.hooks, *hooks), saving_listeners=(*spec.saving_listeners, *timed)
+    )
 
 
 def _text(result: Any) -> str:

@@ -104,7 +104,9 @@ class KerasBackend:
     def _set_up(self) -> _Trainer:
         """The strategy, the model restored, the watch of the neighbours (once)."""
         if self._trainer is None:
-            self._trainer = _Trainer.set_up(self._experiment, self._settings, self._role)
+            self._trainer = _Trainer.set_up(
+                self._experiment, self._settings, self._role, self._stop
+            )
             # The strategy took SIGTERM as it was made.
             self._stop.listen_again()
         return self._trainer
@@ -205,7 +207,11 @@ class _Trainer(NamedTuple):
 
     @classmethod
     def set_up(
-        cls, experiment: KerasExperiment, settings: TrainingSettings, role: ClusterRole | None
+        cls,
+        experiment: KerasExperiment,
+        settings: TrainingSettings,
+        role: ClusterRole | None,
+        stop: preemption.StopRequest,
     ) -> _Trainer:
         # Before any other TensorFlow call, as the strategy requires.
         strategy = (
@@ -219,7 +225,9 @@ class _Trainer(NamedTuple):
         if role is not None:
             _check_same_start(strategy, start, directory)
         writer = tf.summary.create_file_writer(str(directory)) if owns_run(role) else None
-        saver = _Saver(checkpoint, directory, role, settings.keep_checkpoint_max, restored=start)
+        saver = _Saver(
+            checkpoint, directory, role, settings.keep_checkpoint_max, restored=start, stop=stop
+        )
         return cls(strategy, model, saver, writer, peers)
 
 
@@ -351,8 +359,9 @@ def _dataset(experiment: KerasExperiment, mode: str, params: Mapping[str, Any]) 
 
 class _Saver:
     """Checkpoints numbered by the global step: the chief's (or a single process's) into the
-    model directory; another trainer's into a scratch directory it deletes, since every
-    trainer must take part in a save."""
+    model directory, timed for the stop before the time limit (process/time_limit.py);
+    another trainer's into a scratch directory it deletes, since every trainer must take
+    part in a save."""
 
     def __init__(
         self,
@@ -362,6 +371,7 @@ class _Saver:
         keep: int,
         *,
         restored: int,
+        stop: preemption.StopRequest,
     ) -> None:
         # On the node's own disk: a worker's copy is written only to be thrown away.
         self._scratch = (
@@ -377,14 +387,18 @@ class _Saver:
         )
         # The step of the latest checkpoint (first the one restored, not to be written again).
         self.last = restored
+        self._stop = stop
 
     def save(self, step: int) -> None:
         if step == self.last:
             return
+        started = time.monotonic()
         self._manager.save(checkpoint_number=step)
         self.last = step
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
+        else:
+            self._stop.checkpoint_written(step, time.monotonic() - started)
 
 
 class _FinishInside(keras.callbacks.Callback):  # type: ignore[misc]
