@@ -134,7 +134,8 @@ class TimeLimit:
         asked, said = time.monotonic(), self.margin
         while not self.stop.requested:
             margin = self._margin()
-            if margin > said:
+            # Said in whole seconds, as the log shows it: not again for a tenth more.
+            if round(margin) > round(said):
                 said = margin
                 logging.info(
                     "job %s: this task's checkpoints take up to %.1f s; the run now stops at "
