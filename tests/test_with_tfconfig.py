@@ -431,6 +431,8 @@ def test_a_failed_coordinator_or_ps_ends_every_task_by_name(rank: int, named: st
     assert statuses[rank] == 1, (statuses, logs)
     assert None not in statuses and 0 not in statuses, (statuses, logs)
     assert f"{named} at localhost:{base + rank} says its command failed" in logs
+    if named == "ps 0":
+        assert "ps 0: its command failed with exit status 1; its log above may say why" in logs
 
 
 def test_a_coordinator_s_worker_told_to_stop_does_not_start_its_command_again() -> None:

@@ -268,11 +268,12 @@ def _serve(
         status = children.exit_status(child.wait())
         _after_command()
         if status != 0:
+            # The wrapper's own status is news only where a signal ended the command.
+            how = children.how_it_ended(child.returncode)
             logging.error(
-                "%s: its command %s (exit %d); its log above may say why.%s",
+                "%s: its command %s; its log above may say why.%s",
                 role.task_id,
-                children.how_it_ended(child.returncode),
-                status,
+                f"{how} (exit {status})" if child.returncode < 0 else how,
                 _server_failure_hint(role, child.returncode),
             )
             _claim_the_end(ending)
