@@ -51,6 +51,14 @@ def test_the_new_job_asks_for_what_this_one_has() -> None:
     ]
 
 
+def test_an_array_task_goes_on_as_the_same_index() -> None:
+    """A sweep's run: its index picks its line of the sweep file (--sweep_file), in the new
+    job as in this one."""
+    record = parsed(RECORD.replace(" JobName=", " ArrayJobId=41 ArrayTaskId=3 JobName="))
+    assert continuation.resources(record)[-1] == "--array=3"
+    assert "--array" not in " ".join(continuation.resources(parsed(RECORD)))
+
+
 def test_the_new_job_gets_none_of_this_job_s_variables_but_the_run_s_directory() -> None:
     environ = {
         "PATH": "/usr/bin",

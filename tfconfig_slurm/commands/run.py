@@ -198,7 +198,8 @@ TIME_LIMIT_MARGIN = flags.DEFINE_float(
 MAX_REQUEUES = flags.DEFINE_integer(
     "max_requeues",
     3,
-    "Requeue the job on --preempt_signal only while SLURM_RESTART_COUNT is below this.",
+    "Requeue the job on --preempt_signal only while it was requeued (SLURM_RESTART_COUNT) or "
+    "went on in a new job (where requeue is refused) fewer times than this.",
     lower_bound=0,
 )
 

@@ -175,7 +175,7 @@ class ContinuationError(Exception):
 def resources(record: Mapping[str, str]) -> list[str]:
     """The sbatch options that ask for what the job has: its name, directory, nodes (and the
     ones it asked for or excluded), tasks, CPUs, GPUs, memory, features, time, partition,
-    account and QOS."""
+    account, QOS, and an array task's index."""
     options = {
         "--job-name": record.get("JobName"),
         "--chdir": record.get("WorkDir"),
@@ -203,6 +203,9 @@ def resources(record: Mapping[str, str]) -> list[str]:
     for field, option in (("MinMemoryNode", "--mem"), ("MinMemoryCPU", "--mem-per-cpu")):
         if record.get(field, "0") not in ("0", *_NONE):
             options[option] = record[field]
+    # An array task (a sweep's run) goes on as the same index, which picks its line.
+    if record.get("ArrayTaskId", "").isdigit():
+        options["--array"] = record["ArrayTaskId"]
     if options["--time"] == "UNLIMITED":
         del options["--time"]
     return [f"{option}={value}" for option, value in options.items() if value not in (None, *_NONE)]
