@@ -121,3 +121,16 @@ def test_checkpoints_quicker_than_the_margin_leave_it_alone(
     # The margin stays 7 s (half of 14): not due yet, and a follower never stops the job.
     assert not stop.wait(9.0)
     assert "take up to" not in caplog.text and "reaches its time limit" not in caplog.text
+
+
+def test_a_limit_not_today_is_said_with_its_date(caplog: pytest.LogCaptureFixture) -> None:
+    """A partition without MaxTime gives jobs 365 days: said as a time of day alone, it
+    read as a limit already past."""
+    caplog.set_level(logging.INFO)
+    stop = StopRequest()
+    limit = time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=answers(2 * 86400.0))
+    assert wait_until(lambda: limit.deadline is not None, 5.0)
+    assert wait_until(lambda: "ends at its time limit" in caplog.text, 5.0)
+    day = time.strftime("%Y-%m-%d", time.localtime(time.time() + 2 * 86400))
+    assert f"ends at its time limit at {day} " in caplog.text, caplog.text
+    stop.ask("SIGTERM")

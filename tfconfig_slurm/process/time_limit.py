@@ -192,4 +192,8 @@ class TimeLimit:
 
 
 def _clock(epoch: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(epoch))
+    """The time of day, with the date where it is not today (a limit of 365 days said only
+    as a time of day read as one already past)."""
+    when = time.localtime(epoch)
+    today = when[:3] == time.localtime()[:3]
+    return time.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M:%S", when)
