@@ -48,7 +48,8 @@ CHECKPOINT_STEPS = 20
 
 @pytest.mark.slurm
 @pytest.mark.parametrize(
-    ("rank", "victim"), [(2, "ps 1 at node2:"), (3, "worker 0 at node2:"), (1, "chief 0 at node1:")]
+    ("rank", "victim"),
+    [(2, r"ps 1 at node\d:"), (3, r"worker 0 at node\d:"), (1, r"chief 0 at node\d:")],
 )
 def test_a_killed_task_ends_the_step_and_is_named(
     slurm_cluster: SlurmCluster, tmp_path: Path, rank: int, victim: str

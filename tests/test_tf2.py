@@ -5,6 +5,7 @@ ParameterServerStrategy scripts run under with-tfconfig on the real SLURM test c
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -138,7 +139,8 @@ def test_a_crashed_all_reduce_worker_ends_the_step_by_name(
     )  # fmt: skip
     assert step.returncode != 0
     assert "worker 0: its command failed" in step.stderr, step.stderr[-3000:]
-    by_name = "worker 0 at node2:" in step.stderr and "says its command failed" in step.stderr
+    # Slurm picks the step's nodes: node1 may still be completing the last job.
+    by_name = re.search(r"worker 0 at node\d:\d+ says its command failed", step.stderr)
     ended = by_name and "ending this task (exit 3)" in step.stderr
     assert ended or "chief 0: its command failed" in step.stderr, step.stderr[-3000:]
     assert reports(tmp_path) == {}
@@ -163,7 +165,7 @@ def test_a_multi_worker_mirrored_script_in_a_parameter_server_layout_ends_with_a
         "with-tfconfig --all_reduce"
     )
     assert hint in step.stderr, step.stderr[-3000:]
-    assert "ps 0 at node1:" in step.stderr or "ps 1 at node2:" in step.stderr
+    assert re.search(r"ps [01] at node\d:", step.stderr), step.stderr[-3000:]
     assert reports(tmp_path) == {}
     assert slurm_cluster.left_behind() == {}
 
