@@ -6,11 +6,13 @@ import contextlib
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tfconfig_slurm.process import watchdog
+from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.process import failure, watchdog
 from tfconfig_slurm.process.watchdog import PeerWatch
 
 FAST: dict[str, Any] = {"lost_after": 0.3, "probe_seconds": 0.05}
@@ -50,6 +52,29 @@ def test_a_peer_that_stops_listening_is_lost_and_named(
     finally:
         watch.stop()
     assert lost.reported == [("ps 1", address)]
+
+
+def test_once_the_run_has_failed_a_silent_peer_is_lost_at_its_first_unanswered_probe(
+    listener: tuple[socket.socket, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer that ended because the run failed is not waited for: the chain of watchers
+    that ends a job ends in one probe a link, not one grace period (3 s) a link."""
+    monkeypatch.setattr(failure._TASK, "attached", None)
+    cluster = {"ps": ("node1:2223",), "worker": ("node2:2222",)}
+    failure.attach(
+        tmp_path, ClusterRole(cluster=cluster, role="ps", index=0, run_id="7.0.0"), "node1"
+    )
+    server, address = listener
+    lost = Lost()
+    watch = PeerWatch({"worker 0": address}, on_lost=lost, lost_after=PATIENCE, probe_seconds=0.05)
+    try:
+        assert not lost.event.wait(0.5)  # answering
+        assert failure.record_lost("chief 0", "node3:2222", 4.0) is None
+        server.close()
+        assert lost.event.wait(PATIENCE / 2)
+    finally:
+        watch.stop()
+    assert lost.reported == [("worker 0", address)]
 
 
 def test_a_released_peer_may_leave(listener: tuple[socket.socket, str]) -> None:

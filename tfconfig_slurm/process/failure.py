@@ -137,6 +137,16 @@ def _record(attached: _Attached, failure: Failure) -> None:
             os.unlink(stream.name)
 
 
+def run_failed() -> bool:
+    """Whether this task's attempt has recorded a failure: then a peer that stops answering
+    has ended for it, and is lost at once, not after the watchdog's grace (which guards
+    against a dropped packet, not against a run already lost)."""
+    attached = _TASK.attached
+    if attached is None or attached.role.run_id is None:
+        return False
+    return read(attached.model_dir, attached.role.run_id) is not None
+
+
 def read(model_dir: Path, run_id: str) -> Failure | None:
     """The first failure of the attempt `run_id`, if one was recorded."""
     return _read(RunDir(model_dir).failure(run_id))

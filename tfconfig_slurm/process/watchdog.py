@@ -8,7 +8,8 @@ is busy, so a port that refuses (or, for a node cut off, never answers) for a fe
 a row means the task is gone. A thread probes each watched peer that way, and when one is
 lost it logs which (role, index, address, since when) and ends this process with
 EXIT_PEER_LOST: `srun --kill-on-bad-exit` or the local cluster's supervisor then ends the
-rest, and each task that was waiting on this one notices it the same way.
+rest, and each task that was waiting on this one notices it the same way, but at its first
+probe that finds no answer: the run has recorded its failure by then (failure.run_failed).
 
 No TensorFlow here: only sockets and a thread.
 """
@@ -198,7 +199,9 @@ class PeerWatch:
                 answered = last_answer[name]
                 if answered is None and now - started >= self._start_seconds:
                     self._lose(name, now - started)
-                elif answered is not None and now - since >= self._lost_after:
+                elif answered is not None and (
+                    now - since >= self._lost_after or failure.run_failed()
+                ):
                     self._lose(name, now - answered)
 
     def _lose(self, name: str, silent_for: float) -> None:
