@@ -351,7 +351,7 @@ def test_scancel_checkpoints_every_step_taken_and_resubmitting_resumes(
 def test_a_node_cut_off_ends_the_job_in_bounded_time(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """Its link down, as a switch port failing: bounded by SlurmdTimeout (30 s) + 60 s."""
+    """Its link down, as a switch port failing: bounded by SlurmdTimeout (15 s) + 60 s."""
     job = submit(slurm_cluster, tmp_path, "cut", *TRAIN_FOREVER[1:], nodes="node[1-2]")
     logs = tmp_path / "cut" / "logs"
     try:
@@ -359,7 +359,7 @@ def test_a_node_cut_off_ends_the_job_in_bounded_time(
         job_id = job_id_of(logs)
         subprocess.run(["ip", "link", "set", "tfsveth2", "down"], check=True)
         cut = time.monotonic()
-        ended = wait_until(lambda: slurm_cluster.run_ended(job_id), 30.0 + END_SECONDS)
+        ended = wait_until(lambda: slurm_cluster.run_ended(job_id), 15.0 + END_SECONDS)
         took = time.monotonic() - cut
         state = slurm_cluster.job(job_id)
     finally:
