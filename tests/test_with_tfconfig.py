@@ -271,12 +271,14 @@ def test_eighteen_trainers_finish_through_their_tree_and_the_servers_end_exit_0(
 
 def test_a_trainer_that_fails_after_the_others_finished_ends_every_task() -> None:
     """The last trainer (below worker 0 in the tree) fails: worker 0 and its ps take it for
-    lost, and the step ends, non-zero, every task gone."""
+    lost, and the step ends, non-zero, every task gone. Worker 0, whose port said WAITING,
+    says FAILED on it at once (it could not bind its port twice: the chief waited 4 s)."""
     base = free_port_block(20)
     statuses, logs = ended(wrap_step(base, 20, {0: "600", 1: "600", 19: "-6"}, "3"), 60)
     assert statuses[19] == 1, logs
     assert None not in statuses and 3 in statuses and 0 not in statuses[:2], statuses
     assert f"worker 16 at localhost:{base + 19} says its command failed" in logs
+    assert f"worker 0 at localhost:{base + 3} says its command failed" in logs
 
 
 def test_a_finished_trainer_s_wrapper_still_ends_on_sigterm() -> None:

@@ -361,10 +361,19 @@ def say_finished(role: ClusterRole, lost: watchdog.OnLost) -> None:
             _until_finished_or_gone(parent)
 
 
+# The answers of the port this process serves, while a block of _answering holds it: a block
+# within it (a trainer saying WAITING finds a child lost, and says FAILED) changes what the port
+# answers, as it could not bind the port a second time.
+_SERVING: list[list[bytes]] = []
+
+
 @contextlib.contextmanager
 def _answering(role: ClusterRole) -> Iterator[list[bytes]]:
     """Within the block, this task's port (free again) answers the last of the list it yields
     (WAITING at first: alive, not finished)."""
+    if _SERVING:
+        yield _SERVING[-1]
+        return
     port = int(role.address.rpartition(":")[2])
     answer = [watchdog.WAITING]
     try:
@@ -381,9 +390,11 @@ def _answering(role: ClusterRole) -> Iterator[list[bytes]]:
         return
     stopped = threading.Event()
     threading.Thread(target=_answer, args=(listener, stopped, answer), daemon=True).start()
+    _SERVING.append(answer)
     try:
         yield answer
     finally:
+        _SERVING.remove(answer)
         stopped.set()
         listener.close()
 
