@@ -41,8 +41,10 @@ pytestmark = pytest.mark.tensorflow
 END_SECONDS = 60.0
 # Starting four TensorFlow processes on 2 cores and reaching the first steps.
 START_SECONDS = 180.0
+# Steps that cost next to no CPU (tests/fixtures/paced.py): these tests train until a fault.
+PACED = REPOSITORY / "tests" / "fixtures" / "paced.py"
 # Every trainer logs its global step at every step, so that a test knows the last one reached.
-TRAIN_FOREVER = ("--experiment=mnist_deep", "--train_steps=1000000", "--log_every_steps=1")
+TRAIN_FOREVER = (f"--experiment={PACED}", "--train_steps=1000000", "--log_every_steps=1")
 CHECKPOINT_STEPS = 20
 
 
@@ -64,7 +66,7 @@ def test_a_killed_task_ends_the_step_and_is_named(
     try:
         wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
         # A checkpoint interval or more into training.
-        model_dir = tmp_path / "mnist_deep"
+        model_dir = tmp_path / "paced"
         assert wait_until(lambda: saved_step(model_dir) >= CHECKPOINT_STEPS, START_SECONDS)
         reached = highest_step(read_logs(logs))
         os.kill(slurm_cluster.task_pid(rank), signal.SIGKILL)
@@ -107,16 +109,16 @@ def test_a_killed_task_ends_the_step_and_is_named(
 def srun_training(
     cluster: SlurmCluster, root: Path, logs: str, *flags: str, nodes: str = "node[1-2]"
 ) -> subprocess.Popen[str]:
-    """mnist_deep in a step of a ps and a trainer a node, one log per task in root/logs; no
-    --kill-on-bad-exit: SLURM then waits for every task, so only the runtime can end the
-    survivors of a fault."""
+    """The paced experiment in a step of a ps and a trainer a node, one log per task in
+    root/logs; no --kill-on-bad-exit: SLURM then waits for every task, so only the runtime can
+    end the survivors of a fault."""
     (root / logs).mkdir()
     return subprocess.Popen(
         [
             *("srun", f"--nodelist={nodes}", "--ntasks-per-node=2", "--gres=gpu:1"),
             f"--output={root / logs}/%t.log",
             *(sys.executable, "-m", "tfconfig_slurm.run", f"--output_root={root}"),
-            "--experiment=mnist_deep",
+            f"--experiment={PACED}",
             f"--save_checkpoints_steps={CHECKPOINT_STEPS}",
             *flags,
         ],
@@ -195,7 +197,7 @@ def test_usr1_checkpoints_requeues_and_resumes_losing_no_step(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     """As `#SBATCH --signal=USR1@90` warns a job before its time limit."""
-    job = submit(slurm_cluster, tmp_path, "preempted", "--train_steps=120")
+    job = submit(slurm_cluster, tmp_path, "preempted", f"--experiment={PACED}", "--train_steps=300")
     logs = tmp_path / "preempted" / "logs"
     job_id, ended = warn_and_requeue(
         slurm_cluster, job, logs, start_seconds=START_SECONDS, end_seconds=END_SECONDS
@@ -209,7 +211,7 @@ def test_usr1_checkpoints_requeues_and_resumes_losing_no_step(
     assert f"requeued job {job_id} (restart 1 of at most 3)" in log
     resumed = re.findall(r"chief 0 on node\d .* resuming from step (\d+)", log)
     assert resumed == [str(max(stopped_at))]  # every step taken before the signal is kept
-    assert checkpoint_step(tmp_path / "preempted") >= 120
+    assert checkpoint_step(tmp_path / "preempted") >= 300
 
 
 @pytest.mark.slurm
@@ -222,7 +224,8 @@ def test_a_job_that_may_not_requeue_goes_on_in_a_new_job_losing_no_step(
         slurm_cluster,
         tmp_path,
         "continued",
-        "--train_steps=120",
+        f"--experiment={PACED}",
+        "--train_steps=300",
         nodes="node[1-2]",
         sbatch_options=["--no-requeue"],
     )
@@ -257,7 +260,7 @@ def test_a_job_that_may_not_requeue_goes_on_in_a_new_job_losing_no_step(
     assert len(stopped_at) == 2, log[-3000:]
     resumed = re.findall(r"chief 0 on node\d .* resuming from step (\d+)", log)
     assert resumed == [str(max(stopped_at))]
-    assert checkpoint_step(tmp_path / "continued") >= 120
+    assert checkpoint_step(tmp_path / "continued") >= 300
     table = slurm_cluster.run(
         ["python", "-m", "tfconfig_slurm.commands", "runs", str(tmp_path), "--json"]
     )
@@ -269,7 +272,7 @@ def test_a_job_that_may_not_requeue_goes_on_in_a_new_job_losing_no_step(
 LIMITED_SCRIPT = """#!/bin/bash
 #SBATCH --requeue
 srun --cpu-bind=none --output={logs}/%t.log {python} -m tfconfig_slurm.run \\
-    --experiment=mnist_deep --output_root={root} --train_steps=1000000 --log_every_steps=1 \\
+    --experiment={experiment} --output_root={root} --train_steps=1000000 --log_every_steps=1 \\
     --save_checkpoints_steps=20
 """
 
@@ -283,7 +286,9 @@ def test_a_time_limit_without_signal_stops_with_a_checkpoint_and_requeues(
     logs = tmp_path / "logs"
     logs.mkdir()
     script = tmp_path / "limited.sbatch"
-    script.write_text(LIMITED_SCRIPT.format(logs=logs, python=sys.executable, root=tmp_path))
+    script.write_text(
+        LIMITED_SCRIPT.format(logs=logs, python=sys.executable, root=tmp_path, experiment=PACED)
+    )
     submitted = slurm_cluster.run(
         ["sbatch", "--parsable", "--time=1", "--nodes=1", "--ntasks-per-node=2",
          "--gres=gpu:1", "--nodelist=node1", str(script)],
@@ -313,7 +318,7 @@ def test_a_time_limit_without_signal_stops_with_a_checkpoint_and_requeues(
     ]
     assert len(stopped_at) == 1, log[-3000:]  # the chief, its one trainer
     assert f"requeued job {job_id} (restart 1 of at most 3)" in log
-    assert checkpoint_step(tmp_path / "mnist_deep") == stopped_at[0]
+    assert checkpoint_step(tmp_path / "paced") == stopped_at[0]
 
 
 @pytest.mark.slurm
@@ -323,7 +328,7 @@ def test_scancel_checkpoints_every_step_taken_and_resubmitting_resumes(
 ) -> None:
     """scancel, a time limit and a preemption without --signal send SIGTERM, then SIGKILL
     after KillWait (30 s): every step taken before it is kept, synchronous updates too."""
-    job = submit(slurm_cluster, tmp_path, "cancelled", *TRAIN_FOREVER[1:], *updates)
+    job = submit(slurm_cluster, tmp_path, "cancelled", *TRAIN_FOREVER, *updates)
     logs = tmp_path / "cancelled" / "logs"
     try:
         wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
@@ -346,7 +351,8 @@ def test_scancel_checkpoints_every_step_taken_and_resubmitting_resumes(
 
     # Resumed on one node: a ps and the chief.
     again = submit(
-        slurm_cluster, tmp_path, "cancelled", f"--train_steps={max(stopped_at) + 5}", *updates,
+        slurm_cluster, tmp_path, "cancelled", f"--experiment={PACED}",
+        f"--train_steps={max(stopped_at) + 5}", *updates,
         nodes="node1", sbatch_options=("--nodes=1",),
     )  # fmt: skip
     resumed = finish(slurm_cluster, again)
@@ -359,7 +365,7 @@ def test_a_node_cut_off_ends_the_job_in_bounded_time(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     """Its link down, as a switch port failing: bounded by SlurmdTimeout (15 s) + 60 s."""
-    job = submit(slurm_cluster, tmp_path, "cut", *TRAIN_FOREVER[1:], nodes="node[1-2]")
+    job = submit(slurm_cluster, tmp_path, "cut", *TRAIN_FOREVER, nodes="node[1-2]")
     logs = tmp_path / "cut" / "logs"
     try:
         wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
@@ -399,10 +405,13 @@ def runtime_left(cluster: SlurmCluster) -> list[str]:
 def test_the_batch_script_names_the_task_that_failed_first(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    job = submit(slurm_cluster, tmp_path, "named", *TRAIN_FOREVER[1:])
+    job = submit(slurm_cluster, tmp_path, "named", *TRAIN_FOREVER)
     logs = tmp_path / "named" / "logs"
     try:
         wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
+        # Two watchdog probe rounds into training: a task killed before any watcher heard from
+        # it is waited for as one still starting, and the step ends only at KillWait (30 s).
+        assert wait_until(lambda: highest_step(read_logs(logs)) >= 40, START_SECONDS)
         os.kill(slurm_cluster.task_pid(3), signal.SIGKILL)
         ended = finish(slurm_cluster, job)
     finally:
