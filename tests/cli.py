@@ -17,6 +17,9 @@ from typing import Any, Callable
 import pytest
 
 REPOSITORY = Path(__file__).resolve().parent.parent
+# An experiment whose steps cost next to no CPU (tests/fixtures/paced.py), for the tests that
+# train until something happens to the run.
+PACED = REPOSITORY / "tests" / "fixtures" / "paced.py"
 
 
 def run_module(

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli import (
+    PACED,
     REPOSITORY,
     checkpoint_step,
     ended_within,
@@ -41,8 +42,6 @@ pytestmark = pytest.mark.tensorflow
 END_SECONDS = 60.0
 # Starting four TensorFlow processes on 2 cores and reaching the first steps.
 START_SECONDS = 180.0
-# Steps that cost next to no CPU (tests/fixtures/paced.py): these tests train until a fault.
-PACED = REPOSITORY / "tests" / "fixtures" / "paced.py"
 # Every trainer logs its global step at every step, so that a test knows the last one reached.
 TRAIN_FOREVER = (f"--experiment={PACED}", "--train_steps=1000000", "--log_every_steps=1")
 CHECKPOINT_STEPS = 20

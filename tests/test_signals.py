@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import REPOSITORY, checkpoint_step, wait_until
+from tests.cli import PACED, REPOSITORY, checkpoint_step, wait_until
 from tests.test_local_cluster import alive, started_pids
 
 pytestmark = pytest.mark.tensorflow
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.tensorflow
 START_SECONDS = 120.0
 # SLURM's default KillWait: SIGKILL follows SIGTERM after this.
 KILL_WAIT_SECONDS = 30.0
-TRAIN_LONG = ("--experiment=mnist_deep", "--train_steps=1000000", "--log_every_steps=1")
+TRAIN_LONG = (f"--experiment={PACED}", "--train_steps=1000000", "--log_every_steps=1")
 
 
 def start(root: Path, *flags: str) -> tuple[subprocess.Popen[str], Path]:
@@ -65,7 +65,7 @@ def test_sigterm_checkpoints_every_step_and_sigquit_shows_stacks(tmp_path: Path)
     log = console.read_text()
     (stopped,) = map(int, re.findall(r"stopping on SIGTERM at global step (\d+)", log))
     assert "not requeueing the job" in log
-    assert checkpoint_step(tmp_path / "mnist_deep") == stopped
+    assert checkpoint_step(tmp_path / "paced") == stopped
 
     resumed = subprocess.run(
         [
@@ -73,7 +73,7 @@ def test_sigterm_checkpoints_every_step_and_sigquit_shows_stacks(tmp_path: Path)
             "-m",
             "tfconfig_slurm.run",
             f"--output_root={tmp_path}",
-            "--experiment=mnist_deep",
+            f"--experiment={PACED}",
             f"--train_steps={stopped + 2}",
         ],
         capture_output=True,
@@ -107,5 +107,5 @@ def test_a_signal_to_a_local_cluster_stops_every_task_at_a_checkpoint(
     assert wait_until(lambda: not [pid for pid in pids.values() if alive(pid)], 5.0)
     stopped = list(map(int, re.findall(rf"stopping on {signum.name} at global step (\d+)", log)))
     assert len(stopped) == 2  # the chief and the worker
-    assert checkpoint_step(tmp_path / "mnist_deep") == max(stopped)
+    assert checkpoint_step(tmp_path / "paced") == max(stopped)
     assert "ps 0: 2 of 2 trainers finished" in log

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli import REPOSITORY, checkpoint_step, read_logs, tensorboard, wait_until
+from tests.cli import PACED, REPOSITORY, checkpoint_step, read_logs, tensorboard, wait_until
 from tests.slurm_cluster import NODES, SBATCH, SMALL_JOB, SlurmCluster, finish, job_id_of, submit
 
 pytestmark = pytest.mark.slurm
@@ -385,7 +385,7 @@ def test_a_sweep_of_three_lines_trains_three_runs_that_the_table_and_tensorboard
 def test_the_runs_table_follows_a_run_through_running_requeued_stopped_and_failed(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    endless = ("--train_steps=1000000", "--save_checkpoints_steps=20")
+    endless = (f"--experiment={PACED}", "--train_steps=1000000", "--save_checkpoints_steps=20")
     # Two runs at once, a node each: one stopped, one killed.
     job, other = (
         submit(slurm_cluster, tmp_path, name, *endless, nodes=node, sbatch_options=("--nodes=1",))
