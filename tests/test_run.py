@@ -7,12 +7,13 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.cli import run_module, tensorboard
+from tests.cli import REPOSITORY, run_module, tensorboard
 from tests.slurm_cluster import SlurmCluster, unavailable
 from tests.slurm_envs import captured
 
@@ -81,6 +82,19 @@ def test_launch_tensorboard_serves_the_output_root(trained: tuple[Path, str]) ->
     ):
         tags = json.load(response)
     assert {"loss", "accuracy", "examples_per_sec"} <= set(tags["first"])
+
+
+@pytest.mark.parametrize("port", ["abc", "-1", "99999"])
+def test_launch_tensorboard_refuses_a_port_that_is_none(tmp_path: Path, port: str) -> None:
+    refused = subprocess.run(
+        [str(REPOSITORY / "launch" / "tensorboard"), str(tmp_path)],
+        env={"PATH": os.environ["PATH"], "TFCONFIG_SLURM_PYTHON": sys.executable,
+             "TENSORBOARD_PORT": port},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith(f"tensorboard: TENSORBOARD_PORT: '{port}' is not a port")
+    assert "Traceback" not in refused.stderr
 
 
 def test_resumes_from_the_latest_checkpoint(trained: tuple[Path, str], tmp_path: Path) -> None:
