@@ -97,6 +97,18 @@ def test_launch_tensorboard_refuses_a_port_that_is_none(tmp_path: Path, port: st
     assert "Traceback" not in refused.stderr
 
 
+def test_the_batch_script_run_outside_a_job_says_to_submit_it(tmp_path: Path) -> None:
+    refused = subprocess.run(
+        [str(REPOSITORY / "launch" / "train.sbatch"), "--train_steps=10"],
+        env={"PATH": os.environ["PATH"], "TFCONFIG_SLURM_PYTHON": sys.executable},
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith("train.sbatch: SLURM_JOB_ID: not set"), refused.stderr
+    assert "HINT: submit it: sbatch" in refused.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_resumes_from_the_latest_checkpoint(trained: tuple[Path, str], tmp_path: Path) -> None:
     # A copy: the shared run stays at step 20 for the tests that read it, in any order.
     model_dir = shutil.copytree(trained[0], tmp_path / "first")
