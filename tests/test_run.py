@@ -84,7 +84,7 @@ def test_launch_tensorboard_serves_the_output_root(trained: tuple[Path, str]) ->
     assert {"loss", "accuracy", "examples_per_sec"} <= set(tags["first"])
 
 
-@pytest.mark.parametrize("port", ["abc", "-1", "99999"])
+@pytest.mark.parametrize("port", ["abc", "-1", "99999", "18446744073709551617"])
 def test_launch_tensorboard_refuses_a_port_that_is_none(tmp_path: Path, port: str) -> None:
     refused = subprocess.run(
         [str(REPOSITORY / "launch" / "tensorboard"), str(tmp_path)],
