@@ -34,6 +34,8 @@ TRAINING = r"(?s)first step done.*first step done"
 SBATCH = REPOSITORY / "launch" / "train.sbatch"
 # The smallest job with every role: per node one ps and one trainer on one of its GPUs.
 SMALL_JOB = ("--nodes=2", "--ntasks-per-node=2", "--gres=gpu:1")
+# One process training alone: for what does not depend on the layout (a sweep, an array).
+ONE_TASK = ("--nodes=1", "--ntasks-per-node=1", "--gres=gpu:1")
 
 
 # Job states from which a job may still run (or run again).
