@@ -21,17 +21,24 @@ STAMP_TF2 := $(VENV_TF2)/.installed
 
 .PHONY: test docs lint bench bench-faults run clean slurm-up slurm-down venv venv-tf2 venvs
 
+# uv puts the wheels in place several times faster than pip (docs/installing.md, "Install
+# times"); each environment's own pip installs it first. uv reads UV_INDEX_URL, not pip.conf:
+# where only pip knows your package mirror, `make INSTALLER=pip` installs with pip alone.
+INSTALLER ?= uv
+$(if $(filter-out uv pip,$(INSTALLER)),$(error INSTALLER=$(INSTALLER): expected uv or pip. HINT: make INSTALLER=pip))
+install = $(if $(filter uv,$(INSTALLER)),$(1)/bin/pip install --quiet uv && \
+  $(1)/bin/uv pip install --quiet --python $(1)/bin/python,$(1)/bin/pip install --quiet)
 # editable_mode=compat: a plain path entry, not an import hook that costs every start ~10 ms.
 $(STAMP): setup.cfg pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.9 to 3.11 found (TensorFlow 2.15 needs one). HINT: apt-get install python3.11 python3.11-venv, or make PYTHON=/path/to/python3.11" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --config-settings editable_mode=compat -e '.[estimator,test,dev,docs]'
+	$(call install,$(VENV)) --config-settings editable_mode=compat -e '.[estimator,test,dev,docs]'
 	touch $@
 
 $(STAMP_TF2): setup.cfg pyproject.toml
 	@test -n "$(PYTHON_TF2)" || { echo "make: no Python 3.12 or 3.13 found (the TensorFlow 2.16+ tests run on it). HINT: apt-get install python3.12 python3.12-venv, or pyenv install 3.12, or make PYTHON_TF2=/path/to/python3.12" >&2; exit 2; }
 	$(PYTHON_TF2) -m venv $(VENV_TF2)
-	$(BIN_TF2)/pip install --quiet --config-settings editable_mode=compat -e '.[tf2,test]'
+	$(call install,$(VENV_TF2)) --config-settings editable_mode=compat -e '.[tf2,test]'
 	touch $@
 
 # Each environment alone: `source .venv/bin/activate` (Estimator, TensorFlow 2.15) or
