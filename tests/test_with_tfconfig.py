@@ -144,11 +144,15 @@ def _environment_string_size(environ: dict[str, str]) -> int:
 
 def test_the_size_check_sits_exactly_at_the_kernel_limit(tmp_path: Path) -> None:
     """The largest step that fits is run; the next size up is refused with exit 2."""
-    nodes = next(
-        count
-        for count in range(3000, 5000)
-        if _environment_string_size(_cpu_step_of(count + 1)) > MAX_ENVIRONMENT_STRING
-    )
+    # Bisected, as the size grows with the nodes and each layout of thousands of them counts.
+    nodes, over = 3000, 5000
+    assert _environment_string_size(_cpu_step_of(over)) > MAX_ENVIRONMENT_STRING
+    while over - nodes > 1:
+        middle = (nodes + over) // 2
+        if _environment_string_size(_cpu_step_of(middle)) > MAX_ENVIRONMENT_STRING:
+            over = middle
+        else:
+            nodes = middle
     fits, too_big = _cpu_step_of(nodes), _cpu_step_of(nodes + 1)
     assert MAX_ENVIRONMENT_STRING - 40 < _environment_string_size(fits) <= MAX_ENVIRONMENT_STRING
     show = "import os; print(len(os.environ['TF_CONFIG']))"
