@@ -112,6 +112,35 @@ def test_the_batch_script_run_outside_a_job_says_to_submit_it(tmp_path: Path) ->
     assert list(tmp_path.iterdir()) == []
 
 
+# The interpreter this test environment was made from: a Python without tfconfig_slurm.
+BARE_PYTHON = str(Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}")
+
+
+@pytest.mark.parametrize(
+    ("script", "python", "said"),
+    [
+        ("with-tfconfig", BARE_PYTHON, f"TFCONFIG_SLURM_PYTHON: '{BARE_PYTHON}' cannot import"),
+        ("sweep", BARE_PYTHON, f"TFCONFIG_SLURM_PYTHON: '{BARE_PYTHON}' cannot import"),
+        ("with-tfconfig", "no-such-python", "TFCONFIG_SLURM_PYTHON: 'no-such-python' is not a"),
+        ("train.sbatch", BARE_PYTHON, f"TFCONFIG_SLURM_PYTHON: '{BARE_PYTHON}' cannot import"),
+    ],
+)
+def test_a_launch_script_without_the_package_says_which_python_in_one_line(
+    tmp_path: Path, script: str, python: str, said: str
+) -> None:
+    refused = subprocess.run(
+        [str(REPOSITORY / "launch" / script), "--train_steps=10"],
+        env={"PATH": os.environ["PATH"], "TFCONFIG_SLURM_PYTHON": python,
+             # As a batch job would have them.
+             "SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(tmp_path)},
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith(f"{script}: {said}"), refused.stderr
+    assert refused.stderr.count("\n") == 1 and "HINT: activate the environment" in refused.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_resumes_from_the_latest_checkpoint(trained: tuple[Path, str], tmp_path: Path) -> None:
     # A copy: the shared run stays at step 20 for the tests that read it, in any order.
     model_dir = shutil.copytree(trained[0], tmp_path / "first")
