@@ -343,6 +343,26 @@ def test_print_model_dir_names_the_directory_and_creates_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("flag", "culprit"),
+    [
+        ("--local_cluster=foo=1", "--local_cluster: has 'foo=1'"),
+        ("--roles=ps,foo", "--roles: has 'foo'"),
+        ("--port_base=5", "--port_base: is 5"),
+        ("--coordinator", "--coordinator: lays the step out"),
+    ],
+)
+def test_print_model_dir_refuses_the_flags_every_task_would(
+    tmp_path: Path, flag: str, culprit: str
+) -> None:
+    """The batch script's first call: the job stops there, not in every task of its step."""
+    result = train(tmp_path, "--print_model_dir", flag)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"tfconfig-slurm-run: {culprit}"), result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.usefixtures("node_names")
 def test_a_tf_config_inherited_into_a_step_is_set_aside(tmp_path: Path) -> None:
     """Exported in the shell that ran sbatch, it reaches every task: the task takes its place

@@ -241,16 +241,23 @@ def main(argv: Sequence[str]) -> int | None:
     directory = Path(
         output_root(), EXPERIMENT_ID.value or os.environ.get(ID_VARIABLE) or default_id
     )
-    if PRINT_MODEL_DIR.value:
-        sys.stdout.write(f"{directory}\n")
-        return 0
     policy = layout_flags.step_policy()
     if policy.coordinator:
         raise lifecycle.coordinator_refused("--coordinator")
     if kind == experiment_lib.KERAS:
         policy = _all_reduce(policy)
-    if LOCAL_CLUSTER.value:
-        counts = local_cluster.parse(LOCAL_CLUSTER.value, all_reduce=kind == experiment_lib.KERAS)
+    counts = (
+        local_cluster.parse(LOCAL_CLUSTER.value, all_reduce=kind == experiment_lib.KERAS)
+        if LOCAL_CLUSTER.value
+        else None
+    )
+    # After the flags' own checks, so that a batch script stops at its first call on flags
+    # that every task would refuse; those that need the experiment's module (--hparams'
+    # names) are the tasks' to check, as that imports TensorFlow.
+    if PRINT_MODEL_DIR.value:
+        sys.stdout.write(f"{directory}\n")
+        return 0
+    if counts is not None:
         model_dir.check_writable(directory, claim.CLI_NAMING)
         # The trailing --local_cluster= overrides the launcher's: a task runs one role.
         command = [sys.executable, "-m", "tfconfig_slurm.run", *sys.argv[1:], "--local_cluster="]
