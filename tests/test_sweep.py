@@ -112,6 +112,9 @@ def test_the_sweep_s_own_flags_after_the_file_are_the_sweep_s(tmp_path: Path) ->
         ("# nothing\n\n", (), "SWEEP_FILE: three.sweep has no lines"),
         (THREE, ("--experiment_id=x",), "--experiment_id: is the sweep's to set"),
         (THREE, ("--train_steps=ten",), "runtime flags:"),
+        (THREE, ("--sbatch_option=nodes=1",), "--sbatch_option: is 'nodes=1', not an sbatch"),
+        (THREE, ("--sbatch_option=--array=0-9",), "--sbatch_option: sets --array, which"),
+        (THREE, ("--sbatch_option=-a0-9",), "--sbatch_option: sets -a0-9, which"),
     ],
 )
 def test_a_bad_sweep_is_refused_before_anything_is_submitted(

@@ -55,6 +55,26 @@ DRY_RUN = flags.DEFINE_boolean(
 _OWN_FLAGS = ("max_running", "batch_script", "sbatch_option", "dry_run")
 # The runtime flags the sweep sets itself, for each run.
 _SET_BY_SWEEP = ("experiment_id", "sweep_file", "local_cluster", "print_model_dir")
+# sbatch's options the sweep sets itself: the array is its lines, and the job id is read.
+_SBATCH_SET_BY_SWEEP = ("--array", "-a", "--parsable")
+
+
+def _check_sbatch_options(options: Sequence[str]) -> None:
+    """An option without its dashes would reach sbatch as the batch script's name."""
+    for option in options:
+        if not option.startswith("-"):
+            raise UsageError(
+                "--sbatch_option",
+                f"is {option!r}, not an sbatch option",
+                "give it as sbatch takes it, dashes and value in one: --sbatch_option=--nodes=1",
+            )
+        name = option.split("=", 1)[0]
+        if name in _SBATCH_SET_BY_SWEEP or (name.startswith("-a") and name[1] != "-"):
+            raise UsageError(
+                "--sbatch_option",
+                f"sets {name}, which the sweep sets itself (one array task a line)",
+                "leave it out; --max_running=N caps the runs at once",
+            )
 
 
 def main(argv: Sequence[str]) -> int:
@@ -82,6 +102,7 @@ def main(argv: Sequence[str]) -> int:
             f"is {BATCH_SCRIPT.value!r}, not a file",
             "give a batch script such as launch/train.sbatch",
         )
+    _check_sbatch_options(SBATCH_OPTIONS.value)
     for name in _SET_BY_SWEEP:
         if flags.FLAGS[name].present:
             raise UsageError(
