@@ -146,7 +146,9 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
     summary = {"eval": {"accuracy": 0.9, "loss": 0.3, "global_step": 50.0},
                "trainers": [{"examples_per_sec": 100.0}, {"examples_per_sec": 50.5}]}  # fmt: skip
     run_dir(tmp_path, "a-done", done, summary, 50)
-    better = {"eval": {"accuracy": 0.95, "loss": 0.2, "global_step": 50.0}, "trainers": []}
+    # Resumed with nothing left to train: its trainer took no step.
+    better = {"eval": {"accuracy": 0.95, "loss": 0.2, "global_step": 50.0},
+              "trainers": [{"examples_per_sec": 0.0}]}  # fmt: skip
     run_dir(tmp_path, "b-done", done | {"hparams": {"learning_rate": 0.002}}, better, 50)
     running = run_dir(tmp_path, "c-running", {"state": "running", "hparams": hparams}, None, 20)
     claim.claim(running, claim.this_holder({}))
@@ -176,7 +178,7 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
         ("f-continued", "stopped", 60),
     ]
     assert runs[1]["eval"]["accuracy"] == 0.9 and runs[1]["examples_per_sec"] == 150.5
-    assert runs[0]["hparams"] == {"learning_rate": 0.002}
+    assert runs[0]["hparams"] == {"learning_rate": 0.002} and runs[0]["examples_per_sec"] is None
     assert {"experiment_id", "state", "global_step", "hparams", "eval", "job_id"} <= set(runs[0])
     assert [run["first_failure"] for run in runs] == [
         None, None, None, "worker 1 on node2: ValueError: bad batch (exit 1)", None, None

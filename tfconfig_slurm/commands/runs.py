@@ -86,7 +86,12 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     if not state and checkpoint is None and first is None:
         return None
     latest = re.search(r'^model_checkpoint_path: ".*?(\d+)"', checkpoint or "", re.M)
-    speeds = [trainer.get("examples_per_sec") or 0.0 for trainer in summary.get("trainers", ())]
+    # A trainer that took no step (a resume with nothing left to train) has no speed to add.
+    speeds = [
+        speed
+        for trainer in summary.get("trainers", ())
+        if (speed := trainer.get("examples_per_sec"))
+    ]
     continued = _continued(folder, state)
     said = _state(folder, state, summary, jobs, failed=first is not None, continued=continued)
     # SLURM's word for how the run's job ended, while squeue still lists it.
