@@ -57,6 +57,14 @@ def test_a_bad_variable_is_named_in_the_error(variable: str, value: str, problem
     assert problem in raised.value.problem
 
 
+@pytest.mark.parametrize("variable", ["TFCONFIG_SLURM_PS_PER_NODE", "TFCONFIG_SLURM_PORT_BASE"])
+def test_a_variable_s_hint_gives_a_value_it_accepts(variable: str) -> None:
+    with pytest.raises(UsageError) as raised:
+        place.policy_from_environ({variable: "many"})
+    example = raised.value.hint.removeprefix(f"e.g. {variable}=")
+    place.policy_from_environ({variable: example})
+
+
 def test_outside_a_step_a_process_trains_alone_and_drops_a_tf_config_it_was_not_given() -> None:
     environ = {"SLURM_JOB_ID": "7"}
     where = place.find(environ, LayoutPolicy(), "--ps_per_node")

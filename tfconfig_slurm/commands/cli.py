@@ -9,6 +9,7 @@ logging, but without `absl.app`: it imports pdb at start-up, a quarter of the ti
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Callable, NoReturn, Optional
@@ -36,6 +37,7 @@ def run_cli(
     arguments: bool = False,
     logs: bool = False,
     tensorflow_log_level: str | None = None,
+    command: str | None = None,
 ) -> NoReturn:
     """Parses the flags of `sys.argv` and runs `main` with what remains, failing as `fail` does.
 
@@ -45,23 +47,19 @@ def run_cli(
     word that is not one is refused. With `logs`, absl logging writes INFO and above to
     stderr, as in an absl app. `tensorflow_log_level` hides TensorFlow's C++ lines below it
     (TF_CPP_MIN_LOG_LEVEL: its start-up notes are noise for a user), unless the environment
-    sets it.
+    sets it. `command` is how a user calls it, for the hints, where that is not `program`.
     """
+    command = command or program
     if tensorflow_log_level is not None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", tensorflow_log_level)
     flags.FLAGS.set_gnu_getopt(not stop_at_first_argument)
     try:
         argv = flags.FLAGS(sys.argv)
     except (flags.Error, UnicodeDecodeError) as error:
-        problem = str(error).strip()
-        if isinstance(error, UnicodeDecodeError):
-            # absl reads a --flagfile as UTF-8 text.
-            problem = f"--flagfile names a file that is not UTF-8 text ({error.reason})"
-        end = "" if problem.endswith((".", "?")) else "."
-        fail(program, f"{problem}{end} HINT: {program} --help lists the flags")
+        fail(program, _flag_problem(error, command))
     if len(argv) > 1 and not (stop_at_first_argument or arguments):
         stray = UsageError(
-            repr(argv[1]), "is not a flag", f"flags start with --; see {program} --help"
+            repr(argv[1]), "is not a flag", f"flags start with --; see {command} --help"
         )
         fail(program, stray.one_line())
     if HELP.value or HELPSHORT.value or HELPFULL.value:
@@ -73,6 +71,39 @@ def run_cli(
         sys.exit(main(argv))
     except TfconfigSlurmError as error:
         fail(program, error.one_line())
+
+
+# absl's words for a value of the wrong type, as a user would put it.
+_EXPECTED = {
+    "invalid literal for int()": "a whole number",
+    "could not convert": "a number",
+    "('Non-boolean": "true or false",
+}
+
+
+def _flag_problem(error: Exception, command: str) -> str:
+    """absl's refusal of the command line, named by flag, as one line with a hint."""
+    if isinstance(error, UnicodeDecodeError):
+        # absl reads a --flagfile as UTF-8 text.
+        problem = f"--flagfile names a file that is not UTF-8 text ({error.reason})"
+        return f"{problem}. HINT: give a text file of flags, one a line (--train_steps=1000)"
+    text = str(error).strip()
+    if isinstance(error, flags.CantOpenFlagFileError):
+        reason = re.sub(r"^.*?Unable to open flagfile: (\[Errno \d+\] )?", "", text)
+        return (
+            f"--flagfile: cannot be read: {reason}. HINT: give the path of a text file of "
+            "flags, one a line (--train_steps=1000)"
+        )
+    value = re.match(r"flag --(\w+)=(.*?): (.*)$", text, re.S)
+    if isinstance(error, flags.IllegalFlagValueError) and value:
+        name, given, reason = value.groups()
+        expected = next((said for cue, said in _EXPECTED.items() if reason.startswith(cue)), None)
+        bound = re.match(r"\S+ is not (an? .*)$", reason)  # "0 is not a positive integer"
+        expected = expected or (bound.group(1) if bound else None)
+        said = f"is {given!r}, expected {expected}" if expected else f"is {given!r}: {reason}"
+        return f"--{name}: {said}. HINT: {command} --help says what --{name} takes"
+    end = "" if text.endswith((".", "?")) else "."
+    return f"{text}{end} HINT: {command} --help lists the flags"
 
 
 def _usage(main: Main, *, full: bool) -> str:

@@ -31,6 +31,8 @@ from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.run_dir import SWEEPS
 
 PROGRAM = "sweep"
+# How a user calls it, for the hints.
+COMMAND = "launch/sweep"
 
 MAX_RUNNING = flags.DEFINE_integer(
     "max_running",
@@ -80,7 +82,7 @@ def _check_sbatch_options(options: Sequence[str]) -> None:
 def main(argv: Sequence[str]) -> int:
     if len(argv) < 2:
         raise UsageError(
-            "SWEEP_FILE", "missing", f"{PROGRAM} [--max_running=N] SWEEP_FILE [runtime flags]"
+            "SWEEP_FILE", "missing", f"{COMMAND} [--max_running=N] SWEEP_FILE [runtime flags]"
         )
     sweep_file, runtime_flags = Path(argv[1]), list(argv[2:])
     # The runtime flags, parsed by the runtime's own definitions: a bad one fails here.
@@ -201,7 +203,7 @@ def _checked_lines(sweep_file: Path) -> list[str]:
 
 def run() -> None:
     # Quieter than a run's: the sweep loads the experiment only to check each line's hparams.
-    run_cli(PROGRAM, main, stop_at_first_argument=True, tensorflow_log_level="2")
+    run_cli(PROGRAM, main, stop_at_first_argument=True, tensorflow_log_level="2", command=COMMAND)
 
 
 if __name__ == "__main__":

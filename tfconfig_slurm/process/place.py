@@ -152,6 +152,10 @@ def in_variables(error: TfconfigSlurmError) -> TfconfigSlurmError:
     return error if variable is None else type(error)(variable, error.problem, error.hint)
 
 
+# A value each numeric variable accepts, for the hint (a port base is from 1024 up).
+_NUMBER_EXAMPLES = {"--ps_per_node": "1", "--port_base": "20000"}
+
+
 def _parse(flag: str, variable: str, text: str) -> object:
     if flag == "--roles":
         return tuple(role.strip() for role in text.split(",") if role.strip()) or None
@@ -159,11 +163,13 @@ def _parse(flag: str, variable: str, text: str) -> object:
         if text.lower() not in _TRUE + _FALSE:
             raise UsageError(variable, f"is {text!r}, expected 1 or 0", f"e.g. {variable}=1")
         return text.lower() in _TRUE
-    if flag in ("--ps_per_node", "--port_base"):
+    if flag in _NUMBER_EXAMPLES:
         try:
             return int(text)
         except ValueError:
             raise UsageError(
-                variable, f"is {text!r}, expected a number", f"e.g. {variable}=1"
+                variable,
+                f"is {text!r}, expected a number",
+                f"e.g. {variable}={_NUMBER_EXAMPLES[flag]}",
             ) from None
     return text
