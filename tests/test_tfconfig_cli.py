@@ -143,6 +143,7 @@ def test_help_teaches(asked: str) -> None:
     result = run_module(TFCONFIG, asked)
     assert result.returncode == 0, result.stderr
     assert "--explain --nodelist='gpu[01-04]'" in result.stdout
+    assert "--flagfile: a text file of flags" in result.stdout
     for flag in ("--ps_per_node", "--roles", "--evaluator", "--address_template", "--port_base"):
         assert flag in result.stdout
     assert "--[no]all_reduce" in result.stdout and "--nodelist" in result.stdout

@@ -28,6 +28,13 @@ HELPFULL = flags.DEFINE_boolean("helpfull", False, "Show help on every flag, abs
 # absl.app's name for --help, which absl users type.
 HELPSHORT = flags.DEFINE_boolean("helpshort", False, "Show this help and the command's flags.")
 
+# Under --help, after the command's own flags: absl's, which its module help leaves out.
+_ABSL_FLAGS = """absl's flags, for every command:
+  --flagfile: a text file of flags, one a line (--name=value), read as if given here;
+    repeat it for more files.
+  --helpfull: every flag, absl's logging flags included.
+"""
+
 
 def run_cli(
     program: str,
@@ -86,13 +93,13 @@ def _flag_problem(error: Exception, command: str) -> str:
     if isinstance(error, UnicodeDecodeError):
         # absl reads a --flagfile as UTF-8 text.
         problem = f"--flagfile names a file that is not UTF-8 text ({error.reason})"
-        return f"{problem}. HINT: give a text file of flags, one a line (--train_steps=1000)"
+        return f"{problem}. HINT: give a text file of flags, one a line (--name=value)"
     text = str(error).strip()
     if isinstance(error, flags.CantOpenFlagFileError):
         reason = re.sub(r"^.*?Unable to open flagfile: (\[Errno \d+\] )?", "", text)
         return (
             f"--flagfile: cannot be read: {reason}. HINT: give the path of a text file of "
-            "flags, one a line (--train_steps=1000)"
+            "flags, one a line (--name=value)"
         )
     value = re.match(r"flag --(\w+)=(.*?): (.*)$", text, re.S)
     if isinstance(error, flags.IllegalFlagValueError) and value:
@@ -111,4 +118,5 @@ def _usage(main: Main, *, full: bool) -> str:
     # absl files the flags of the module run with -m under the script's path.
     owner = sys.argv[0] if main.__module__ == "__main__" else main.__module__
     flag_help = flags.FLAGS.get_help() if full else flags.FLAGS.module_help(owner)
-    return f"{(module.__doc__ or '').strip()}\n\nflags:\n{flag_help}\n"
+    absl_help = "" if full else f"\n{_ABSL_FLAGS}"
+    return f"{(module.__doc__ or '').strip()}\n\nflags:\n{flag_help}\n{absl_help}"
