@@ -232,6 +232,13 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
         (("--experiment=mnist_deep", "--preempt_signal=KILL"), "--preempt_signal", None),
         (("--experiment=mnist_deep", "--max_requeues=-1"), "--max_requeues", None),
         (("--experiment=mnist_deep", "--data_dir=/no/such/dir"), "--data_dir", None),
+        (
+            ("--experiment=mnist_deep", "--experiment_id=../x"),
+            "--experiment_id: is '../x', not the name of a folder",
+            None,
+        ),
+        (("--experiment=mnist_deep", "--experiment_id=grp/r1"), "--experiment_id: is 'grp", None),
+        (("--experiment=mnist_deep", "--experiment_id="), "--experiment_id: is ''", None),
         (("--experiment=/etc/hostname",), "is not a .py file", None),
         (
             ("--experiment=mnist_keras",),
@@ -336,6 +343,20 @@ def test_a_coordinator_s_layout_is_refused_by_the_runtime_as_flag_and_as_tf_conf
         ), result.stderr
         assert "with-tfconfig --coordinator" in result.stderr
     assert not (tmp_path / "mnist_deep").exists()
+
+
+def test_a_sweep_s_run_is_its_own_though_experiment_id_is_exported(tmp_path: Path) -> None:
+    """sbatch passes the submitting shell's environment on to every array task."""
+    (tmp_path / "lr.txt").write_text("learning_rate=0.1\nlearning_rate=0.2\n")
+    array_task = {"SLURM_JOB_ID": "12", "SLURM_ARRAY_JOB_ID": "9", "SLURM_ARRAY_TASK_ID": "1"}
+    result = train(
+        tmp_path / "out",
+        f"--sweep_file={tmp_path / 'lr.txt'}",
+        "--print_model_dir",
+        environ={**array_task, "EXPERIMENT_ID": "lr5e-4"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{tmp_path / 'out' / 'lr-1'}\n"
 
 
 @pytest.mark.parametrize(

@@ -76,7 +76,7 @@ EXPERIMENT_ID = flags.DEFINE_string(
     None,
     "The model directory's name under --output_root; the same id resumes, and only one run "
     "at a time may train there (default: $EXPERIMENT_ID, else the experiment's name, and in "
-    "a SLURM job array <name>-<array task id>).",
+    "a SLURM job array <name>-<array task id>; a sweep's run is <sweep>-<line>).",
 )
 ID_VARIABLE = "EXPERIMENT_ID"
 
@@ -238,9 +238,7 @@ def main(argv: Sequence[str]) -> int | None:
     hparams, default_id = HPARAMS.value, _default_id(name)
     if SWEEP_FILE.value:
         hparams, default_id = _sweep_run(Path(SWEEP_FILE.value))
-    directory = Path(
-        output_root(), EXPERIMENT_ID.value or os.environ.get(ID_VARIABLE) or default_id
-    )
+    directory = Path(output_root(), _experiment_id(default_id, swept=bool(SWEEP_FILE.value)))
     policy = layout_flags.step_policy()
     if policy.coordinator:
         raise lifecycle.coordinator_refused("--coordinator")
@@ -405,6 +403,25 @@ def _sweep_run(sweep_file: Path) -> tuple[str, str]:
         )
     hparams = ",".join(filter(None, (HPARAMS.value, lines[index])))
     return hparams, f"{sweep_file.stem}-{index}"
+
+
+def _experiment_id(default_id: str, *, swept: bool) -> str:
+    """--experiment_id, else $EXPERIMENT_ID, else `default_id`, checked to name one folder of
+    the output root. A sweep's run is always its own <sweep>-<line>: an EXPERIMENT_ID exported
+    in the shell that submitted the sweep would train every line in one directory."""
+    given, culprit = EXPERIMENT_ID.value, "--experiment_id"
+    if given is None and not swept:
+        given, culprit = os.environ.get(ID_VARIABLE) or None, ID_VARIABLE
+    if given is None:
+        return default_id
+    if given in ("", ".", "..") or "/" in given:
+        raise UsageError(
+            culprit,
+            f"is {given!r}, not the name of a folder",
+            "give a name without '/', e.g. lr5e-4: the run goes in <output root>/<id>, where "
+            "tfconfig-slurm runs lists it",
+        )
+    return given
 
 
 def _default_id(experiment: str) -> str:
