@@ -100,6 +100,34 @@ def test_launch_tensorboard_refuses_a_port_that_is_none(tmp_path: Path, port: st
     assert "Traceback" not in refused.stderr
 
 
+def test_launch_tensorboard_says_its_help_and_serves_the_network_when_asked(
+    tmp_path: Path,
+) -> None:
+    script = str(REPOSITORY / "launch" / "tensorboard")
+    environ = {"PATH": os.environ["PATH"], "TFCONFIG_SLURM_PYTHON": sys.executable}
+    helped = subprocess.run(
+        [script, "--help"], env=environ, cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith("Serve TensorBoard on an output root")
+    assert "launch/tensorboard [OUTPUT_ROOT] [tensorboard flags]" in helped.stdout
+    # --bind_all replaces the script's own --host localhost, which TensorBoard refused beside it.
+    server = subprocess.Popen(
+        [script, str(tmp_path), "--bind_all"], env={**environ, "TENSORBOARD_PORT": "0"},
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert server.stderr is not None
+        said = server.stderr.readline()
+        assert "to the network as its flags say" in said, said
+        lines = iter(server.stderr.readline, "")
+        served = next((line for line in lines if "http://" in line), "")
+        assert served.startswith("TensorBoard ") and server.poll() is None, served
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def test_the_batch_script_run_outside_a_job_says_to_submit_it(tmp_path: Path) -> None:
     refused = subprocess.run(
         [str(REPOSITORY / "launch" / "train.sbatch"), "--train_steps=10"],
