@@ -207,6 +207,21 @@ def test_the_runs_table_refuses_an_unknown_metric_and_a_missing_root(tmp_path: P
     assert missing.returncode == 2 and "OUTPUT_ROOT:" in missing.stderr
 
 
+def test_the_runs_table_of_no_runs_says_so_and_points_a_run_s_directory_to_its_root(
+    tmp_path: Path,
+) -> None:
+    run = run_dir(tmp_path, "a", {"state": "done"}, {"eval": {"accuracy": 0.9}}, 5)
+    (tmp_path / "empty").mkdir()
+    empty = run_module("tfconfig_slurm.commands", "runs", str(tmp_path / "empty"))
+    assert empty.returncode == 0 and empty.stdout.startswith("EXPERIMENT_ID")
+    assert empty.stderr == f"tfconfig-slurm runs: no runs in {tmp_path / 'empty'}.\n"
+    given_a_run = run_module("tfconfig_slurm.commands", "runs", str(run))
+    assert given_a_run.returncode == 0
+    assert f"HINT: {run} is a run; its output root lists it: tfconfig-slurm runs {tmp_path}\n" in (
+        given_a_run.stderr
+    )
+
+
 def test_the_runs_table_says_how_slurm_ended_a_job_the_run_could_not_say(tmp_path: Path) -> None:
     """squeue lists ended jobs for a while (MinJobAge): a squeue that says so, first on PATH."""
     bin_dir = tmp_path / "bin"

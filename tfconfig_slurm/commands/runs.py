@@ -67,6 +67,8 @@ def main(argv: Sequence[str]) -> int:
     jobs = _queued_jobs()
     folders = sorted(Path(entry.path) for entry in os.scandir(root) if entry.is_dir())
     runs = [run for run in (_run(folder, jobs) for folder in folders) if run is not None]
+    if not runs:
+        _say_no_runs(root)
     if SORT.value:
         runs = _sorted(runs, SORT.value)
     if json_flag.JSON.value:
@@ -74,6 +76,14 @@ def main(argv: Sequence[str]) -> int:
     else:
         sys.stdout.write(_table(runs))
     return 0
+
+
+def _say_no_runs(root: Path) -> None:
+    """On stderr, beside the empty table: given a run's own directory, its output root."""
+    hint = ""
+    if _run(root, None) is not None:
+        hint = f" HINT: {root} is a run; its output root lists it: {PROGRAM} {root.parent}"
+    sys.stderr.write(f"{PROGRAM}: no runs in {root}.{hint}\n")
 
 
 def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
