@@ -194,6 +194,13 @@ def test_bad_command(arguments: tuple[str, ...], culprit: str) -> None:
     assert result.stderr.startswith(f"with-tfconfig: {culprit}")
 
 
+def test_outside_a_job_step_the_hint_names_the_command_that_plans_one() -> None:
+    result = wrap("true", environ={})
+    assert result.returncode == 2
+    assert result.stderr.startswith("with-tfconfig: SLURM_JOB_ID: not set"), result.stderr
+    assert "tfconfig-slurm --explain --nodelist='gpu[01-04]'" in result.stderr
+
+
 TWO_SERVERS = "--ps_per_node=2"
 
 

@@ -167,7 +167,7 @@ def read_slurm_step(environ: Mapping[str, str]) -> SlurmStep:
             "SLURM_JOB_ID",
             "not set, so this is not running inside a SLURM job",
             "run it in every task of a job step, e.g. srun python -m tfconfig_slurm.tfconfig; "
-            "to see a layout before submitting, use --explain with --nodelist",
+            "to see a layout before submitting: tfconfig-slurm --explain --nodelist='gpu[01-04]'",
         )
     if _lookup(environ, "step_id") is None:
         raise SlurmEnvironmentError(
