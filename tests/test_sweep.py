@@ -111,7 +111,17 @@ def test_the_sweep_s_own_flags_after_the_file_are_the_sweep_s(tmp_path: Path) ->
         ("learning_rate=fast\n", (), "run 0 ('learning_rate=fast'): sets learning_rate='fast'"),
         ("# nothing\n\n", (), "SWEEP_FILE: three.sweep has no lines"),
         (THREE, ("--experiment_id=x",), "--experiment_id: is the sweep's to set"),
-        (THREE, ("--train_steps=ten",), "runtime flags:"),
+        (THREE, ("--train_steps=ten",), "--train_steps: is 'ten', expected a whole number"),
+        (
+            THREE,
+            ("--max_running=0",),
+            "--max_running: is '0', expected a positive integer. HINT: launch/sweep --help",
+        ),
+        (
+            THREE,
+            ("--trian_steps=5",),
+            "--trian_steps: is not a flag of tfconfig-slurm-run; did you mean --train_steps? HINT",
+        ),
         (THREE, ("--sbatch_option=nodes=1",), "--sbatch_option: is 'nodes=1', not an sbatch"),
         (THREE, ("--sbatch_option=--array=0-9",), "--sbatch_option: sets --array, which"),
         (THREE, ("--sbatch_option=-a0-9",), "--sbatch_option: sets -a0-9, which"),

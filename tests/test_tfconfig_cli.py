@@ -134,7 +134,7 @@ def test_binary_flagfile(tmp_path: Path) -> None:
     result = run_module(TFCONFIG, f"--flagfile={flagfile}", environ=BLOCK_TASK_4)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1
-    assert result.stderr.startswith("tfconfig-slurm: --flagfile names a file that is not UTF-8")
+    assert result.stderr.startswith("tfconfig-slurm: --flagfile: names a file that is not UTF-8")
 
 
 @pytest.mark.parametrize("asked", ["--help", "--helpshort"])

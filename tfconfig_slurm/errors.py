@@ -27,7 +27,9 @@ class TfconfigSlurmError(Exception):
         self.hint = hint
 
     def one_line(self) -> str:
-        return f"{self.culprit}: {self.problem}. HINT: {self.hint}"
+        # A problem that ends in a question ("did you mean --x?") takes no full stop after it.
+        end = "" if self.problem.endswith(("?", ".")) else "."
+        return f"{self.culprit}: {self.problem}{end} HINT: {self.hint}"
 
 
 class SlurmEnvironmentError(TfconfigSlurmError):

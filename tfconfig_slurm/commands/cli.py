@@ -63,7 +63,7 @@ def run_cli(
     try:
         argv = flags.FLAGS(sys.argv)
     except (flags.Error, UnicodeDecodeError) as error:
-        fail(program, _flag_problem(error, command))
+        fail(program, flag_error(error, command).one_line())
     if len(argv) > 1 and not (stop_at_first_argument or arguments):
         stray = UsageError(
             repr(argv[1]), "is not a flag", f"flags start with --; see {command} --help"
@@ -88,18 +88,23 @@ _EXPECTED = {
 }
 
 
-def _flag_problem(error: Exception, command: str) -> str:
-    """absl's refusal of the command line, named by flag, as one line with a hint."""
+def flag_error(error: Exception, command: str) -> UsageError:
+    """absl's refusal of a command line, as our error naming the flag; `command` is how the
+    user calls the command, for the hint."""
     if isinstance(error, UnicodeDecodeError):
         # absl reads a --flagfile as UTF-8 text.
-        problem = f"--flagfile names a file that is not UTF-8 text ({error.reason})"
-        return f"{problem}. HINT: give a text file of flags, one a line (--name=value)"
+        return UsageError(
+            "--flagfile",
+            f"names a file that is not UTF-8 text ({error.reason})",
+            "give a text file of flags, one a line (--name=value)",
+        )
     text = str(error).strip()
     if isinstance(error, flags.CantOpenFlagFileError):
         reason = re.sub(r"^.*?Unable to open flagfile: (\[Errno \d+\] )?", "", text)
-        return (
-            f"--flagfile: cannot be read: {reason}. HINT: give the path of a text file of "
-            "flags, one a line (--name=value)"
+        return UsageError(
+            "--flagfile",
+            f"cannot be read: {reason}",
+            "give the path of a text file of flags, one a line (--name=value)",
         )
     value = re.match(r"flag --(\w+)=(.*?): (.*)$", text, re.S)
     if isinstance(error, flags.IllegalFlagValueError) and value:
@@ -108,9 +113,16 @@ def _flag_problem(error: Exception, command: str) -> str:
         bound = re.match(r"\S+ is not (an? .*)$", reason)  # "0 is not a positive integer"
         expected = expected or (bound.group(1) if bound else None)
         said = f"is {given!r}, expected {expected}" if expected else f"is {given!r}: {reason}"
-        return f"--{name}: {said}. HINT: {command} --help says what --{name} takes"
-    end = "" if text.endswith((".", "?")) else "."
-    return f"{text}{end} HINT: {command} --help lists the flags"
+        return UsageError(f"--{name}", said, f"{command} --help says what --{name} takes")
+    unknown = re.match(r"Unknown command line flag '([^']+)'(?:\. Did you mean: (.+?) \?)?", text)
+    if unknown:
+        guess = f"; did you mean --{unknown.group(2)}?" if unknown.group(2) else ""
+        return UsageError(
+            f"--{unknown.group(1)}",
+            f"is not a flag of {command}{guess}",
+            f"{command} --help lists the flags",
+        )
+    return UsageError("the command line", text.rstrip("."), f"{command} --help lists the flags")
 
 
 def _usage(main: Main, *, full: bool) -> str:

@@ -17,6 +17,7 @@ job id.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from pathlib import Path
 from absl import flags
 
 from tfconfig_slurm.commands import run as runtime
-from tfconfig_slurm.commands.cli import run_cli
+from tfconfig_slurm.commands.cli import flag_error, run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.run_dir import SWEEPS
 
@@ -90,9 +91,9 @@ def main(argv: Sequence[str]) -> int:
     try:
         stray = flags.FLAGS([PROGRAM, *runtime_flags])[1:]
     except flags.Error as error:
-        raise UsageError(
-            "runtime flags", str(error).strip(), "see tfconfig-slurm-run --help"
-        ) from None
+        # The sweep's own flags may come after SWEEP_FILE too.
+        own = re.match(rf"flag --({'|'.join(_OWN_FLAGS)})=", str(error))
+        raise flag_error(error, COMMAND if own else "tfconfig-slurm-run") from None
     if stray:
         raise UsageError(repr(stray[0]), "is not a flag", "runtime flags start with --")
     # The sweep's own flags after SWEEP_FILE were parsed above as well: they are the sweep's,
