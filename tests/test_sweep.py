@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -72,10 +73,26 @@ def test_a_sweep_sbatch_refused_keeps_no_lines_and_its_retry_is_not_blocked(
     refused = sweep(tmp_path, THREE, "three.sweep", "--train_steps=10", "--output_root=out")
     assert refused.returncode == 1, refused.stderr
     assert "nothing was submitted" in refused.stderr
-    assert not (tmp_path / "out" / "sweeps" / "three.txt").exists()
+    assert not (tmp_path / "out").exists()  # neither the lines nor the folders made for them
     retry = sweep(tmp_path, "learning_rate=0.1\n", "three.sweep", "--output_root=out")
     assert retry.returncode == 1, retry.stderr
     assert "submitted before" not in retry.stderr
+
+
+@pytest.mark.parametrize("name", ["my lr.sweep", ".sweep"])
+def test_a_sweep_file_whose_name_cannot_name_runs_is_refused(tmp_path: Path, name: str) -> None:
+    (tmp_path / name).write_text(THREE)
+    result = sweep(tmp_path, THREE, name, "--output_root=out", "--dry_run")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"sweep: SWEEP_FILE: is named '{Path(name).stem}'")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.tensorflow
+def test_a_dry_run_prints_a_command_a_shell_runs_as_is(tmp_path: Path) -> None:
+    result = sweep(tmp_path, THREE, "three.sweep", "--output_root=my runs", "--dry_run")
+    assert result.returncode == 0, result.stderr
+    assert shlex.split(result.stdout)[-1] == f"--sweep_file={tmp_path}/my runs/sweeps/three.txt"
 
 
 @pytest.mark.tensorflow

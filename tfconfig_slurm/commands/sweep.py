@@ -18,6 +18,7 @@ job id.
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -113,6 +114,14 @@ def main(argv: Sequence[str]) -> int:
                 "is the sweep's to set",
                 f"leave it out: run i of the sweep is {sweep_file.stem}-i",
             )
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", sweep_file.stem):
+        # A space would not survive a continuation job's command line, a leading dot hides
+        # the runs.
+        raise UsageError(
+            "SWEEP_FILE",
+            f"is named {sweep_file.stem!r}, and its runs would be {sweep_file.stem!r}-0, ...",
+            "name it with letters, digits, '.', '_' and '-', not starting with '.', e.g. lr.sweep",
+        )
     lines = _checked_lines(sweep_file)
     kept = Path(runtime.output_root(), SWEEPS, f"{sweep_file.stem}.txt").absolute()
     text = "".join(f"{line}\n" for line in lines)
@@ -131,19 +140,23 @@ def main(argv: Sequence[str]) -> int:
         *SBATCH_OPTIONS.value, BATCH_SCRIPT.value, *runtime_flags, f"--sweep_file={kept}",
     ]  # fmt: skip
     if DRY_RUN.value:
-        sys.stdout.write(" ".join(command) + "\n")
+        sys.stdout.write(shlex.join(command) + "\n")
         return 0
     if shutil.which("sbatch") is None:
         raise UsageError("sbatch", "is not on PATH", "run the sweep on a SLURM login node")
     # Written before sbatch, for the array's first tasks to read, and kept only once sbatch
     # took the array: a sweep that was never submitted does not bind its name to its lines.
     submitted_before = kept.exists()
+    made = [folder for folder in (kept.parent, *kept.parent.parents) if not folder.exists()]
     kept.parent.mkdir(parents=True, exist_ok=True)
     kept.write_text(text)
     submitted = subprocess.run(command, capture_output=True, text=True, check=False)
     if submitted.returncode != 0:
         if not submitted_before:
             kept.unlink()
+        # Innermost first: the folders made for it, empty again.
+        for folder in made:
+            folder.rmdir()
         sys.stderr.write(submitted.stderr)
         sys.stderr.write(f"{PROGRAM}: sbatch refused the array; nothing was submitted\n")
         return submitted.returncode
