@@ -63,6 +63,17 @@ _SET_BY_SWEEP = ("experiment_id", "sweep_file", "local_cluster", "print_model_di
 _SBATCH_SET_BY_SWEEP = ("--array", "-a", "--parsable")
 
 
+def _check_name(sweep_file: Path) -> None:
+    """The file's name names its runs: a space would not survive a continuation job's command
+    line, and a leading dot would hide them."""
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", sweep_file.stem):
+        raise UsageError(
+            "SWEEP_FILE",
+            f"is named {sweep_file.stem!r}, and its runs would be {sweep_file.stem!r}-0, ...",
+            "name it with letters, digits, '.', '_' and '-', not starting with '.', e.g. lr.sweep",
+        )
+
+
 def _check_sbatch_options(options: Sequence[str]) -> None:
     """An option without its dashes would reach sbatch as the batch script's name."""
     for option in options:
@@ -114,14 +125,7 @@ def main(argv: Sequence[str]) -> int:
                 "is the sweep's to set",
                 f"leave it out: run i of the sweep is {sweep_file.stem}-i",
             )
-    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", sweep_file.stem):
-        # A space would not survive a continuation job's command line, a leading dot hides
-        # the runs.
-        raise UsageError(
-            "SWEEP_FILE",
-            f"is named {sweep_file.stem!r}, and its runs would be {sweep_file.stem!r}-0, ...",
-            "name it with letters, digits, '.', '_' and '-', not starting with '.', e.g. lr.sweep",
-        )
+    _check_name(sweep_file)
     lines = _checked_lines(sweep_file)
     kept = Path(runtime.output_root(), SWEEPS, f"{sweep_file.stem}.txt").absolute()
     text = "".join(f"{line}\n" for line in lines)
