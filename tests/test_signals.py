@@ -4,6 +4,8 @@ nothing; SIGTERM to a --local_cluster launcher stops every task and leaves none 
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import signal
 import subprocess
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import PACED, REPOSITORY, checkpoint_step, wait_until
+from tests.cli import PACED, REPOSITORY, checkpoint_step, free_port_block, wait_until
 from tests.test_local_cluster import alive, started_pids
 
 pytestmark = pytest.mark.tensorflow
@@ -109,3 +111,30 @@ def test_a_signal_to_a_local_cluster_stops_every_task_at_a_checkpoint(
     assert len(stopped) == 2  # the chief and the worker
     assert checkpoint_step(tmp_path / "paced") == max(stopped)
     assert "ps 0: 2 of 2 trainers finished" in log
+
+
+def test_ctrl_c_twice_ends_a_task_that_waits_for_a_peer_that_never_started(tmp_path: Path) -> None:
+    """Its first SIGINT asks for a stop at the next step, which never comes while the chief
+    waits for its ps (the watchdog gives a peer that never answered 600 s to start); the
+    second ends it at once."""
+    base = free_port_block(2)
+    tf_config = json.dumps(
+        {"cluster": {"chief": [f"localhost:{base}"], "ps": [f"localhost:{base + 1}"]},
+         "task": {"type": "chief", "index": 0}}
+    )  # fmt: skip
+    console = tmp_path / "console.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tfconfig_slurm.run", f"--output_root={tmp_path}",
+         "--experiment=mnist_deep", "--train_steps=10"],
+        env={"PATH": os.environ["PATH"], "TF_CONFIG": tf_config},
+        stdout=subprocess.DEVNULL, stderr=console.open("w"), cwd=REPOSITORY, text=True,
+    )  # fmt: skip
+    wait_for(console, r"chief 0 on \S+ at localhost:", process)
+    process.send_signal(signal.SIGINT)
+    wait_for(
+        console, r"SIGINT: stopping at the next step, with a checkpoint; Ctrl-C again", process
+    )
+    assert process.poll() is None
+    process.send_signal(signal.SIGINT)
+    assert ended(process) == 130
+    assert "SIGINT again: ending at once, without a checkpoint" in console.read_text()

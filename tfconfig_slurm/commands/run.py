@@ -267,6 +267,10 @@ def main(argv: Sequence[str]) -> int | None:
             naming=claim.CLI_NAMING,
             environ=os.environ,
         )
+    # A task's Ctrl-C (a local cluster's launcher passes SIGTERM on instead): Python's own
+    # KeyboardInterrupt waits for TensorFlow's C++ to return, which a task waiting for its
+    # peers does not.
+    stop.listen(signal.SIGINT)
     where = place.find(os.environ, policy, place.servers_flag(policy))
     if where.role is None and SYNC_REPLICAS.value:
         raise UsageError(

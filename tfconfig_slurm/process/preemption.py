@@ -19,6 +19,7 @@ No TensorFlow here.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import threading
@@ -94,10 +95,15 @@ class StopRequest:
 
     def _read_wakeups(self) -> None:
         assert self._wakeups is not None
+        interrupts = 0
         while data := self._wakeups.recv(64):
             for number in data:
-                if number in self._signums:
-                    self.ask(signal.Signals(number).name)
+                if number not in self._signums:
+                    continue
+                self.ask(signal.Signals(number).name)
+                if number == signal.SIGINT:
+                    interrupts += 1
+                    _interrupted(interrupts)
 
     def ask(self, name: str) -> None:
         """Asks this task to stop, as the signal `name` does (process/time_limit.py)."""
@@ -125,6 +131,21 @@ class StopRequest:
         """Returns once this task is told to stop (for a thread that acts on it), or after
         `seconds`: whether it was told."""
         return self._event.wait(seconds)
+
+
+def _interrupted(times: int) -> None:
+    """Ctrl-C at a terminal: the first stops at the next step, with its checkpoint, as any stop
+    signal; the second ends the process at once, where a task waits for a peer that never
+    started (up to watchdog.START_SECONDS) or a step that takes long."""
+    if times == 1:
+        logging.warning(
+            "SIGINT: stopping at the next step, with a checkpoint; Ctrl-C again ends the "
+            "process at once, without one"
+        )
+        return
+    logging.error("SIGINT again: ending at once, without a checkpoint (exit 130)")
+    logging.flush()
+    os._exit(128 + signal.SIGINT)
 
 
 @dataclass(frozen=True)
