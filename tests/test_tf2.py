@@ -124,6 +124,18 @@ def test_the_cluster_resolver_refuses_a_setting_it_does_not_know() -> None:
     assert raised.value.culprit == "cluster_resolver(parameter_servers=...)"
 
 
+def test_outside_a_step_the_cluster_resolver_is_this_process_alone_but_for_a_coordinator() -> None:
+    import tensorflow as tf  # noqa: PLC0415
+
+    alone = tfconfig_slurm.cluster_resolver({}, all_reduce=True)
+    assert alone.cluster_spec().as_dict() == {}
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=alone)
+    assert strategy.num_replicas_in_sync == 1
+    with pytest.raises(UsageError) as raised:
+        tfconfig_slurm.cluster_resolver({"SLURM_JOB_ID": "7"}, coordinator=True)
+    assert raised.value.culprit == "cluster_resolver(coordinator=True)"
+
+
 @pytest.mark.slurm
 def test_a_crashed_all_reduce_worker_ends_the_step_by_name(
     slurm_cluster: SlurmCluster, tmp_path: Path

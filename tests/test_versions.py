@@ -98,3 +98,14 @@ def test_a_failed_parameter_server_s_hint_follows_the_tensorflow_installed() -> 
     assert mirrored in tf2
     estimator = supervise._ps_failure_hint(Installed((3, 11), "2.15.1", "2.15.0"))
     assert estimator.startswith("A script that trains with MultiWorkerMirroredStrategy")
+
+
+def test_the_cluster_resolver_without_tensorflow_names_what_to_install() -> None:
+    with pytest.raises(InstallError) as raised:
+        versions.require_tensorflow(
+            "tfconfig_slurm.cluster_resolver", Installed((3, 12), None, None)
+        )
+    assert raised.value.one_line().startswith(
+        "tfconfig_slurm.cluster_resolver: needs TensorFlow, which this Python 3.12 does not have."
+    )
+    versions.require_tensorflow("x", Installed((3, 12), "2.21.0", None))

@@ -51,6 +51,9 @@ def __getattr__(name: str) -> Any:
 
         return train_and_evaluate
     if name == "cluster_resolver":
+        from tfconfig_slurm.process import versions  # noqa: PLC0415
+
+        versions.require_tensorflow("tfconfig_slurm.cluster_resolver")
         from tfconfig_slurm.backends.keras.resolver import cluster_resolver  # noqa: PLC0415
 
         return cluster_resolver

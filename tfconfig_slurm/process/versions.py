@@ -77,6 +77,16 @@ def require_estimator(what: str, found: Installed | None = None) -> None:
     raise InstallError(what, problem, _ESTIMATOR_INSTALL)
 
 
+def require_tensorflow(what: str, found: Installed | None = None) -> None:
+    """Raises InstallError, naming `what` needed it, unless some TensorFlow is installed."""
+    found = found or installed()
+    if found.tensorflow is None:
+        python = "Python {}.{}".format(*found.python)
+        raise InstallError(
+            what, f"needs TensorFlow, which this {python} does not have", _KERAS_INSTALL
+        )
+
+
 def require_keras(what: str, found: Installed | None = None) -> None:
     """Raises InstallError, naming `what` needed it, unless TensorFlow 2.16+ and tf-keras
     (Keras 2, whose multi-worker training works where Keras 3's does not) are installed."""

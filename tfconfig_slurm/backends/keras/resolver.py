@@ -23,7 +23,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tfconfig_slurm.cluster import LayoutPolicy, read_slurm_step, render
+from tfconfig_slurm.cluster import LayoutPolicy, in_job_step, read_slurm_step, render
 from tfconfig_slurm.cluster.layout import EVALUATOR
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import place
@@ -34,7 +34,9 @@ def cluster_resolver(
 ) -> tf.distribute.cluster_resolver.SimpleClusterResolver:
     """This task's resolver. `layout` takes LayoutPolicy's fields (all_reduce=True,
     coordinator=True, ps_per_node=2, ...) over the TFCONFIG_SLURM_* variables; a bad value
-    raises UsageError naming it. Sets CUDA_VISIBLE_DEVICES in `environ` to the task's GPUs."""
+    raises UsageError naming it. Sets CUDA_VISIBLE_DEVICES in `environ` to the task's GPUs.
+    Outside a job step of several tasks, the cluster of this process alone (none for a
+    coordinator's layout)."""
     known = sorted(field.name for field in dataclasses.fields(LayoutPolicy))
     unknown = sorted(set(layout) - set(known))
     if unknown:
@@ -44,6 +46,8 @@ def cluster_resolver(
             f"give only these: {', '.join(known)}",
         )
     policy = dataclasses.replace(place.policy_from_environ(environ), **layout)
+    if not in_job_step(environ) or read_slurm_step(environ).shape.num_tasks == 1:
+        return _alone(policy)
     step = read_slurm_step(environ)
     laid_out = place.step_layout(step, policy)
     task = laid_out.task(step.rank)
@@ -71,3 +75,18 @@ def cluster_resolver(
         num_accelerators={"GPU": len(task.gpus)} if task.gpus else None,
         rpc_layer="grpc",
     )
+
+
+def _alone(policy: LayoutPolicy) -> tf.distribute.cluster_resolver.SimpleClusterResolver:
+    """Outside a job step of several tasks: this process alone, as TensorFlow's own resolvers
+    give it without TF_CONFIG (MultiWorkerMirroredStrategy then mirrors its local devices);
+    ParameterServerStrategy has no such cluster."""
+    if policy.coordinator:
+        raise UsageError(
+            "cluster_resolver(coordinator=True)",
+            "needs a SLURM job step of several tasks (a coordinator, parameter servers and "
+            "workers), and this process is not one",
+            "run the script in every task of a step: srun python my_script.py",
+        )
+    logging.info("not in a SLURM job step of several tasks: a cluster of this process alone")
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec({}))
