@@ -185,8 +185,12 @@ def test_a_run_already_at_its_steps_says_there_is_nothing_to_train(
 ) -> None:
     model_dir = shutil.copytree(trained[0], tmp_path / "first")
     (model_dir / "summary.json").unlink()
-    result = train(tmp_path, "--train_steps=20", "--experiment_id=first")
+    before = json.loads((model_dir / "state.json").read_text())["hparams"]
+    # Other hparams, with nothing to train: the run keeps those it was trained with.
+    result = train(tmp_path, "--train_steps=20", "--experiment_id=first", "--hparams=dropout=0.1")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((model_dir / "state.json").read_text())["hparams"] == before
+    assert "so it keeps the hparams it was trained with; dropout=0.1 would apply" in result.stderr
     assert re.search(
         r"the checkpoint in \S+ is at global step 20, and training ends at step 20: nothing to "
         "train; the checkpoint is evaluated and reported",

@@ -196,7 +196,18 @@ def _train(
     )
     first = owner.first_start()
     changed = owner.changed_hparams()
-    if changed:
+    last = owner.last_hparams()
+    if changed and last is not None and step is not None and step >= trainer.train_steps:
+        # Nothing trains with the new ones: the run, its runs-table line and its HParams keep
+        # those it was trained with.
+        logging.warning(
+            "%s is trained already, so it keeps the hparams it was trained with; %s would "
+            "apply only to steps trained",
+            task.model_dir,
+            ", ".join(f"{name}={now!r}" for name, (_, now) in changed.items()),
+        )
+        owner = dataclasses.replace(owner, hparams=last)
+    elif changed:
         logging.warning(
             "resuming %s with other hparams than its last attempt (%s); state.json keeps each "
             "attempt's, and the run's summary mixes them",

@@ -36,10 +36,15 @@ class RunOwner:
         """Whether no attempt of this run has started before (read before saying "running")."""
         return "started" not in reports.read_state(self.directory)
 
+    def last_hparams(self) -> dict[str, Any] | None:
+        """The last attempt's hparams, as state.json holds them; None before the first."""
+        then: dict[str, Any] | None = reports.read_state(self.directory).get("hparams")
+        return then
+
     def changed_hparams(self) -> dict[str, tuple[Any, Any]]:
         """The hparams that differ from the last attempt's, each as (then, now); read before
         saying "running"."""
-        then = reports.read_state(self.directory).get("hparams")
+        then = self.last_hparams()
         if then is None:
             return {}
         # As state.json holds them: JSON's values.
