@@ -71,8 +71,8 @@ def test_a_size_that_is_none_names_the_flag(text: str) -> None:
     [
         (("--model_bytes=13MB",), "--model_bytes: goes with the --explain table"),
         (("--explain", "--json", "--model_bytes=13MB"), "--model_bytes: goes with the"),
-        (("--explain", "--link_gbits=100"), "--link_gbits: is 100; it needs --model_bytes"),
-        (("--explain", "--model_bytes=1MB", "--link_gbits=0"), "--link_gbits: is 0;"),
+        (("--explain", "--link_gbits=100"), "--link_gbits: goes with --model_bytes"),
+        (("--explain", "--model_bytes=1MB", "--link_gbits=0"), "--link_gbits: is 0, expected more"),
     ],
 )
 def test_the_data_path_flags_refused_out_of_place(flags: tuple[str, ...], culprit: str) -> None:

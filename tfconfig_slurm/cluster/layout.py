@@ -421,7 +421,7 @@ def _choose_chief(placement: Placement, kinds: list[str], policy: LayoutPolicy) 
             culprit = "--ps_per_node"
         raise LayoutError(
             culprit,
-            f"leave no trainer among the step's {len(kinds)} tasks, only parameter servers"
+            f"leaves no trainer among the step's {len(kinds)} tasks, only parameter servers"
             + (" and an evaluator" if EVALUATOR in kinds else ""),
             "start more tasks per node than parameter servers (and one more for an "
             "evaluator), e.g. one per GPU plus one: #SBATCH --ntasks-per-node=<GPUs per node + 1>",

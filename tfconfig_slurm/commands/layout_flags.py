@@ -14,7 +14,13 @@ from typing import NamedTuple
 
 from absl import flags
 
-from tfconfig_slurm.cluster import ClusterLayout, LayoutPolicy, lay_out, read_slurm_step
+from tfconfig_slurm.cluster import (
+    ClusterLayout,
+    LayoutPolicy,
+    in_job_step,
+    lay_out,
+    read_slurm_step,
+)
 from tfconfig_slurm.commands import plan_flags
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import place
@@ -66,7 +72,13 @@ PORT_BASE = flags.DEFINE_integer(
     "Port of each node's first task; task N of a node listens on base + N. Default: derived "
     "from the job and step ids, so jobs and steps sharing a node do not collide.",
 )
-_PLAN_FLAGS = ("ntasks_per_node", "gpus_per_node", "distribution")
+_PLAN_FLAGS = (
+    "ntasks_per_node",
+    "gpus_per_node",
+    "distribution",
+    "cpu_nodelist",
+    "cpu_ntasks_per_node",
+)
 
 
 class ResolvedLayout(NamedTuple):
@@ -95,6 +107,13 @@ def resolve_layout(environ: Mapping[str, str]) -> ResolvedLayout:
     if plan_flags.NODELIST.value is not None:
         policy = policy_from_flags()
         return ResolvedLayout(lay_out(plan_flags.planned_shape(policy), policy), None)
+    planning = [f"--{name}" for name in _PLAN_FLAGS if flags.FLAGS[name].present]
+    if planning and not in_job_step(environ):
+        raise UsageError(
+            planning[0],
+            "plans a step, whose nodes --nodelist names, and it is missing",
+            f"add it: tfconfig-slurm --explain --nodelist='gpu[01-04]' {planning[0]}=...",
+        )
     step = read_slurm_step(environ)
     return ResolvedLayout(place.step_layout(step, step_policy()), step.rank)
 

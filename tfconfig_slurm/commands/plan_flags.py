@@ -66,12 +66,18 @@ def planned_shape(policy: LayoutPolicy) -> StepShape:
         # One trainer a GPU; a coordinator's workers take a node's GPUs together.
         tasks = servers + (1 if policy.coordinator else max(gpus, 1))
         first_extra = int(policy.coordinator)
-    for flag, count in (
-        ("--ntasks_per_node", tasks),
-        ("--cpu_ntasks_per_node", CPU_NTASKS_PER_NODE.value),
+    if CPU_NTASKS_PER_NODE.present and not cpu_nodes:
+        raise UsageError(
+            "--cpu_ntasks_per_node",
+            "goes with --cpu_nodelist, the CPU nodes it counts the tasks of",
+            "add --cpu_nodelist=cpu01, or leave it out",
+        )
+    for flag, count, hint in (
+        ("--ntasks_per_node", tasks, "e.g. GPUs per node + 1"),
+        ("--cpu_ntasks_per_node", CPU_NTASKS_PER_NODE.value, "e.g. 1: each is a parameter server"),
     ):
         if count < 1:
-            raise UsageError(flag, f"is {count}, expected 1 or more", "e.g. GPUs per node + 1")
+            raise UsageError(flag, f"is {count}, expected 1 or more", hint)
     tasks_per_node = (
         (CPU_NTASKS_PER_NODE.value,) * len(cpu_nodes)
         + (tasks + first_extra,)

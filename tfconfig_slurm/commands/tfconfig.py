@@ -63,7 +63,7 @@ flags.adopt_module_key_flags(plan_flags)
 
 def main(argv: Sequence[str]) -> None:
     if EXPORT.value and EXPLAIN.value:
-        raise UsageError("--export", "and --explain exclude each other", "choose one")
+        raise UsageError("--export", "excludes --explain", "choose one")
     if json_flag.JSON.value and not EXPLAIN.value:
         raise UsageError("--json", "goes with --explain", "add --explain")
     model_bytes = _model_bytes()
@@ -103,11 +103,15 @@ def _model_bytes() -> int | None:
     ):
         culprit = "--model_bytes" if MODEL_BYTES.value is not None else "--link_gbits"
         raise UsageError(culprit, "goes with the --explain table", "add --explain, without --json")
-    if LINK_GBITS.value is not None and (MODEL_BYTES.value is None or LINK_GBITS.value <= 0):
+    if LINK_GBITS.value is not None and MODEL_BYTES.value is None:
+        raise UsageError(
+            "--link_gbits", "goes with --model_bytes", "e.g. --model_bytes=13MB --link_gbits=100"
+        )
+    if LINK_GBITS.value is not None and LINK_GBITS.value <= 0:
         raise UsageError(
             "--link_gbits",
-            f"is {LINK_GBITS.value:g}; it needs --model_bytes, and more than 0",
-            "e.g. --model_bytes=13MB --link_gbits=100",
+            f"is {LINK_GBITS.value:g}, expected more than 0",
+            "the network's speed in Gbit/s, e.g. --link_gbits=100",
         )
     return None if MODEL_BYTES.value is None else data_path.parse_bytes(MODEL_BYTES.value)
 
