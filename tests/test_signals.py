@@ -66,7 +66,9 @@ def test_sigterm_checkpoints_every_step_and_sigquit_shows_stacks(tmp_path: Path)
     assert ended(process) == 0
     log = console.read_text()
     (stopped,) = map(int, re.findall(r"stopping on SIGTERM at global step (\d+)", log))
-    assert "not requeueing the job" in log
+    # Outside a SLURM job, no job to requeue is spoken of.
+    assert "run again with the same experiment id to resume" in log
+    assert "not requeueing the job" not in log
     assert checkpoint_step(tmp_path / "paced") == stopped
 
     resumed = subprocess.run(

@@ -129,6 +129,9 @@ def _usage(main: Main, *, full: bool) -> str:
     module = sys.modules[main.__module__]
     # absl files the flags of the module run with -m under the script's path.
     owner = sys.argv[0] if main.__module__ == "__main__" else main.__module__
+    # absl heads a module's flags with its name, a file's path when run as a script.
     flag_help = flags.FLAGS.get_help() if full else flags.FLAGS.module_help(owner)
+    if not full:
+        flag_help = flag_help.removeprefix(f"\n{owner}:\n")
     absl_help = "" if full else f"\n{_ABSL_FLAGS}"
     return f"{(module.__doc__ or '').strip()}\n\nflags:\n{flag_help}\n{absl_help}"

@@ -6,7 +6,7 @@
 Layout flags go before the command; everything from the command on is passed to it untouched.
 The command runs as a child: signals reach it, its exit status comes back out, a parameter
 server's command (which never returns) is ended once every trainer's has exited 0, and a task
-whose peer is lost is ended by name with exit status 3 (see tfconfig_slurm/process/supervise.py);
+whose peer is lost is ended by name with exit status 3 (docs/with-tfconfig.md says more);
 with --model_dir, the first task to fail is recorded there. In a --coordinator step
 (ParameterServerStrategy) the coordinator's exit ends every task, and a worker's command that
 fails is started again.

@@ -35,6 +35,10 @@ POLICY_VARIABLES = {
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no", "")
 
 
+# A process without CUDA_VISIBLE_DEVICES: TensorFlow takes every GPU it finds.
+_ANY_GPUS = "any"
+
+
 class Place(NamedTuple):
     """This process's task, and what to say about it in its first log line."""
 
@@ -49,12 +53,16 @@ class Place(NamedTuple):
         """The task's first line, the same for every backend: who and where it is, its GPUs,
         its model directory, and the checkpoint step it resumes from (none, or step 0: it
         starts)."""
+        # A single process has no address, and may use whatever GPUs TensorFlow finds.
+        where = (
+            f"{self.role.task_id} on {self.node} at {self.role.address}"
+            if self.role
+            else f"a single process on {self.node}"
+        )
         logging.info(
-            "%s on %s at %s with GPUs [%s], model directory %s, %s",
-            str(self.role.task_id) if self.role else "chief 0 (single process)",
-            self.node,
-            self.role.address if self.role else "-",
-            self.gpus,
+            "%s with %s, model directory %s, %s",
+            where,
+            "the GPUs TensorFlow finds" if self.gpus == _ANY_GPUS else f"GPUs [{self.gpus}]",
             model_dir,
             "; ".join(
                 (
@@ -84,7 +92,7 @@ def find(environ: MutableMapping[str, str], policy: LayoutPolicy, policy_source:
     # uname's node name is gethostname's, without importing socket (a login node's tools
     # start in a tenth of a second).
     node = os.uname().nodename
-    gpus = environ.get("CUDA_VISIBLE_DEVICES", "as TensorFlow finds them")
+    gpus = environ.get("CUDA_VISIBLE_DEVICES", _ANY_GPUS)
     step = read_slurm_step(environ) if in_job_step(environ) else None
     given = given_tf_config(environ, step.shape if step else None)
     if given is not None:

@@ -171,6 +171,13 @@ def after_stop(
     says how to resume; the exit status this task should end with."""
     if stopped_on in policy.requeue_on:
         return requeue(environ, policy.max_requeues, stopped_on, model_dir)
+    if read_slurm_job(environ) is None:
+        logging.info(
+            "stopped on %s with a checkpoint of every step taken: run again with the same "
+            "experiment id to resume",
+            stopped_on,
+        )
+        return 0
     logging.info(
         "stopped on %s with a checkpoint of every step taken; not requeueing the job (a "
         "--preempt_signal requeues it, and SIGTERM with --requeue_on_sigterm): run again with "

@@ -216,9 +216,10 @@ class PreemptionHook(tf.compat.v1.train.SessionRunHook):
                     workers,
                     PREEMPT_WAIT_SECONDS,
                 )
+        # Unnamed, as the Keras backend's line: the task's name is the log's (srun --label,
+        # a local cluster's prefix), and a trainer's number is not its role's index.
         logging.info(
-            "trainer %d: stopping on %s at global step %d",
-            self._trainer_id,
+            "stopping on %s at global step %d",
             self._stop.signal_name,
             session.run(self._global_step),
         )
