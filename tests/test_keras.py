@@ -269,12 +269,17 @@ def test_a_local_cluster_trains_all_reduce_stops_on_sigterm_and_resumes(tmp_path
         ("--save_checkpoints_secs=60", "--save_checkpoints_secs: does not apply"),
         ("--roles=chief,worker,evaluator", "--roles: asks for parameter servers or an evaluator"),
         ("--gpu_memory_growth", "--gpu_memory_growth: does not apply"),
+        ("--coordinator", "--coordinator: lays out a step of several tasks"),
+        (
+            "--coordinator --local_cluster=workers=1",
+            "--local_cluster: does not apply to a Keras experiment: a coordinator's",
+        ),
     ],
 )
 def test_a_flag_a_keras_experiment_cannot_honour_is_one_line(
     tmp_path: Path, flag: str, culprit: str
 ) -> None:
-    result = train(tmp_path, flag, timeout=60)
+    result = train(tmp_path, *flag.split(), timeout=60)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(f"tfconfig-slurm-run: {culprit}"), result.stderr
@@ -351,6 +356,35 @@ def test_two_nodes_train_all_reduce_under_plain_srun(
     assert set(summary) == SUMMARY_KEYS
     assert sorted(summary["layout"]) == ["chief", "worker"]
     assert [trainer["role"] for trainer in summary["trainers"]] == ["chief", "worker"]
+    assert checkpoint_step(model_dir) == 40
+    assert slurm_cluster.left_behind() == {}
+
+
+@pytest.mark.slurm
+def test_a_coordinator_step_trains_parameter_server_strategy_resumes_and_every_task_ends(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """--coordinator: node1 runs ps 0 and the coordinator, node2 ps 1 and worker 0; the
+    coordinator's end ends the servers, and a second step resumes at the step."""
+    command = [
+        "srun", "--nodes=2", "--ntasks-per-node=2", "--label", "python", "-m", RUN,
+        "--experiment=mnist_keras", "--coordinator", f"--output_root={tmp_path}",
+        "--log_every_steps=10",
+    ]  # fmt: skip
+    first = slurm_cluster.run([*command, "--train_steps=30"], timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "coordinating 1 worker(s) and 2 parameter server(s)" in first.stderr
+    assert re.search(r"step 30: loss [\d.]+, [\d.]+ examples/s", first.stderr), first.stderr[-3000:]
+    assert "ps 1: the coordinator finished; ending its command" in first.stderr
+    model_dir = tmp_path / "mnist_keras"
+    assert checkpoint_step(model_dir) == 30
+    summary = json.loads((model_dir / "summary.json").read_text())
+    assert summary["global_step"] == summary["eval"]["global_step"] == 30
+    assert sorted(summary["layout"]) == ["chief", "ps", "worker"]
+    assert json.loads((model_dir / "state.json").read_text())["state"] == "done"
+    second = slurm_cluster.run([*command, "--train_steps=40"], timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resuming from step 30" in second.stderr
     assert checkpoint_step(model_dir) == 40
     assert slurm_cluster.left_behind() == {}
 

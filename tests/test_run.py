@@ -357,11 +357,12 @@ def test_a_step_without_parameter_servers_is_refused(tmp_path: Path, flag: str) 
 
 
 @pytest.mark.usefixtures("node_names")
-def test_a_coordinator_s_layout_is_refused_by_the_runtime_as_flag_and_as_tf_config(
+def test_an_estimator_experiment_refuses_a_coordinator_s_layout_as_flag_and_as_tf_config(
     tmp_path: Path,
 ) -> None:
-    """The runtime trains no ParameterServerStrategy: --coordinator, and a TF_CONFIG made with
-    it (python -m tfconfig_slurm.run under with-tfconfig --coordinator), say so in one line."""
+    """Only a Keras experiment trains with ParameterServerStrategy's coordinator: for an
+    Estimator one, --coordinator and a TF_CONFIG made with it (python -m tfconfig_slurm.run
+    under with-tfconfig --coordinator) say so in one line."""
     environ = captured("uneven_n10_cpu", "task-0")
     by_flag = train(tmp_path, "--coordinator", environ=environ)
     made = run_module("tfconfig_slurm.tfconfig", "--coordinator", environ=environ)
@@ -371,7 +372,7 @@ def test_a_coordinator_s_layout_is_refused_by_the_runtime_as_flag_and_as_tf_conf
         assert result.returncode == 2, result.stderr
         assert result.stderr.startswith(
             f"tfconfig-slurm-run: {culprit}: lays the step out for ParameterServerStrategy's "
-            "coordinator, which the runtime does not train"
+            "coordinator, which only a Keras experiment trains with"
         ), result.stderr
         assert "with-tfconfig --coordinator" in result.stderr
     assert not (tmp_path / "mnist_deep").exists()

@@ -11,8 +11,8 @@ serving_input_receiver_fn; a Keras experiment defines build_model(params), retur
 compiled model, and dataset(mode, params), the batches for mode "train" or "eval"; either
 may define HPARAMS. Checkpoints, TensorBoard events, summary.json (and an Estimator's
 exported model) go to <output_root>/<experiment_id>; a run that finds a checkpoint there
-resumes from it. A Keras experiment trains all-reduce (MultiWorkerMirroredStrategy): no
-parameter servers.
+resumes from it. A Keras experiment trains all-reduce (MultiWorkerMirroredStrategy), or
+with --coordinator in a SLURM step, with parameter servers (ParameterServerStrategy).
 
 Where it runs decides how it trains:
   - with TF_CONFIG set (by launch/with-tfconfig or --local_cluster): that task of the cluster;
@@ -38,7 +38,7 @@ from typing import Any
 from absl import flags
 
 from tfconfig_slurm.cluster import LayoutPolicy
-from tfconfig_slurm.cluster.layout import TRAINERS
+from tfconfig_slurm.cluster.layout import CHIEF, TRAINERS
 from tfconfig_slurm.cluster.role import input_shard
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.commands import layout_flags
@@ -46,12 +46,14 @@ from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import (
     claim,
+    failure,
     lifecycle,
     local_cluster,
     model_dir,
     place,
     preemption,
     run_dir,
+    supervise,
 )
 from tfconfig_slurm.process import experiment as experiment_lib
 from tfconfig_slurm.process.settings import TrainingSettings
@@ -79,6 +81,9 @@ EXPERIMENT_ID = flags.DEFINE_string(
     "a SLURM job array <name>-<array task id>; a sweep's run is <sweep>-<line>).",
 )
 ID_VARIABLE = "EXPERIMENT_ID"
+# Set for the coordinator's child process to its step's run id: the supervisor of the chief
+# of a --coordinator step runs the same command again as its child, which coordinates.
+_COORDINATING = "TFCONFIG_SLURM_COORDINATING"
 
 
 def output_root() -> str:
@@ -240,10 +245,10 @@ def main(argv: Sequence[str]) -> int | None:
         hparams, default_id = _sweep_run(Path(SWEEP_FILE.value))
     directory = Path(output_root(), _experiment_id(default_id, swept=bool(SWEEP_FILE.value)))
     policy = layout_flags.step_policy()
-    if policy.coordinator:
+    if policy.coordinator and kind != experiment_lib.KERAS:
         raise lifecycle.coordinator_refused("--coordinator")
     if kind == experiment_lib.KERAS:
-        policy = _all_reduce(policy)
+        policy = _keras_layout(policy)
     counts = (
         local_cluster.parse(LOCAL_CLUSTER.value, all_reduce=kind == experiment_lib.KERAS)
         if LOCAL_CLUSTER.value
@@ -292,9 +297,43 @@ def main(argv: Sequence[str]) -> int | None:
         ),
         environ=os.environ,
     )
+    if policy.coordinator:
+        return _coordinated(task, hparams)
     if kind == experiment_lib.KERAS:
         lifecycle.run_to_exit(task, lifecycle.ALL_REDUCE, partial(_keras, task, hparams))
     lifecycle.run_to_exit(task, lifecycle.PARAMETER_SERVERS, partial(_estimator, task, hparams))
+
+
+def _coordinated(task: lifecycle.TaskRun, hparams: str) -> int:
+    """A task of a step laid out for ParameterServerStrategy (--coordinator), run as
+    with-tfconfig runs a coordinator's script: each task supervises a child, which for a ps
+    or a worker serves (backends/keras/serve.py), and for the chief is this command again,
+    coordinating the training as the lifecycle's backend. Its supervisor so answers on its
+    port once it has exited, which ends the others (process/supervise.py)."""
+    role = task.place.role
+    if role is None:
+        raise UsageError(
+            "--coordinator",
+            "lays out a step of several tasks (a coordinator, parameter servers and workers), "
+            "and this process trains alone",
+            "run it in every task of a SLURM step, e.g. srun --nodes=2 --ntasks-per-node=2",
+        )
+    # The step's run id, so that a marker a shell passed on from another step is no marker.
+    marker = role.run_id or "a TF_CONFIG given"
+    if role.role == CHIEF and os.environ.get(_COORDINATING) == marker:
+        lifecycle.run_to_exit(task, lifecycle.COORDINATOR, partial(_coordinator, task, hparams))
+    command = (
+        [sys.executable, "-m", "tfconfig_slurm.run", *sys.argv[1:]]
+        if role.role == CHIEF
+        else [sys.executable, "-m", "tfconfig_slurm.backends.keras.serve"]
+    )
+    # Every task of the strategy's cluster fails a call to a lost peer at once, rather than
+    # waiting for it (TensorFlow's tutorial).
+    environ = {**os.environ, "GRPC_FAIL_FAST": "use_caller", _COORDINATING: marker}
+    failure.attach(task.model_dir, role, task.place.node)
+    group = supervise.command_group()
+    group.start(command, environ)
+    return supervise.supervise(group, role, None, supervise.WORKER_RESTARTS)
 
 
 def _settings(
@@ -340,6 +379,22 @@ def _keras(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     )
 
 
+def _coordinator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
+    """Imports TensorFlow and tf-keras, and the Keras experiment, as the coordinator of a
+    ParameterServerStrategy cluster."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
+    from tfconfig_slurm.backends.keras.coordinator import CoordinatorBackend  # noqa: PLC0415
+
+    experiment = experiment_lib.load_keras(EXPERIMENT.value or "")
+    tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
+    settings = _settings(task.model_dir, hparams, experiment.hparams)
+    assert task.place.role is not None
+    return CoordinatorBackend(
+        experiment, EXPERIMENT.value or "", settings, task.place.role, task.stop
+    )
+
+
 def _estimator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     """Imports TensorFlow, and the Estimator experiment, as its backend."""
     from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
@@ -353,9 +408,9 @@ def _estimator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     return EstimatorBackend(training, task.place.role, task.stop)
 
 
-def _all_reduce(policy: LayoutPolicy) -> LayoutPolicy:
-    """A Keras experiment's layout: all-reduce (MultiWorkerMirroredStrategy), with the flags
-    it cannot honour refused."""
+def _keras_layout(policy: LayoutPolicy) -> LayoutPolicy:
+    """A Keras experiment's layout: all-reduce (MultiWorkerMirroredStrategy), or with
+    --coordinator ParameterServerStrategy's, with the flags it cannot honour refused."""
     refused = {
         "--evaluator": (layout_flags.EVALUATOR.value, "every trainer evaluates the final model"),
         "--sync_replicas": (SYNC_REPLICAS.value, "all-reduce training is synchronous already"),
@@ -369,11 +424,18 @@ def _all_reduce(policy: LayoutPolicy) -> LayoutPolicy:
             "the Keras runtime does not set it yet",
         ),
     }
+    if policy.coordinator:
+        refused["--local_cluster"] = (
+            bool(LOCAL_CLUSTER.value),
+            "a coordinator's cluster runs in a SLURM step only, as yet",
+        )
     for flag, (given, why) in refused.items():
         if given:
             raise UsageError(
                 flag, f"does not apply to a Keras experiment: {why}", f"leave {flag} out"
             )
+    if policy.coordinator:
+        return policy
     roles = set(policy.roles or ())
     culprit = (
         "--ps_per_node" if policy.ps_per_node else "--roles" if roles - set(TRAINERS) else None

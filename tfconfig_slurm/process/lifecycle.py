@@ -42,6 +42,8 @@ from tfconfig_slurm.process.place import Place
 # that all-reduce their gradients, a chief and workers only (Keras).
 PARAMETER_SERVERS = "parameter servers"
 ALL_REDUCE = "all-reduce"
+# ParameterServerStrategy's: the coordinator trains, the parameter servers and workers serve.
+COORDINATOR = "coordinator"
 
 Hparam = Union[bool, int, float, str]
 # How often a task told to stop looks for the run's failure record: a stat of the run
@@ -296,12 +298,15 @@ def _requeues(role: ClusterRole | None) -> bool:
 
 
 def coordinator_refused(culprit: str) -> UsageError:
-    """The runtime trains no ParameterServerStrategy yet: a coordinator's layout is refused."""
+    """Only a Keras experiment trains with a coordinator (ParameterServerStrategy): another's
+    layout with one is refused, and a coordinator's layout for another backend."""
     return UsageError(
         culprit,
-        "lays the step out for ParameterServerStrategy's coordinator, which the runtime does "
-        "not train: its experiments train Estimator with parameter servers, or Keras all-reduce",
-        "leave it out; run a ParameterServerStrategy script under with-tfconfig --coordinator",
+        "lays the step out for ParameterServerStrategy's coordinator, which only a Keras "
+        "experiment trains with: an Estimator experiment trains with parameter servers and no "
+        "coordinator",
+        "leave it out for an Estimator experiment; a ParameterServerStrategy script runs "
+        "under with-tfconfig --coordinator",
     )
 
 
@@ -310,7 +315,7 @@ def _check_layout(layout: str, place: Place) -> None:
     role = place.role
     if role is None:
         return
-    if role.coordinator:
+    if role.coordinator != (layout == COORDINATOR):
         raise coordinator_refused(place.layout_source)
     if layout == PARAMETER_SERVERS and role.ps_count == 0:
         raise UsageError(

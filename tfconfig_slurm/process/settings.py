@@ -4,7 +4,7 @@ Estimator experiment (backends/estimator/experiment_training.py) and a Keras one
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,3 +27,7 @@ class TrainingSettings:
     gpu_memory_fraction: float | None
     log_every_steps: int
     sync_replicas: bool
+
+    def hparams(self, names: Iterable[str]) -> dict[str, Any]:
+        """This run's values of the hparams `names` (an experiment's HPARAMS)."""
+        return {name: self.params[name] for name in names}

@@ -86,9 +86,7 @@ class KerasBackend:
         self._trainer: _Trainer | None = None
         self.experiment = experiment.name
         self.train_steps = settings.train_steps
-        self.hparams: Mapping[str, Any] = {
-            name: settings.params[name] for name in experiment.hparams
-        }
+        self.hparams: Mapping[str, Any] = settings.hparams(experiment.hparams)
 
     def checkpoint_step(self) -> int:
         return self._set_up().saver.last
@@ -97,9 +95,7 @@ class KerasBackend:
         return (f"{self._set_up().strategy.num_replicas_in_sync} replicas",)
 
     def write_hparams(self, hparams: Mapping[str, Hparam], trial_id: str) -> None:
-        """Beside the scalars, whose eval/ ones are the metrics the HParams tab shows."""
-        with self._set_up().writer.as_default():
-            hparams_api.hparams(dict(hparams), trial_id=trial_id)
+        write_hparams(self._set_up().writer, hparams, trial_id)
 
     def _set_up(self) -> _Trainer:
         """The strategy, the model restored, the watch of the neighbours (once)."""
@@ -133,7 +129,7 @@ class KerasBackend:
             stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
             metrics = None if stopped_on else self._evaluate(trainer, progress.step)
             if metrics is not None:
-                _export(trainer.model, settings.model_dir, self._experiment.name, role)
+                export(trainer.model, settings.model_dir, self._experiment.name, role)
             # Before the reports: a worker that has reported leaves, and is not lost.
             if trainer.peers is not None:
                 trainer.peers.stop()
@@ -171,7 +167,7 @@ class KerasBackend:
         """The final checkpoint saved, and the model's metrics on the whole eval set."""
         trainer.saver.save(step)
         metrics = trainer.model.evaluate(
-            _eval_batches(self._experiment, self._settings.params),
+            eval_batches(self._experiment, self._settings.params),
             steps=self._settings.eval_steps,
             return_dict=True,
             verbose=0,
@@ -179,7 +175,14 @@ class KerasBackend:
         return {**metrics, "global_step": step}
 
 
-def _export(model: Any, directory: Path, name: str, role: ClusterRole | None) -> None:
+def write_hparams(writer: Any, hparams: Mapping[str, Hparam], trial_id: str) -> None:
+    """The run's hparams beside its scalars, whose eval/ ones are the metrics TensorBoard's
+    HParams tab shows."""
+    with writer.as_default():
+        hparams_api.hparams(dict(hparams), trial_id=trial_id)
+
+
+def export(model: Any, directory: Path, name: str, role: ClusterRole | None) -> None:
     """The trained model as a SavedModel, in export/<name>/<timestamp> as an Estimator
     exports it. Every trainer saves, as the strategy's collectives require; another trainer
     than the chief into a scratch directory it deletes."""
@@ -201,7 +204,7 @@ class _Trainer(NamedTuple):
 
     strategy: tf.distribute.Strategy
     model: Any
-    saver: _Saver
+    saver: Saver
     writer: Any
     peers: watchdog.PeerWatch | None
 
@@ -225,7 +228,7 @@ class _Trainer(NamedTuple):
         if role is not None:
             _check_same_start(strategy, start, directory)
         writer = tf.summary.create_file_writer(str(directory)) if owns_run(role) else None
-        saver = _Saver(
+        saver = Saver(
             checkpoint, directory, role, settings.keep_checkpoint_max, restored=start, stop=stop
         )
         return cls(strategy, model, saver, writer, peers)
@@ -268,7 +271,7 @@ def _report(
         trainers = reports.trainer_reports(directory, role.trainers, run_marker)
     else:
         trainers = [{"role": CHIEF, "index": 0, "examples_per_sec": mean}]
-    _write_eval_scalars(directory, metrics, progress.step)
+    write_eval_scalars(directory, metrics, progress.step)
     reports.write_summary(
         directory,
         name=experiment.name,
@@ -328,23 +331,25 @@ def _train_batches(
     shards them by params["trainer_index"] (distribute_datasets_from_function: no batch is
     split between trainers)."""
     if role is None:
-        return _dataset(experiment, "train", params)
+        return experiment_dataset(experiment, "train", params)
     return strategy.distribute_datasets_from_function(
-        lambda context: _dataset(experiment, "train", params)
+        lambda context: experiment_dataset(experiment, "train", params)
     )
 
 
-def _eval_batches(experiment: KerasExperiment, params: Mapping[str, Any]) -> tf.data.Dataset:
+def eval_batches(experiment: KerasExperiment, params: Mapping[str, Any]) -> tf.data.Dataset:
     """The whole eval set: in a cluster each trainer evaluates a share of each batch, and the
     metrics come out of evaluate() summed over all (the same on every trainer)."""
-    batches = _dataset(experiment, "eval", params)
+    batches = experiment_dataset(experiment, "eval", params)
     options = tf.data.Options()
     # Its examples come from Python or memory, not files: shard batches by their elements.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return batches.with_options(options)
 
 
-def _dataset(experiment: KerasExperiment, mode: str, params: Mapping[str, Any]) -> tf.data.Dataset:
+def experiment_dataset(
+    experiment: KerasExperiment, mode: str, params: Mapping[str, Any]
+) -> tf.data.Dataset:
     batches = experiment.dataset(mode, params)
     if not isinstance(batches, tf.data.Dataset):
         raise UsageError(
@@ -357,7 +362,7 @@ def _dataset(experiment: KerasExperiment, mode: str, params: Mapping[str, Any]) 
     return batches
 
 
-class _Saver:
+class Saver:
     """Checkpoints numbered by the global step: the chief's (or a single process's) into the
     model directory, timed for the stop before the time limit (process/time_limit.py);
     another trainer's into a scratch directory it deletes, since every trainer must take
@@ -431,7 +436,7 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         writer: Any,
         stop: preemption.StopRequest,
         requeue_on: Collection[str],
-        saver: _Saver,
+        saver: Saver,
         agree: bool,
     ) -> None:
         super().__init__()
@@ -525,7 +530,7 @@ def _collective(
     return lambda value: strategy.experimental_local_results(graph(value))[0].numpy()
 
 
-def _write_eval_scalars(directory: Path, metrics: Mapping[str, Any], step: int) -> None:
+def write_eval_scalars(directory: Path, metrics: Mapping[str, Any], step: int) -> None:
     """The final evaluation, where TensorBoard shows the Estimator's: the eval/ run."""
     writer = tf.summary.create_file_writer(str(directory / "eval"))
     with writer.as_default(step=step):

@@ -1,0 +1,244 @@
+"""The Keras backend's parameter-server flavour, on TensorFlow 2.16+ with tf-keras: the
+coordinator (the chief) of a tf.distribute.ParameterServerStrategy cluster, for the lifecycle
+of process/lifecycle.py. Its parameter servers and workers only serve (serve.py), supervised
+as with-tfconfig supervises a coordinator's step (process/supervise.py).
+
+- The coordinator builds the experiment's model under the strategy (its variables on the
+  parameter servers, split across them by size), restores the model directory's latest
+  checkpoint and trains the steps left to --train_steps with model.fit, each worker reading
+  its own stream of the experiment's dataset("train", params).
+- The strategy runs no batch-level callbacks: fit runs in epochs of --log_every_steps steps,
+  after each of which the coordinator logs the loss and examples/s, checkpoints where
+  --save_checkpoints_steps is due, and stops on a stop signal with a checkpoint of the step.
+- At the end it evaluates the final weights in this process and writes summary.json and the
+  eval/ scalars, as the other backends do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any, Callable, NamedTuple
+
+import tensorflow as tf
+import tf_keras as keras
+from absl import logging
+
+from tfconfig_slurm.backends.keras.train import (
+    DEFAULT_CHECKPOINT_STEPS,
+    Saver,
+    experiment_dataset,
+    write_eval_scalars,
+    write_hparams,
+)
+from tfconfig_slurm.cluster.layout import CHIEF
+from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.process import preemption, reports
+from tfconfig_slurm.process.experiment import KerasExperiment
+from tfconfig_slurm.process.lifecycle import Ending, Hparam
+from tfconfig_slurm.process.settings import TrainingSettings
+from tfconfig_slurm.process.throughput import Throughput
+
+# A variable smaller than this stays whole on one parameter server.
+_MIN_SHARD_BYTES = 256 << 10
+
+
+class CoordinatorBackend:
+    """ParameterServerStrategy training as the lifecycle's backend, on the coordinator: the
+    cluster's model, restored, trained with fit to --train_steps, evaluated and reported."""
+
+    def __init__(
+        self,
+        experiment: KerasExperiment,
+        spec: str,
+        settings: TrainingSettings,
+        role: ClusterRole,
+        stop: preemption.StopRequest,
+    ) -> None:
+        self._experiment = experiment
+        # --experiment as given, for the process that evaluates the final checkpoint.
+        self._spec = spec
+        self._settings = settings
+        self._role = role
+        self._stop = stop
+        self._coordinator: _Coordinator | None = None
+        self.experiment = experiment.name
+        self.train_steps = settings.train_steps
+        self.hparams: Mapping[str, Any] = settings.hparams(experiment.hparams)
+
+    def checkpoint_step(self) -> int:
+        return self._set_up().saver.last
+
+    def start_details(self) -> tuple[str, ...]:
+        workers, servers = self._role.trainers - 1, self._role.ps_count
+        return (f"coordinating {workers} worker(s) and {servers} parameter server(s)",)
+
+    def write_hparams(self, hparams: Mapping[str, Hparam], trial_id: str) -> None:
+        write_hparams(self._set_up().writer, hparams, trial_id)
+
+    def _set_up(self) -> _Coordinator:
+        if self._coordinator is None:
+            self._coordinator = _Coordinator.set_up(
+                self._experiment, self._settings, self._role, self._stop
+            )
+        return self._coordinator
+
+    def train(self, end: Callable[[Ending], Any]) -> Any:
+        coordinator, settings = self._set_up(), self._settings
+        started = time.monotonic()
+
+        def finish() -> Any:
+            """Saves, evaluates and reports the run (or its stop), and ends it."""
+            epochs.meter.end()
+            stopped_on = epochs.stopped_on if epochs.step < settings.train_steps else None
+            coordinator.saver.save(epochs.step)
+            if stopped_on is None:
+                self._report(coordinator, epochs, started)
+            return end(Ending(stopped_on))
+
+        epochs = _Epochs(coordinator, settings, self._stop, finish)
+        left = settings.train_steps - epochs.step
+        if left <= 0:
+            return finish()
+        every = max(1, min(settings.log_every_steps, left))
+        batches = keras.utils.experimental.DatasetCreator(
+            lambda context: experiment_dataset(self._experiment, "train", settings.params).repeat()
+        )
+        # Whole epochs of --log_every_steps, then one of what is left; the last fit ends the
+        # run from inside (_Epochs.on_train_end).
+        for count, steps in ((left // every, every), (1, left % every)):
+            if count and steps and not epochs.stopped_on:
+                coordinator.model.fit(
+                    batches, epochs=count, steps_per_epoch=steps, callbacks=[epochs], verbose=0
+                )
+        return epochs.result
+
+    def _report(self, coordinator: _Coordinator, epochs: _Epochs, started: float) -> None:
+        """The final checkpoint evaluated on the whole eval set, in a process of its own
+        outside the cluster (evaluate.py); summary.json and eval/."""
+        settings = self._settings
+        command = [
+            sys.executable, "-m", "tfconfig_slurm.backends.keras.evaluate", self._spec,
+            str(settings.model_dir), json.dumps(dict(settings.params)),
+            *([str(settings.eval_steps)] if settings.eval_steps else []),
+        ]  # fmt: skip
+        outside = {name: value for name, value in os.environ.items() if name != "TF_CONFIG"}
+        evaluated = subprocess.run(
+            command, env=outside, capture_output=True, text=True, check=False
+        )
+        if evaluated.returncode != 0:
+            raise RuntimeError(f"the final evaluation failed: {evaluated.stderr[-3000:]}")
+        metrics = {**json.loads(evaluated.stdout.splitlines()[-1]), "global_step": epochs.step}
+        directory = self._settings.model_dir
+        write_eval_scalars(directory, metrics, epochs.step)
+        mean = epochs.meter.mean_examples_per_sec()
+        reports.write_summary(
+            directory,
+            name=self._experiment.name,
+            metrics=metrics,
+            wall_time_s=time.monotonic() - started,
+            # The workers' steps, as the coordinator counts them: the cluster's throughput.
+            trainers=[{"role": CHIEF, "index": 0, "examples_per_sec": mean}],
+            layout=self._role.jobs(),
+        )
+
+
+class _Coordinator(NamedTuple):
+    """The coordinator, set up: the strategy, the model on the parameter servers, its saver
+    and summary writer."""
+
+    strategy: tf.distribute.Strategy
+    model: Any
+    saver: Saver
+    writer: Any
+
+    @classmethod
+    def set_up(
+        cls,
+        experiment: KerasExperiment,
+        settings: TrainingSettings,
+        role: ClusterRole,
+        stop: preemption.StopRequest,
+    ) -> _Coordinator:
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        strategy = tf.distribute.ParameterServerStrategy(
+            resolver,
+            variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(
+                min_shard_bytes=_MIN_SHARD_BYTES, max_shards=role.ps_count
+            ),
+        )
+        with strategy.scope():
+            model = experiment.build_model(settings.params)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+        latest = tf.train.latest_checkpoint(str(settings.model_dir))
+        if latest is not None:
+            checkpoint.restore(latest).expect_partial()
+        start = int(model.optimizer.iterations.numpy())
+        saver = Saver(
+            checkpoint,
+            settings.model_dir,
+            role,
+            settings.keep_checkpoint_max,
+            restored=start,
+            stop=stop,
+        )
+        writer = tf.summary.create_file_writer(str(settings.model_dir))
+        return cls(strategy, model, saver, writer)
+
+
+class _Epochs(keras.callbacks.Callback):  # type: ignore[misc]
+    """After each epoch: the global step, the loss and examples/s logged (and written for
+    TensorBoard), a checkpoint where due, and a stop where asked for. The fit that reaches
+    the last step, or stops, ends the run from its last callback: leaving fit deletes the
+    workers' iterators, behind which TensorFlow 2.21 held the coordinator's next operation
+    for minutes here (the Keras backend's _FinishInside saw the same)."""
+
+    def __init__(
+        self,
+        coordinator: _Coordinator,
+        settings: TrainingSettings,
+        stop: preemption.StopRequest,
+        finish: Callable[[], Any],
+    ) -> None:
+        super().__init__()
+        self.step = coordinator.saver.last
+        self.stopped_on: str | None = None
+        self.meter = Throughput(settings.log_every_steps)
+        self.result: Any = None
+        self._train_steps = settings.train_steps
+        self._batch_size = settings.params["batch_size"]
+        self._save_every = settings.save_checkpoints_steps or DEFAULT_CHECKPOINT_STEPS
+        self._saver = coordinator.saver
+        self._stop = stop
+        self._writer = coordinator.writer
+        self._optimizer = coordinator.model.optimizer
+        self._finish = finish
+
+    def on_epoch_end(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
+        # Every step scheduled has run by now (at least once: a step a lost worker had begun
+        # may run again elsewhere): the optimizer's iterations are the global step.
+        step = int(self._optimizer.iterations.numpy())
+        steps, self.step = step - self.step, step
+        loss = float((logs or {}).get("loss", 0.0))
+        rates = self.meter.step(step, steps * self._batch_size, loss, steps=steps)
+        if rates is not None:
+            with self._writer.as_default(step=step):
+                tf.summary.scalar("loss", loss)
+                if rates.examples_per_sec is not None:
+                    tf.summary.scalar("examples_per_sec", rates.examples_per_sec)
+                tf.summary.scalar("global_steps_per_sec", rates.global_steps_per_sec)
+            self._writer.flush()
+        if step // self._save_every > (step - steps) // self._save_every:
+            self._saver.save(step)
+        if self._stop.requested and self.stopped_on is None:
+            self.stopped_on = self._stop.signal_name
+            logging.info("stopping on %s at global step %d", self.stopped_on, step)
+            self.model.stop_training = True
+
+    def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
+        if self.stopped_on or self.step >= self._train_steps:
+            self.result = self._finish()

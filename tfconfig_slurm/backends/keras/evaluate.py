@@ -1,0 +1,37 @@
+"""A Keras experiment's latest checkpoint evaluated in a process of its own, outside any
+cluster, for the coordinator of a ParameterServerStrategy cluster (coordinator.py): a model
+of the coordinator's own runs its functions as the cluster's, and its evaluation failed or
+hung here (CancelledError: RemoteExecuteNode::RunAsync).
+
+  python -m tfconfig_slurm.backends.keras.evaluate EXPERIMENT MODEL_DIR PARAMS_JSON [EVAL_STEPS]
+
+prints the metrics as one line of JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main() -> None:
+    spec, model_dir, params = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    steps = int(sys.argv[4]) if len(sys.argv) > 4 else None
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf  # noqa: PLC0415
+
+    from tfconfig_slurm.backends.keras.train import eval_batches  # noqa: PLC0415
+    from tfconfig_slurm.process import experiment as experiment_lib  # noqa: PLC0415
+
+    experiment = experiment_lib.load_keras(spec)
+    model = experiment.build_model(params)
+    tf.train.Checkpoint(model=model).restore(tf.train.latest_checkpoint(model_dir)).expect_partial()
+    metrics = model.evaluate(
+        eval_batches(experiment, params), steps=steps, return_dict=True, verbose=0
+    )
+    sys.stdout.write(json.dumps({name: float(value) for name, value in metrics.items()}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
