@@ -212,12 +212,13 @@ def warn_and_requeue(
     *,
     start_seconds: float,
     end_seconds: float,
+    training: str = TRAINING,
 ) -> tuple[str, dict[str, str]]:
-    """Warns a submitted job with SIGUSR1 once its trainers train, as `#SBATCH
+    """Warns a submitted job with SIGUSR1 once its logs say `training`, as `#SBATCH
     --signal=USR1@90` warns it before its time limit; waits for the job to requeue itself,
     lets it start again at once, and waits for its end: its id and `finish`'s fields."""
     try:
-        wait_for(lambda: read_logs(logs), TRAINING, start_seconds)
+        wait_for(lambda: read_logs(logs), training, start_seconds)
         job_id = job_id_of(logs)
         signalled = cluster.run(["scancel", "--signal=USR1", job_id])
         assert signalled.returncode == 0, signalled.stderr

@@ -361,31 +361,38 @@ def test_two_nodes_train_all_reduce_under_plain_srun(
 
 
 @pytest.mark.slurm
-def test_a_coordinator_step_trains_parameter_server_strategy_resumes_and_every_task_ends(
+def test_a_coordinator_job_trains_stops_on_usr1_requeues_resumes_and_every_task_ends(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """--coordinator: node1 runs ps 0 and the coordinator, node2 ps 1 and worker 0; the
-    coordinator's end ends the servers, and a second step resumes at the step."""
-    command = [
-        "srun", "--nodes=2", "--ntasks-per-node=2", "--label", "python", "-m", RUN,
-        "--experiment=mnist_keras", "--coordinator", f"--output_root={tmp_path}",
-        "--log_every_steps=10",
-    ]  # fmt: skip
-    first = slurm_cluster.run([*command, "--train_steps=30"], timeout=300)
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "coordinating 1 worker(s) and 2 parameter server(s)" in first.stderr
-    assert re.search(r"step 30: loss [\d.]+, [\d.]+ examples/s", first.stderr), first.stderr[-3000:]
-    assert "ps 1: the coordinator finished; ending its command" in first.stderr
-    model_dir = tmp_path / "mnist_keras"
-    assert checkpoint_step(model_dir) == 30
+    """--coordinator (ParameterServerStrategy) in launch/train.sbatch, two tasks a node:
+    node1 runs ps 0 and the coordinator, node2 ps 1 and worker 0. The warning reaches every
+    task; the servers ignore it, the coordinator stops at the next epoch's end with a
+    checkpoint and requeues the job, whose second run resumes there and trains to the end;
+    the coordinator's end ends the servers."""
+    job = submit(
+        slurm_cluster, tmp_path, "coordinated", "--experiment=mnist_keras", "--coordinator",
+        "--train_steps=100", "--log_every_steps=10",
+        sbatch_options=("--ntasks-per-node=2",),
+    )  # fmt: skip
+    logs = tmp_path / "coordinated" / "logs"
+    job_id, ended = warn_and_requeue(
+        slurm_cluster, job, logs, start_seconds=START_SECONDS, end_seconds=END_SECONDS,
+        training=r"step \d+: loss",
+    )  # fmt: skip
+    log = read_logs(logs)
+    assert (ended["JobState"], ended["ExitCode"], ended["Restarts"]) == ("COMPLETED", "0:0", "1")
+    assert "coordinating 1 worker(s) and 2 parameter server(s)" in log
+    (stopped_at,) = re.findall(r"stopping on SIGUSR1 at global step (\d+)", log)
+    assert f"requeued job {job_id} (restart 1 of at most 3)" in log
+    assert re.search(rf"chief 0 on \S+ at node1:\d+ .* resuming from step {stopped_at}\b", log)
+    assert re.search(r"step 100: loss [\d.]+, [\d.]+ examples/s", log), log[-3000:]
+    assert "ps 1: the coordinator finished; ending its command" in log
+    model_dir = tmp_path / "coordinated"
+    assert checkpoint_step(model_dir) == 100
     summary = json.loads((model_dir / "summary.json").read_text())
-    assert summary["global_step"] == summary["eval"]["global_step"] == 30
+    assert summary["global_step"] == summary["eval"]["global_step"] == 100
     assert sorted(summary["layout"]) == ["chief", "ps", "worker"]
     assert json.loads((model_dir / "state.json").read_text())["state"] == "done"
-    second = slurm_cluster.run([*command, "--train_steps=40"], timeout=300)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "resuming from step 30" in second.stderr
-    assert checkpoint_step(model_dir) == 40
     assert slurm_cluster.left_behind() == {}
 
 

@@ -38,9 +38,16 @@ _CHUNK = 1024
 Examples = tuple[npt.NDArray[np.float32], npt.NDArray[np.int32]]
 
 
-def dataset(params: dict[str, Any], *, training: bool) -> tf.data.Dataset:
-    """Batches of (images, labels); for training, this trainer's shard, shuffled, repeated."""
+def dataset(params: dict[str, Any], *, training: bool, in_graph: bool = False) -> tf.data.Dataset:
+    """Batches of (images, labels); for training, this trainer's shard, shuffled, repeated.
+
+    By default the examples come from Python, so that a graph (Estimator's, which its event
+    files keep) does not hold them; `in_graph` puts them in the dataset's graph, for a
+    dataset another process builds (a ParameterServerStrategy worker), which cannot call
+    back into this one's Python: its batches stalled so."""
     images, labels = load_examples(params.get("data_dir"), training)
+    if in_graph:
+        return _batches(tf.data.Dataset.from_tensor_slices((images, labels)), params, training)
 
     # Chunks, which unbatch() splits inside TensorFlow: a Python call per example took 4.6 ms
     # of CPU a batch of 64, and 0.36 s before the first batch (the shuffle buffer fills
@@ -56,6 +63,10 @@ def dataset(params: dict[str, Any], *, training: bool) -> tf.data.Dataset:
             tf.TensorSpec((None,), tf.int32),
         ),
     ).unbatch()
+    return _batches(examples, params, training)
+
+
+def _batches(examples: tf.data.Dataset, params: dict[str, Any], training: bool) -> tf.data.Dataset:
     if training:
         # Each trainer of a cluster reads its own share of the examples.
         examples = examples.shard(params.get("num_trainers", 1), params.get("trainer_index", 0))

@@ -41,4 +41,5 @@ def build_model(params: dict[str, Any]) -> keras.Model:
 
 
 def dataset(mode: str, params: dict[str, Any]) -> tf.data.Dataset:
-    return mnist_dataset(params, training=mode == "train")
+    # In the graph: a ParameterServerStrategy worker builds it, away from this Python.
+    return mnist_dataset(params, training=mode == "train", in_graph=True)

@@ -289,10 +289,11 @@ def _end_if_failed_while_stopping(task: TaskRun, run_id: str) -> None:
 
 def _requeues(role: ClusterRole | None) -> bool:
     """Whether this task requeues the job after a stop: the one that sees every trainer
-    finish, the first parameter server where there are some, else the chief."""
+    finish, the first parameter server where there are some (but for a coordinator, whose
+    end ends the others), else the chief."""
     if role is None:
         return True
-    if role.ps_count:
+    if role.ps_count and not role.coordinator:
         return role.role == PS and role.index == 0
     return owns_run(role)
 

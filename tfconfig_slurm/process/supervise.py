@@ -267,6 +267,13 @@ def _serve(
     if not everyone.is_set():
         status = children.exit_status(child.wait())
         _after_command()
+        # SLURM signals every process of a step it stops (scancel, a requeue, a time limit):
+        # the command may die of it before this supervisor's own copy has come.
+        if status != 0 and (stopped_by or -child.returncode in children.STOPPING):
+            logging.info(
+                "%s: its command %s", role.task_id, children.how_it_ended(child.returncode)
+            )
+            return status
         if status != 0:
             # The wrapper's own status is news only where a signal ended the command.
             how = children.how_it_ended(child.returncode)
@@ -277,9 +284,7 @@ def _serve(
                 _server_failure_hint(role, child.returncode),
             )
             _claim_the_end(ending)
-            # A command a signal stopped (scancel) did not fail.
-            if not stopped_by:
-                failure.record_exit(child.returncode)
+            failure.record_exit(child.returncode)
             _say_failed(role)
         return status
     logging.info(

@@ -7,10 +7,17 @@ server of the task its TF_CONFIG names, serving the coordinator until its superv
 
 from __future__ import annotations
 
+import signal
+
 import tensorflow as tf
 
 
 def main() -> None:
+    # A job's warning before its time limit (or a preemption's) is the coordinator's to act
+    # on; its default action would end the server, which the coordinator cannot go on
+    # without.
+    for warning in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(warning, signal.SIG_IGN)
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(
         resolver.cluster_spec(),
