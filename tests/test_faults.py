@@ -368,6 +368,9 @@ def test_a_node_cut_off_ends_the_job_in_bounded_time(
     logs = tmp_path / "cut" / "logs"
     try:
         wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
+        # Two watchdog probe rounds into training: a peer on node1 that node2's tasks never
+        # heard from before the cut is waited for as one still starting (START_SECONDS).
+        assert wait_until(lambda: highest_step(read_logs(logs)) >= 40, START_SECONDS)
         job_id = job_id_of(logs)
         subprocess.run(["ip", "link", "set", "tfsveth2", "down"], check=True)
         cut = time.monotonic()
@@ -391,7 +394,9 @@ def test_a_node_cut_off_ends_the_job_in_bounded_time(
             ("COMPLETING", "1"),
         )
         # The tasks cut off with node2 ended too, by the watchdog: none hangs there.
-        assert wait_until(lambda: not runtime_left(slurm_cluster), 30.0)
+        assert wait_until(lambda: not runtime_left(slurm_cluster), 30.0), runtime_left(
+            slurm_cluster
+        )
     finally:
         slurm_cluster.clear("node2")
 

@@ -28,18 +28,19 @@ import tensorflow as tf
 import tf_keras as keras
 from absl import logging
 
-from tfconfig_slurm.backends.keras.train import (
+from tfconfig_slurm.backends.keras.backend import KerasBackendBase
+from tfconfig_slurm.backends.keras.data import experiment_dataset
+from tfconfig_slurm.backends.keras.model_dir import (
     DEFAULT_CHECKPOINT_STEPS,
     Saver,
-    experiment_dataset,
+    restored,
     write_eval_scalars,
-    write_hparams,
 )
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.process import preemption, reports
 from tfconfig_slurm.process.experiment import KerasExperiment
-from tfconfig_slurm.process.lifecycle import Ending, Hparam
+from tfconfig_slurm.process.lifecycle import Ending
 from tfconfig_slurm.process.settings import TrainingSettings
 from tfconfig_slurm.process.throughput import Throughput
 
@@ -47,7 +48,7 @@ from tfconfig_slurm.process.throughput import Throughput
 _MIN_SHARD_BYTES = 256 << 10
 
 
-class CoordinatorBackend:
+class CoordinatorBackend(KerasBackendBase):
     """ParameterServerStrategy training as the lifecycle's backend, on the coordinator: the
     cluster's model, restored, trained with fit to --train_steps, evaluated and reported."""
 
@@ -59,26 +60,15 @@ class CoordinatorBackend:
         role: ClusterRole,
         stop: preemption.StopRequest,
     ) -> None:
-        self._experiment = experiment
+        super().__init__(experiment, settings, stop)
         # --experiment as given, for the process that evaluates the final checkpoint.
         self._spec = spec
-        self._settings = settings
         self._role = role
-        self._stop = stop
         self._coordinator: _Coordinator | None = None
-        self.experiment = experiment.name
-        self.train_steps = settings.train_steps
-        self.hparams: Mapping[str, Any] = settings.hparams(experiment.hparams)
-
-    def checkpoint_step(self) -> int:
-        return self._set_up().saver.last
 
     def start_details(self) -> tuple[str, ...]:
         workers, servers = self._role.trainers - 1, self._role.ps_count
         return (f"coordinating {workers} worker(s) and {servers} parameter server(s)",)
-
-    def write_hparams(self, hparams: Mapping[str, Hparam], trial_id: str) -> None:
-        write_hparams(self._set_up().writer, hparams, trial_id)
 
     def _set_up(self) -> _Coordinator:
         if self._coordinator is None:
@@ -171,13 +161,9 @@ class _Coordinator(NamedTuple):
                 min_shard_bytes=_MIN_SHARD_BYTES, max_shards=role.ps_count
             ),
         )
-        with strategy.scope():
-            model = experiment.build_model(settings.params)
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-        latest = tf.train.latest_checkpoint(str(settings.model_dir))
-        if latest is not None:
-            checkpoint.restore(latest).expect_partial()
-        start = int(model.optimizer.iterations.numpy())
+        model, checkpoint, start = restored(
+            strategy, experiment, settings.params, settings.model_dir
+        )
         saver = Saver(
             checkpoint,
             settings.model_dir,

@@ -21,7 +21,7 @@ def main() -> None:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf  # noqa: PLC0415
 
-    from tfconfig_slurm.backends.keras.train import eval_batches  # noqa: PLC0415
+    from tfconfig_slurm.backends.keras.data import eval_batches  # noqa: PLC0415
     from tfconfig_slurm.process import experiment as experiment_lib  # noqa: PLC0415
 
     experiment = experiment_lib.load_keras(spec)

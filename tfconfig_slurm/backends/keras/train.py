@@ -18,8 +18,6 @@ for the lifecycle of process/lifecycle.py.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
@@ -28,32 +26,31 @@ from typing import Any, Callable, NamedTuple, NoReturn
 import tensorflow as tf
 import tf_keras as keras
 from absl import logging
-from tensorboard.plugins.hparams import api as hparams_api
 from tensorflow.python.eager import context
 
+from tfconfig_slurm.backends.keras.backend import KerasBackendBase
+from tfconfig_slurm.backends.keras.data import eval_batches, experiment_dataset
+from tfconfig_slurm.backends.keras.model_dir import (
+    DEFAULT_CHECKPOINT_STEPS,
+    Saver,
+    export,
+    restored,
+    write_eval_scalars,
+)
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import EXIT_PEER_LOST, UsageError
 from tfconfig_slurm.process import preemption, reports, watchdog
 from tfconfig_slurm.process.experiment import KerasExperiment
-from tfconfig_slurm.process.lifecycle import Ending, Hparam, exit_now
+from tfconfig_slurm.process.lifecycle import Ending, exit_now
 from tfconfig_slurm.process.owner import owns_run
-from tfconfig_slurm.process.run_dir import RunDir
 from tfconfig_slurm.process.settings import TrainingSettings
 from tfconfig_slurm.process.throughput import Rates, Throughput
 
 # The trainers of a cluster agree on a stop this often: an all-reduce of a flag took 3.4 ms
 # here, a cost not worth paying every step; a stop waits at most this many steps.
 STOP_CHECK_STEPS = 10
-# Without --save_checkpoints_steps, a checkpoint this often (and at every stop and the end).
-DEFAULT_CHECKPOINT_STEPS = 1000
-_CHECKPOINT_NAME = "ckpt"
-# TensorFlow 2.16+ logs the time of each checkpoint's sharding at INFO through absl, among
-# the runtime's own lines.
-logging.get_absl_logger().addFilter(
-    lambda record: not record.pathname.endswith("functional_saver.py")
-)
 # How long a trainer waits at the end for the others, before it leaves anyway.
 _END_BARRIER_MS = 120_000
 # What TensorFlow raises in a trainer whose peer is gone (a SIGKILLed worker's chief:
@@ -66,7 +63,7 @@ _PEER_ERRORS = (
 )
 
 
-class KerasBackend:
+class KerasBackend(KerasBackendBase):
     """Keras training as the lifecycle's backend (process/lifecycle.py): this trainer's model,
     restored, trained with fit to --train_steps, evaluated and reported."""
 
@@ -78,24 +75,13 @@ class KerasBackend:
         stop: preemption.StopRequest,
         requeue_on: Collection[str],
     ) -> None:
-        self._experiment = experiment
-        self._settings = settings
+        super().__init__(experiment, settings, stop)
         self._role = role
-        self._stop = stop
         self._requeue_on = requeue_on
         self._trainer: _Trainer | None = None
-        self.experiment = experiment.name
-        self.train_steps = settings.train_steps
-        self.hparams: Mapping[str, Any] = settings.hparams(experiment.hparams)
-
-    def checkpoint_step(self) -> int:
-        return self._set_up().saver.last
 
     def start_details(self) -> tuple[str, ...]:
         return (f"{self._set_up().strategy.num_replicas_in_sync} replicas",)
-
-    def write_hparams(self, hparams: Mapping[str, Hparam], trial_id: str) -> None:
-        write_hparams(self._set_up().writer, hparams, trial_id)
 
     def _set_up(self) -> _Trainer:
         """The strategy, the model restored, the watch of the neighbours (once)."""
@@ -175,29 +161,6 @@ class KerasBackend:
         return {**metrics, "global_step": step}
 
 
-def write_hparams(writer: Any, hparams: Mapping[str, Hparam], trial_id: str) -> None:
-    """The run's hparams beside its scalars, whose eval/ ones are the metrics TensorBoard's
-    HParams tab shows."""
-    with writer.as_default():
-        hparams_api.hparams(dict(hparams), trial_id=trial_id)
-
-
-def export(model: Any, directory: Path, name: str, role: ClusterRole | None) -> None:
-    """The trained model as a SavedModel, in export/<name>/<timestamp> as an Estimator
-    exports it. Every trainer saves, as the strategy's collectives require; another trainer
-    than the chief into a scratch directory it deletes."""
-    if role is None or role.role == CHIEF:
-        path = RunDir(directory).export(name) / str(int(time.time()))
-        model.save(str(path))
-        logging.info("exported the model to %s", path)
-        return
-    scratch = tempfile.mkdtemp(prefix=f"tfconfig-slurm-{role.role}-{role.index}-export-")
-    try:
-        model.save(scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
 class _Trainer(NamedTuple):
     """This trainer, set up: its strategy, model and saver, the chief's summary writer, and
     the watch of its neighbours in a cluster."""
@@ -224,7 +187,7 @@ class _Trainer(NamedTuple):
         )
         directory = settings.model_dir
         peers = watchdog.PeerWatch(watch_plan.neighbours(role)) if role is not None else None
-        model, checkpoint, start = _restored(strategy, experiment, settings.params, directory)
+        model, checkpoint, start = restored(strategy, experiment, settings.params, directory)
         if role is not None:
             _check_same_start(strategy, start, directory)
         writer = tf.summary.create_file_writer(str(directory)) if owns_run(role) else None
@@ -282,24 +245,6 @@ def _report(
     )
 
 
-def _restored(
-    strategy: tf.distribute.Strategy,
-    experiment: KerasExperiment,
-    params: Mapping[str, Any],
-    directory: Path,
-) -> tuple[Any, tf.train.Checkpoint, int]:
-    """The experiment's model under the strategy, its checkpoint, restored from the model
-    directory's latest, and the global step it holds."""
-    with strategy.scope():
-        model = experiment.build_model(params)
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-    latest = tf.train.latest_checkpoint(str(directory))
-    if latest is not None:
-        checkpoint.restore(latest).expect_partial()
-    step = int(model.optimizer.iterations.numpy())
-    return model, checkpoint, step
-
-
 def _check_same_start(strategy: tf.distribute.Strategy, start: int, directory: Path) -> None:
     """Every trainer must have restored the same checkpoint. Where the nodes do not share the
     model directory, a worker finds none where the chief restores one: its replica would
@@ -335,75 +280,6 @@ def _train_batches(
     return strategy.distribute_datasets_from_function(
         lambda context: experiment_dataset(experiment, "train", params)
     )
-
-
-def eval_batches(experiment: KerasExperiment, params: Mapping[str, Any]) -> tf.data.Dataset:
-    """The whole eval set: in a cluster each trainer evaluates a share of each batch, and the
-    metrics come out of evaluate() summed over all (the same on every trainer)."""
-    batches = experiment_dataset(experiment, "eval", params)
-    options = tf.data.Options()
-    # Its examples come from Python or memory, not files: shard batches by their elements.
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return batches.with_options(options)
-
-
-def experiment_dataset(
-    experiment: KerasExperiment, mode: str, params: Mapping[str, Any]
-) -> tf.data.Dataset:
-    batches = experiment.dataset(mode, params)
-    if not isinstance(batches, tf.data.Dataset):
-        raise UsageError(
-            "--experiment",
-            f"{experiment.name}.dataset({mode!r}, params) returned a {type(batches).__name__}, "
-            "not a tf.data.Dataset",
-            "return batches of params['batch_size'], e.g. tf.data.Dataset.from_tensor_slices("
-            "(x, y)).batch(params['batch_size'])",
-        )
-    return batches
-
-
-class Saver:
-    """Checkpoints numbered by the global step: the chief's (or a single process's) into the
-    model directory, timed for the stop before the time limit (process/time_limit.py);
-    another trainer's into a scratch directory it deletes, since every trainer must take
-    part in a save."""
-
-    def __init__(
-        self,
-        checkpoint: tf.train.Checkpoint,
-        directory: Path,
-        role: ClusterRole | None,
-        keep: int,
-        *,
-        restored: int,
-        stop: preemption.StopRequest,
-    ) -> None:
-        # On the node's own disk: a worker's copy is written only to be thrown away.
-        self._scratch = (
-            None
-            if role is None or role.role == CHIEF
-            else Path(tempfile.mkdtemp(prefix=f"tfconfig-slurm-{role.role}-{role.index}-"))
-        )
-        self._manager = tf.train.CheckpointManager(
-            checkpoint,
-            str(self._scratch or directory),
-            max_to_keep=keep,
-            checkpoint_name=_CHECKPOINT_NAME,
-        )
-        # The step of the latest checkpoint (first the one restored, not to be written again).
-        self.last = restored
-        self._stop = stop
-
-    def save(self, step: int) -> None:
-        if step == self.last:
-            return
-        started = time.monotonic()
-        self._manager.save(checkpoint_number=step)
-        self.last = step
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
-        else:
-            self._stop.checkpoint_written(step, time.monotonic() - started)
 
 
 class _FinishInside(keras.callbacks.Callback):  # type: ignore[misc]
@@ -528,16 +404,6 @@ def _collective(
 
     graph = tf.function(lambda value: strategy.run(replica, args=(value,)))
     return lambda value: strategy.experimental_local_results(graph(value))[0].numpy()
-
-
-def write_eval_scalars(directory: Path, metrics: Mapping[str, Any], step: int) -> None:
-    """The final evaluation, where TensorBoard shows the Estimator's: the eval/ run."""
-    writer = tf.summary.create_file_writer(str(directory / "eval"))
-    with writer.as_default(step=step):
-        for name, value in metrics.items():
-            if name != "global_step":
-                tf.summary.scalar(name, float(value))
-    writer.close()
 
 
 def _end_together(role: ClusterRole | None) -> None:

@@ -1,0 +1,127 @@
+"""What both Keras backends (train.py, coordinator.py) keep in the model directory:
+checkpoints numbered by the global step, the model restored from the latest, the hparams and
+the final evaluation for TensorBoard, and the exported SavedModel."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+from absl import logging
+from tensorboard.plugins.hparams import api as hparams_api
+
+from tfconfig_slurm.cluster.layout import CHIEF
+from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.process import preemption
+from tfconfig_slurm.process.experiment import KerasExperiment
+from tfconfig_slurm.process.lifecycle import Hparam
+from tfconfig_slurm.process.run_dir import RunDir
+
+# Without --save_checkpoints_steps, a checkpoint this often (and at every stop and the end).
+DEFAULT_CHECKPOINT_STEPS = 1000
+_CHECKPOINT_NAME = "ckpt"
+# TensorFlow 2.16+ logs the time of each checkpoint's sharding at INFO through absl, among
+# the runtime's own lines.
+logging.get_absl_logger().addFilter(
+    lambda record: not record.pathname.endswith("functional_saver.py")
+)
+
+
+def restored(
+    strategy: tf.distribute.Strategy,
+    experiment: KerasExperiment,
+    params: Mapping[str, Any],
+    directory: Path,
+) -> tuple[Any, tf.train.Checkpoint, int]:
+    """The experiment's model under the strategy, its checkpoint, restored from the model
+    directory's latest, and the global step it holds."""
+    with strategy.scope():
+        model = experiment.build_model(params)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    latest = tf.train.latest_checkpoint(str(directory))
+    if latest is not None:
+        checkpoint.restore(latest).expect_partial()
+    step = int(model.optimizer.iterations.numpy())
+    return model, checkpoint, step
+
+
+class Saver:
+    """Checkpoints numbered by the global step: the chief's (or a single process's) into the
+    model directory, timed for the stop before the time limit (process/time_limit.py);
+    another trainer's into a scratch directory it deletes, since every trainer must take
+    part in a save."""
+
+    def __init__(
+        self,
+        checkpoint: tf.train.Checkpoint,
+        directory: Path,
+        role: ClusterRole | None,
+        keep: int,
+        *,
+        restored: int,
+        stop: preemption.StopRequest,
+    ) -> None:
+        # On the node's own disk: a worker's copy is written only to be thrown away.
+        self._scratch = (
+            None
+            if role is None or role.role == CHIEF
+            else Path(tempfile.mkdtemp(prefix=f"tfconfig-slurm-{role.role}-{role.index}-"))
+        )
+        self._manager = tf.train.CheckpointManager(
+            checkpoint,
+            str(self._scratch or directory),
+            max_to_keep=keep,
+            checkpoint_name=_CHECKPOINT_NAME,
+        )
+        # The step of the latest checkpoint (first the one restored, not to be written again).
+        self.last = restored
+        self._stop = stop
+
+    def save(self, step: int) -> None:
+        if step == self.last:
+            return
+        started = time.monotonic()
+        self._manager.save(checkpoint_number=step)
+        self.last = step
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+        else:
+            self._stop.checkpoint_written(step, time.monotonic() - started)
+
+
+def write_hparams(writer: Any, hparams: Mapping[str, Hparam], trial_id: str) -> None:
+    """The run's hparams beside its scalars, whose eval/ ones are the metrics TensorBoard's
+    HParams tab shows."""
+    with writer.as_default():
+        hparams_api.hparams(dict(hparams), trial_id=trial_id)
+
+
+def write_eval_scalars(directory: Path, metrics: Mapping[str, Any], step: int) -> None:
+    """The final evaluation, where TensorBoard shows the Estimator's: the eval/ run."""
+    writer = tf.summary.create_file_writer(str(directory / "eval"))
+    with writer.as_default(step=step):
+        for name, value in metrics.items():
+            if name != "global_step":
+                tf.summary.scalar(name, float(value))
+    writer.close()
+
+
+def export(model: Any, directory: Path, name: str, role: ClusterRole | None) -> None:
+    """The trained model as a SavedModel, in export/<name>/<timestamp> as an Estimator
+    exports it. Every trainer saves, as the strategy's collectives require; another trainer
+    than the chief into a scratch directory it deletes."""
+    if role is None or role.role == CHIEF:
+        path = RunDir(directory).export(name) / str(int(time.time()))
+        model.save(str(path))
+        logging.info("exported the model to %s", path)
+        return
+    scratch = tempfile.mkdtemp(prefix=f"tfconfig-slurm-{role.role}-{role.index}-export-")
+    try:
+        model.save(scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
