@@ -82,15 +82,25 @@ def test_the_data_path_flags_refused_out_of_place(flags: tuple[str, ...], culpri
     assert result.stderr.count("\n") == 1
 
 
-def test_the_explain_table_says_the_data_path_and_the_layout_that_moves_less() -> None:
+@pytest.mark.parametrize(
+    ("model_bytes", "each_way", "seconds", "one_trainer_a_node"),
+    [
+        ("13MB", "205 MB", "65.5 ms", "25.6 MB"),
+        # In plain figures, never in exponent notation (it said 1.58e+04 MB, 5.04e+03 ms).
+        ("1GB", "15.8 GB", "5.04 s", "1.97 GB"),
+    ],
+)
+def test_the_explain_table_says_the_data_path_and_the_layout_that_moves_less(
+    model_bytes: str, each_way: str, seconds: str, one_trainer_a_node: str
+) -> None:
     result = run_module(
         "tfconfig_slurm.tfconfig", "--explain", "--nodelist=gpu[01-64]", "--gpus_per_node=8",
-        "--model_bytes=13MB",
+        f"--model_bytes={model_bytes}",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert (
-        "data path: each step gpu01 sends and receives 205 MB each way to the parameter "
-        "servers and trainers of other nodes, 65.5 ms at 25 Gbit/s (--link_gbits; a guess); "
+        f"data path: each step gpu01 sends and receives {each_way} each way to the parameter "
+        f"servers and trainers of other nodes, {seconds} at 25 Gbit/s (--link_gbits; a guess); "
         "one trainer a node that sums its GPUs' gradients first (ParameterServerStrategy, "
-        "--coordinator) would move 25.6 MB, 8x less"
+        f"--coordinator) would move {one_trainer_a_node}, 8x less"
     ) in result.stdout

@@ -199,7 +199,22 @@ def test_a_node_without_a_worker_beside_the_coordinator_is_named_idle() -> None:
     assert roles(layout) == ["ps0", "chief0", "ps1", "worker0"]
     assert layout.idle_gpus == {"a": ("0", "1")}
     warning = render.idle_gpus_warning(layout)
-    assert warning is not None and "sbatch --nodes=2 --ntasks=5" in warning
+    assert warning is not None and "#SBATCH --ntasks-per-node=3" in warning
+
+
+def test_a_coordinator_s_evaluator_takes_a_gpu_of_a_node_without_workers() -> None:
+    """As --evaluator's help says: a GPU the node's workers left free; with workers on its
+    node (which share all its GPUs), none."""
+    environ = task_env(["a", "b"], [3, 2], 0, gpus="0,1,2,3")
+    layout = layout_of(environ, LayoutPolicy(coordinator=True, evaluator=True))
+    assert roles(layout) == ["ps0", "chief0", "worker0", "ps1", "evaluator0"]
+    assert [task.gpus for task in layout.tasks] == [(), (), ("0", "1", "2", "3"), (), ("0",)]
+    assert layout.idle_gpus == {"b": ("1", "2", "3")}
+    beside_workers = layout_of(
+        task_env(["a", "b"], [3, 3], 0, gpus="0,1"), LayoutPolicy(coordinator=True, evaluator=True)
+    )
+    assert [task.gpus for task in beside_workers.tasks][-2:] == [("0", "1"), ()]
+    assert beside_workers.idle_gpus == {}
 
 
 @pytest.mark.parametrize(

@@ -37,9 +37,24 @@ def train(output_root: Path, *flags: str, environ: dict[str, str] | None = None)
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One short training run, shared by the tests that read what it left."""
     root = tmp_path_factory.mktemp("runs")
-    result = train(root, "--train_steps=20", "--save_checkpoints_steps=10", "--experiment_id=first")
+    # --ps_per_node as a --flagfile shared with a job's steps gives it: said, not refused.
+    result = train(
+        root,
+        "--train_steps=20",
+        "--save_checkpoints_steps=10",
+        "--experiment_id=first",
+        "--ps_per_node=2",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return root / "first", result.stderr
+
+
+def test_a_layout_flag_in_one_process_is_said_to_change_nothing(trained: tuple[Path, str]) -> None:
+    _, log = trained
+    assert (
+        "--ps_per_node: lay out the tasks of a SLURM step, and this trains in one process, so "
+        "they change nothing here"
+    ) in log
 
 
 def test_trains_evaluates_and_reports(trained: tuple[Path, str]) -> None:
@@ -312,6 +327,36 @@ def test_unwritable_output_root_creates_nothing(tmp_path: Path) -> None:
     assert result.stderr.count("\n") == 1
     assert "--output_root" in result.stderr and "is a file" in result.stderr
     assert blocker.read_text() == "not a directory\n"
+
+
+@pytest.mark.parametrize(
+    ("flags", "environ", "culprit"),
+    [
+        # The run's own name taken by a file: another name is the fix.
+        (("--experiment_id=taken",), {}, "--experiment_id: names {root}/taken, a file"),
+        # The root chosen by the variable, not the flag: the message names the variable.
+        ((), {"TFCONFIG_SLURM_OUTPUT": "{root}/taken"}, "TFCONFIG_SLURM_OUTPUT: cannot hold"),
+    ],
+)
+def test_print_model_dir_refuses_a_model_directory_that_cannot_be(
+    tmp_path: Path, flags: tuple[str, ...], environ: dict[str, str], culprit: str
+) -> None:
+    """A batch script names the model directory first: its job stops there, not at mkdir."""
+    (tmp_path / "taken").write_text("a file\n")
+    environ = {name: value.format(root=tmp_path) for name, value in environ.items()}
+    result = run_module(
+        RUN,
+        "--experiment=mnist_deep",
+        *([f"--output_root={tmp_path}"] if not environ else []),
+        "--print_model_dir",
+        *flags,
+        environ=environ,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"tfconfig-slurm-run: {culprit.format(root=tmp_path)}")
+    assert [path.name for path in tmp_path.iterdir()] == ["taken"]
 
 
 def test_a_full_output_root_is_refused_before_anything_is_written(tmp_path: Path) -> None:

@@ -89,6 +89,20 @@ def test_a_sweep_file_whose_name_cannot_name_runs_is_refused(tmp_path: Path, nam
 
 
 @pytest.mark.tensorflow
+def test_an_output_root_that_cannot_hold_the_sweep_is_refused_even_in_a_dry_run(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "afile").write_text("a file\n")
+    result = sweep(tmp_path, THREE, "three.sweep", "--output_root=afile", "--dry_run")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"sweep: --output_root: cannot hold {tmp_path}/afile/sweeps: {tmp_path}/afile is a "
+        "file, not a directory. HINT: choose a writable directory with room, e.g. "
+        "--output_root=/scratch/$USER/tf-output\n"
+    )
+
+
+@pytest.mark.tensorflow
 def test_a_dry_run_prints_a_command_a_shell_runs_as_is(tmp_path: Path) -> None:
     result = sweep(tmp_path, THREE, "three.sweep", "--output_root=my runs", "--dry_run")
     assert result.returncode == 0, result.stderr
@@ -186,6 +200,10 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
     first = {"task": "worker 1", "node": "node2", "what": "ValueError: bad batch",
              "exit_status": 1, "seen_by": None, "time": time.time()}  # fmt: skip
     (failed / "failures" / "7.0.0.json").write_text(json.dumps(first))
+    # A local cluster's launcher removes its lock as it stops the tasks a failure left.
+    unlocked = run_dir(tmp_path, "d-unlocked", {"state": "running", "hparams": hparams}, None, 5)
+    (unlocked / "failures").mkdir()
+    (unlocked / "failures" / "local.json").write_text(json.dumps(first | {"task": "ps 0"}))
     run_dir(tmp_path, "e-stopped", {"state": "stopped", "signal": "SIGUSR1"}, None, 40)
     stopped = {"state": "stopped", "signal": "SIGUSR1", "why": "time limit", "job_id": "41",
                "attempts": [{"started": time.time() - 60}]}  # fmt: skip
@@ -201,6 +219,7 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
         ("a-done", "done", 50),
         ("c-running", "running", 20),
         ("d-failed", "failed", 30),
+        ("d-unlocked", "failed", 5),
         ("e-stopped", "stopped", 40),
         ("f-continued", "stopped", 60),
     ]
@@ -208,7 +227,8 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
     assert runs[0]["hparams"] == {"learning_rate": 0.002} and runs[0]["examples_per_sec"] is None
     assert {"experiment_id", "state", "global_step", "hparams", "eval", "job_id"} <= set(runs[0])
     assert [run["first_failure"] for run in runs] == [
-        None, None, None, "worker 1 on node2: ValueError: bad batch (exit 1)", None, None
+        None, None, None, "worker 1 on node2: ValueError: bad batch (exit 1)",
+        "ps 0 on node2: ValueError: bad batch (exit 1)", None, None
     ]  # fmt: skip
     assert [run["stopped_by"] for run in runs][-2:] == ["SIGUSR1", "time limit"]
     assert [run["continued_as"] for run in runs][-2:] == [None, "42"]
@@ -216,7 +236,10 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
     lines = text.stdout.splitlines()
     assert lines[0].split()[:4] == ["EXPERIMENT_ID", "STATE", "STEP", "EVAL"]
     assert lines[1].startswith("b-done") and "accuracy=0.95" in lines[1]
-    assert lines[-1] == "d-failed: first to fail: worker 1 on node2: ValueError: bad batch (exit 1)"
+    assert lines[-2:] == [
+        "d-failed: first to fail: worker 1 on node2: ValueError: bad batch (exit 1)",
+        "d-unlocked: first to fail: ps 0 on node2: ValueError: bad batch (exit 1)",
+    ]
     continued_line = next(line for line in lines if line.startswith("f-continued"))
     assert "41 -> 42" in continued_line and "(time limit)" in continued_line
     assert next(line for line in lines if line.startswith("e-stopped")).split()[1:3] == [

@@ -30,7 +30,10 @@ def test_what_cannot_run_the_estimator_runtime_is_named(found: Installed, proble
         versions.require_estimator("--experiment=mnist_deep (Estimator)", found)
     assert raised.value.culprit == "--experiment=mnist_deep (Estimator)"
     assert problem in raised.value.problem
-    assert "tfconfig-slurm[estimator]" in raised.value.hint
+    assert "make venv (.venv)" in raised.value.hint and "'.[estimator]'" in raised.value.hint
+    # Uncaught in a user's script, its traceback's last line carries the hint too.
+    assert str(raised.value) == raised.value.one_line()
+    assert str(raised.value).endswith(f"HINT: {raised.value.hint}")
 
 
 @pytest.mark.parametrize("tensorflow", ["2.15.0", "2.15.1", "2.14.0"])
@@ -57,7 +60,7 @@ def test_what_cannot_run_the_keras_runtime_is_named(found: Installed, problem: s
     with pytest.raises(InstallError) as raised:
         versions.require_keras("--experiment=mnist_keras (Keras)", found)
     assert problem in raised.value.problem
-    assert "tfconfig-slurm[tf2]" in raised.value.hint
+    assert "make venv-tf2" in raised.value.hint and "'.[tf2]'" in raised.value.hint
     versions.require_keras("x", Installed((3, 12), "2.21.0", None, "2.21.0"))
 
 

@@ -31,6 +31,10 @@ class TfconfigSlurmError(Exception):
         end = "" if self.problem.endswith(("?", ".")) else "."
         return f"{self.culprit}: {self.problem}{end} HINT: {self.hint}"
 
+    def __str__(self) -> str:
+        # The hint too: a script that lets the error through shows it in its traceback.
+        return self.one_line()
+
 
 class SlurmEnvironmentError(TfconfigSlurmError):
     """A SLURM variable is missing, garbled, or disagrees with the others."""

@@ -116,8 +116,19 @@ def describe(path: DataPath, gbits_per_second: float, gbits_given: bool) -> str:
 
 
 def _mb(size: float) -> str:
-    return f"{size / 1e6:.3g} MB"
+    return _three_figures(size / 1e6, ("MB", "GB", "TB", "PB"), 1000)
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms"
+    return _three_figures(seconds * 1e3, ("ms", "s"), 1000)
+
+
+def _three_figures(value: float, units: tuple[str, ...], step: float) -> str:
+    """`value` of the first unit in the largest unit it reaches, to 3 significant figures and
+    never in exponent notation (6,000 MB is 6 GB, not 6e+03 MB)."""
+    nth = 0
+    while nth < len(units) - 1 and float(f"{value:.3g}") >= step:
+        value, nth = value / step, nth + 1
+    unit = units[nth]
+    text = f"{value:.3g}"
+    return f"{float(text):,.0f} {unit}" if "e" in text else f"{text} {unit}"

@@ -192,8 +192,8 @@ class ClusterLayout:
         """Each rank's GPUs: one for each trainer, in rank order (which is local-id order on a
         node), then one for an evaluator where one is left; none for a ps. A trainer drives
         one GPU, so a node's further GPUs are left to nobody (`idle_gpus`). With a
-        coordinator, a node's workers share all its GPUs, in equal runs, and the coordinator
-        has none."""
+        coordinator, a node's workers share all its GPUs, in equal runs, the coordinator has
+        none, and an evaluator one only on a node without workers."""
         gpus: list[tuple[str, ...]] = [()] * len(self.roles)
         if not self.shape.node_gpus:
             return tuple(gpus)
@@ -222,7 +222,11 @@ class ClusterLayout:
             return {}
         if self.coordinator:
             workers = [rank for rank in ranks if self.roles[rank] == WORKER]
-            share = len(node_gpus) // max(len(workers), 1)
+            if not workers:
+                # A node no worker uses: the evaluator there takes a GPU of it.
+                evaluators = [rank for rank in ranks if self.roles[rank] == EVALUATOR]
+                return {rank: (gpu,) for rank, gpu in zip(evaluators, node_gpus)}
+            share = len(node_gpus) // len(workers)
             return {
                 rank: node_gpus[nth * share : (nth + 1) * share] for nth, rank in enumerate(workers)
             }
@@ -239,12 +243,15 @@ class ClusterLayout:
         node_gpus = self.shape.node_gpus
         if not node_gpus:
             return {}
-        kinds = (WORKER,) if self.coordinator else (*TRAINERS, EVALUATOR)
+        # The coordinator takes none.
+        kinds = (WORKER, EVALUATOR) if self.coordinator else (*TRAINERS, EVALUATOR)
         users = _trainers_per_node(self.placement, self.roles, kinds)
+        workers = _trainers_per_node(self.placement, self.roles, (WORKER,))
         servers = set(self.shape.server_nodes)
         idle = {}
         for node, name in enumerate(self.shape.nodes):
-            free = () if users[node] and self.coordinator else node_gpus[users[node] :]
+            # With a coordinator, a node's workers share all its GPUs.
+            free = () if workers[node] and self.coordinator else node_gpus[users[node] :]
             if free and node not in servers:
                 idle[name] = tuple(free)
         return idle

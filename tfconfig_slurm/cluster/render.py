@@ -106,9 +106,8 @@ def idle_gpus_warning(layout: ClusterLayout) -> str | None:
         return (
             f"GPUs idle on {len(idle)} of {len(layout.shape.nodes)} nodes "
             f"({'; '.join(named)}{'; ...' if len(idle) > 3 else ''}): no worker runs there "
-            "(the coordinator takes none). HINT: start a worker there, one task more on the "
-            f"node: sbatch --nodes={len(layout.shape.nodes)} "
-            f"--ntasks={layout.shape.num_tasks + len(idle)} puts it on the first node"
+            "(the coordinator takes none). HINT: a worker there drives them, one task more a "
+            f"node: #SBATCH --ntasks-per-node={tasks + 1}"
         )
     return (
         f"GPUs idle on {len(idle)} of {len(layout.shape.nodes)} nodes "

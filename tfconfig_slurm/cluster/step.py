@@ -166,15 +166,15 @@ def read_slurm_step(environ: Mapping[str, str]) -> SlurmStep:
         raise SlurmEnvironmentError(
             "SLURM_JOB_ID",
             "not set, so this is not running inside a SLURM job",
-            "run it in every task of a job step, e.g. srun python -m tfconfig_slurm.tfconfig; "
-            "to see a layout before submitting: tfconfig-slurm --explain --nodelist='gpu[01-04]'",
+            "run this command in every task of a job step: put srun before it (in a batch "
+            "script or an salloc); to see a layout before submitting: tfconfig-slurm --explain "
+            "--nodelist='gpu[01-04]'",
         )
     if _lookup(environ, "step_id") is None:
         raise SlurmEnvironmentError(
             "SLURM_STEP_ID",
             f"not set: this is the batch script of job {job_id[1]}, not a task of a job step",
-            "launch one task per process with srun inside the batch script, "
-            "e.g. srun python -m tfconfig_slurm.tfconfig",
+            "launch one task per process: put srun before this command in the batch script",
         )
     nodes = _nodes(environ)
     tasks_per_node = _tasks_per_node(environ)

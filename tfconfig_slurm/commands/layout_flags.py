@@ -81,6 +81,14 @@ _PLAN_FLAGS = (
 )
 
 
+_LAYOUT_FLAGS = ("ps_per_node", "all_reduce", "roles", "evaluator", "address_template", "port_base")
+
+
+def given_layout_flags() -> list[str]:
+    """The layout flags given on the command line (or in a --flagfile), as --name."""
+    return [f"--{name}" for name in _LAYOUT_FLAGS if flags.FLAGS[name].present]
+
+
 class ResolvedLayout(NamedTuple):
     """A layout and this task's rank in it; rank is None for a layout planned from flags."""
 

@@ -35,7 +35,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from absl import flags
+from absl import flags, logging
 
 from tfconfig_slurm.cluster import LayoutPolicy
 from tfconfig_slurm.cluster.layout import CHIEF, TRAINERS
@@ -89,6 +89,17 @@ _COORDINATING = "TFCONFIG_SLURM_COORDINATING"
 def output_root() -> str:
     """--output_root, else $TFCONFIG_SLURM_OUTPUT, else ./tf-output."""
     return OUTPUT_ROOT.value or run_dir.output_root(os.environ)
+
+
+def naming() -> claim.Naming:
+    """How this command's user named the model directory, for the errors about it: the
+    output root by --output_root, or by the variable where that chose it."""
+    if OUTPUT_ROOT.value or run_dir.OUTPUT_ROOT_VARIABLE not in os.environ:
+        return claim.CLI_NAMING
+    return claim.CLI_NAMING._replace(
+        root=run_dir.OUTPUT_ROOT_VARIABLE,
+        root_example=f"{run_dir.OUTPUT_ROOT_VARIABLE}=/scratch/$USER/tf-output",
+    )
 
 
 PRINT_MODEL_DIR = flags.DEFINE_boolean(
@@ -257,11 +268,11 @@ def main(argv: Sequence[str]) -> int | None:
     # After the flags' own checks, so that a batch script stops at its first call on flags
     # that every task would refuse; those that need the experiment's module (--hparams'
     # names) are the tasks' to check, as that imports TensorFlow.
+    model_dir.check_writable(directory, naming())
     if PRINT_MODEL_DIR.value:
         sys.stdout.write(f"{directory}\n")
         return 0
     if counts is not None:
-        model_dir.check_writable(directory, claim.CLI_NAMING)
         # The trailing --local_cluster= overrides the launcher's: a task runs one role.
         command = [sys.executable, "-m", "tfconfig_slurm.run", *sys.argv[1:], "--local_cluster="]
         return local_cluster.run(
@@ -269,7 +280,7 @@ def main(argv: Sequence[str]) -> int | None:
             directory,
             command,
             program=PROGRAM,
-            naming=claim.CLI_NAMING,
+            naming=naming(),
             environ=os.environ,
         )
     # A task's Ctrl-C (a local cluster's launcher passes SIGTERM on instead): Python's own
@@ -277,17 +288,12 @@ def main(argv: Sequence[str]) -> int | None:
     # peers does not.
     stop.listen(signal.SIGINT)
     where = place.find(os.environ, policy, place.servers_flag(policy))
-    if where.role is None and SYNC_REPLICAS.value:
-        raise UsageError(
-            "--sync_replicas",
-            "synchronises the trainers of a cluster, and this trains in one process",
-            "add --local_cluster=ps=1,workers=1, or run it in a SLURM step of several tasks",
-        )
-    model_dir.check_writable(directory, claim.CLI_NAMING)
+    if where.role is None:
+        _check_one_process()
     task = lifecycle.TaskRun(
         place=where,
         model_dir=directory,
-        naming=claim.CLI_NAMING,
+        naming=naming(),
         stop=stop,
         stop_policy=preemption.StopPolicy(
             requeue_on,
@@ -302,6 +308,24 @@ def main(argv: Sequence[str]) -> int | None:
     if kind == experiment_lib.KERAS:
         lifecycle.run_to_exit(task, lifecycle.ALL_REDUCE, partial(_keras, task, hparams))
     lifecycle.run_to_exit(task, lifecycle.PARAMETER_SERVERS, partial(_estimator, task, hparams))
+
+
+def _check_one_process() -> None:
+    """The flags that only a cluster uses, in a process that trains alone: layout flags are
+    said to change nothing (not refused: one --flagfile may serve a job's steps and a try on
+    a workstation), --sync_replicas is refused."""
+    if ignored := layout_flags.given_layout_flags():
+        logging.warning(
+            "%s: lay out the tasks of a SLURM step, and this trains in one process, so they "
+            "change nothing here (--local_cluster=ps=1,workers=2 runs a cluster on this machine)",
+            ", ".join(ignored),
+        )
+    if SYNC_REPLICAS.value:
+        raise UsageError(
+            "--sync_replicas",
+            "synchronises the trainers of a cluster, and this trains in one process",
+            "add --local_cluster=ps=1,workers=1, or run it in a SLURM step of several tasks",
+        )
 
 
 def _coordinated(task: lifecycle.TaskRun, hparams: str) -> int:

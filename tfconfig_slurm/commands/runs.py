@@ -103,7 +103,8 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         if (speed := trainer.get("examples_per_sec"))
     ]
     continued = _continued(folder, state)
-    said = _state(folder, state, summary, jobs, failed=first is not None, continued=continued)
+    failed_line = _first_failure(first, state)
+    said = _state(folder, state, summary, jobs, failed=failed_line is not None, continued=continued)
     # SLURM's word for how the run's job ended, while squeue still lists it.
     slurm_said = _ENDED.get((jobs or {}).get(str(state.get("job_id")), ""))
     return {
@@ -116,7 +117,7 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         "job_id": state.get("job_id"),
         # The job the run goes on in, where its own could not requeue.
         "continued_as": continued.job_id if continued else None,
-        "first_failure": _first_failure(first, state) if said == "failed" else None,
+        "first_failure": failed_line if said == "failed" else None,
         # What stopped a stopped or requeued run: "time limit", or the signal.
         "stopped_by": state.get("why", state.get("signal"))
         if said in ("stopped", "requeued", "continued")
@@ -157,9 +158,11 @@ def _state(
         return str(said)
     if job is not None and jobs is not None:
         return "running" if queued is not None else "failed"
-    # Outside SLURM, or without squeue: the model directory's lock says whether it trains.
+    # Outside SLURM, or without squeue: the model directory's lock says whether it trains,
+    # and a failure recorded since its attempt began, with no live lock, that it failed (a
+    # local cluster's launcher removes its lock as it stops the rest).
     live = claim.held_by_live_run(folder)
-    return "running" if live in (True, None) else "failed"
+    return "running" if live or (live is None and not failed) else "failed"
 
 
 def _continued(folder: Path, state: Mapping[str, Any]) -> continuation.Continued | None:

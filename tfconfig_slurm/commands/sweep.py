@@ -30,6 +30,7 @@ from absl import flags
 from tfconfig_slurm.commands import run as runtime
 from tfconfig_slurm.commands.cli import flag_error, run_cli
 from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process import model_dir
 from tfconfig_slurm.process.run_dir import SWEEPS
 
 PROGRAM = "sweep"
@@ -128,6 +129,7 @@ def main(argv: Sequence[str]) -> int:
     _check_name(sweep_file)
     lines = _checked_lines(sweep_file)
     kept = Path(runtime.output_root(), SWEEPS, f"{sweep_file.stem}.txt").absolute()
+    model_dir.check_room(kept.parent, runtime.naming())
     text = "".join(f"{line}\n" for line in lines)
     if kept.exists() and kept.read_text() != text:
         raise UsageError(

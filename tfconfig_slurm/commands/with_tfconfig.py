@@ -64,7 +64,7 @@ def main(argv: Sequence[str]) -> int:
     command = list(argv[1:])
     if not command:
         raise UsageError(
-            "COMMAND", "missing: nothing to run", f"srun {PROGRAM} python my_script.py"
+            "COMMAND", "missing: nothing to run", "srun launch/with-tfconfig python my_script.py"
         )
     layout, rank = layout_flags.resolve_layout(os.environ)
     if rank is None:

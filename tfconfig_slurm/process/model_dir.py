@@ -19,7 +19,16 @@ _MIN_FREE_BYTES = 64 * 2**20
 
 def check_writable(model_dir: Path, naming: claim.Naming) -> None:
     """Fails before anything is created when the model directory cannot be made or written."""
-    existing = next(path for path in (model_dir, *model_dir.parents) if path.exists())
+    if model_dir.exists() and not model_dir.is_dir():
+        # The run's own name is taken by a file: another name is the fix, not another root.
+        raise UsageError(naming.run, f"names {model_dir}, a file, not a directory", naming.run_fix)
+    check_room(model_dir, naming)
+
+
+def check_room(folder: Path, naming: claim.Naming) -> None:
+    """Fails before anything is created when `folder`, under the output root, cannot be made
+    or written, or its disk is nearly full."""
+    existing = next(path for path in (folder, *folder.parents) if path.exists())
     problem = ""
     if not existing.is_dir():
         problem = f"{existing} is a file, not a directory"
@@ -34,7 +43,7 @@ def check_writable(model_dir: Path, naming: claim.Naming) -> None:
     if problem:
         raise UsageError(
             naming.root,
-            f"cannot hold {model_dir}: {problem}",
+            f"cannot hold {folder}: {problem}",
             f"choose a writable directory with room, e.g. {naming.root_example}",
         )
 

@@ -27,16 +27,17 @@ _TENSORFLOW_DISTRIBUTIONS = (
 )
 LAST_ESTIMATOR_RELEASE = (2, 15)
 _ESTIMATOR_INSTALL = (
-    "install the Estimator extra into a Python 3.9-3.11 environment: "
-    "python3.11 -m venv venv && venv/bin/pip install 'tfconfig-slurm[estimator]'; on "
+    "install the Estimator extra into a Python 3.9-3.11 environment, in the tfconfig-slurm "
+    "checkout: make venv (.venv), or python3.11 -m venv venv && venv/bin/pip install "
+    "'.[estimator]'; on "
     "TensorFlow 2.16+, train a Keras experiment (--experiment mnist_keras), or run a "
     "MultiWorkerMirroredStrategy script under with-tfconfig --all_reduce"
 )
 
 
 _KERAS_INSTALL = (
-    "install the tf2 extra: pip install 'tfconfig-slurm[tf2]' (TensorFlow 2.16+ with "
-    "tf-keras, Python 3.9-3.13 by release)"
+    "install the tf2 extra, in the tfconfig-slurm checkout: make venv-tf2 (.venv-tf2), or "
+    "pip install '.[tf2]' (TensorFlow 2.16+ with tf-keras, Python 3.9-3.13 by release)"
 )
 
 
