@@ -199,7 +199,7 @@ def test_a_run_already_at_its_steps_says_there_is_nothing_to_train(
     trained: tuple[Path, str], tmp_path: Path
 ) -> None:
     model_dir = shutil.copytree(trained[0], tmp_path / "first")
-    (model_dir / "summary.json").unlink()
+    trained_summary = json.loads((model_dir / "summary.json").read_text())
     before = json.loads((model_dir / "state.json").read_text())["hparams"]
     # Other hparams, with nothing to train: the run keeps those it was trained with.
     result = train(tmp_path, "--train_steps=20", "--experiment_id=first", "--hparams=dropout=0.1")
@@ -211,7 +211,12 @@ def test_a_run_already_at_its_steps_says_there_is_nothing_to_train(
         "train; the checkpoint is evaluated and reported",
         result.stderr,
     ), result.stderr[-3000:]
-    assert json.loads((model_dir / "summary.json").read_text())["eval"]["global_step"] == 20
+    summary = json.loads((model_dir / "summary.json").read_text())
+    assert summary["eval"]["global_step"] == 20
+    # Evaluated again, and the training's figures kept: the runs table still shows its speed.
+    assert f"done at step 20 in {trained_summary['wall_time_s']:.1f} s" in result.stderr
+    assert summary["trainers"] == trained_summary["trainers"]
+    assert summary["trainers"][0]["examples_per_sec"] > 0
 
 
 BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    return None\n"

@@ -370,3 +370,18 @@ def test_malformed_input_gives_one_line_and_exit_2(
     assert result.stderr.startswith("tfconfig-slurm: ")
     assert culprit in result.stderr
     assert "HINT: " in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("word", "said"),
+    [
+        ("run", "'run': is not a command of tfconfig-slurm; did you mean runs? HINT: "),
+        ("explain", "'explain': is not a command of tfconfig-slurm. HINT: "),
+    ],
+)
+def test_a_word_first_that_is_no_command_is_refused_with_a_guess(word: str, said: str) -> None:
+    result = run_module("tfconfig_slurm", word)  # python -m tfconfig_slurm: tfconfig-slurm
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"tfconfig-slurm: {said}"), result.stderr
+    assert result.stderr.count("\n") == 1

@@ -3,15 +3,34 @@ of an output root's runs (runs.py). Each defines its own flags, so only one is i
 
 from __future__ import annotations
 
+import difflib
 import sys
+
+from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process.console import fail
+
+_PROGRAM = "tfconfig-slurm"
 
 
 def tfconfig_slurm() -> None:
-    if sys.argv[1:2] == ["runs"]:
+    word = sys.argv[1] if len(sys.argv) > 1 else "-"
+    if word == "runs":
         del sys.argv[1]
         from tfconfig_slurm.commands import runs  # noqa: PLC0415
 
         runs.run()
+    if not word.startswith("-"):
+        # The layout tool takes flags only: a word first is a command, mistyped or unknown.
+        guess = "; did you mean runs?" if difflib.get_close_matches(word, ["runs"]) else ""
+        fail(
+            _PROGRAM,
+            UsageError(
+                repr(word),
+                f"is not a command of {_PROGRAM}{guess}",
+                f"{_PROGRAM} runs [OUTPUT_ROOT] lists the runs; {_PROGRAM} --explain "
+                "--nodelist='gpu[01-04]' plans a layout; --help says more",
+            ).one_line(),
+        )
     from tfconfig_slurm.commands import tfconfig  # noqa: PLC0415
 
     tfconfig.run()

@@ -105,6 +105,11 @@ def write_summary(
     layout: Any,
 ) -> dict[str, Any]:
     """Writes summary.json and says where the run's results are; returns what it wrote."""
+    earlier = read_summary(model_dir)
+    if earlier and not any(trainer.get("examples_per_sec") for trainer in trainers):
+        # Nothing trained here (a resume that only evaluates): the training's figures stand.
+        trainers = earlier.get("trainers", trainers)
+        wall_time_s = earlier.get("wall_time_s", wall_time_s)
     summary = {
         "experiment": name,
         "global_step": int(metrics["global_step"]),

@@ -1,0 +1,6 @@
+"""`python -m tfconfig_slurm`: the `tfconfig-slurm` command (commands/main.py), for an
+environment whose scripts are not on PATH."""
+
+from tfconfig_slurm.commands.main import tfconfig_slurm
+
+tfconfig_slurm()
