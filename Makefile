@@ -31,12 +31,14 @@ install = $(if $(filter uv,$(INSTALLER)),$(1)/bin/pip install --quiet uv && \
 # editable_mode=compat: a plain path entry, not an import hook that costs every start ~10 ms.
 $(STAMP): setup.cfg pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.9 to 3.11 found (TensorFlow 2.15 needs one). HINT: apt-get install python3.11 python3.11-venv, or make PYTHON=/path/to/python3.11" >&2; exit 2; }
+	@command -v "$(PYTHON)" >/dev/null || { echo "make: PYTHON=$(PYTHON) is not a program. HINT: make PYTHON=/path/to/python3.11, or leave PYTHON out to look for one" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(call install,$(VENV)) --config-settings editable_mode=compat -e '.[estimator,test,dev,docs]'
 	touch $@
 
 $(STAMP_TF2): setup.cfg pyproject.toml
 	@test -n "$(PYTHON_TF2)" || { echo "make: no Python 3.12 or 3.13 found (the TensorFlow 2.16+ tests run on it). HINT: apt-get install python3.12 python3.12-venv, or pyenv install 3.12, or make PYTHON_TF2=/path/to/python3.12" >&2; exit 2; }
+	@command -v "$(PYTHON_TF2)" >/dev/null || { echo "make: PYTHON_TF2=$(PYTHON_TF2) is not a program. HINT: make PYTHON_TF2=/path/to/python3.12, or leave PYTHON_TF2 out to look for one" >&2; exit 2; }
 	$(PYTHON_TF2) -m venv $(VENV_TF2)
 	$(call install,$(VENV_TF2)) --config-settings editable_mode=compat -e '.[tf2,test]'
 	touch $@

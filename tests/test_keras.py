@@ -361,18 +361,19 @@ def test_two_nodes_train_all_reduce_under_plain_srun(
 
 
 @pytest.mark.slurm
-def test_a_coordinator_job_trains_stops_on_usr1_requeues_resumes_and_every_task_ends(
+def test_a_coordinator_job_with_an_evaluator_stops_on_usr1_requeues_resumes_and_ends(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """--coordinator (ParameterServerStrategy) in launch/train.sbatch, two tasks a node:
-    node1 runs ps 0 and the coordinator, node2 ps 1 and worker 0. The warning reaches every
+    """--coordinator --evaluator (ParameterServerStrategy) in launch/train.sbatch: node1 runs
+    ps 0, the coordinator and worker 0, node2 ps 1 and the evaluator. The warning reaches every
     task; the servers ignore it, the coordinator stops at the next epoch's end with a
-    checkpoint and requeues the job, whose second run resumes there and trains to the end;
-    the coordinator's end ends the servers."""
+    checkpoint and requeues the job, whose second run resumes there and trains to the end; the
+    evaluator evaluates the checkpoints, the final one for summary.json; the coordinator's end
+    ends the servers."""
     job = submit(
         slurm_cluster, tmp_path, "coordinated", "--experiment=mnist_keras", "--coordinator",
-        "--train_steps=100", "--log_every_steps=10",
-        sbatch_options=("--ntasks-per-node=2",),
+        "--evaluator", "--train_steps=100", "--log_every_steps=10",
+        sbatch_options=("--ntasks-per-node=3", "--ntasks=5"),
     )  # fmt: skip
     logs = tmp_path / "coordinated" / "logs"
     job_id, ended = warn_and_requeue(
@@ -384,13 +385,18 @@ def test_a_coordinator_job_trains_stops_on_usr1_requeues_resumes_and_every_task_
     assert "coordinating 1 worker(s) and 2 parameter server(s)" in log
     (stopped_at,) = re.findall(r"stopping on SIGUSR1 at global step (\d+)", log)
     assert f"requeued job {job_id} (restart 1 of at most 3)" in log
-    assert re.search(rf"chief 0 on \S+ at node1:\d+ .* resuming from step {stopped_at}\b", log)
+    assert re.search(rf"chief 0 on node1 at node1:\d+ .* resuming from step {stopped_at}\b", log)
     assert re.search(r"step 100: loss [\d.]+, [\d.]+ examples/s", log), log[-3000:]
     assert "ps 1: the coordinator finished; ending its command" in log
+    # The evaluator is outside the cluster, on node2 with its GPU (no worker there).
+    assert re.search(r"evaluator 0 on node2 at - with GPUs \[\d+\]", log), log[-3000:]
+    (final,) = re.findall(r"evaluator 0: step 100: accuracy ([\d.]+)", log)
     model_dir = tmp_path / "coordinated"
     assert checkpoint_step(model_dir) == 100
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["global_step"] == summary["eval"]["global_step"] == 100
+    # The evaluator's metrics: mnist_keras learns the digits in 100 steps.
+    assert f"{summary['eval']['accuracy']:.4g}" == final and summary["eval"]["accuracy"] > 0.5
     assert sorted(summary["layout"]) == ["chief", "ps", "worker"]
     assert json.loads((model_dir / "state.json").read_text())["state"] == "done"
     assert slurm_cluster.left_behind() == {}

@@ -38,7 +38,7 @@ from typing import Any
 from absl import flags, logging
 
 from tfconfig_slurm.cluster import LayoutPolicy
-from tfconfig_slurm.cluster.layout import CHIEF, TRAINERS
+from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, TRAINERS
 from tfconfig_slurm.cluster.role import input_shard
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.commands import layout_flags
@@ -331,9 +331,10 @@ def _check_one_process() -> None:
 def _coordinated(task: lifecycle.TaskRun, hparams: str) -> int:
     """A task of a step laid out for ParameterServerStrategy (--coordinator), run as
     with-tfconfig runs a coordinator's script: each task supervises a child, which for a ps
-    or a worker serves (backends/keras/serve.py), and for the chief is this command again,
-    coordinating the training as the lifecycle's backend. Its supervisor so answers on its
-    port once it has exited, which ends the others (process/supervise.py)."""
+    or a worker serves (backends/keras/serve.py), and for the chief (and the evaluator) is
+    this command again, coordinating the training (evaluating its checkpoints) as the
+    lifecycle's backend. The chief's supervisor so answers on its port once its child has
+    exited, which ends the others (process/supervise.py)."""
     role = task.place.role
     if role is None:
         raise UsageError(
@@ -344,11 +345,14 @@ def _coordinated(task: lifecycle.TaskRun, hparams: str) -> int:
         )
     # The step's run id, so that a marker a shell passed on from another step is no marker.
     marker = role.run_id or "a TF_CONFIG given"
-    if role.role == CHIEF and os.environ.get(_COORDINATING) == marker:
+    # The coordinator and the evaluator run this command again as their child; the others
+    # serve.
+    again = role.role in (CHIEF, EVALUATOR)
+    if again and os.environ.get(_COORDINATING) == marker:
         lifecycle.run_to_exit(task, lifecycle.COORDINATOR, partial(_coordinator, task, hparams))
     command = (
         [sys.executable, "-m", "tfconfig_slurm.run", *sys.argv[1:]]
-        if role.role == CHIEF
+        if again
         else [sys.executable, "-m", "tfconfig_slurm.backends.keras.serve"]
     )
     # Every task of the strategy's cluster fails a call to a lost peer at once, rather than
@@ -405,18 +409,20 @@ def _keras(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
 
 def _coordinator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     """Imports TensorFlow and tf-keras, and the Keras experiment, as the coordinator of a
-    ParameterServerStrategy cluster."""
+    ParameterServerStrategy cluster, or as its evaluator (a sidecar)."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
     from tfconfig_slurm.backends.keras.coordinator import CoordinatorBackend  # noqa: PLC0415
+    from tfconfig_slurm.backends.keras.sidecar import SidecarBackend  # noqa: PLC0415
 
     experiment = experiment_lib.load_keras(EXPERIMENT.value or "")
     tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
     settings = _settings(task.model_dir, hparams, experiment.hparams)
-    assert task.place.role is not None
-    return CoordinatorBackend(
-        experiment, EXPERIMENT.value or "", settings, task.place.role, task.stop
-    )
+    role = task.place.role
+    assert role is not None
+    if role.role == EVALUATOR:
+        return SidecarBackend(experiment, settings, role, task.stop)
+    return CoordinatorBackend(experiment, EXPERIMENT.value or "", settings, role, task.stop)
 
 
 def _estimator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
@@ -436,7 +442,11 @@ def _keras_layout(policy: LayoutPolicy) -> LayoutPolicy:
     """A Keras experiment's layout: all-reduce (MultiWorkerMirroredStrategy), or with
     --coordinator ParameterServerStrategy's, with the flags it cannot honour refused."""
     refused = {
-        "--evaluator": (layout_flags.EVALUATOR.value, "every trainer evaluates the final model"),
+        "--evaluator": (
+            layout_flags.EVALUATOR.value and not policy.coordinator,
+            "every trainer of an all-reduce run evaluates the final model (with --coordinator, "
+            "an evaluator evaluates each checkpoint)",
+        ),
         "--sync_replicas": (SYNC_REPLICAS.value, "all-reduce training is synchronous already"),
         "--save_checkpoints_secs": (
             SAVE_CHECKPOINTS_SECS.value is not None,

@@ -89,11 +89,12 @@ def find(environ: MutableMapping[str, str], policy: LayoutPolicy, policy_source:
     only one made for it, see given_tf_config); otherwise, inside a SLURM step of several
     tasks, `policy` lays the step out (`policy_source` names its settings in errors).
     """
-    # uname's node name is gethostname's, without importing socket (a login node's tools
-    # start in a tenth of a second).
-    node = os.uname().nodename
     gpus = environ.get("CUDA_VISIBLE_DEVICES", _ANY_GPUS)
     step = read_slurm_step(environ) if in_job_step(environ) else None
+    # SLURM's name of the node where it gives one (a task run under a supervisor of its
+    # own, with-tfconfig's child, too); else uname's, gethostname's without importing socket
+    # (a login node's tools start in a tenth of a second).
+    node = (step.node_name if step else None) or os.uname().nodename
     given = given_tf_config(environ, step.shape if step else None)
     if given is not None:
         role = ClusterRole.from_json(given)

@@ -1,6 +1,6 @@
 """What the Keras backends (train.py, coordinator.py) share as the lifecycle's backend
 (process/lifecycle.py): the run's experiment, settings and hparams; and, once training is set
-up in this process, its checkpoint step and the hparams' record for TensorBoard."""
+up in this process, the hparams' record for TensorBoard."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import abc
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from tfconfig_slurm.backends.keras.model_dir import Saver, write_hparams
+from tfconfig_slurm.backends.keras.model_dir import write_hparams
 from tfconfig_slurm.process import preemption
 from tfconfig_slurm.process.experiment import KerasExperiment
 from tfconfig_slurm.process.lifecycle import Hparam
@@ -16,10 +16,7 @@ from tfconfig_slurm.process.settings import TrainingSettings
 
 
 class SetUp(Protocol):
-    """Training set up in this process: its checkpoints and its summary writer."""
-
-    @property
-    def saver(self) -> Saver: ...
+    """Training (or evaluation) set up in this process: its summary writer."""
 
     @property
     def writer(self) -> Any: ...
@@ -44,9 +41,6 @@ class KerasBackendBase(abc.ABC):
     @abc.abstractmethod
     def _set_up(self) -> SetUp:
         """Training set up in this process, on the first call."""
-
-    def checkpoint_step(self) -> int:
-        return self._set_up().saver.last
 
     def write_hparams(self, hparams: Mapping[str, Hparam], trial_id: str) -> None:
         write_hparams(self._set_up().writer, hparams, trial_id)

@@ -10,8 +10,9 @@ as with-tfconfig supervises a coordinator's step (process/supervise.py).
 - The strategy runs no batch-level callbacks: fit runs in epochs of --log_every_steps steps,
   after each of which the coordinator logs the loss and examples/s, checkpoints where
   --save_checkpoints_steps is due, and stops on a stop signal with a checkpoint of the step.
-- At the end it evaluates the final weights in this process and writes summary.json and the
-  eval/ scalars, as the other backends do.
+- At the end it takes the final checkpoint's metrics from the run's evaluator (--evaluator:
+  sidecar.py), or evaluates it in a process of its own (evaluate.py), and writes summary.json
+  and the eval/ scalars, as the other backends do.
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ class CoordinatorBackend(KerasBackendBase):
         self._role = role
         self._coordinator: _Coordinator | None = None
 
+    def checkpoint_step(self) -> int:
+        return self._set_up().saver.last
+
     def start_details(self) -> tuple[str, ...]:
         workers, servers = self._role.trainers - 1, self._role.ps_count
         return (f"coordinating {workers} worker(s) and {servers} parameter server(s)",)
@@ -87,7 +91,7 @@ class CoordinatorBackend(KerasBackendBase):
             stopped_on = epochs.stopped_on if epochs.step < settings.train_steps else None
             coordinator.saver.save(epochs.step)
             if stopped_on is None:
-                self._report(coordinator, epochs, started)
+                self._report(epochs, started)
             return end(Ending(stopped_on))
 
         epochs = _Epochs(coordinator, settings, self._stop, finish)
@@ -107,9 +111,31 @@ class CoordinatorBackend(KerasBackendBase):
                 )
         return epochs.result
 
-    def _report(self, coordinator: _Coordinator, epochs: _Epochs, started: float) -> None:
+    def _report(self, epochs: _Epochs, started: float) -> None:
+        """The final checkpoint's metrics, from the run's evaluator (sidecar.py) or evaluated
+        here; summary.json."""
+        directory, role = self._settings.model_dir, self._role
+        if role.has_evaluator:
+            metrics = reports.evaluator_result(
+                directory, reports.marker(role, self._settings.train_steps)
+            )
+        else:
+            metrics = {**self._evaluate(), "global_step": epochs.step}
+            write_eval_scalars(directory, metrics, epochs.step)
+        mean = epochs.meter.mean_examples_per_sec()
+        reports.write_summary(
+            directory,
+            name=self._experiment.name,
+            metrics=metrics,
+            wall_time_s=time.monotonic() - started,
+            # The workers' steps, as the coordinator counts them: the cluster's throughput.
+            trainers=[{"role": CHIEF, "index": 0, "examples_per_sec": mean}],
+            layout=role.jobs(),
+        )
+
+    def _evaluate(self) -> dict[str, float]:
         """The final checkpoint evaluated on the whole eval set, in a process of its own
-        outside the cluster (evaluate.py); summary.json and eval/."""
+        outside the cluster (evaluate.py)."""
         settings = self._settings
         command = [
             sys.executable, "-m", "tfconfig_slurm.backends.keras.evaluate", self._spec,
@@ -122,19 +148,8 @@ class CoordinatorBackend(KerasBackendBase):
         )
         if evaluated.returncode != 0:
             raise RuntimeError(f"the final evaluation failed: {evaluated.stderr[-3000:]}")
-        metrics = {**json.loads(evaluated.stdout.splitlines()[-1]), "global_step": epochs.step}
-        directory = self._settings.model_dir
-        write_eval_scalars(directory, metrics, epochs.step)
-        mean = epochs.meter.mean_examples_per_sec()
-        reports.write_summary(
-            directory,
-            name=self._experiment.name,
-            metrics=metrics,
-            wall_time_s=time.monotonic() - started,
-            # The workers' steps, as the coordinator counts them: the cluster's throughput.
-            trainers=[{"role": CHIEF, "index": 0, "examples_per_sec": mean}],
-            layout=self._role.jobs(),
-        )
+        metrics: dict[str, float] = json.loads(evaluated.stdout.splitlines()[-1])
+        return metrics
 
 
 class _Coordinator(NamedTuple):

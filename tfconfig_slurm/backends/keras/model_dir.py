@@ -103,12 +103,23 @@ def write_hparams(writer: Any, hparams: Mapping[str, Hparam], trial_id: str) -> 
 
 def write_eval_scalars(directory: Path, metrics: Mapping[str, Any], step: int) -> None:
     """The final evaluation, where TensorBoard shows the Estimator's: the eval/ run."""
-    writer = tf.summary.create_file_writer(str(directory / "eval"))
+    writer = eval_writer(directory)
+    write_scalars(writer, metrics, step)
+    writer.close()
+
+
+def eval_writer(directory: Path) -> Any:
+    """A summary writer of the eval/ run."""
+    return tf.summary.create_file_writer(str(directory / "eval"))
+
+
+def write_scalars(writer: Any, metrics: Mapping[str, Any], step: int) -> None:
+    """An evaluation's metrics at `step` (not the step itself), flushed."""
     with writer.as_default(step=step):
         for name, value in metrics.items():
             if name != "global_step":
                 tf.summary.scalar(name, float(value))
-    writer.close()
+    writer.flush()
 
 
 def export(model: Any, directory: Path, name: str, role: ClusterRole | None) -> None:

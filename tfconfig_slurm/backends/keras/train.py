@@ -80,6 +80,9 @@ class KerasBackend(KerasBackendBase):
         self._requeue_on = requeue_on
         self._trainer: _Trainer | None = None
 
+    def checkpoint_step(self) -> int:
+        return self._set_up().saver.last
+
     def start_details(self) -> tuple[str, ...]:
         return (f"{self._set_up().strategy.num_replicas_in_sync} replicas",)
 

@@ -1,0 +1,106 @@
+"""The evaluator of a ParameterServerStrategy run (--coordinator --evaluator), for the
+lifecycle of process/lifecycle.py: a sidecar, as tf-keras's SidecarEvaluator is, outside the
+coordinator's cluster (its TF_CONFIG names only itself: an evaluator in the coordinator's
+cluster hangs it, TensorFlow #46169).
+
+- It evaluates each new checkpoint of the model directory on the whole eval set (or
+  --eval_steps batches), logs its metrics and writes them for TensorBoard's eval/ run.
+- At the first checkpoint at or past --train_steps it leaves the metrics for the coordinator's
+  summary.json (process/reports.py) and ends.
+- It watches the coordinator: lost while the run is not stopping, no checkpoint will come.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, NamedTuple
+
+import tensorflow as tf
+from absl import logging
+
+from tfconfig_slurm.backends.keras.backend import KerasBackendBase
+from tfconfig_slurm.backends.keras.data import eval_batches
+from tfconfig_slurm.backends.keras.model_dir import eval_writer, write_scalars
+from tfconfig_slurm.cluster.layout import CHIEF
+from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.process import preemption, reports, watchdog
+from tfconfig_slurm.process.experiment import KerasExperiment
+from tfconfig_slurm.process.lifecycle import Ending
+from tfconfig_slurm.process.settings import TrainingSettings
+
+# How long the checkpoint iterator waits before asking whether to stop; it looks every
+# second, and a timeout shorter than two looks makes it return at once, over and over.
+_LOOK_SECONDS = 2.0
+
+
+class SidecarBackend(KerasBackendBase):
+    """The evaluator task: each new checkpoint evaluated, until the final step's."""
+
+    def __init__(
+        self,
+        experiment: KerasExperiment,
+        settings: TrainingSettings,
+        role: ClusterRole,
+        stop: preemption.StopRequest,
+    ) -> None:
+        super().__init__(experiment, settings, stop)
+        self._role = role
+        self._sidecar: _Sidecar | None = None
+
+    def checkpoint_step(self) -> int | None:
+        return _step_of(tf.train.latest_checkpoint(str(self._settings.model_dir)))
+
+    def start_details(self) -> tuple[str, ...]:
+        return ("evaluating each new checkpoint, outside the coordinator's cluster",)
+
+    def _set_up(self) -> _Sidecar:
+        if self._sidecar is None:
+            model = self._experiment.build_model(self._settings.params)
+            self._sidecar = _Sidecar(
+                model,
+                tf.train.Checkpoint(model=model),
+                eval_writer(self._settings.model_dir),
+            )
+        return self._sidecar
+
+    def train(self, end: Callable[[Ending], Any]) -> Any:
+        sidecar, settings, stop = self._set_up(), self._settings, self._stop
+        # The coordinator stays until the final checkpoint is evaluated; told to stop, it
+        # leaves first.
+        watchdog.PeerWatch(
+            self._role.named(CHIEF),
+            on_lost=lambda *lost: None if stop.requested else watchdog.exit_on_lost(*lost),
+        )
+        batches = eval_batches(self._experiment, settings.params)
+        for path in tf.train.checkpoints_iterator(
+            str(settings.model_dir), timeout=_LOOK_SECONDS, timeout_fn=lambda: stop.requested
+        ):
+            step = _step_of(path)
+            if step is None:
+                continue
+            sidecar.checkpoint.restore(path).expect_partial()
+            metrics = sidecar.model.evaluate(
+                batches, steps=settings.eval_steps, return_dict=True, verbose=0
+            )
+            metrics = {**metrics, "global_step": step}
+            logging.info("evaluator 0: step %d: %s", step, reports.metric_text(metrics))
+            write_scalars(sidecar.writer, metrics, step)
+            if step >= settings.train_steps:
+                run = reports.marker(self._role, settings.train_steps)
+                reports.write_evaluator_result(settings.model_dir, run, metrics)
+                return end(Ending(None))
+        return end(Ending(stop.signal_name))
+
+
+class _Sidecar(NamedTuple):
+    """The evaluator, set up: the experiment's model, its checkpoint, the eval/ writer."""
+
+    model: Any
+    checkpoint: tf.train.Checkpoint
+    writer: Any
+
+
+def _step_of(path: str | None) -> int | None:
+    """The global step a checkpoint's path is numbered by (ckpt-<step>)."""
+    number = re.search(r"-(\d+)$", path or "")
+    return int(number.group(1)) if number else None
