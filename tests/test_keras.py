@@ -258,6 +258,29 @@ def test_a_local_cluster_trains_all_reduce_stops_on_sigterm_and_resumes(tmp_path
     assert served_classes(export) == 10
 
 
+def test_a_local_coordinator_cluster_trains_with_a_sidecar_and_every_task_exits_0(
+    tmp_path: Path,
+) -> None:
+    """--coordinator --local_cluster: ParameterServerStrategy on this machine, a coordinator,
+    a ps, a worker and the evaluator, each task supervising its child as in a SLURM step."""
+    result = train(
+        tmp_path, "--coordinator", "--local_cluster=ps=1,workers=1,evaluator=1",
+        "--train_steps=30", "--log_every_steps=10", timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = result.stderr
+    assert "[chief 0] " in log and "coordinating 1 worker(s) and 1 parameter server(s)" in log
+    assert re.search(r"\[chief 0\] .*step 30: loss [\d.]+, [\d.]+ examples/s", log), log[-3000:]
+    (final,) = re.findall(r"\[evaluator 0\] .*evaluator 0: step 30: accuracy ([\d.]+)", log)
+    for task in ("chief 0", "ps 0", "worker 0", "evaluator 0"):
+        assert f"{task} finished" in log, log[-3000:]
+    model_dir = tmp_path / "mnist_keras"
+    summary = json.loads((model_dir / "summary.json").read_text())
+    assert summary["global_step"] == summary["eval"]["global_step"] == 30
+    assert f"{summary['eval']['accuracy']:.4g}" == final and summary["eval"]["accuracy"] > 0.5
+    assert checkpoint_step(model_dir) == 30
+
+
 @pytest.mark.parametrize(
     ("flag", "culprit"),
     [
@@ -272,7 +295,11 @@ def test_a_local_cluster_trains_all_reduce_stops_on_sigterm_and_resumes(tmp_path
         ("--coordinator", "--coordinator: lays out a step of several tasks"),
         (
             "--coordinator --local_cluster=workers=1",
-            "--local_cluster: does not apply to a Keras experiment: a coordinator's",
+            "--local_cluster: is 'workers=1': ParameterServerStrategy needs at least one ps",
+        ),
+        (
+            "--coordinator --local_cluster=ps=1",
+            "--local_cluster: is 'ps=1': the coordinator trains nothing, so it needs at least",
         ),
     ],
 )

@@ -261,7 +261,11 @@ def main(argv: Sequence[str]) -> int | None:
     if kind == experiment_lib.KERAS:
         policy = _keras_layout(policy)
     counts = (
-        local_cluster.parse(LOCAL_CLUSTER.value, all_reduce=kind == experiment_lib.KERAS)
+        local_cluster.parse(
+            LOCAL_CLUSTER.value,
+            all_reduce=kind == experiment_lib.KERAS and not policy.coordinator,
+            coordinator=policy.coordinator,
+        )
         if LOCAL_CLUSTER.value
         else None
     )
@@ -282,6 +286,7 @@ def main(argv: Sequence[str]) -> int | None:
             program=PROGRAM,
             naming=naming(),
             environ=os.environ,
+            coordinator=policy.coordinator,
         )
     # A task's Ctrl-C (a local cluster's launcher passes SIGTERM on instead): Python's own
     # KeyboardInterrupt waits for TensorFlow's C++ to return, which a task waiting for its
@@ -341,7 +346,8 @@ def _coordinated(task: lifecycle.TaskRun, hparams: str) -> int:
             "--coordinator",
             "lays out a step of several tasks (a coordinator, parameter servers and workers), "
             "and this process trains alone",
-            "run it in every task of a SLURM step, e.g. srun --nodes=2 --ntasks-per-node=2",
+            "run it in every task of a SLURM step, e.g. srun --nodes=2 --ntasks-per-node=2, or "
+            "on this machine with --local_cluster=ps=1,workers=1",
         )
     # The step's run id, so that a marker a shell passed on from another step is no marker.
     marker = role.run_id or "a TF_CONFIG given"
@@ -458,11 +464,6 @@ def _keras_layout(policy: LayoutPolicy) -> LayoutPolicy:
             "the Keras runtime does not set it yet",
         ),
     }
-    if policy.coordinator:
-        refused["--local_cluster"] = (
-            bool(LOCAL_CLUSTER.value),
-            "a coordinator's cluster runs in a SLURM step only, as yet",
-        )
     for flag, (given, why) in refused.items():
         if given:
             raise UsageError(

@@ -79,11 +79,16 @@ class LocalTask:
 
 
 def parse(
-    spec: str, culprit: str = "--local_cluster", *, all_reduce: bool = False
+    spec: str,
+    culprit: str = "--local_cluster",
+    *,
+    all_reduce: bool = False,
+    coordinator: bool = False,
 ) -> dict[str, int]:
     """`ps=1,workers=2,evaluator=1` as {"ps": 1, "worker": 2, "evaluator": 1}; `culprit`
     names the setting in errors. An all-reduce cluster (a Keras experiment's) has a chief and
-    workers only: `workers=1`."""
+    workers only: `workers=1`; a coordinator's (ParameterServerStrategy) a worker at least,
+    as the coordinator trains nothing."""
     counts = {PS: 0, WORKER: 0, EVALUATOR: 0}
     hint = f"e.g. {culprit}=workers=1" if all_reduce else f"e.g. {culprit}=ps=1,workers=2"
     for item in filter(None, (part.strip() for part in spec.split(","))):
@@ -107,9 +112,12 @@ def parse(
             )
         return counts
     if counts[PS] < 1:
+        training = "ParameterServerStrategy" if coordinator else "Estimator training in a cluster"
+        raise UsageError(culprit, f"is {spec!r}: {training} needs at least one ps", hint)
+    if coordinator and counts[WORKER] < 1:
         raise UsageError(
             culprit,
-            f"is {spec!r}: Estimator training in a cluster needs at least one ps",
+            f"is {spec!r}: the coordinator trains nothing, so it needs at least one worker",
             hint,
         )
     return counts
@@ -136,8 +144,10 @@ def run(
     program: str,
     naming: claim.Naming,
     environ: Mapping[str, str],
+    coordinator: bool = False,
 ) -> int:
     """Runs the cluster of `command` to the end; the exit status is 0 only if every task's is.
+    With `coordinator` it is laid out for ParameterServerStrategy: the chief coordinates.
 
     `counts` are the tasks by role, as `parse` reads them. The launcher holds the model
     directory for its tasks, which do not claim it; `naming` says how the user names it, in
@@ -151,7 +161,7 @@ def run(
     held = claim.claim(model_dir, claim.this_holder(environ), naming)
     held.renew()
     try:
-        return _run(counts, model_dir, command, program, environ)
+        return _run(counts, model_dir, command, program, environ, coordinator=coordinator)
     finally:
         held.release()
 
@@ -162,6 +172,8 @@ def _run(
     command: Sequence[str],
     program: str,
     environ: Mapping[str, str],
+    *,
+    coordinator: bool,
 ) -> int:
     # Free ports, distinct because all are bound at once, then released for the tasks to
     # bind: TensorFlow's gRPC server refuses SO_REUSEPORT, so nothing can hold them meanwhile.
@@ -186,6 +198,7 @@ def _run(
         index=0,
         has_evaluator=counts[EVALUATOR] > 0,
         run_id=LOCAL_RUN_PREFIX + uuid.uuid4().hex,
+        coordinator=coordinator,
     )
     logs = RunDir(model_dir).logs
     logs.mkdir(parents=True, exist_ok=True)
