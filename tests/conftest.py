@@ -13,20 +13,12 @@ import pytest
 pytest_plugins = ["tests.slurm_cluster"]
 
 
-# Run first in their lane: with-tfconfig's tests supervise stub commands, not TensorFlow, and
-# mostly wait on the watchdog's clock; at the end of the suite (their place by name) the
-# machine idled for about a minute under them once the other lane was done.
-_WAITING_FIRST = ("tests/test_with_tfconfig.py",)
-
-
 # First: pytest-xdist reads the group marks in its own hook of this name.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         lane = "slurm" if "slurm_cluster" in getattr(item, "fixturenames", ()) else "host"
         item.add_marker(pytest.mark.xdist_group(lane))
-    # Stable: the tests of a file keep their order (a module fixture serves them in turn).
-    items.sort(key=lambda item: not item.nodeid.startswith(_WAITING_FIRST))
     if importlib.util.find_spec("tf_keras") is not None:
         return
     skip = pytest.mark.skip(

@@ -210,21 +210,43 @@ def test_bad_local_cluster_is_one_line(tmp_path: Path, spec: str) -> None:
     assert not (tmp_path / "mnist_deep").exists()
 
 
+def test_hparams_the_experiment_s_source_refuses_stop_the_launcher_before_any_task(
+    tmp_path: Path,
+) -> None:
+    """mnist_deep's HPARAMS are a literal dict: read without importing it."""
+    result = run_cluster(
+        tmp_path,
+        "--local_cluster=ps=1,workers=1",
+        "--hparams=learning_rat=3",
+        experiment="mnist_deep",
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("tfconfig-slurm-run: --hparams: sets 'learning_rat'")
+    assert result.stderr.count("\n") == 1, result.stderr[-3000:]
+    assert not (tmp_path / "mnist_deep").exists()
+
+
+# A model module whose HPARAMS only an import can tell.
+_BUILT_HPARAMS = (
+    "HPARAMS = dict(learning_rate=0.1)\n"
+    "def model_fn(features, labels, mode, params): pass\n"
+    "def input_fn(mode, params): pass\n"
+)
+
+
 @pytest.mark.parametrize(
     ("flags", "module", "culprit"),
     [
-        (("--hparams=learning_rat=3",), None, "--hparams: sets 'learning_rat'"),
+        (("--hparams=learning_rat=3",), _BUILT_HPARAMS, "--hparams: sets 'learning_rat'"),
         ((), "HPARAMS = {}\ndef input_fn(mode, params): pass\n", "defines no model_fn"),
     ],
 )
 def test_bad_input_found_in_the_tasks_is_one_line_and_exit_2(
-    tmp_path: Path, flags: tuple[str, ...], module: str | None, culprit: str
+    tmp_path: Path, flags: tuple[str, ...], module: str, culprit: str
 ) -> None:
     """Every task refuses the same flags; the user reads the refusal once, as from one process."""
-    experiment = "mnist_deep"
-    if module is not None:
-        (tmp_path / "no_model.py").write_text(module)
-        experiment = str(tmp_path / "no_model.py")
+    (tmp_path / "no_model.py").write_text(module)
+    experiment = str(tmp_path / "no_model.py")
     # The chief and a ps: the one line is the same for any number of tasks.
     result = run_cluster(
         tmp_path,

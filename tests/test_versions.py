@@ -87,6 +87,26 @@ def test_an_experiment_s_kind_is_read_from_its_source(
     assert experiment.kind(str(path)) == kind
 
 
+@pytest.mark.parametrize(
+    ("source", "hparams"),
+    [
+        ('HPARAMS = {"learning_rate": 1e-3, "units": 64}\n', {"learning_rate": 1e-3, "units": 64}),
+        # Anything but one literal dict is the import's to tell.
+        ("HPARAMS = dict(learning_rate=1e-3)\n", None),
+        ('HPARAMS = {"learning_rate": 1e-3}\nHPARAMS["units"] = 64\n', None),
+        ('HPARAMS = {"learning_rate": RATE}\n', None),
+        ("def model_fn(:\n", None),
+        ("", None),
+    ],
+)
+def test_literal_hparams_are_read_from_the_source_without_an_import(
+    tmp_path: Path, source: str, hparams: dict[str, object] | None
+) -> None:
+    path = tmp_path / "mine.py"
+    path.write_text(source)
+    assert experiment.literal_hparams(str(path)) == hparams
+
+
 def test_the_shipped_experiments_kinds() -> None:
     assert experiment.kind("mnist_deep") == experiment.ESTIMATOR
     assert experiment.kind("mnist_keras") == experiment.KERAS

@@ -233,24 +233,10 @@ def main(argv: Sequence[str]) -> int | None:
     requeue_on = {preempt.name} if preempt else set()
     if REQUEUE_ON_SIGTERM.value:
         requeue_on.add(signal.SIGTERM.name)
-    if EXPERIMENT.value is None:
-        raise UsageError("--experiment", "is required", f"e.g. {PROGRAM} --experiment mnist_deep")
-    if SAVE_CHECKPOINTS_STEPS.present and SAVE_CHECKPOINTS_SECS.present:
-        raise UsageError(
-            "--save_checkpoints_steps",
-            "and --save_checkpoints_secs exclude each other",
-            "choose one",
-        )
-    if DATA_DIR.value is not None and not Path(DATA_DIR.value).is_dir():
-        # A typo would otherwise train on an experiment's fallback data, and succeed.
-        raise UsageError(
-            "--data_dir",
-            f"{DATA_DIR.value!r} is not a directory",
-            "give the directory that holds the data, or leave --data_dir out",
-        )
+    spec = _checked_experiment()
     # Checked before TensorFlow is imported, so that bad input fails at once.
-    name, _ = experiment_lib.locate(EXPERIMENT.value)
-    kind = experiment_lib.require_runtime(EXPERIMENT.value)
+    name, _ = experiment_lib.locate(spec)
+    kind = experiment_lib.require_runtime(spec)
     hparams, default_id = HPARAMS.value, _default_id(name)
     if SWEEP_FILE.value:
         hparams, default_id = _sweep_run(Path(SWEEP_FILE.value))
@@ -270,8 +256,12 @@ def main(argv: Sequence[str]) -> int | None:
         else None
     )
     # After the flags' own checks, so that a batch script stops at its first call on flags
-    # that every task would refuse; those that need the experiment's module (--hparams'
-    # names) are the tasks' to check, as that imports TensorFlow.
+    # that every task would refuse (and a local cluster's launcher before it starts any). An
+    # experiment's hparams are checked here where its source gives them literally; else the
+    # tasks check them, as importing the module imports TensorFlow.
+    literal = experiment_lib.literal_hparams(spec)
+    if literal is not None:
+        experiment_lib.with_overrides(literal, hparams)
     model_dir.check_writable(directory, naming())
     if PRINT_MODEL_DIR.value:
         sys.stdout.write(f"{directory}\n")
@@ -313,6 +303,26 @@ def main(argv: Sequence[str]) -> int | None:
     if kind == experiment_lib.KERAS:
         lifecycle.run_to_exit(task, lifecycle.ALL_REDUCE, partial(_keras, task, hparams))
     lifecycle.run_to_exit(task, lifecycle.PARAMETER_SERVERS, partial(_estimator, task, hparams))
+
+
+def _checked_experiment() -> str:
+    """--experiment, once the flags that no run can take, whatever it trains, are refused."""
+    if EXPERIMENT.value is None:
+        raise UsageError("--experiment", "is required", f"e.g. {PROGRAM} --experiment mnist_deep")
+    if SAVE_CHECKPOINTS_STEPS.present and SAVE_CHECKPOINTS_SECS.present:
+        raise UsageError(
+            "--save_checkpoints_steps",
+            "and --save_checkpoints_secs exclude each other",
+            "choose one",
+        )
+    if DATA_DIR.value is not None and not Path(DATA_DIR.value).is_dir():
+        # A typo would otherwise train on an experiment's fallback data, and succeed.
+        raise UsageError(
+            "--data_dir",
+            f"{DATA_DIR.value!r} is not a directory",
+            "give the directory that holds the data, or leave --data_dir out",
+        )
+    return EXPERIMENT.value
 
 
 def _check_one_process() -> None:

@@ -103,15 +103,43 @@ class KerasExperiment:
 def kind(spec: str) -> str:
     """ESTIMATOR or KERAS: a module that defines build_model at its top level is a Keras
     experiment. Read from its source, so that a wrong TensorFlow is named before any import."""
+    tree = _syntax(spec)
+    return KERAS if "build_model" in _top_level_names(tree.body if tree else []) else ESTIMATOR
+
+
+def literal_hparams(spec: str) -> dict[str, Any] | None:
+    """The experiment's HPARAMS where its source assigns them a literal dict at top level
+    (`HPARAMS = {"learning_rate": 1e-3}`) and names them nowhere else (where nothing can
+    change them), read without importing it (and TensorFlow); None otherwise, for the import
+    to tell."""
+    tree = _syntax(spec)
+    named = (
+        [node for node in ast.walk(tree) if getattr(node, "id", None) == "HPARAMS"] if tree else []
+    )
+    for node in tree.body if tree and len(named) == 1 else []:
+        if (
+            isinstance(node, ast.Assign)
+            and [getattr(target, "id", None) for target in node.targets] == ["HPARAMS"]
+            and isinstance(node.value, ast.Dict)
+        ):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            return dict(value)
+    return None
+
+
+def _syntax(spec: str) -> ast.Module | None:
+    """The experiment module's syntax tree, or None where its source cannot be read."""
     _, path = locate(spec)
     if path is None:
         found = importlib.util.find_spec(spec)
         path = Path(found.origin) if found is not None and found.origin else None
     try:
-        tree = ast.parse(path.read_bytes()) if path is not None else None
+        return ast.parse(path.read_bytes()) if path is not None else None
     except (OSError, SyntaxError, ValueError):
-        tree = None
-    return KERAS if "build_model" in _top_level_names(tree.body if tree else []) else ESTIMATOR
+        return None
 
 
 def _top_level_names(statements: list[ast.stmt]) -> set[str]:
