@@ -96,7 +96,9 @@ def main() -> None:
                         figures.add(f"{name} teardown", teardown(log, tasks, stepping))
                         figures.add(f"{name} accuracy", summary["eval"]["accuracy"])
                         if flags:
-                            coordinator_exit = log_time(log, "chief 0 finished")
+                            coordinator_exit = log_time(
+                                log, r"\(the coordinator\): its command finished"
+                            )
                             figures.add("pss after", last_exit(log, tasks) - coordinator_exit)
     print(
         f"keras_vs_estimator: {arguments.steps} steps, batch 64, {arguments.runs} runs each, "

@@ -321,7 +321,7 @@ def test_a_keras_experiment_whose_functions_take_other_arguments_is_refused_at_l
     result = run_module(RUN, f"--experiment={experiment}", f"--output_root={tmp_path}")
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == (
-        "tfconfig-slurm-run: --experiment: experiment_no_params.build_model() cannot be called "
+        "tfconfig-slurm-run: --experiment: no_params.build_model() cannot be called "
         "as build_model(params): too many positional arguments. HINT: define build_model(params)"
     )
     assert not (tmp_path / "no_params").exists()

@@ -247,8 +247,9 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
             "def train_input_fn(params, batch_size): pass\n"
             "def eval_input_fn(params): pass\n",
         ),
-        (("--experiment={module}",), "NameError", "undefined_name\n"),
-        (("--experiment={module}",), "SyntaxError", "def model_fn(:\n"),
+        (("--experiment={module}",), "my_experiment.py:1: NameError", "undefined_name\n"),
+        # The module's line, not the import machinery's (<frozen importlib._bootstrap>).
+        (("--experiment={module}",), "my_experiment.py:2: SyntaxError", "x = 1\ndef model_fn(:\n"),
         (("--experiment={module}",), "no_such_package", "import no_such_package\n"),
         (("--experiment=mnist_deep", "--batch_size=0"), "--batch_size", None),
         (("--experiment=mnist_deep", "--local_cluster=ps=0,workers=2"), "--local_cluster", None),

@@ -181,7 +181,7 @@ def load_keras(spec: str) -> KerasExperiment:
     if missing:
         raise UsageError(
             "--experiment",
-            f"{module.__name__} ({_source(module)}) defines no {' and no '.join(missing)}",
+            f"{_named(module)} ({_source(module)}) defines no {' and no '.join(missing)}",
             "a Keras experiment defines build_model(params), returning the compiled model, and "
             "dataset(mode, params), returning the batches for mode 'train' or 'eval'",
         )
@@ -203,7 +203,7 @@ def load(spec: str) -> Experiment:
     if not callable(model_fn):
         raise UsageError(
             "--experiment",
-            f"{module.__name__} ({_source(module)}) defines no model_fn",
+            f"{_named(module)} ({_source(module)}) defines no model_fn",
             "define model_fn(features, labels, mode, params) returning a "
             "tf.estimator.EstimatorSpec (or, for a Keras experiment, build_model(params))",
         )
@@ -225,7 +225,7 @@ def _hparams(module: ModuleType) -> dict[str, Any]:
     if not isinstance(hparams, Mapping):
         raise UsageError(
             "--experiment",
-            f"{module.__name__}.HPARAMS is a {type(hparams).__name__}, not a dict",
+            f"{_named(module)}.HPARAMS is a {type(hparams).__name__}, not a dict",
             "define HPARAMS = {'learning_rate': 1e-3, ...}",
         )
     return dict(hparams)
@@ -244,13 +244,25 @@ def _import(spec: str, name: str, path: Path | None) -> ModuleType:
         module_spec.loader.exec_module(module)
         return module
     except Exception as error:
-        where = traceback.extract_tb(error.__traceback__)[-1]
         raise UsageError(
             "--experiment",
-            f"importing {path or spec} failed at {where.filename}:{where.lineno}: "
-            f"{type(error).__name__}: {error}",
+            f"importing {path or spec} failed at {_where(error)}: {type(error).__name__}: {error}",
             "fix the module; run python on it alone to see the whole traceback",
         ) from None
+
+
+def _where(error: Exception) -> str:
+    """file:line of the error: a syntax error's own, else the traceback's last frame outside
+    the import machinery (<frozen importlib._bootstrap> says nothing to a user)."""
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{error.filename}:{error.lineno}"
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if not frame.filename.startswith("<frozen ")
+    ]
+    frame = frames[-1] if frames else traceback.extract_tb(error.__traceback__)[-1]
+    return f"{frame.filename}:{frame.lineno}"
 
 
 def _input_fns(module: ModuleType) -> tuple[InputFn, InputFn]:
@@ -278,7 +290,7 @@ def _input_fns(module: ModuleType) -> tuple[InputFn, InputFn]:
     ]
     raise UsageError(
         "--experiment",
-        f"{module.__name__} ({_source(module)}) defines no input_fn"
+        f"{_named(module)} ({_source(module)}) defines no input_fn"
         + (f" and no {' or '.join(missing)}" if len(missing) < 2 else ""),
         "define input_fn(mode, params), or train_input_fn(params) and eval_input_fn(params)",
     )
@@ -326,13 +338,22 @@ def _refuse(
 ) -> NoReturn:
     raise UsageError(
         "--experiment",
-        f"{module.__name__}.{function}{signature} cannot be called as {call}: {why}",
+        f"{_named(module)}.{function}{signature} cannot be called as {call}: {why}",
         f"define {call}",
     )
 
 
 def _a(noun: str) -> str:
     return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
+
+
+def _named(module: ModuleType) -> str:
+    """The module as its user named it: a file's stem (imported as experiment_<stem>), else
+    its module name."""
+    file = getattr(module, "__file__", None)
+    if file and module.__name__ == f"experiment_{Path(file).stem}":
+        return Path(file).stem
+    return module.__name__
 
 
 def _source(module: ModuleType) -> str:
