@@ -422,8 +422,8 @@ def test_a_coordinator_job_with_an_evaluator_stops_on_usr1_requeues_resumes_and_
     assert checkpoint_step(model_dir) == 100
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["global_step"] == summary["eval"]["global_step"] == 100
-    # The evaluator's metrics: mnist_keras learns the digits in 100 steps.
-    assert f"{summary['eval']['accuracy']:.4g}" == final and summary["eval"]["accuracy"] > 0.5
+    # The evaluator's metrics: 100 steps learn the digits (0.97 in bench/RESULTS.md).
+    assert f"{summary['eval']['accuracy']:.4g}" == final and summary["eval"]["accuracy"] > 0.9
     assert sorted(summary["layout"]) == ["chief", "ps", "worker"]
     assert json.loads((model_dir / "state.json").read_text())["state"] == "done"
     assert slurm_cluster.left_behind() == {}
