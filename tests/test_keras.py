@@ -279,6 +279,11 @@ def test_a_local_coordinator_cluster_trains_with_a_sidecar_and_every_task_exits_
     assert summary["global_step"] == summary["eval"]["global_step"] == 30
     assert f"{summary['eval']['accuracy']:.4g}" == final and summary["eval"]["accuracy"] > 0.5
     assert checkpoint_step(model_dir) == 30
+    # What the other backends write too: the run's state, and its HParams session.
+    assert json.loads((model_dir / "state.json").read_text())["state"] == "done"
+    assert hparams_sessions(model_dir) == [
+        {"learning_rate": 0.001, "dropout": 0.5, "shuffle_buffer": 10000}
+    ]
 
 
 @pytest.mark.parametrize(
