@@ -116,8 +116,8 @@ def main() -> None:
 
 
 def _tasks(cluster: str) -> list[str]:
-    """A local cluster's tasks by name ("ps=1,workers=2": chief 0, ps 0, worker 0, worker 1);
-    the parameter servers last."""
+    """A local cluster's tasks by name, the parameter servers last ("ps=1,workers=2": chief
+    0, worker 0, worker 1, ps 0)."""
     counts = dict(item.split("=") for item in cluster.split(","))
     workers = [f"worker {index}" for index in range(int(counts.get("workers", 0)))]
     return ["chief 0", *workers, *[f"ps {index}" for index in range(int(counts.get("ps", 0)))]]

@@ -95,6 +95,11 @@ def test_an_experiment_s_kind_is_read_from_its_source(
         ("HPARAMS = dict(learning_rate=1e-3)\n", None),
         ('HPARAMS = {"learning_rate": 1e-3}\nHPARAMS["units"] = 64\n', None),
         ('HPARAMS = {"learning_rate": RATE}\n', None),
+        ('HPARAMS = {"a": 1}\nfrom settings import HPARAMS\n', None),
+        ('HPARAMS = {"a": 1}\nfrom settings import *\n', None),
+        ('HPARAMS = {"a": 1}\nglobals()["HPARAMS"] = {}\n', None),
+        # Not hashable: the import's error to give, not a traceback here.
+        ("HPARAMS = {[1]: 2}\n", None),
         ("def model_fn(:\n", None),
         ("", None),
     ],

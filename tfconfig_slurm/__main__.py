@@ -3,4 +3,5 @@ environment whose scripts are not on PATH."""
 
 from tfconfig_slurm.commands.main import tfconfig_slurm
 
-tfconfig_slurm()
+if __name__ == "__main__":
+    tfconfig_slurm()

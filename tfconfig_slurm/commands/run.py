@@ -12,14 +12,15 @@ compiled model, and dataset(mode, params), the batches for mode "train" or "eval
 may define HPARAMS. Checkpoints, TensorBoard events, summary.json (and an Estimator's
 exported model) go to <output_root>/<experiment_id>; a run that finds a checkpoint there
 resumes from it. A Keras experiment trains all-reduce (MultiWorkerMirroredStrategy), or
-with --coordinator in a SLURM step, with parameter servers (ParameterServerStrategy).
+with --coordinator with parameter servers (ParameterServerStrategy).
 
 Where it runs decides how it trains:
   - with TF_CONFIG set (by launch/with-tfconfig or --local_cluster): that task of the cluster;
   - in a SLURM job step of several tasks: the task's role in the layout tfconfig-slurm
     computes (the layout flags below; see tfconfig-slurm --explain);
   - otherwise: in this one process. --local_cluster=ps=1,workers=2 (a Keras experiment:
-    workers=1) starts a cluster of processes on this machine instead.
+    workers=1, or with --coordinator ps=1,workers=1) starts a cluster of processes on this
+    machine instead.
 Parameter servers exit once every trainer has finished.
 """
 
@@ -174,8 +175,8 @@ LOCAL_CLUSTER = flags.DEFINE_string(
     "local_cluster",
     None,
     "Start a cluster of processes on this machine instead of training in one: "
-    "ps=N,workers=N[,evaluator=1] (plus the chief); for a Keras experiment workers=N. One log "
-    "per task in <model dir>/logs.",
+    "ps=N,workers=N[,evaluator=1] (plus the chief); for a Keras experiment workers=N, or with "
+    "--coordinator ps=N,workers=N[,evaluator=1]. One log per task in <model dir>/logs.",
 )
 GPU_MEMORY_FRACTION = flags.DEFINE_float(
     "gpu_memory_fraction",

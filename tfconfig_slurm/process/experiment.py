@@ -109,14 +109,13 @@ def kind(spec: str) -> str:
 
 def literal_hparams(spec: str) -> dict[str, Any] | None:
     """The experiment's HPARAMS where its source assigns them a literal dict at top level
-    (`HPARAMS = {"learning_rate": 1e-3}`) and names them nowhere else (where nothing can
-    change them), read without importing it (and TensorFlow); None otherwise, for the import
-    to tell."""
+    (`HPARAMS = {"learning_rate": 1e-3}`) and names them nowhere else (so that nothing
+    changes them), read without importing it (and TensorFlow); None otherwise, for the
+    import to tell."""
     tree = _syntax(spec)
-    named = (
-        [node for node in ast.walk(tree) if getattr(node, "id", None) == "HPARAMS"] if tree else []
-    )
-    for node in tree.body if tree and len(named) == 1 else []:
+    if tree is None or _names_hparams_elsewhere(tree):
+        return None
+    for node in tree.body:
         if (
             isinstance(node, ast.Assign)
             and [getattr(target, "id", None) for target in node.targets] == ["HPARAMS"]
@@ -124,10 +123,26 @@ def literal_hparams(spec: str) -> dict[str, Any] | None:
         ):
             try:
                 value = ast.literal_eval(node.value)
-            except ValueError:
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
                 return None
             return dict(value)
     return None
+
+
+def _names_hparams_elsewhere(tree: ast.Module) -> bool:
+    """Whether anything but one plain name could bind or change HPARAMS: a second mention,
+    an import of that name or of everything, a global statement, or the name as a string."""
+    mentions = 0
+    for node in ast.walk(tree):
+        mentions += isinstance(node, ast.Name) and node.id == "HPARAMS"
+        if (
+            (isinstance(node, ast.alias) and "HPARAMS" in (node.name, node.asname))
+            or (isinstance(node, ast.alias) and node.name == "*")
+            or (isinstance(node, ast.Global) and "HPARAMS" in node.names)
+            or (isinstance(node, ast.Constant) and node.value == "HPARAMS")
+        ):
+            return True
+    return mentions != 1
 
 
 def _syntax(spec: str) -> ast.Module | None:

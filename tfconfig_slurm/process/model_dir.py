@@ -3,6 +3,7 @@ then held for this run (claim.py) by the task that owns the run. No TensorFlow h
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Mapping
@@ -19,18 +20,24 @@ _MIN_FREE_BYTES = 64 * 2**20
 
 def check_writable(model_dir: Path, naming: claim.Naming) -> None:
     """Fails before anything is created when the model directory cannot be made or written."""
-    if model_dir.exists() and not model_dir.is_dir():
-        # The run's own name is taken by a file: another name is the fix, not another root.
-        raise UsageError(naming.run, f"names {model_dir}, a file, not a directory", naming.run_fix)
+    # Where this user may not look, check_room says so.
+    with contextlib.suppress(PermissionError):
+        if model_dir.exists() and not model_dir.is_dir():
+            # The run's own name is taken by a file: another name is the fix, not another root.
+            raise UsageError(
+                naming.run, f"names {model_dir}, a file, not a directory", naming.run_fix
+            )
     check_room(model_dir, naming)
 
 
 def check_room(folder: Path, naming: claim.Naming) -> None:
     """Fails before anything is created when `folder`, under the output root, cannot be made
     or written, or its disk is nearly full."""
-    existing = next(path for path in (folder, *folder.parents) if path.exists())
+    existing = next(path for path in (folder, *folder.parents) if _exists(path))
     problem = ""
-    if not existing.is_dir():
+    if not os.access(existing.parent, os.X_OK):
+        problem = f"{existing} cannot be reached: {existing.parent} is not searchable"
+    elif not existing.is_dir():
         problem = f"{existing} is a file, not a directory"
     elif not os.access(existing, os.W_OK | os.X_OK):
         problem = f"{existing} is not writable"
@@ -46,6 +53,15 @@ def check_room(folder: Path, naming: claim.Naming) -> None:
             f"cannot hold {folder}: {problem}",
             f"choose a writable directory with room, e.g. {naming.root_example}",
         )
+
+
+def _exists(path: Path) -> bool:
+    """Whether `path` exists; one in a folder this user may not search is taken to (and then
+    found unreachable), where Path.exists raises."""
+    try:
+        return path.exists()
+    except PermissionError:
+        return True
 
 
 def hold(

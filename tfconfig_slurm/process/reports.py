@@ -106,8 +106,11 @@ def write_summary(
 ) -> dict[str, Any]:
     """Writes summary.json and says where the run's results are; returns what it wrote."""
     earlier = read_summary(model_dir)
-    if earlier and not any(trainer.get("examples_per_sec") for trainer in trainers):
-        # Nothing trained here (a resume that only evaluates): the training's figures stand.
+    if earlier.get("global_step") == int(metrics["global_step"]) and not any(
+        trainer.get("examples_per_sec") for trainer in trainers
+    ):
+        # Nothing trained here (a rerun at the same step, only evaluated): the training's
+        # figures stand.
         trainers = earlier.get("trainers", trainers)
         wall_time_s = earlier.get("wall_time_s", wall_time_s)
     summary = {

@@ -1,4 +1,4 @@
-"""What the Keras backends (train.py, coordinator.py) share as the lifecycle's backend
+"""What the Keras backends (train.py, coordinator.py, sidecar.py) share as the lifecycle's backend
 (process/lifecycle.py): the run's experiment, settings and hparams; and, once training is set
 up in this process, the hparams' record for TensorBoard."""
 

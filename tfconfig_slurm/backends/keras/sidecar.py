@@ -7,12 +7,15 @@ cluster hangs it, TensorFlow #46169).
   --eval_steps batches), logs its metrics and writes them for TensorBoard's eval/ run.
 - At the first checkpoint at or past --train_steps it leaves the metrics for the coordinator's
   summary.json (process/reports.py) and ends.
-- It watches the coordinator: lost while the run is not stopping, no checkpoint will come.
+- It ends when the coordinator has gone (told to stop too, it waits for that: the
+  coordinator may yet finish its last steps and wait for their result); the coordinator
+  lost while the run is not stopping ends it as a failure.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any, Callable, NamedTuple
 
 import tensorflow as tf
@@ -65,23 +68,37 @@ class SidecarBackend(KerasBackendBase):
 
     def train(self, end: Callable[[Ending], Any]) -> Any:
         sidecar, settings, stop = self._set_up(), self._settings, self._stop
-        # The coordinator stays until the final checkpoint is evaluated; told to stop, it
-        # leaves first.
+        # Evaluates until the coordinator has gone, whatever signal this task got: a stop
+        # told to both may still leave the coordinator its last steps, whose final checkpoint
+        # it waits for the result of. Its end (FINISHED on its port, or its port closed after
+        # a stop) ends this task; its loss while the run is not stopping is a failure.
+        gone = threading.Event()
+
+        def lost(name: str, address: str, silent_for: float) -> None:
+            if not stop.requested:
+                watchdog.exit_on_lost(name, address, silent_for)
+            gone.set()
+
         watchdog.PeerWatch(
-            self._role.named(CHIEF),
-            on_lost=lambda *lost: None if stop.requested else watchdog.exit_on_lost(*lost),
+            self._role.named(CHIEF), on_lost=lost, on_finished=lambda name: gone.set()
         )
         batches = eval_batches(self._experiment, settings.params)
         for path in tf.train.checkpoints_iterator(
-            str(settings.model_dir), timeout=_LOOK_SECONDS, timeout_fn=lambda: stop.requested
+            str(settings.model_dir), timeout=_LOOK_SECONDS, timeout_fn=gone.is_set
         ):
             step = _step_of(path)
             if step is None:
                 continue
-            sidecar.checkpoint.restore(path).expect_partial()
-            metrics = sidecar.model.evaluate(
-                batches, steps=settings.eval_steps, return_dict=True, verbose=0
-            )
+            try:
+                sidecar.checkpoint.restore(path).expect_partial()
+                metrics = sidecar.model.evaluate(
+                    batches, steps=settings.eval_steps, return_dict=True, verbose=0
+                )
+            except tf.errors.OpError as error:
+                # The coordinator deletes old checkpoints (--keep_checkpoint_max) as it saves,
+                # maybe the one being read: the next one will come.
+                logging.warning("evaluator 0: skipped %s: %s", path, error.message)
+                continue
             metrics = {**metrics, "global_step": step}
             logging.info("evaluator 0: step %d: %s", step, reports.metric_text(metrics))
             write_scalars(sidecar.writer, metrics, step)
@@ -89,7 +106,9 @@ class SidecarBackend(KerasBackendBase):
                 run = reports.marker(self._role, settings.train_steps)
                 reports.write_evaluator_result(settings.model_dir, run, metrics)
                 return end(Ending(None))
-        return end(Ending(stop.signal_name))
+        if not stop.requested:
+            logging.warning("evaluator 0: the coordinator ended before its final step")
+        return end(Ending(stop.signal_name if stop.requested else None))
 
 
 class _Sidecar(NamedTuple):
