@@ -246,11 +246,13 @@ class ClusterLayout:
         # The coordinator takes none.
         kinds = (WORKER, EVALUATOR) if self.coordinator else (*TRAINERS, EVALUATOR)
         users = _trainers_per_node(self.placement, self.roles, kinds)
-        workers = _trainers_per_node(self.placement, self.roles, (WORKER,))
+        # Counted apart only with a coordinator, where they share all of a node's GPUs.
+        workers = (
+            _trainers_per_node(self.placement, self.roles, (WORKER,)) if self.coordinator else users
+        )
         servers = set(self.shape.server_nodes)
         idle = {}
         for node, name in enumerate(self.shape.nodes):
-            # With a coordinator, a node's workers share all its GPUs.
             free = () if workers[node] and self.coordinator else node_gpus[users[node] :]
             if free and node not in servers:
                 idle[name] = tuple(free)

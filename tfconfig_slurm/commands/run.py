@@ -263,7 +263,8 @@ def main(argv: Sequence[str]) -> int | None:
     literal = experiment_lib.literal_hparams(spec)
     if literal is not None:
         experiment_lib.with_overrides(literal, hparams)
-    model_dir.check_writable(directory, naming())
+    named = naming()
+    model_dir.check_writable(directory, named)
     if PRINT_MODEL_DIR.value:
         sys.stdout.write(f"{directory}\n")
         return 0
@@ -275,7 +276,7 @@ def main(argv: Sequence[str]) -> int | None:
             directory,
             command,
             program=PROGRAM,
-            naming=naming(),
+            naming=named,
             environ=os.environ,
             coordinator=policy.coordinator,
         )
@@ -289,7 +290,7 @@ def main(argv: Sequence[str]) -> int | None:
     task = lifecycle.TaskRun(
         place=where,
         model_dir=directory,
-        naming=naming(),
+        naming=named,
         stop=stop,
         stop_policy=preemption.StopPolicy(
             requeue_on,

@@ -22,15 +22,17 @@ def main() -> None:
     import tensorflow as tf  # noqa: PLC0415
 
     from tfconfig_slurm.backends.keras.data import eval_batches  # noqa: PLC0415
+    from tfconfig_slurm.backends.keras.model_dir import evaluate_checkpoint  # noqa: PLC0415
     from tfconfig_slurm.process import experiment as experiment_lib  # noqa: PLC0415
 
     experiment = experiment_lib.load_keras(spec)
-    model = experiment.build_model(params)
-    tf.train.Checkpoint(model=model).restore(tf.train.latest_checkpoint(model_dir)).expect_partial()
-    metrics = model.evaluate(
-        eval_batches(experiment, params), steps=steps, return_dict=True, verbose=0
+    metrics = evaluate_checkpoint(
+        experiment.build_model(params),
+        tf.train.latest_checkpoint(model_dir),
+        eval_batches(experiment, params),
+        steps,
     )
-    sys.stdout.write(json.dumps({name: float(value) for name, value in metrics.items()}) + "\n")
+    sys.stdout.write(json.dumps(metrics) + "\n")
 
 
 if __name__ == "__main__":

@@ -101,6 +101,16 @@ def write_hparams(writer: Any, hparams: Mapping[str, Hparam], trial_id: str) -> 
         hparams_api.hparams(dict(hparams), trial_id=trial_id)
 
 
+def evaluate_checkpoint(
+    model: Any, path: str, batches: tf.data.Dataset, steps: int | None
+) -> dict[str, float]:
+    """The metrics of the model's weights in checkpoint `path` on `batches` (all of them, or
+    `steps`), for a process outside the training cluster: the sidecar, the final evaluation."""
+    tf.train.Checkpoint(model=model).restore(path).expect_partial()
+    metrics = model.evaluate(batches, steps=steps, return_dict=True, verbose=0)
+    return {name: float(value) for name, value in metrics.items()}
+
+
 def write_eval_scalars(directory: Path, metrics: Mapping[str, Any], step: int) -> None:
     """The final evaluation, where TensorBoard shows the Estimator's: the eval/ run."""
     writer = eval_writer(directory)

@@ -23,7 +23,11 @@ from absl import logging
 
 from tfconfig_slurm.backends.keras.backend import KerasBackendBase
 from tfconfig_slurm.backends.keras.data import eval_batches
-from tfconfig_slurm.backends.keras.model_dir import eval_writer, write_scalars
+from tfconfig_slurm.backends.keras.model_dir import (
+    eval_writer,
+    evaluate_checkpoint,
+    write_scalars,
+)
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.process import preemption, reports, watchdog
@@ -59,11 +63,7 @@ class SidecarBackend(KerasBackendBase):
     def _set_up(self) -> _Sidecar:
         if self._sidecar is None:
             model = self._experiment.build_model(self._settings.params)
-            self._sidecar = _Sidecar(
-                model,
-                tf.train.Checkpoint(model=model),
-                eval_writer(self._settings.model_dir),
-            )
+            self._sidecar = _Sidecar(model, eval_writer(self._settings.model_dir))
         return self._sidecar
 
     def train(self, end: Callable[[Ending], Any]) -> Any:
@@ -90,16 +90,13 @@ class SidecarBackend(KerasBackendBase):
             if step is None:
                 continue
             try:
-                sidecar.checkpoint.restore(path).expect_partial()
-                metrics = sidecar.model.evaluate(
-                    batches, steps=settings.eval_steps, return_dict=True, verbose=0
-                )
+                evaluated = evaluate_checkpoint(sidecar.model, path, batches, settings.eval_steps)
             except tf.errors.OpError as error:
                 # The coordinator deletes old checkpoints (--keep_checkpoint_max) as it saves,
                 # maybe the one being read: the next one will come.
                 logging.warning("evaluator 0: skipped %s: %s", path, error.message)
                 continue
-            metrics = {**metrics, "global_step": step}
+            metrics = {**evaluated, "global_step": step}
             logging.info("evaluator 0: step %d: %s", step, reports.metric_text(metrics))
             write_scalars(sidecar.writer, metrics, step)
             if step >= settings.train_steps:
@@ -112,10 +109,9 @@ class SidecarBackend(KerasBackendBase):
 
 
 class _Sidecar(NamedTuple):
-    """The evaluator, set up: the experiment's model, its checkpoint, the eval/ writer."""
+    """The evaluator, set up: the experiment's model and the eval/ writer."""
 
     model: Any
-    checkpoint: tf.train.Checkpoint
     writer: Any
 
 
