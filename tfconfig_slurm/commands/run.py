@@ -420,9 +420,7 @@ def _keras(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     experiment = experiment_lib.load_keras(EXPERIMENT.value or "")
     tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
     settings = _settings(task.model_dir, hparams, experiment.hparams)
-    return KerasBackend(
-        experiment, settings, task.place.role, task.stop, task.stop_policy.requeue_on
-    )
+    return KerasBackend(experiment, settings, task)
 
 
 def _coordinator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
@@ -439,8 +437,8 @@ def _coordinator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     role = task.place.role
     assert role is not None
     if role.role == EVALUATOR:
-        return SidecarBackend(experiment, settings, role, task.stop)
-    return CoordinatorBackend(experiment, EXPERIMENT.value or "", settings, role, task.stop)
+        return SidecarBackend(experiment, settings, task)
+    return CoordinatorBackend(experiment, settings, task)
 
 
 def _estimator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:

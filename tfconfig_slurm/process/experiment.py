@@ -95,6 +95,8 @@ class KerasExperiment:
     """What the runtime needs from a Keras experiment module."""
 
     name: str
+    # --experiment as given, for another process to load the same experiment.
+    spec: str
     build_model: Callable[[Mapping[str, Any]], Any]
     dataset: Callable[[str, Mapping[str, Any]], Any]
     hparams: Mapping[str, Any]
@@ -204,6 +206,7 @@ def load_keras(spec: str) -> KerasExperiment:
     _check_call(module, "dataset", "dataset(mode, params)", "train", {})
     return KerasExperiment(
         name=name,
+        spec=spec,
         build_model=functions["build_model"],  # type: ignore[arg-type]
         dataset=functions["dataset"],  # type: ignore[arg-type]
         hparams=_hparams(module),

@@ -1,6 +1,7 @@
 """What the Keras backends (train.py, coordinator.py, sidecar.py) share as the lifecycle's backend
-(process/lifecycle.py): the run's experiment, settings and hparams; and, once training is set
-up in this process, the hparams' record for TensorBoard."""
+(process/lifecycle.py): the run's experiment, settings and hparams; once training is set up in
+this process, the hparams' record for TensorBoard; and, for the two that train, the checkpoint
+step their saver last wrote."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import abc
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from tfconfig_slurm.backends.keras.model_dir import write_hparams
-from tfconfig_slurm.process import preemption
+from tfconfig_slurm.backends.keras.model_dir import Saver, write_hparams
+from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.process.experiment import KerasExperiment
-from tfconfig_slurm.process.lifecycle import Hparam
+from tfconfig_slurm.process.lifecycle import Hparam, TaskRun
 from tfconfig_slurm.process.settings import TrainingSettings
 
 
@@ -26,17 +27,22 @@ class KerasBackendBase(abc.ABC):
     """A Keras backend: what it trains, and what it answers once `_set_up()` has built it."""
 
     def __init__(
-        self,
-        experiment: KerasExperiment,
-        settings: TrainingSettings,
-        stop: preemption.StopRequest,
+        self, experiment: KerasExperiment, settings: TrainingSettings, task: TaskRun
     ) -> None:
         self._experiment = experiment
         self._settings = settings
-        self._stop = stop
+        self._task = task
+        self._role = task.place.role
+        self._stop = task.stop
         self.experiment = experiment.name
         self.train_steps = settings.train_steps
         self.hparams: Mapping[str, Any] = settings.hparams(experiment.hparams)
+
+    @property
+    def _cluster_role(self) -> ClusterRole:
+        """This task's role, for the backends that run only in a cluster (a coordinator's)."""
+        assert self._role is not None, "the edge gives a coordinator's tasks a cluster role"
+        return self._role
 
     @abc.abstractmethod
     def _set_up(self) -> SetUp:
@@ -44,3 +50,21 @@ class KerasBackendBase(abc.ABC):
 
     def write_hparams(self, hparams: Mapping[str, Hparam], trial_id: str) -> None:
         write_hparams(self._set_up().writer, hparams, trial_id)
+
+
+class TrainingSetUp(SetUp, Protocol):
+    """Training set up in this process: its summary writer and its checkpoints' saver."""
+
+    @property
+    def saver(self) -> Saver: ...
+
+
+class TrainingBackendBase(KerasBackendBase):
+    """A Keras backend that trains (train.py, coordinator.py) and so writes the checkpoints."""
+
+    @abc.abstractmethod
+    def _set_up(self) -> TrainingSetUp:
+        """Training set up in this process, on the first call."""
+
+    def checkpoint_step(self) -> int:
+        return self._set_up().saver.last

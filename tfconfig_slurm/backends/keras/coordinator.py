@@ -29,7 +29,7 @@ import tensorflow as tf
 import tf_keras as keras
 from absl import logging
 
-from tfconfig_slurm.backends.keras.backend import KerasBackendBase
+from tfconfig_slurm.backends.keras.backend import TrainingBackendBase
 from tfconfig_slurm.backends.keras.data import experiment_dataset
 from tfconfig_slurm.backends.keras.model_dir import (
     DEFAULT_CHECKPOINT_STEPS,
@@ -49,35 +49,20 @@ from tfconfig_slurm.process.throughput import Throughput
 _MIN_SHARD_BYTES = 256 << 10
 
 
-class CoordinatorBackend(KerasBackendBase):
+class CoordinatorBackend(TrainingBackendBase):
     """ParameterServerStrategy training as the lifecycle's backend, on the coordinator: the
     cluster's model, restored, trained with fit to --train_steps, evaluated and reported."""
 
-    def __init__(
-        self,
-        experiment: KerasExperiment,
-        spec: str,
-        settings: TrainingSettings,
-        role: ClusterRole,
-        stop: preemption.StopRequest,
-    ) -> None:
-        super().__init__(experiment, settings, stop)
-        # --experiment as given, for the process that evaluates the final checkpoint.
-        self._spec = spec
-        self._role = role
-        self._coordinator: _Coordinator | None = None
-
-    def checkpoint_step(self) -> int:
-        return self._set_up().saver.last
+    _coordinator: _Coordinator | None = None
 
     def start_details(self) -> tuple[str, ...]:
-        workers, servers = self._role.trainers - 1, self._role.ps_count
+        workers, servers = self._cluster_role.trainers - 1, self._cluster_role.ps_count
         return (f"coordinating {workers} worker(s) and {servers} parameter server(s)",)
 
     def _set_up(self) -> _Coordinator:
         if self._coordinator is None:
             self._coordinator = _Coordinator.set_up(
-                self._experiment, self._settings, self._role, self._stop
+                self._experiment, self._settings, self._cluster_role, self._stop
             )
         return self._coordinator
 
@@ -114,7 +99,7 @@ class CoordinatorBackend(KerasBackendBase):
     def _report(self, epochs: _Epochs, started: float) -> None:
         """The final checkpoint's metrics, from the run's evaluator (sidecar.py) or evaluated
         here; summary.json."""
-        directory, role = self._settings.model_dir, self._role
+        directory, role = self._settings.model_dir, self._cluster_role
         if role.has_evaluator:
             metrics = reports.evaluator_result(
                 directory, reports.marker(role, self._settings.train_steps)
@@ -138,7 +123,7 @@ class CoordinatorBackend(KerasBackendBase):
         outside the cluster (evaluate.py)."""
         settings = self._settings
         command = [
-            sys.executable, "-m", "tfconfig_slurm.backends.keras.evaluate", self._spec,
+            sys.executable, "-m", "tfconfig_slurm.backends.keras.evaluate", self._experiment.spec,
             str(settings.model_dir), json.dumps(dict(settings.params)),
             *([str(settings.eval_steps)] if settings.eval_steps else []),
         ]  # fmt: skip

@@ -29,11 +29,8 @@ from tfconfig_slurm.backends.keras.model_dir import (
     write_scalars,
 )
 from tfconfig_slurm.cluster.layout import CHIEF
-from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import preemption, reports, watchdog
-from tfconfig_slurm.process.experiment import KerasExperiment
+from tfconfig_slurm.process import reports, watchdog
 from tfconfig_slurm.process.lifecycle import Ending
-from tfconfig_slurm.process.settings import TrainingSettings
 
 # How long the checkpoint iterator waits before asking whether to stop; it looks every
 # second, and a timeout shorter than two looks makes it return at once, over and over.
@@ -43,16 +40,7 @@ _LOOK_SECONDS = 2.0
 class SidecarBackend(KerasBackendBase):
     """The evaluator task: each new checkpoint evaluated, until the final step's."""
 
-    def __init__(
-        self,
-        experiment: KerasExperiment,
-        settings: TrainingSettings,
-        role: ClusterRole,
-        stop: preemption.StopRequest,
-    ) -> None:
-        super().__init__(experiment, settings, stop)
-        self._role = role
-        self._sidecar: _Sidecar | None = None
+    _sidecar: _Sidecar | None = None
 
     def checkpoint_step(self) -> int | None:
         return _step_of(tf.train.latest_checkpoint(str(self._settings.model_dir)))
@@ -80,7 +68,7 @@ class SidecarBackend(KerasBackendBase):
             gone.set()
 
         watchdog.PeerWatch(
-            self._role.named(CHIEF), on_lost=lost, on_finished=lambda name: gone.set()
+            self._cluster_role.named(CHIEF), on_lost=lost, on_finished=lambda name: gone.set()
         )
         batches = eval_batches(self._experiment, settings.params)
         for path in tf.train.checkpoints_iterator(
@@ -100,7 +88,7 @@ class SidecarBackend(KerasBackendBase):
             logging.info("evaluator 0: step %d: %s", step, reports.metric_text(metrics))
             write_scalars(sidecar.writer, metrics, step)
             if step >= settings.train_steps:
-                run = reports.marker(self._role, settings.train_steps)
+                run = reports.marker(self._cluster_role, settings.train_steps)
                 reports.write_evaluator_result(settings.model_dir, run, metrics)
                 return end(Ending(None))
         if not stop.requested:

@@ -28,7 +28,7 @@ import tf_keras as keras
 from absl import logging
 from tensorflow.python.eager import context
 
-from tfconfig_slurm.backends.keras.backend import KerasBackendBase
+from tfconfig_slurm.backends.keras.backend import TrainingBackendBase
 from tfconfig_slurm.backends.keras.data import eval_batches, experiment_dataset
 from tfconfig_slurm.backends.keras.model_dir import (
     DEFAULT_CHECKPOINT_STEPS,
@@ -63,25 +63,11 @@ _PEER_ERRORS = (
 )
 
 
-class KerasBackend(KerasBackendBase):
+class KerasBackend(TrainingBackendBase):
     """Keras training as the lifecycle's backend (process/lifecycle.py): this trainer's model,
     restored, trained with fit to --train_steps, evaluated and reported."""
 
-    def __init__(
-        self,
-        experiment: KerasExperiment,
-        settings: TrainingSettings,
-        role: ClusterRole | None,
-        stop: preemption.StopRequest,
-        requeue_on: Collection[str],
-    ) -> None:
-        super().__init__(experiment, settings, stop)
-        self._role = role
-        self._requeue_on = requeue_on
-        self._trainer: _Trainer | None = None
-
-    def checkpoint_step(self) -> int:
-        return self._set_up().saver.last
+    _trainer: _Trainer | None = None
 
     def start_details(self) -> tuple[str, ...]:
         return (f"{self._set_up().strategy.num_replicas_in_sync} replicas",)
@@ -107,7 +93,7 @@ class KerasBackend(KerasBackendBase):
             * _local_replicas(trainer.strategy, role),
             writer=trainer.writer,
             stop=self._stop,
-            requeue_on=self._requeue_on,
+            requeue_on=self._task.stop_policy.requeue_on,
             saver=trainer.saver,
             agree=role is not None,
         )
