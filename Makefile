@@ -54,17 +54,15 @@ venv-tf2: $(STAMP_TF2)
 venvs:
 	@$(MAKE) --no-print-directory -j2 $(STAMP) $(STAMP_TF2)
 
-# Two pytest-xdist workers; the SLURM tests all go to one of them (tests/conftest.py).
-PARALLEL := -n 2 --dist loadgroup
-# The Estimator suite (TensorFlow 2.15), then the TensorFlow 2.16+ one in its own environment.
+# The Estimator suite (TensorFlow 2.15) and the TensorFlow 2.16+ one, in its own environment,
+# in two lanes at once: the SLURM test cluster's tests and the others (tests/lanes).
 test: venvs
 	$(BIN)/lint-imports
 	@# The package's own bytecode too, for each Python (see install above).
 	$(BIN)/python -m compileall -q tfconfig_slurm tests
 	$(BIN_TF2)/python -m compileall -q tfconfig_slurm tests
 	$(BIN)/mkdocs build --strict --site-dir $(SITE)
-	$(BIN)/python -m pytest -m 'not tf2' $(PARALLEL) --durations=25
-	$(BIN_TF2)/python -m pytest -m tf2 $(PARALLEL) --durations=10
+	tests/lanes
 
 # The docs site (MkDocs); strict: a broken link, anchor or a page left out of the nav fails
 # (not with --quiet, which hides the warnings that strict counts).

@@ -1,8 +1,9 @@
-"""Fixtures shared by test modules: the real SLURM test cluster; two lanes for pytest-xdist's
-two workers, the tests on the cluster in one (one cluster; they check what jobs leave on its
-nodes) and the others in the other, each lane one test at a time (tests bind the ports of the
-same captured SLURM steps; the cluster's nodes have network stacks of their own); and the
-TensorFlow 2.16+ tests (marked tf2) skipped, with the reason, where tf-keras is not installed."""
+"""Fixtures shared by test modules: the real SLURM test cluster; two lanes, the tests on the
+cluster in one (one cluster; they check what jobs leave on its nodes) and the others in the
+other, each lane one test at a time (tests bind the ports of the same captured SLURM steps; the
+cluster's nodes have network stacks of their own), run side by side by tests/lanes (`--lane`
+picks one) or as pytest-xdist's two workers (`-n 2 --dist loadgroup`); and the TensorFlow 2.16+
+tests (marked tf2) skipped, with the reason, where tf-keras is not installed."""
 
 from __future__ import annotations
 
@@ -13,12 +14,27 @@ import pytest
 pytest_plugins = ["tests.slurm_cluster"]
 
 
+LANES = ("host", "slurm")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--lane", choices=LANES, help="only the tests of this lane (tests/lanes runs both)"
+    )
+
+
 # First: pytest-xdist reads the group marks in its own hook of this name.
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    chosen = config.getoption("lane")
+    kept, left = [], []
     for item in items:
         lane = "slurm" if "slurm_cluster" in getattr(item, "fixturenames", ()) else "host"
         item.add_marker(pytest.mark.xdist_group(lane))
+        (kept if chosen in (None, lane) else left).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
     if importlib.util.find_spec("tf_keras") is not None:
         return
     skip = pytest.mark.skip(
