@@ -360,7 +360,10 @@ def say_finished(role: ClusterRole, lost: watchdog.OnLost) -> None:
             watch_plan.trainers_below(role),
         )
         answer.append(watchdog.FINISHED)
-        _until_gone(watch_plan.paired(role))
+        # A command that finished at once (a script rerun with nothing left to train) may
+        # finish before its parameter servers listen: they have yet to hear FINISHED, and
+        # would otherwise wait for this task as one still starting, then end as having lost it.
+        _until_gone(watch_plan.paired(role), seen_first=True)
         parent = watch_plan.parent(role)
         if parent is not None:
             _until_finished_or_gone(parent)
@@ -404,10 +407,16 @@ def _answering(role: ClusterRole) -> Iterator[list[bytes]]:
         listener.close()
 
 
-def _until_gone(peers: dict[str, str]) -> None:
-    """Returns once none of `peers` answers any more, or after _FINISHED_SECONDS."""
+def _until_gone(peers: dict[str, str], *, seen_first: bool = False) -> None:
+    """Returns once none of `peers` answers any more (`seen_first`: once each has answered and
+    answers no more), or after _FINISHED_SECONDS."""
     deadline = time.monotonic() + _FINISHED_SECONDS
-    while time.monotonic() < deadline and any(map(watchdog.answers, peers.values())):
+    unseen = set(peers.values()) if seen_first else set()
+    while time.monotonic() < deadline:
+        answering = set(filter(watchdog.answers, peers.values()))
+        unseen -= answering
+        if not answering and not unseen:
+            return
         time.sleep(watchdog.PROBE_SECONDS)
 
 
