@@ -27,7 +27,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     chosen = config.getoption("lane")
-    kept, left = [], []
+    kept: list[pytest.Item] = []
+    left: list[pytest.Item] = []
     for item in items:
         lane = "slurm" if "slurm_cluster" in getattr(item, "fixturenames", ()) else "host"
         item.add_marker(pytest.mark.xdist_group(lane))

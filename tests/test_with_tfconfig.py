@@ -326,7 +326,7 @@ def test_a_chief_done_before_its_ps_listens_says_so_until_the_ps_has_heard() -> 
     and gone, rather than leave the ps to wait for it as a task still starting."""
     base = free_port_block(2)
     chief = wrapped(base, 2, 1, "true", layout="--ps_per_node=1")
-    assert wait_until(lambda: watchdog.says_finished(f"localhost:{base + 1}"), 10)
+    assert wait_until(lambda: bool(watchdog.says_finished(f"localhost:{base + 1}")), 10)
     server = wrapped(base, 2, 0, *SERVER, "600", layout="--ps_per_node=1")
     statuses, logs = ended([server, chief], 30)
     assert statuses == [0, 0], logs
