@@ -123,6 +123,17 @@ def test_a_bad_setting_is_one_line_naming_it_and_nothing_is_made(
     assert not (tmp_path / "model").exists()
 
 
+def test_specs_in_the_wrong_order_are_one_line_naming_the_argument(tmp_path: Path) -> None:
+    result = script(tmp_path / "model", 100, SWAPPED="1")
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "one_import_estimator.py: train_spec: is a EvalSpec, not a tf.estimator.TrainSpec. HINT: "
+    ), result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "model").exists()
+
+
 def test_a_layout_error_names_the_variable_not_the_flag(tmp_path: Path) -> None:
     """In a step of 2 tasks, TFCONFIG_SLURM_ROLES lists 3: the script was given no flag."""
     step = task_env(["node1"], [2], 0)

@@ -301,6 +301,11 @@ def test_a_local_coordinator_cluster_trains_evaluates_and_every_task_exits_0(
         ("--save_checkpoints_secs=60", "--save_checkpoints_secs: does not apply"),
         ("--roles=chief,worker,evaluator", "--roles: asks for parameter servers or an evaluator"),
         ("--gpu_memory_growth", "--gpu_memory_growth: does not apply"),
+        ("--sync_replicas", "--sync_replicas: does not apply to a Keras experiment: all-reduce"),
+        (
+            "--coordinator --sync_replicas",
+            "--sync_replicas: does not apply to a Keras experiment: ParameterServerStrategy's",
+        ),
         ("--coordinator", "--coordinator: lays out a step of several tasks"),
         (
             "--coordinator --local_cluster=workers=1",

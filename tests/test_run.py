@@ -214,7 +214,8 @@ def test_a_run_already_at_its_steps_says_there_is_nothing_to_train(
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["eval"]["global_step"] == 20
     # Evaluated again, and the training's figures kept: the runs table still shows its speed.
-    assert f"done at step 20 in {trained_summary['wall_time_s']:.1f} s" in result.stderr
+    assert re.search(r"done at step 20 \(evaluated again in [\d.]+ s\): ", result.stderr)
+    assert summary["wall_time_s"] == trained_summary["wall_time_s"]
     assert summary["trainers"] == trained_summary["trainers"]
     assert summary["trainers"][0]["examples_per_sec"] > 0
 
@@ -293,6 +294,8 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
         (("--experiment=mnist_deep", "--experiment_id=grp/r1"), "--experiment_id: is 'grp", None),
         (("--experiment=mnist_deep", "--experiment_id="), "--experiment_id: is ''", None),
         (("--experiment=/etc/hostname",), "is not a .py file", None),
+        (("--experiment=/etc",), "'/etc' is a directory", None),
+        (("--experiment=mnist_deep.py",), "ships with tfconfig-slurm: --experiment=", None),
         (
             ("--experiment=mnist_keras",),
             "--experiment=mnist_keras (Keras): needs TensorFlow 2.16 or later with tf-keras, "
@@ -514,6 +517,9 @@ def test_a_tf_config_made_for_the_step_is_taken(tmp_path: Path) -> None:
     ("tf_config", "problem"),
     [
         ("{not json", "is not JSON"),
+        ("[]", "is not a JSON object"),
+        ('"chief"', "is not a JSON object"),
+        ('{"cluster": {"chief": "a:1"}, "task": {"type": "chief", "index": 0}}', "'a:1', not a"),
         ('{"cluster": {"chief": ["a:1"]}, "task": {"type": "boss", "index": 0}}', "boss"),
         ('{"cluster": {"chief": ["a:1"]}, "task": {"type": "chief", "index": 3}}', "lacks"),
         (

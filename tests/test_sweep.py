@@ -257,6 +257,27 @@ def test_the_runs_table_refuses_an_unknown_metric_and_a_missing_root(tmp_path: P
     assert missing.returncode == 2 and "OUTPUT_ROOT:" in missing.stderr
 
 
+def test_the_runs_table_says_a_run_whose_files_it_cannot_read_is_unreadable(
+    tmp_path: Path,
+) -> None:
+    """Edited, cut short or another program's: a line that says so, not a traceback, and not
+    a run left out without a word."""
+    run_dir(tmp_path, "good", {"state": "done"}, {"eval": {"accuracy": 0.9}}, 5)
+    run_dir(tmp_path, "typed", {"state": "done", "hparams": [1]}, {}, 5)
+    run_dir(tmp_path, "summed", {"state": "done"}, {"trainers": 3}, 5)
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "state.json").write_text("{garbage")
+    table = run_module("tfconfig_slurm.commands", "runs", str(tmp_path), "--json")
+    assert table.returncode == 0, table.stderr
+    states = {run["experiment_id"]: run["state"] for run in json.loads(table.stdout)}
+    assert states == {
+        "cut": "unreadable", "good": "done", "summed": "unreadable", "typed": "unreadable"
+    }  # fmt: skip
+    a_file = run_module("tfconfig_slurm.commands", "runs", str(tmp_path / "cut" / "state.json"))
+    assert (a_file.returncode, a_file.stderr.count("\n")) == (2, 1), a_file.stderr
+    assert "OUTPUT_ROOT: " in a_file.stderr and "is not a directory" in a_file.stderr
+
+
 def test_the_runs_table_of_no_runs_says_so_and_points_a_run_s_directory_to_its_root(
     tmp_path: Path,
 ) -> None:

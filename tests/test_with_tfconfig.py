@@ -20,7 +20,6 @@ from tests.slurm_envs import captured, task_env
 from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step
 from tfconfig_slurm.cluster.render import tf_config_json
 from tfconfig_slurm.commands.with_tfconfig import MAX_ENVIRONMENT_STRING
-from tfconfig_slurm.process import watchdog
 
 WRAPPER = str(REPOSITORY / "launch" / "with-tfconfig")
 # Prints what the command saw: its TF_CONFIG, its GPUs and its own arguments.
@@ -321,14 +320,17 @@ def test_a_worker_that_finishes_long_before_the_chief_waits_for_it() -> None:
 
 
 def test_a_chief_done_before_its_ps_listens_says_so_until_the_ps_has_heard() -> None:
-    """The chief's command ends at once (a script rerun with nothing left to train) before
-    its ps has started (importing TensorFlow): the chief says FINISHED until the ps has been
-    and gone, rather than leave the ps to wait for it as a task still starting."""
+    """The chief's command ends at once (a script rerun with nothing left to train) while its
+    ps's command is still starting (importing TensorFlow): the chief says FINISHED for a
+    probe's while, so that the ps's supervisor hears it, rather than leave the ps to wait for
+    it as a task still starting."""
     base = free_port_block(2)
-    chief = wrapped(base, 2, 1, "true", layout="--ps_per_node=1")
-    assert wait_until(lambda: bool(watchdog.says_finished(f"localhost:{base + 1}")), 10)
-    server = wrapped(base, 2, 0, *SERVER, "600", layout="--ps_per_node=1")
-    statuses, logs = ended([server, chief], 30)
+    layout = "--ps_per_node=1"
+    step = [
+        wrapped(base, 2, 0, "sleep", "30", layout=layout),
+        wrapped(base, 2, 1, "true", layout=layout),
+    ]
+    statuses, logs = ended(step, 20)
     assert statuses == [0, 0], logs
     assert "ps 0: every trainer finished; ending its command" in logs
 

@@ -95,6 +95,8 @@ class ClusterRole:
 
     @classmethod
     def from_tf_config(cls, tf_config: Mapping[str, Any]) -> ClusterRole:
+        if not isinstance(tf_config, Mapping):
+            raise UsageError("TF_CONFIG", "is not a JSON object (a cluster and a task)", _HINT)
         runtime = tf_config.get(RUNTIME_KEY) or {}
         if not isinstance(runtime, Mapping):
             raise UsageError("TF_CONFIG", f"has a {RUNTIME_KEY!r} that is not an object", _HINT)
@@ -104,6 +106,15 @@ class ClusterRole:
             role, index = tf_config["task"]["type"], int(tf_config["task"]["index"])
         except (KeyError, TypeError, ValueError, AttributeError):
             raise UsageError("TF_CONFIG", "is not a cluster and a task", _HINT) from None
+        for job, tasks in jobs.items():
+            if not isinstance(tasks, (list, tuple)) or not all(
+                isinstance(task, str) for task in tasks
+            ):
+                raise UsageError(
+                    "TF_CONFIG",
+                    f"gives its cluster's {job!r} as {tasks!r}, not a list of addresses",
+                    _HINT,
+                )
         if role not in (CHIEF, WORKER, PS, EVALUATOR):
             raise UsageError("TF_CONFIG", f"gives the task type {role!r}", _HINT)
         if role != EVALUATOR and not 0 <= index < len(cluster.get(role, ())):

@@ -463,7 +463,13 @@ def _keras_layout(policy: LayoutPolicy) -> LayoutPolicy:
             "every trainer of an all-reduce run evaluates the final model (with --coordinator, "
             "an evaluator evaluates each checkpoint)",
         ),
-        "--sync_replicas": (SYNC_REPLICAS.value, "all-reduce training is synchronous already"),
+        "--sync_replicas": (
+            SYNC_REPLICAS.value,
+            "ParameterServerStrategy's workers update the variables asynchronously, and cannot "
+            "be made to wait for each other"
+            if policy.coordinator
+            else "all-reduce training is synchronous already",
+        ),
         "--save_checkpoints_secs": (
             SAVE_CHECKPOINTS_SECS.value is not None,
             "checkpoints are numbered by step: use --save_checkpoints_steps",

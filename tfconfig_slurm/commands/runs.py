@@ -8,7 +8,8 @@ what it wrote (state.json, summary.json) and, where squeue is there, from SLURM:
 failed (a run that ended without saying so: killed, its node lost, or an error); stopped (on a
 signal, with a checkpoint; it resumes when run again); requeued (stopped, and its job waits in
 the queue to resume); continued (stopped, and the job it goes on in waits: JOB shows `31 ->
-35`). Beside the state, why: the time limit or the signal that stopped a run, and, for a few
+35`); unreadable (its state.json or summary.json is not what the runtime writes). Beside
+the state, why: the time limit or the signal that stopped a run, and, for a few
 minutes after its job ended, SLURM's word where the run could not say (cancelled, node
 failure, out of memory). --sort orders by a final metric, best first (the lowest for a loss or
 an error, else the highest). Imports no TensorFlow.
@@ -58,15 +59,19 @@ def main(argv: Sequence[str]) -> int:
     if len(argv) > 2:
         raise UsageError(repr(argv[2]), "is one word too many", f"{PROGRAM} [OUTPUT_ROOT]")
     root = Path(argv[1] if len(argv) > 1 else run_dir.output_root(os.environ))
-    if not root.is_dir():
+    hint = "give the --output_root the runs used (or set TFCONFIG_SLURM_OUTPUT)"
+    try:
+        folders = sorted(Path(entry.path) for entry in os.scandir(root) if entry.is_dir())
+    except NotADirectoryError:
+        raise UsageError("OUTPUT_ROOT", f"{str(root)!r} is not a directory", hint) from None
+    except FileNotFoundError:
+        raise UsageError("OUTPUT_ROOT", f"{str(root)!r} does not exist", hint) from None
+    except PermissionError:
         raise UsageError(
-            "OUTPUT_ROOT",
-            f"{str(root)!r} is not a directory",
-            "give the --output_root the runs used (or set TFCONFIG_SLURM_OUTPUT)",
-        )
+            "OUTPUT_ROOT", f"{str(root)!r} may not be read by this user", hint
+        ) from None
     jobs = _queued_jobs()
-    folders = sorted(Path(entry.path) for entry in os.scandir(root) if entry.is_dir())
-    runs = [run for run in (_run(folder, jobs) for folder in folders) if run is not None]
+    runs = [run for run in (_readable_run(folder, jobs) for folder in folders) if run]
     if not runs:
         _say_no_runs(root)
     if SORT.value:
@@ -84,6 +89,29 @@ def _say_no_runs(root: Path) -> None:
     if _run(root, None) is not None:
         hint = f" HINT: {root} is a run; its output root lists it: {PROGRAM} {root.parent}"
     sys.stderr.write(f"{PROGRAM}: no runs in {root}.{hint}\n")
+
+
+def _readable_run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
+    """A run's line, or one that says its files cannot be read (state.json or summary.json
+    edited, cut short or of another program), rather than a traceback or no line at all."""
+    try:
+        run = _run(folder, jobs)
+        if run is not None:
+            _table([run])  # what its line shows is of the types it expects
+            return run
+    except (AttributeError, TypeError, ValueError):
+        pass
+    else:
+        if not run_dir.RunDir(folder).state.exists():
+            return None
+    return {
+        "experiment_id": folder.name,
+        "state": "unreadable",
+        **dict.fromkeys(("global_step", "examples_per_sec", "job_id", "continued_as")),
+        **dict.fromkeys(("first_failure", "stopped_by", "ended_by", "updated")),
+        "eval": {},
+        "hparams": {},
+    }
 
 
 def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:

@@ -126,7 +126,7 @@ def _data_path_line(layout: ClusterLayout, model_bytes: int) -> str:
 
 
 def run() -> None:
-    run_cli(PROGRAM, main)
+    run_cli(PROGRAM, main, logs=True)
 
 
 if __name__ == "__main__":

@@ -61,9 +61,19 @@ def locate(spec: str) -> tuple[str, Path | None]:
     Raises UsageError when nothing by that name exists; imports nothing.
     """
     path = Path(spec)
+    if not spec:
+        raise UsageError("--experiment", "is empty", _HINT)
     if spec.endswith(".py") or "/" in spec:
+        if path.is_dir():
+            raise UsageError("--experiment", f"{spec!r} is a directory, not a .py file", _HINT)
         if not path.is_file():
-            raise UsageError("--experiment", f"file {spec!r} does not exist", _HINT)
+            shipped = _SHIPPED / path.name
+            hint = (
+                f"{path.stem} ships with tfconfig-slurm: --experiment={path.stem}"
+                if shipped.is_file() and shipped.name != "__init__.py"
+                else _HINT
+            )
+            raise UsageError("--experiment", f"file {spec!r} does not exist", hint)
         if path.suffix != ".py":
             raise UsageError("--experiment", f"file {spec!r} is not a .py file", _HINT)
         return path.stem, path

@@ -106,11 +106,13 @@ def write_summary(
 ) -> dict[str, Any]:
     """Writes summary.json and says where the run's results are; returns what it wrote."""
     earlier = read_summary(model_dir)
+    took = f"in {wall_time_s:.1f} s"
     if earlier.get("global_step") == int(metrics["global_step"]) and not any(
         trainer.get("examples_per_sec") for trainer in trainers
     ):
         # Nothing trained here (a rerun at the same step, only evaluated): the training's
         # figures stand.
+        took = f"(evaluated again in {wall_time_s:.1f} s)"
         trainers = earlier.get("trainers", trainers)
         wall_time_s = earlier.get("wall_time_s", wall_time_s)
     summary = {
@@ -123,9 +125,9 @@ def write_summary(
     }
     write_json_atomically(RunDir(model_dir).summary, summary)
     logging.info(
-        "done at step %d in %.1f s: %s; checkpoints and events in %s, summary in %s",
+        "done at step %d %s: %s; checkpoints and events in %s, summary in %s",
         summary["global_step"],
-        summary["wall_time_s"],
+        took,
         metric_text(summary["eval"]),
         model_dir,
         RunDir(model_dir).summary,

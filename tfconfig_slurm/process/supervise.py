@@ -54,6 +54,9 @@ WORKER_RESTARTS = 3
 # How long a task that finished says so at most, should the peers that wait for it never
 # leave.
 _FINISHED_SECONDS = 60.0
+# How long a trainer that finished says so to parameter servers it never heard from: a probe
+# of each watcher's, and a margin.
+_UNSEEN_SECONDS = 1.5 * watchdog.PROBE_SECONDS
 
 
 def command_group() -> children.Group:
@@ -361,9 +364,10 @@ def say_finished(role: ClusterRole, lost: watchdog.OnLost) -> None:
         )
         answer.append(watchdog.FINISHED)
         # A command that finished at once (a script rerun with nothing left to train) may
-        # finish before its parameter servers listen: they have yet to hear FINISHED, and
-        # would otherwise wait for this task as one still starting, then end as having lost it.
-        _until_gone(watch_plan.paired(role), seen_first=True)
+        # finish before its parameter servers listen: their supervisors, which probe this
+        # port every PROBE_SECONDS, have yet to hear FINISHED, and would otherwise wait for
+        # this task as one still starting, then end as having lost it.
+        _until_gone(watch_plan.paired(role), unseen_for=_UNSEEN_SECONDS)
         parent = watch_plan.parent(role)
         if parent is not None:
             _until_finished_or_gone(parent)
@@ -407,17 +411,18 @@ def _answering(role: ClusterRole) -> Iterator[list[bytes]]:
         listener.close()
 
 
-def _until_gone(peers: dict[str, str], *, seen_first: bool = False) -> None:
-    """Returns once none of `peers` answers any more (`seen_first`: once each has answered and
-    answers no more), or after _FINISHED_SECONDS."""
-    deadline = time.monotonic() + _FINISHED_SECONDS
-    unseen = set(peers.values()) if seen_first else set()
-    while time.monotonic() < deadline:
+def _until_gone(peers: dict[str, str], *, unseen_for: float = 0.0) -> None:
+    """Returns once none of `peers` answers any more, or after _FINISHED_SECONDS; a peer not
+    yet seen to answer is waited for `unseen_for` seconds at most."""
+    started = time.monotonic()
+    unseen = set(peers.values())
+    while (now := time.monotonic()) < started + _FINISHED_SECONDS:
         answering = set(filter(watchdog.answers, peers.values()))
         unseen -= answering
-        if not answering and not unseen:
+        if not answering and (not unseen or now >= started + unseen_for):
             return
-        time.sleep(watchdog.PROBE_SECONDS)
+        left = started + unseen_for - now
+        time.sleep(min(watchdog.PROBE_SECONDS, left) if left > 0 else watchdog.PROBE_SECONDS)
 
 
 def _until_finished_or_gone(address: str) -> None:

@@ -95,12 +95,17 @@ def _run(
     stop = preemption.StopRequest()
     stop.listen(signal.SIGUSR1, signal.SIGTERM)
     faulthandler.register(signal.SIGQUIT, all_threads=True)
-    if not isinstance(estimator, tf.estimator.Estimator):
-        raise UsageError(
-            "estimator",
-            f"is a {type(estimator).__name__}, not a tf.estimator.Estimator",
-            "pass the Estimator, e.g. tf.estimator.DNNClassifier(...)",
-        )
+    for name, value, expected, example in (
+        ("estimator", estimator, tf.estimator.Estimator, "tf.estimator.DNNClassifier(...)"),
+        ("train_spec", train_spec, tf.estimator.TrainSpec, "tf.estimator.TrainSpec(input_fn)"),
+        ("eval_spec", eval_spec, tf.estimator.EvalSpec, "tf.estimator.EvalSpec(input_fn)"),
+    ):
+        if not isinstance(value, expected):
+            raise UsageError(
+                name,
+                f"is a {type(value).__name__}, not a tf.estimator.{expected.__name__}",
+                f"train_and_evaluate(estimator, train_spec, eval_spec), e.g. {example}",
+            )
     if train_spec.max_steps is None:
         raise UsageError(
             "train_spec.max_steps",

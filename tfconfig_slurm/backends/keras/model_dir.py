@@ -4,9 +4,11 @@ the final evaluation for TensorBoard, and the exported SavedModel."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -66,11 +68,14 @@ class Saver:
         restored: int,
         stop: preemption.StopRequest,
     ) -> None:
-        # On the node's own disk: a worker's copy is written only to be thrown away.
+        # On the node's own disk: a worker's copy is written only to be thrown away. Named,
+        # not made: the manager makes it at a save, which deletes it, so that a worker that
+        # never saves (nothing left to train) leaves nothing behind.
         self._scratch = (
             None
             if role is None or role.role == CHIEF
-            else Path(tempfile.mkdtemp(prefix=f"tfconfig-slurm-{role.role}-{role.index}-"))
+            else Path(tempfile.gettempdir())
+            / f"tfconfig-slurm-{role.role}-{role.index}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         )
         self._manager = tf.train.CheckpointManager(
             checkpoint,

@@ -30,13 +30,15 @@ from tfconfig_slurm.process import place
 
 
 def cluster_resolver(
-    environ: MutableMapping[str, str] = os.environ, **layout: Any
+    environ: MutableMapping[str, str] | None = None, **layout: Any
 ) -> tf.distribute.cluster_resolver.SimpleClusterResolver:
     """This task's resolver. `layout` takes LayoutPolicy's fields (all_reduce=True,
     coordinator=True, ps_per_node=2, ...) over the TFCONFIG_SLURM_* variables; a bad value
-    raises UsageError naming it. Sets CUDA_VISIBLE_DEVICES in `environ` to the task's GPUs.
-    Outside a job step of several tasks, the cluster of this process alone (none for a
-    coordinator's layout)."""
+    raises UsageError naming it. Sets CUDA_VISIBLE_DEVICES in `environ` (by default this
+    process's) to the task's GPUs. Outside a job step of several tasks, the cluster of this
+    process alone (none for a coordinator's layout)."""
+    if environ is None:
+        environ = os.environ
     known = sorted(field.name for field in dataclasses.fields(LayoutPolicy))
     unknown = sorted(set(layout) - set(known))
     if unknown:

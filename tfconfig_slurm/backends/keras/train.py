@@ -70,7 +70,8 @@ class KerasBackend(TrainingBackendBase):
     _trainer: _Trainer | None = None
 
     def start_details(self) -> tuple[str, ...]:
-        return (f"{self._set_up().strategy.num_replicas_in_sync} replicas",)
+        replicas = self._set_up().strategy.num_replicas_in_sync
+        return (f"{replicas} replica{'' if replicas == 1 else 's'}",)
 
     def _set_up(self) -> _Trainer:
         """The strategy, the model restored, the watch of the neighbours (once)."""
