@@ -184,6 +184,26 @@ def _block_task_4_with(**changes: str) -> dict[str, str]:
     return BLOCK_TASK_4 | changes
 
 
+def test_without_arguments_the_tf_config_is_the_flags_own_and_imports_no_flags() -> None:
+    """What every task of a step runs skips absl's flags (a quarter of the command's time),
+    and prints, warns and refuses exactly as the command given its default flags."""
+    idle = task_env(["a", "b"], [3, 3], 4, gpus="0,1,2,3,4,5,6,7")
+    said = {}
+    for name, environ in (("step", BLOCK_TASK_4), ("idle", idle), ("outside", {})):
+        bare = run_module(TFCONFIG, environ=environ, python_flags=("-X", "importtime"))
+        flagged = run_module(TFCONFIG, "--ps_per_node=1", environ=environ)
+        lines = [line for line in bare.stderr.splitlines() if not line.startswith("import time")]
+        assert (bare.returncode, bare.stdout, lines) == (
+            flagged.returncode, flagged.stdout, flagged.stderr.splitlines()
+        )  # fmt: skip
+        imported = {line.split("|")[-1].strip() for line in bare.stderr.splitlines()}
+        assert "hostlist" in imported and not any(name.startswith("absl") for name in imported)
+        said[name] = (bare.returncode, flagged.stdout, flagged.stderr)
+    assert said["step"][0] == 0 and json.loads(said["step"][1])["task"]["type"] == "worker"
+    assert said["idle"][2].startswith("tfconfig-slurm: warning: GPUs idle on 2 of 2 nodes")
+    assert said["outside"][0] == 2 and said["outside"][2].startswith("tfconfig-slurm: SLURM_JOB_ID")
+
+
 def _block_task_4_without(*names: str) -> dict[str, str]:
     return {name: value for name, value in BLOCK_TASK_4.items() if name not in names}
 

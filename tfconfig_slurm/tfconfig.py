@@ -1,6 +1,13 @@
-"""`python -m tfconfig_slurm.tfconfig`, the documented name of tfconfig_slurm.commands.tfconfig."""
+"""`python -m tfconfig_slurm.tfconfig`, the documented name of tfconfig_slurm.commands.tfconfig;
+with no argument, the same TF_CONFIG without importing the flags (commands/task_config.py)."""
 
-from tfconfig_slurm.commands.tfconfig import run
+import sys
 
 if __name__ == "__main__":
+    if len(sys.argv) == 1:
+        from tfconfig_slurm.commands.task_config import run_without_flags
+
+        run_without_flags("tfconfig-slurm")
+    from tfconfig_slurm.commands.tfconfig import run
+
     run()

@@ -19,11 +19,11 @@ from tfconfig_slurm.cluster import (
     LayoutPolicy,
     in_job_step,
     lay_out,
+    lay_out_step,
     read_slurm_step,
 )
 from tfconfig_slurm.commands import plan_flags
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import place
 
 PS_PER_NODE = flags.DEFINE_integer(
     "ps_per_node",
@@ -111,7 +111,8 @@ def policy_from_flags() -> LayoutPolicy:
 
 
 def resolve_layout(environ: Mapping[str, str]) -> ResolvedLayout:
-    """This task's layout from SLURM's variables, or a planned one when --nodelist is given."""
+    """This task's layout from SLURM's variables, or a planned one when --nodelist is given;
+    the caller says the idle-GPU warning its own way."""
     if plan_flags.NODELIST.value is not None:
         policy = policy_from_flags()
         return ResolvedLayout(lay_out(plan_flags.planned_shape(policy), policy), None)
@@ -123,7 +124,7 @@ def resolve_layout(environ: Mapping[str, str]) -> ResolvedLayout:
             f"add it: tfconfig-slurm --explain --nodelist='gpu[01-04]' {planning[0]}=...",
         )
     step = read_slurm_step(environ)
-    return ResolvedLayout(place.step_layout(step, step_policy()), step.rank)
+    return ResolvedLayout(lay_out_step(step, step_policy()), step.rank)
 
 
 def step_policy() -> LayoutPolicy:

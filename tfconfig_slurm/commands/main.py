@@ -13,7 +13,11 @@ _PROGRAM = "tfconfig-slurm"
 
 
 def tfconfig_slurm() -> None:
-    word = sys.argv[1] if len(sys.argv) > 1 else "-"
+    if len(sys.argv) == 1:
+        from tfconfig_slurm.commands.task_config import run_without_flags  # noqa: PLC0415
+
+        run_without_flags(_PROGRAM)
+    word = sys.argv[1]
     if word == "runs":
         del sys.argv[1]
         from tfconfig_slurm.commands import runs  # noqa: PLC0415

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from absl import flags
 
 from tfconfig_slurm.cluster import ClusterLayout, data_path, render
-from tfconfig_slurm.commands import json_flag, layout_flags, plan_flags
+from tfconfig_slurm.commands import json_flag, layout_flags, plan_flags, task_config
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
 
@@ -89,10 +89,9 @@ def main(argv: Sequence[str]) -> None:
             "plans a layout, so it goes with --explain",
             "outside a job step there is no task to print a TF_CONFIG for; add --explain",
         )
-    elif EXPORT.value:
-        output = render.export_lines(layout, rank)
     else:
-        output = render.tf_config_json(layout, rank) + "\n"
+        task_config.print_task(PROGRAM, layout, rank, export=EXPORT.value)
+        return
     sys.stdout.write(output)
 
 
@@ -126,7 +125,7 @@ def _data_path_line(layout: ClusterLayout, model_bytes: int) -> str:
 
 
 def run() -> None:
-    run_cli(PROGRAM, main, logs=True)
+    run_cli(PROGRAM, main)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,7 @@ def main(argv: Sequence[str]) -> int:
             "plans a layout, so it cannot give a task its TF_CONFIG",
             "run inside a job step without --nodelist; to see a plan use tfconfig-slurm --explain",
         )
+    place.warn_idle_gpus(layout)
     environment = render.task_environment(layout, rank)
     tf_config = environment["TF_CONFIG"]
     given = place.given_tf_config(os.environ, layout.shape)

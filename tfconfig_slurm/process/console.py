@@ -7,8 +7,6 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from absl import flags
-
 from tfconfig_slurm.errors import USAGE_EXIT_CODE
 
 
@@ -25,8 +23,8 @@ def script_name() -> str:
 
 def start_logging() -> None:
     """As absl.app does: absl's handler on stderr, INFO unless --verbosity says otherwise."""
-    # Imported only here, so that a command that does not log does not pay for it.
-    from absl import logging  # noqa: PLC0415
+    # Imported only here, so that a command that does not log does not pay for them.
+    from absl import flags, logging  # noqa: PLC0415
 
     logging.use_absl_handler()
     verbosity = flags.FLAGS["verbosity"]

@@ -76,10 +76,15 @@ class Place(NamedTuple):
 def step_layout(step: SlurmStep, policy: LayoutPolicy) -> ClusterLayout:
     """The step's layout, warning once about GPUs that no task uses."""
     layout = lay_out_step(step, policy)
+    warn_idle_gpus(layout)
+    return layout
+
+
+def warn_idle_gpus(layout: ClusterLayout) -> None:
+    """Logs the warning of GPUs that no task of `layout` uses, if any."""
     warning = render.idle_gpus_warning(layout)
     if warning:
         logging.warning("%s", warning)
-    return layout
 
 
 def find(environ: MutableMapping[str, str], policy: LayoutPolicy, policy_source: str) -> Place:

@@ -1,0 +1,39 @@
+"""This task's TF_CONFIG as `tfconfig-slurm` prints it with no argument (what every task of a
+step runs), without the flags machinery: the interpreter, the core and json. absl.flags' import
+alone took a quarter of the command's time (bench/RESULTS.md, "resolve"). tfconfig.py prints a
+task's TF_CONFIG through the same function, with the policy its flags give."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import NoReturn
+
+from tfconfig_slurm.cluster import ClusterLayout, LayoutPolicy, render
+from tfconfig_slurm.cluster.layout import lay_out_step
+from tfconfig_slurm.cluster.step import read_slurm_step
+from tfconfig_slurm.errors import TfconfigSlurmError
+from tfconfig_slurm.process.console import fail
+
+
+def print_task(program: str, layout: ClusterLayout, rank: int, *, export: bool = False) -> None:
+    """Prints the TF_CONFIG of `rank` (`export`: the shell lines of its task environment),
+    and the idle-GPU warning, if any, on stderr."""
+    warning = render.idle_gpus_warning(layout)
+    if warning:
+        sys.stderr.write(f"{program}: warning: {warning}\n")
+    sys.stdout.write(
+        render.export_lines(layout, rank) if export else render.tf_config_json(layout, rank) + "\n"
+    )
+
+
+def run_without_flags(program: str, environ: Mapping[str, str] = os.environ) -> NoReturn:
+    """`program` with no argument: this task's TF_CONFIG in the default layout."""
+    try:
+        step = read_slurm_step(environ)
+        layout = lay_out_step(step, LayoutPolicy())
+    except TfconfigSlurmError as error:
+        fail(program, error.one_line())
+    print_task(program, layout, step.rank)
+    sys.exit(0)
