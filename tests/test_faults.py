@@ -31,6 +31,7 @@ from tests.slurm_cluster import (
     SlurmCluster,
     finish,
     job_id_of,
+    release,
     submit,
     wait_for_end,
     warn_and_requeue,
@@ -267,26 +268,36 @@ def test_a_job_that_may_not_requeue_goes_on_in_a_new_job_losing_no_step(
     assert (run["state"], run["job_id"], run["continued_as"]) == ("done", next_id, None)
 
 
-# A user's own batch script: no --signal, a time limit of one minute.
+# A user's own batch script: no --signal, a time limit of one minute. Its runs' logs follow
+# each other in the same files.
 LIMITED_SCRIPT = """#!/bin/bash
 #SBATCH --requeue
-srun --cpu-bind=none --output={logs}/%t.log {python} -m tfconfig_slurm.run \\
-    --experiment={experiment} --output_root={root} --train_steps=1000000 --log_every_steps=1 \\
+srun --cpu-bind=none --open-mode=append --output={logs}/%t.log {python} -m tfconfig_slurm.run \\
+    --experiment={experiment} --output_root={root} --train_steps={steps} --log_every_steps=1 \\
     --save_checkpoints_steps=20
 """
+# More than a paced trainer (20 steps a second at most) takes in the 28 s the first run
+# trains, and in what the second would train before the stop it planned (28 s again): it
+# trains on past that stop only because the limit was raised (by 2 minutes, time enough for
+# the rest at half that speed).
+LIMITED_STEPS = 1300
 
 
 @pytest.mark.slurm
-def test_a_time_limit_without_signal_stops_with_a_checkpoint_and_requeues(
+def test_a_time_limit_without_signal_stops_requeues_and_a_raised_limit_moves_the_stop(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     """The runtime asks squeue for the time left, and stops the job before it (at most half
-    of what was left at start: here about 26 s before the minute ends), as on SIGUSR1."""
+    of what was left at start: here about 26 s before the minute ends), as on SIGUSR1. The
+    job's next run, its limit raised to 3 minutes meanwhile, goes on past the stop it had
+    planned and trains to its steps: every step over two runs, none lost."""
     logs = tmp_path / "logs"
     logs.mkdir()
     script = tmp_path / "limited.sbatch"
     script.write_text(
-        LIMITED_SCRIPT.format(logs=logs, python=sys.executable, root=tmp_path, experiment=PACED)
+        LIMITED_SCRIPT.format(
+            logs=logs, python=sys.executable, root=tmp_path, experiment=PACED, steps=LIMITED_STEPS
+        )
     )
     submitted = slurm_cluster.run(
         ["sbatch", "--parsable", "--time=1", "--nodes=1", "--ntasks-per-node=2",
@@ -295,6 +306,7 @@ def test_a_time_limit_without_signal_stops_with_a_checkpoint_and_requeues(
     )  # fmt: skip
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
+    plan = rf"job {job_id} ends at its time limit at [\d:]+: this run stops at"
     try:
         wait_for(
             lambda: slurm_cluster.run(["scontrol", "show", "job", job_id]).stdout,
@@ -304,20 +316,34 @@ def test_a_time_limit_without_signal_stops_with_a_checkpoint_and_requeues(
         table = slurm_cluster.run(
             ["python", "-m", "tfconfig_slurm.commands", "runs", str(tmp_path), "--json"]
         )
+        first, first_checkpoint = read_logs(logs), checkpoint_step(tmp_path / "paced")
+        release(slurm_cluster, job_id)
+        wait_for(lambda: read_logs(logs), rf"(?s){plan}.*{plan}", START_SECONDS)
+        raised = slurm_cluster.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=3"])
+        assert raised.returncode == 0, raised.stderr
+        ended = wait_for_end(slurm_cluster, job_id)
     finally:
         slurm_cluster.run(["scancel", job_id])
     # The chief, which owns the run, says why it stopped, though it only heard SIGUSR1.
     (run,) = json.loads(table.stdout)
     assert (run["state"], run["stopped_by"]) == ("requeued", "time limit"), run
-    log = read_logs(logs)
-    assert re.search(rf"job {job_id} ends at its time limit at [\d:]+: this run stops at", log)
-    assert re.search(rf"job {job_id} reaches its time limit in \d+ s: stopping every task", log)
+    assert re.search(plan, first)
+    assert re.search(rf"job {job_id} reaches its time limit in \d+ s: stopping every task", first)
     stopped_at = [
-        int(step) for step in re.findall(r"stopping on SIGUSR1 at global step (\d+)", log)
+        int(step) for step in re.findall(r"stopping on SIGUSR1 at global step (\d+)", first)
     ]
-    assert len(stopped_at) == 1, log[-3000:]  # the chief, its one trainer
-    assert f"requeued job {job_id} (restart 1 of at most 3)" in log
-    assert checkpoint_step(tmp_path / "paced") == stopped_at[0]
+    assert len(stopped_at) == 1, first[-3000:]  # the chief, its one trainer
+    assert f"requeued job {job_id} (restart 1 of at most 3)" in first
+    assert first_checkpoint == stopped_at[0]
+    # The second run: the limit raised, it did not stop again, and lost no step.
+    assert (ended["JobState"], ended["ExitCode"], ended["Restarts"]) == ("COMPLETED", "0:0", "1")
+    log = read_logs(logs)
+    assert re.search(rf"job {job_id}'s time limit moved to [\d:]+: this run now stops at", log)
+    assert re.findall(r"stopping on SIGUSR1 at global step (\d+)", log) == [str(stopped_at[0])]
+    assert re.findall(r"chief 0 on node1 .* resuming from step (\d+)", log) == [str(stopped_at[0])]
+    assert checkpoint_step(tmp_path / "paced") >= LIMITED_STEPS
+    done = slurm_cluster.run(["python", "-m", "tfconfig_slurm.commands", "runs", str(tmp_path)])
+    assert re.search(r"(?m)^paced +done +\d+", done.stdout), done.stdout
 
 
 @pytest.mark.slurm
