@@ -80,8 +80,18 @@ def main() -> None:
     ours_command = [sys.executable, "-m", "tfconfig_slurm.tfconfig"]
     tf_command = [sys.executable, "-c", TF_RESOLVER]
 
-    floors: dict[str, list[float]] = {"python -c pass": [], "python -c 'import absl.flags'": []}
-    floor_commands = [[sys.executable, "-c", "pass"], [sys.executable, "-c", "import absl.flags"]]
+    # The same TF_CONFIG with a flag given (the defaults' own): through absl's flags, as
+    # every call went before the call without arguments skipped them.
+    floors: dict[str, list[float]] = {
+        "python -c pass": [],
+        "python -c 'import absl.flags'": [],
+        "tfconfig-slurm --ps_per_node=1": [],
+    }
+    floor_commands = [
+        [sys.executable, "-c", "pass"],
+        [sys.executable, "-c", "import absl.flags"],
+        [*ours_command, "--ps_per_node=1"],
+    ]
     ours: list[float] = []
     theirs: list[float] = []
     for run in range(max(arguments.runs, arguments.tf_runs)):
