@@ -7,7 +7,7 @@ if __name__ == "__main__":
     if len(sys.argv) == 1:
         from tfconfig_slurm.commands.task_config import run_without_flags
 
-        run_without_flags("tfconfig-slurm")
+        run_without_flags()
     from tfconfig_slurm.commands.tfconfig import run
 
     run()

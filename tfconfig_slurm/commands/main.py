@@ -6,17 +6,16 @@ from __future__ import annotations
 import difflib
 import sys
 
+from tfconfig_slurm.commands import task_config
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.console import fail
 
-_PROGRAM = "tfconfig-slurm"
+_PROGRAM = task_config.PROGRAM
 
 
 def tfconfig_slurm() -> None:
     if len(sys.argv) == 1:
-        from tfconfig_slurm.commands.task_config import run_without_flags  # noqa: PLC0415
-
-        run_without_flags(_PROGRAM)
+        task_config.run_without_flags()
     word = sys.argv[1]
     if word == "runs":
         del sys.argv[1]

@@ -16,6 +16,9 @@ from tfconfig_slurm.cluster.step import read_slurm_step
 from tfconfig_slurm.errors import TfconfigSlurmError
 from tfconfig_slurm.process.console import fail
 
+# The command's name in its messages, whichever way it was called.
+PROGRAM = "tfconfig-slurm"
+
 
 def print_task(program: str, layout: ClusterLayout, rank: int, *, export: bool = False) -> None:
     """Prints the TF_CONFIG of `rank` (`export`: the shell lines of its task environment),
@@ -28,12 +31,12 @@ def print_task(program: str, layout: ClusterLayout, rank: int, *, export: bool =
     )
 
 
-def run_without_flags(program: str, environ: Mapping[str, str] = os.environ) -> NoReturn:
-    """`program` with no argument: this task's TF_CONFIG in the default layout."""
+def run_without_flags(environ: Mapping[str, str] = os.environ) -> NoReturn:
+    """The command with no argument: this task's TF_CONFIG in the default layout."""
     try:
         step = read_slurm_step(environ)
         layout = lay_out_step(step, LayoutPolicy())
     except TfconfigSlurmError as error:
-        fail(program, error.one_line())
-    print_task(program, layout, step.rank)
+        fail(PROGRAM, error.one_line())
+    print_task(PROGRAM, layout, step.rank)
     sys.exit(0)

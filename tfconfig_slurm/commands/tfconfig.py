@@ -31,7 +31,7 @@ from tfconfig_slurm.commands import json_flag, layout_flags, plan_flags, task_co
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
 
-PROGRAM = "tfconfig-slurm"
+PROGRAM = task_config.PROGRAM
 
 EXPORT = flags.DEFINE_boolean(
     "export", False, "Print shell export lines for TF_CONFIG and CUDA_VISIBLE_DEVICES."
