@@ -184,6 +184,10 @@ def _block_task_4_with(**changes: str) -> dict[str, str]:
     return BLOCK_TASK_4 | changes
 
 
+def _block_task_4_without(*names: str) -> dict[str, str]:
+    return {name: value for name, value in BLOCK_TASK_4.items() if name not in names}
+
+
 def test_without_arguments_the_tf_config_is_the_flags_own_and_imports_no_flags() -> None:
     """What every task of a step runs skips absl's flags (a quarter of the command's time),
     and prints, warns and refuses exactly as the command given its default flags."""
@@ -197,15 +201,11 @@ def test_without_arguments_the_tf_config_is_the_flags_own_and_imports_no_flags()
             flagged.returncode, flagged.stdout, flagged.stderr.splitlines()
         )  # fmt: skip
         imported = {line.split("|")[-1].strip() for line in bare.stderr.splitlines()}
-        assert "hostlist" in imported and not any(name.startswith("absl") for name in imported)
+        assert "hostlist" in imported and not any(module.startswith("absl") for module in imported)
         said[name] = (bare.returncode, flagged.stdout, flagged.stderr)
     assert said["step"][0] == 0 and json.loads(said["step"][1])["task"]["type"] == "worker"
     assert said["idle"][2].startswith("tfconfig-slurm: warning: GPUs idle on 2 of 2 nodes")
     assert said["outside"][0] == 2 and said["outside"][2].startswith("tfconfig-slurm: SLURM_JOB_ID")
-
-
-def _block_task_4_without(*names: str) -> dict[str, str]:
-    return {name: value for name, value in BLOCK_TASK_4.items() if name not in names}
 
 
 MALFORMED = [

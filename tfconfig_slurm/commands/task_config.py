@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
 from typing import NoReturn
 
 from tfconfig_slurm.cluster import ClusterLayout, LayoutPolicy, render
@@ -31,10 +30,10 @@ def print_task(program: str, layout: ClusterLayout, rank: int, *, export: bool =
     )
 
 
-def run_without_flags(environ: Mapping[str, str] = os.environ) -> NoReturn:
+def run_without_flags() -> NoReturn:
     """The command with no argument: this task's TF_CONFIG in the default layout."""
     try:
-        step = read_slurm_step(environ)
+        step = read_slurm_step(os.environ)
         layout = lay_out_step(step, LayoutPolicy())
     except TfconfigSlurmError as error:
         fail(PROGRAM, error.one_line())
