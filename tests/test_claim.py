@@ -120,14 +120,16 @@ def test_release_leaves_a_lock_another_run_took_over(tmp_path: Path) -> None:
 def test_the_runtime_refuses_a_held_directory_with_one_line(
     tmp_path: Path, other_process: subprocess.Popen[bytes]
 ) -> None:
-    claim.claim(tmp_path / "mnist_deep", Holder(job=None, host=HOST, pid=other_process.pid))
+    """At once: before the experiment (which this one fails to be) and TensorFlow load."""
+    claim.claim(tmp_path / "mine", Holder(job=None, host=HOST, pid=other_process.pid))
+    (tmp_path / "mine.py").write_text("raise RuntimeError('the experiment was loaded')\n")
     result = run_module(
-        "tfconfig_slurm.run", "--experiment=mnist_deep", f"--output_root={tmp_path}"
+        "tfconfig_slurm.run", f"--experiment={tmp_path / 'mine.py'}", f"--output_root={tmp_path}"
     )
     assert result.returncode == 2
-    assert result.stderr.count("\n") == 1
+    assert result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(
         "tfconfig-slurm-run: --experiment_id: "
-        f"{tmp_path / 'mnist_deep'} is held by another run, process {other_process.pid}"
+        f"{tmp_path / 'mine'} is held by another run, process {other_process.pid}"
     )
-    assert sorted(path.name for path in (tmp_path / "mnist_deep").iterdir()) == ["run.lock"]
+    assert sorted(path.name for path in (tmp_path / "mine").iterdir()) == ["run.lock"]

@@ -143,16 +143,34 @@ def test_launch_tensorboard_says_its_help_and_serves_the_network_when_asked(
         server.wait(timeout=30)
 
 
-def test_the_batch_script_run_outside_a_job_says_to_submit_it(tmp_path: Path) -> None:
-    refused = subprocess.run(
-        [str(REPOSITORY / "launch" / "train.sbatch"), "--train_steps=10"],
-        env={"PATH": os.environ["PATH"], "TFCONFIG_SLURM_PYTHON": sys.executable},
-        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+def batch_script(script: str, cwd: Path, **environ: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(REPOSITORY / "launch" / script), "--train_steps=10"],
+        env={"PATH": os.environ["PATH"], "TFCONFIG_SLURM_PYTHON": sys.executable, **environ},
+        cwd=cwd, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("script", ["train.sbatch", "train-hetjob.sbatch"])
+def test_the_batch_script_run_outside_a_job_says_to_submit_it(tmp_path: Path, script: str) -> None:
+    refused = batch_script(script, tmp_path)
     assert refused.returncode == 2, refused.stderr
-    assert refused.stderr.startswith("train.sbatch: SLURM_JOB_ID: not set"), refused.stderr
-    assert "HINT: submit it: sbatch" in refused.stderr
+    assert refused.stderr.startswith(f"{script}: SLURM_JOB_ID: not set"), refused.stderr
+    assert refused.stderr.count("\n") == 1 and "HINT: submit it: sbatch" in refused.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_heterogeneous_script_submitted_elsewhere_says_where_to_submit_it(
+    tmp_path: Path,
+) -> None:
+    """sbatch runs a copy of the script, which finds train.sbatch from the submit directory."""
+    refused = batch_script("train-hetjob.sbatch", tmp_path, SLURM_JOB_ID="7",
+                           SLURM_SUBMIT_DIR=str(tmp_path))  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith(
+        f"train-hetjob.sbatch: TFCONFIG_SLURM_LAUNCH: '{tmp_path}/launch' has no train.sbatch."
+    ), refused.stderr
+    assert refused.stderr.count("\n") == 1 and "HINT: submit from the repository" in refused.stderr
 
 
 # The interpreter this test environment was made from: a Python without tfconfig_slurm.
@@ -345,6 +363,13 @@ def test_unwritable_output_root_creates_nothing(tmp_path: Path) -> None:
         (("--experiment_id=taken",), {}, "--experiment_id: names {root}/taken, a file"),
         # The root chosen by the variable, not the flag: the message names the variable.
         ((), {"TFCONFIG_SLURM_OUTPUT": "{root}/taken"}, "TFCONFIG_SLURM_OUTPUT: cannot hold"),
+        # The kernel's view, which root may write to but which holds no files.
+        (
+            (),
+            {"TFCONFIG_SLURM_OUTPUT": "/proc/tfconfig-slurm"},
+            "TFCONFIG_SLURM_OUTPUT: cannot hold /proc/tfconfig-slurm/mnist_deep: /proc is on a "
+            "filesystem of no size",
+        ),
     ],
 )
 def test_print_model_dir_refuses_a_model_directory_that_cannot_be(

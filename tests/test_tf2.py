@@ -118,10 +118,26 @@ def test_the_cluster_resolver_is_the_task_s_place_in_the_core_s_layout() -> None
     assert resolver.master("ps", 0) == f"grpc://{layout.cluster()['ps'][0]}"
 
 
-def test_the_cluster_resolver_refuses_a_setting_it_does_not_know() -> None:
+@pytest.mark.parametrize(
+    ("setting", "problem"),
+    [
+        ({"parameter_servers": 2}, "is no layout setting"),
+        ({"ps_per_node": "two"}, "is 'two', expected a whole number"),
+        ({"ps_per_node": True}, "is True, expected a whole number"),
+        ({"all_reduce": "yes"}, "is 'yes', expected True or False"),
+        ({"ps_per_node": -1}, "is -1, expected 0 or more"),
+        ({"port_base": 70000}, "is 70000, expected a port from"),
+    ],
+)
+def test_the_cluster_resolver_names_a_bad_argument_as_given(
+    setting: dict[str, object], problem: str
+) -> None:
+    """Named as the script wrote it, not as the flag or the variable of the same setting."""
     with pytest.raises(UsageError) as raised:
-        tfconfig_slurm.cluster_resolver(captured("block_3x3_gres2", "task-4"), parameter_servers=2)
-    assert raised.value.culprit == "cluster_resolver(parameter_servers=...)"
+        tfconfig_slurm.cluster_resolver(captured("block_3x3_gres2", "task-4"), **setting)
+    (name,) = setting
+    assert raised.value.culprit == f"cluster_resolver({name}=...)"
+    assert raised.value.problem.startswith(problem)
 
 
 def test_outside_a_step_the_cluster_resolver_is_this_process_alone_but_for_a_coordinator() -> None:

@@ -343,6 +343,13 @@ MALFORMED = [
         BLOCK_TASK_4,
         "--ps_per_nodes: is not a flag of tfconfig-slurm; did you mean --ps_per_node?",
     ),
+    (
+        "unknown flag close to two",
+        ("--explain", "--gpu_per_node=2"),
+        {},
+        "--gpu_per_node: is not a flag of tfconfig-slurm; did you mean --gpus_per_node or "
+        "--ps_per_node?",
+    ),
     ("stray argument", ("explain",), BLOCK_TASK_4, "'explain'"),
     ("json without explain", ("--json",), BLOCK_TASK_4, "--json"),
     ("export and explain", ("--export", "--explain"), BLOCK_TASK_4, "--export"),

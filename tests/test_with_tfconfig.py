@@ -406,9 +406,12 @@ def test_told_its_model_dir_a_chief_sent_sigterm_says_the_run_stopped(tmp_path: 
         step[2].terminate()
         assert step[2].wait(timeout=30) == 128 + signal.SIGTERM
     finally:
-        ended(step, 0)
+        _, logs = ended(step, 0)
     said = json.loads(state.read_text())
     assert (said["state"], said["signal"]) == ("stopped", "SIGTERM")
+    # A stop, not a failure, in the log as in the state.
+    assert "chief 0: its command stopped on SIGTERM; saying so on its port" in logs, logs
+    assert "chief 0: its command failed" not in logs
     assert re.search(r"^mine +stopped \(SIGTERM\) ", runs_table(tmp_path), re.M)
 
 

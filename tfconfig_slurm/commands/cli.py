@@ -116,7 +116,9 @@ def flag_error(error: Exception, command: str) -> UsageError:
         return UsageError(f"--{name}", said, f"{command} --help says what --{name} takes")
     unknown = re.match(r"Unknown command line flag '([^']+)'(?:\. Did you mean: (.+?) \?)?", text)
     if unknown:
-        guess = f"; did you mean --{unknown.group(2)}?" if unknown.group(2) else ""
+        # absl's "Did you mean: a, b ?" names flags without their dashes.
+        close = [f"--{name.strip()}" for name in (unknown.group(2) or "").split(",") if name]
+        guess = f"; did you mean {' or '.join(close)}?" if close else ""
         return UsageError(
             f"--{unknown.group(1)}",
             f"is not a flag of {command}{guess}",

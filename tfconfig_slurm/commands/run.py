@@ -134,7 +134,11 @@ DATA_DIR = flags.DEFINE_string(
     "without them, or without this flag, the digits that ship with scikit-learn).",
 )
 SAVE_CHECKPOINTS_STEPS = flags.DEFINE_integer(
-    "save_checkpoints_steps", None, "Checkpoint every N global steps.", lower_bound=1
+    "save_checkpoints_steps",
+    None,
+    "Checkpoint every N global steps (a Keras experiment's default: 1000; an Estimator "
+    "experiment checkpoints by --save_checkpoints_secs unless this is set).",
+    lower_bound=1,
 )
 SAVE_CHECKPOINTS_SECS = flags.DEFINE_integer(
     "save_checkpoints_secs",

@@ -139,6 +139,15 @@ def claim(model_dir: Path, holder: Holder, naming: Naming = CLI_NAMING) -> Claim
     return Claim(lock, holder)
 
 
+def check(model_dir: Path, holder: Holder, naming: Naming = CLI_NAMING) -> None:
+    """Raises UsageError, as `claim` would, where another live run holds `model_dir`; makes
+    nothing. A second run is then refused at once, before it loads TensorFlow; `claim`, once
+    the start checks pass, holds the directory for good."""
+    current = _read(RunDir(model_dir).lock)
+    if current is not None and not current[0].same_run(holder) and not _gone(*current):
+        _refuse(model_dir, naming, *current)
+
+
 def held_by_live_run(model_dir: Path) -> bool | None:
     """Whether a live run holds `model_dir`: None when no lock is there."""
     current = _read(RunDir(model_dir).lock)

@@ -119,6 +119,7 @@ def _run(task: TaskRun, layout: str, backend: Callable[[], Backend], *, returns:
     _check_layout(layout, task.place)
     if role is not None:
         network.check_task(role)
+    model_dir.check_free(task.model_dir, role, task.naming, task.environ)
     trainer = backend()
     held = model_dir.hold(task.model_dir, role, task.naming, task.environ)
     failure.attach(task.model_dir, role, task.place.node)

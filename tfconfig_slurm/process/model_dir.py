@@ -41,7 +41,10 @@ def check_room(folder: Path, naming: claim.Naming) -> None:
         problem = f"{existing} is a file, not a directory"
     elif not os.access(existing, os.W_OK | os.X_OK):
         problem = f"{existing} is not writable"
-    elif (free := shutil.disk_usage(existing).free) < _MIN_FREE_BYTES:
+    elif (disk := shutil.disk_usage(existing)).total == 0:
+        # /proc, /sys: the kernel's views, which root may "write" but which hold no files.
+        problem = f"{existing} is on a filesystem of no size (the kernel's, like /proc)"
+    elif (free := disk.free) < _MIN_FREE_BYTES:
         problem = (
             f"{existing} has only {free / 2**20:.1f} MiB free, less than the "
             f"{_MIN_FREE_BYTES // 2**20} MiB a run needs to start: its first checkpoint would "
@@ -64,6 +67,19 @@ def _exists(path: Path) -> bool:
         return True
 
 
+def check_free(
+    model_dir: Path,
+    role: ClusterRole | None,
+    naming: claim.Naming,
+    environ: Mapping[str, str],
+) -> None:
+    """Refuses (UsageError) a model directory that another live run holds, making nothing:
+    `hold`'s refusal, said before the backend loads."""
+    holder = _holder(role, environ)
+    if holder is not None:
+        claim.check(model_dir, holder, naming)
+
+
 def hold(
     model_dir: Path,
     role: ClusterRole | None,
@@ -73,18 +89,24 @@ def hold(
     """Holds the model directory for this run, as the task whose environment is `environ`;
     returns the claim this task keeps renewed and releases at the end: the chief's, or a
     single process's. Creates the directory."""
-    if role is not None and role.in_local_cluster:
-        # A --local_cluster's launcher holds it for its tasks.
-        model_dir.mkdir(parents=True, exist_ok=True)
-        return None
-    holder = claim.this_holder(environ)
-    owner = role is None or role.role == CHIEF
-    if not owner and holder.job is None:
-        # Outside SLURM, only the chief can tell its own run from another.
+    holder = _holder(role, environ)
+    if holder is None:
         model_dir.mkdir(parents=True, exist_ok=True)
         return None
     held = claim.claim(model_dir, holder, naming)
-    if not owner:
+    if role is not None and role.role != CHIEF:
         return None
     held.renew()
     return held
+
+
+def _holder(role: ClusterRole | None, environ: Mapping[str, str]) -> claim.Holder | None:
+    """Who this task holds the model directory as; None for a task that holds none: a
+    --local_cluster's (its launcher holds it for them), and outside SLURM any but the chief,
+    which alone can tell its own run from another."""
+    if role is not None and role.in_local_cluster:
+        return None
+    holder = claim.this_holder(environ)
+    if role is not None and role.role != CHIEF and holder.job is None:
+        return None
+    return holder

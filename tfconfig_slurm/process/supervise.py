@@ -198,9 +198,11 @@ def _run_watched(
         _say_how_it_ended(owner, status, stopped_by)
     if status != 0:
         _claim_the_end(ending)
-        if not stopped_by:
+        if stopped_by:
+            _say_failed(role, f"its command stopped on {stopped_by[0].name}")
+        else:
             failure.record_exit(child.returncode)
-        _say_failed(role)
+            _say_failed(role)
     return status
 
 

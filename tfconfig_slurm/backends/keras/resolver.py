@@ -39,15 +39,7 @@ def cluster_resolver(
     process alone (none for a coordinator's layout)."""
     if environ is None:
         environ = os.environ
-    known = sorted(field.name for field in dataclasses.fields(LayoutPolicy))
-    unknown = sorted(set(layout) - set(known))
-    if unknown:
-        raise UsageError(
-            f"cluster_resolver({unknown[0]}=...)",
-            "is no layout setting",
-            f"give only these: {', '.join(known)}",
-        )
-    policy = dataclasses.replace(place.policy_from_environ(environ), **layout)
+    policy = _policy(place.policy_from_environ(environ), layout)
     if not in_job_step(environ) or read_slurm_step(environ).shape.num_tasks == 1:
         return _alone(policy)
     step = read_slurm_step(environ)
@@ -77,6 +69,49 @@ def cluster_resolver(
         num_accelerators={"GPU": len(task.gpus)} if task.gpus else None,
         rpc_layer="grpc",
     )
+
+
+# What each layout argument takes, for its check: LayoutPolicy's fields, None where it
+# defaults to None.
+_KINDS: dict[str, tuple[str, type, bool]] = {
+    "ps_per_node": ("a whole number", int, True),
+    "roles": ("a tuple of roles", tuple, True),
+    "evaluator": ("True or False", bool, False),
+    "address_template": ("a string", str, False),
+    "port_base": ("a whole number", int, True),
+    "all_reduce": ("True or False", bool, False),
+    "coordinator": ("True or False", bool, False),
+}
+_EXAMPLES = {int: "1", tuple: '("chief", "worker")', bool: "True", str: '"{node}-ib"'}
+
+
+def _policy(variables: LayoutPolicy, layout: dict[str, Any]) -> LayoutPolicy:
+    """The variables' policy with the keyword arguments over it; a bad argument raises
+    UsageError naming it as the caller wrote it."""
+    for name, value in layout.items():
+        if name not in _KINDS:
+            raise UsageError(
+                f"cluster_resolver({name}=...)",
+                "is no layout setting",
+                f"give only these: {', '.join(sorted(_KINDS))}",
+            )
+        expected, kind, optional = _KINDS[name]
+        # A bool is an int to isinstance; not a count or a port.
+        if not (value is None and optional) and (
+            not isinstance(value, kind) or (kind is int and isinstance(value, bool))
+        ):
+            raise UsageError(
+                f"cluster_resolver({name}=...)",
+                f"is {value!r}, expected {expected}",
+                f"e.g. {name}={_EXAMPLES[kind]}",
+            )
+    try:
+        return dataclasses.replace(variables, **layout)
+    except UsageError as error:
+        name = error.culprit.removeprefix("--")
+        if name not in layout:
+            raise
+        raise UsageError(f"cluster_resolver({name}=...)", error.problem, error.hint) from None
 
 
 def _alone(policy: LayoutPolicy) -> tf.distribute.cluster_resolver.SimpleClusterResolver:
