@@ -414,30 +414,35 @@ def _settings(
     )
 
 
+# Each backend below loads the experiment and checks the flags' settings against it before it
+# imports TensorFlow itself: an experiment that does not import it at the top is refused
+# within a fraction of a second rather than after TensorFlow's seconds of loading.
+
+
 def _keras(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
-    """Imports TensorFlow and tf-keras, and the Keras experiment, as its backend."""
+    """The Keras experiment, and TensorFlow and tf-keras, as its backend."""
     # Keras 2 (tf-keras) for whatever the experiment reaches through tf.keras too.
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    experiment = experiment_lib.load_keras(EXPERIMENT.value or "")
+    settings = _settings(task.model_dir, hparams, experiment.hparams)
     from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
     from tfconfig_slurm.backends.keras.train import KerasBackend  # noqa: PLC0415
 
-    experiment = experiment_lib.load_keras(EXPERIMENT.value or "")
     tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
-    settings = _settings(task.model_dir, hparams, experiment.hparams)
     return KerasBackend(experiment, settings, task)
 
 
 def _coordinator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
-    """Imports TensorFlow and tf-keras, and the Keras experiment, as the coordinator of a
+    """The Keras experiment, and TensorFlow and tf-keras, as the coordinator of a
     ParameterServerStrategy cluster, or as its evaluator (a sidecar)."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    experiment = experiment_lib.load_keras(EXPERIMENT.value or "")
+    settings = _settings(task.model_dir, hparams, experiment.hparams)
     from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
     from tfconfig_slurm.backends.keras.coordinator import CoordinatorBackend  # noqa: PLC0415
     from tfconfig_slurm.backends.keras.sidecar import SidecarBackend  # noqa: PLC0415
 
-    experiment = experiment_lib.load_keras(EXPERIMENT.value or "")
     tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
-    settings = _settings(task.model_dir, hparams, experiment.hparams)
     role = task.place.role
     assert role is not None
     if role.role == EVALUATOR:
@@ -446,14 +451,14 @@ def _coordinator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
 
 
 def _estimator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
-    """Imports TensorFlow, and the Estimator experiment, as its backend."""
+    """The Estimator experiment, and TensorFlow, as its backend."""
+    experiment = experiment_lib.load(EXPERIMENT.value or "")
+    settings = _settings(task.model_dir, hparams, experiment.hparams)
     from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
     from tfconfig_slurm.backends.estimator import experiment_training  # noqa: PLC0415
     from tfconfig_slurm.backends.estimator.train import EstimatorBackend  # noqa: PLC0415
 
-    experiment = experiment_lib.load(EXPERIMENT.value or "")
     tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
-    settings = _settings(task.model_dir, hparams, experiment.hparams)
     training = experiment_training.training(experiment, settings, task.place.role)
     return EstimatorBackend(training, task.place.role, task.stop)
 
