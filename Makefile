@@ -92,6 +92,7 @@ bench: venvs
 	$(BIN)/python bench/peers.py
 	$(BIN)/python bench/runtime.py
 	$(BIN)/python bench/keras_vs_estimator.py --keras_python $(BIN_TF2)/python
+	$(BIN)/python bench/accuracy.py --keras_python $(BIN_TF2)/python
 
 # Each fault 5 times on the test cluster (root), about 11 minutes.
 bench-faults: $(STAMP)

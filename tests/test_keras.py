@@ -45,32 +45,35 @@ def train(root: Path, *flags: str, timeout: float = 300) -> subprocess.Completed
     )
 
 
-def test_mnist_keras_trains_resumes_to_the_step_and_reaches_97_percent(tmp_path: Path) -> None:
-    """150 steps, then the rest resumed: 300 in all, half the 600 in which mnist_keras is to
-    reach 97% (on the digits it does sooner)."""
-    first = train(tmp_path, "--train_steps=150", "--save_checkpoints_steps=100")
+def test_mnist_keras_trains_and_resumes_to_the_step(tmp_path: Path) -> None:
+    """40 steps, then the rest resumed: 80 in all. Its accuracy floor, 97% after 300 steps, is
+    bench/accuracy.py's."""
+    first = train(
+        tmp_path, "--train_steps=40", "--save_checkpoints_steps=20", "--log_every_steps=10"
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     model_dir = tmp_path / "mnist_keras"
-    assert checkpoint_step(model_dir) == 150
+    assert checkpoint_step(model_dir) == 40
     # Each checkpoint timed, for the stop before a time limit (test_time_limit.py).
     written = re.findall(r"checkpoint of step (\d+) written in \d+\.\d\d s", first.stderr)
-    assert written == ["100", "150"], first.stderr[-3000:]
+    assert written == ["20", "40"], first.stderr[-3000:]
     logged = re.search(
-        r"step 100: loss (\d[\d.e-]*), [\d.]+ examples/s, [\d.]+ global steps/s", first.stderr
+        r"step 30: loss (\d[\d.e-]*), [\d.]+ examples/s, [\d.]+ global steps/s", first.stderr
     )
-    # The mean loss of steps 2-100, learnt: below a guess among 10 classes (ln 10 = 2.3).
+    # Learnt by step 30 (0.36 here): below a guess among 10 classes (ln 10 = 2.3).
     assert logged and 0 < float(logged.group(1)) < 1.0, first.stderr[-3000:]
-    second = train(tmp_path, "--train_steps=300")
+    second = train(tmp_path, "--train_steps=80")
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "resuming from step 150" in second.stderr
-    assert "first step done (global step 151)" in second.stderr
+    assert "resuming from step 40" in second.stderr
+    assert "first step done (global step 41)" in second.stderr
     summary = json.loads((model_dir / "summary.json").read_text())
     assert set(summary) == SUMMARY_KEYS
-    assert summary["global_step"] == 300 and summary["layout"] == "single process"
-    assert summary["eval"]["accuracy"] >= 0.97, summary
+    assert summary["global_step"] == 80 and summary["layout"] == "single process"
+    # Evaluated after training: 0.96 after 60 steps here, chance is 0.1.
+    assert summary["eval"]["accuracy"] > 0.5, summary
     assert summary["trainers"][0]["examples_per_sec"] > 0
     state = json.loads((model_dir / "state.json").read_text())
-    assert (state["state"], state["global_step"]) == ("done", 300)
+    assert (state["state"], state["global_step"]) == ("done", 80)
     assert state["hparams"] == {"learning_rate": 0.001, "dropout": 0.5, "shuffle_buffer": 10000}
     # TensorBoard's runs: the training scalars, and the final evaluation under eval/.
     assert list((model_dir / "eval").glob("events.out.tfevents.*"))

@@ -56,13 +56,36 @@ def leave_stale_reports(model_dir: Path, train_steps: int) -> None:
     (model_dir / "evaluator.json").write_text(json.dumps(earlier))
 
 
+# mnist_deep, whose input_fn also writes, with --data_dir, the share of the data each trainer
+# was given to read, into data_dir/<task>-<mode>.json.
+SHARD_PROBE = """
+import json, os
+from pathlib import Path
+from tfconfig_slurm.experiments.mnist_deep import HPARAMS, model_fn, input_fn as _input_fn
+
+def input_fn(mode, params):
+    if params["data_dir"]:
+        task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {"type": "single"})
+        seen = {"mode": mode, "share": [params["num_trainers"], params["trainer_index"]]}
+        name = f"{task['type']}{task.get('index', '')}-{mode}.json"
+        Path(params["data_dir"], name).write_text(json.dumps(seen))
+    return _input_fn(mode, params)
+"""
+
+
 @pytest.fixture(scope="module")
 def cluster_run(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """mnist_deep trained to step 40 by a chief, two workers and a ps (SHARD_PROBE): the
+    model directory, the launcher's log, and the folder of the shares the trainers read."""
     root = tmp_path_factory.mktemp("cluster")
-    leave_stale_reports(root / "mnist_deep", 40)
-    result = run_cluster(root, "--train_steps=40")
+    (root / "probe.py").write_text(SHARD_PROBE)
+    (root / "seen").mkdir()
+    leave_stale_reports(root / "probe", 40)
+    result = run_cluster(
+        root, "--train_steps=40", f"--data_dir={root / 'seen'}", experiment=str(root / "probe.py")
+    )
     assert result.returncode == 0, result.stderr[-4000:]
-    return root / "mnist_deep", result.stderr
+    return root / "probe", result.stderr, root / "seen"
 
 
 def copy_of(cluster_run, tmp_path: Path) -> Path:  # type: ignore[no-untyped-def]
@@ -70,11 +93,24 @@ def copy_of(cluster_run, tmp_path: Path) -> Path:  # type: ignore[no-untyped-def
     it was, whatever the order."""
     model_dir: Path = cluster_run[0]
     shutil.copytree(model_dir, tmp_path / model_dir.name)
+    shutil.copy(model_dir.parent / "probe.py", tmp_path)
     return tmp_path / model_dir.name
 
 
+def again(model_dir: Path, *flags: str):  # type: ignore[no-untyped-def]
+    """The module's experiment run again in a copy of its model directory."""
+    return run_cluster(model_dir.parent, *flags, experiment=str(model_dir.parent / "probe.py"))
+
+
+def test_params_tell_each_trainer_its_share_of_the_data(cluster_run) -> None:  # type: ignore[no-untyped-def]
+    shares = {path.stem: json.loads(path.read_text())["share"] for path in cluster_run[2].iterdir()}
+    # Three trainers (chief, worker 0, worker 1) read shards 0, 1 and 2 of three.
+    trained = {name: share for name, share in shares.items() if name.endswith("-train")}
+    assert trained == {"chief0-train": [3, 0], "worker0-train": [3, 1], "worker1-train": [3, 2]}
+
+
 def test_every_task_exits_0_and_none_is_left_behind(cluster_run) -> None:  # type: ignore[no-untyped-def]
-    model_dir, log = cluster_run
+    model_dir, log, _ = cluster_run
     pids = started_pids(log)
     assert sorted(pids) == ["chief 0", "ps 0", "worker 0", "worker 1"]
     assert all(f"{task} finished" in log for task in pids)
@@ -86,7 +122,7 @@ def test_every_event_file_reads_back_whole(cluster_run) -> None:  # type: ignore
     """Trainers sharing a host must not share an event file (v1 names carry no pid)."""
     import tensorflow as tf  # noqa: PLC0415
 
-    model_dir, _ = cluster_run
+    model_dir, _, _ = cluster_run
     tags: dict[str, set[str]] = {}
     for events in model_dir.rglob("events.out.tfevents.*"):
         folder = str(events.parent.relative_to(model_dir))
@@ -97,7 +133,7 @@ def test_every_event_file_reads_back_whole(cluster_run) -> None:  # type: ignore
 
 
 def test_the_chief_reports_every_trainer(cluster_run) -> None:  # type: ignore[no-untyped-def]
-    model_dir, _ = cluster_run
+    model_dir, _, _ = cluster_run
     summary = json.loads((model_dir / "summary.json").read_text())
     # Asynchronous trainers: each stops once it sees step 40, with the step it had in flight
     # and, where it read the step just before another's update, one more (43 seen here).
@@ -119,7 +155,7 @@ def test_the_chief_reports_every_trainer(cluster_run) -> None:  # type: ignore[n
 def test_a_finished_model_ends_every_task_at_once(cluster_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Nothing left to train: trainers still release the ps, and all exit 0."""
     model_dir = copy_of(cluster_run, tmp_path)
-    result = run_cluster(model_dir.parent, "--train_steps=40")
+    result = again(model_dir, "--train_steps=40")
     assert result.returncode == 0, result.stderr[-4000:]
     assert "ps 0: 3 of 3 trainers finished" in result.stderr
 
@@ -127,7 +163,7 @@ def test_a_finished_model_ends_every_task_at_once(cluster_run, tmp_path: Path) -
 def test_resumes_in_a_cluster(cluster_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     model_dir = copy_of(cluster_run, tmp_path)
     first_step = json.loads((model_dir / "summary.json").read_text())["global_step"]
-    result = run_cluster(model_dir.parent, "--train_steps=80")
+    result = again(model_dir, "--train_steps=80")
     assert result.returncode == 0, result.stderr[-4000:]
     assert re.search(rf"\[chief 0\].*resuming from step {first_step}\b", result.stderr)
     summary = json.loads((model_dir / "summary.json").read_text())
@@ -340,35 +376,6 @@ def test_sync_replicas_signalled_a_step_apart_stop_together(
     assert "workers stopped within" not in result.stderr
     checkpoint = (tmp_path / "signalled" / "checkpoint").read_text()
     assert 'model_checkpoint_path: "model.ckpt-5"' in checkpoint
-
-
-SHARD_PROBE = """
-import json, os
-from pathlib import Path
-from tfconfig_slurm.experiments.mnist_deep import HPARAMS, model_fn, input_fn as _input_fn
-
-def input_fn(mode, params):
-    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {"type": "single"})
-    seen = {"mode": mode, "share": [params["num_trainers"], params["trainer_index"]]}
-    name = f"{task['type']}{task.get('index', '')}-{mode}.json"
-    Path(params["data_dir"], name).write_text(json.dumps(seen))
-    return _input_fn(mode, params)
-"""
-
-
-def test_params_tell_each_trainer_its_share_of_the_data(tmp_path: Path) -> None:
-    experiment = tmp_path / "shards.py"
-    experiment.write_text(SHARD_PROBE)
-    seen = tmp_path / "seen"
-    seen.mkdir()
-    result = run_cluster(
-        tmp_path, "--train_steps=4", f"--data_dir={seen}", experiment=str(experiment)
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    shares = {path.stem: json.loads(path.read_text())["share"] for path in seen.iterdir()}
-    # Three trainers (chief, worker 0, worker 1) read shards 0, 1 and 2 of three.
-    trained = {name: share for name, share in shares.items() if name.endswith("-train")}
-    assert trained == {"chief0-train": [3, 0], "worker0-train": [3, 1], "worker1-train": [3, 2]}
 
 
 def test_a_cluster_far_larger_than_the_machine_warns() -> None:
