@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import run_module
+from tests.cli import PACED, run_module
 from tfconfig_slurm.process import local_cluster
 
 pytestmark = pytest.mark.tensorflow
@@ -56,12 +56,13 @@ def leave_stale_reports(model_dir: Path, train_steps: int) -> None:
     (model_dir / "evaluator.json").write_text(json.dumps(earlier))
 
 
-# mnist_deep, whose input_fn also writes, with --data_dir, the share of the data each trainer
-# was given to read, into data_dir/<task>-<mode>.json.
+# The paced experiment (tests/fixtures/paced.py: what is tested here is the cluster around the
+# steps), whose input_fn also writes, with --data_dir, the share of the data each trainer was
+# given to read, into data_dir/<task>-<mode>.json.
 SHARD_PROBE = """
 import json, os
 from pathlib import Path
-from tfconfig_slurm.experiments.mnist_deep import HPARAMS, model_fn, input_fn as _input_fn
+from tests.fixtures.paced import HPARAMS, model_fn, input_fn as _input_fn
 
 def input_fn(mode, params):
     if params["data_dir"]:
@@ -75,7 +76,7 @@ def input_fn(mode, params):
 
 @pytest.fixture(scope="module")
 def cluster_run(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    """mnist_deep trained to step 40 by a chief, two workers and a ps (SHARD_PROBE): the
+    """Trained to step 40 by a chief, two workers and a ps (SHARD_PROBE): the
     model directory, the launcher's log, and the folder of the shares the trainers read."""
     root = tmp_path_factory.mktemp("cluster")
     (root / "probe.py").write_text(SHARD_PROBE)
@@ -145,9 +146,9 @@ def test_the_chief_reports_every_trainer(cluster_run) -> None:  # type: ignore[n
     ]
     assert all(t["examples_per_sec"] > 0 for t in summary["trainers"])
     assert summary["layout"]["ps"] and len(summary["layout"]["worker"]) == 2
-    # The final checkpoint evaluated: 0.87 after 43 steps here, chance is 0.1.
+    # The final checkpoint evaluated: 0.87-0.92 after 40 steps here, chance is 0.5.
     assert summary["eval"]["global_step"] == summary["global_step"]
-    assert summary["eval"]["accuracy"] > 0.5
+    assert summary["eval"]["accuracy"] > 0.7
     for task in ("chief-0", "ps-0", "worker-0", "worker-1"):
         assert (model_dir / "logs" / f"{task}.log").stat().st_size > 0
 
@@ -174,7 +175,7 @@ def test_resumes_in_a_cluster(cluster_run, tmp_path: Path) -> None:  # type: ign
 
 FAILING_WORKER = """
 import json, os
-from tfconfig_slurm.experiments.mnist_deep import HPARAMS, input_fn, model_fn as _model_fn
+from tests.fixtures.paced import HPARAMS, input_fn, model_fn as _model_fn
 
 def model_fn(features, labels, mode, params):
     if json.loads(os.environ["TF_CONFIG"])["task"]["type"] == "worker":
@@ -213,17 +214,17 @@ def test_a_failing_task_stops_the_others(tmp_path: Path) -> None:
 
 
 def test_an_evaluator_evaluates_instead_of_the_chief(tmp_path: Path) -> None:
-    leave_stale_reports(tmp_path / "mnist_deep", 40)
+    leave_stale_reports(tmp_path / "paced", 40)
     result = run_module(
         RUN,
-        "--experiment=mnist_deep",
+        f"--experiment={PACED}",
         f"--output_root={tmp_path}",
         "--local_cluster=ps=1,workers=1,evaluator=1",
         "--save_checkpoints_steps=20",
         "--train_steps=40",
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    model_dir = tmp_path / "mnist_deep"
+    model_dir = tmp_path / "paced"
     evaluated = [int(step) for step in re.findall(r"evaluator 0: step (\d+):", result.stderr)]
     assert evaluated and evaluated == sorted(evaluated) and evaluated[-1] >= 40
     summary = json.loads((model_dir / "summary.json").read_text())
@@ -306,7 +307,7 @@ def test_sync_replicas_take_one_gradient_from_every_trainer_each_step(tmp_path: 
     queue runner's 120 s wait."""
     result = run_module(
         RUN,
-        "--experiment=mnist_deep",
+        f"--experiment={PACED}",
         f"--output_root={tmp_path}",
         "--local_cluster=ps=1,workers=1",
         "--sync_replicas",
@@ -324,7 +325,7 @@ def test_sync_replicas_take_one_gradient_from_every_trainer_each_step(tmp_path: 
     assert all(29 <= steps <= 31 for steps in local_steps.values()), local_steps
     firsts = re.findall(r"first step done \(global step (\d+)\)", result.stderr)
     assert firsts == ["0", "0"]
-    summary = json.loads((tmp_path / "mnist_deep" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "paced" / "summary.json").read_text())
     assert summary["global_step"] == 30
     # The 120 s wait at the end, were it back, would run past run_module's 120 s timeout.
 
@@ -334,7 +335,7 @@ def test_sync_replicas_take_one_gradient_from_every_trainer_each_step(tmp_path: 
 SIGNALLED_IN_TURN = """
 import json, os, signal
 import tensorflow as tf
-from tfconfig_slurm.experiments.mnist_deep import HPARAMS, input_fn, model_fn as _model_fn
+from tests.fixtures.paced import HPARAMS, input_fn, model_fn as _model_fn
 
 SIGNAL_AT = 4 if json.loads(os.environ["TF_CONFIG"])["task"]["type"] == "{first}" else 5
 
