@@ -20,6 +20,8 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 # An experiment whose steps cost next to no CPU (tests/fixtures/paced.py), for the tests that
 # train until something happens to the run.
 PACED = REPOSITORY / "tests" / "fixtures" / "paced.py"
+# Its Keras twin (tests/fixtures/paced_keras.py), for the lifecycle tests of a Keras run.
+PACED_KERAS = REPOSITORY / "tests" / "fixtures" / "paced_keras.py"
 
 
 def run_module(
