@@ -33,17 +33,17 @@ install = $(if $(filter uv,$(INSTALLER)),$(1)/bin/pip install --quiet uv && \
   $(1)/bin/uv pip install --quiet --compile-bytecode --python $(1)/bin/python,$(1)/bin/pip install --quiet)
 # Whether Python $(1) is from version $(2) to $(3), each as 100 x major + minor (309: 3.9).
 python_in = $(1) -c 'import sys; sys.exit(not $(2) <= 100 * sys.version_info[0] + sys.version_info[1] <= $(3))' 2>/dev/null
-# A virtualenv made by Python $(1) in $(2): `python -m venv` leaves one of another version as it
-# was (an install that failed there would fail again), so that one is made anew.
-fresh_venv = if [ -x $(2)/bin/python ] && [ "$$($(2)/bin/python -V 2>&1)" != "$$($(1) -V 2>&1)" ]; then \
-  echo "make: $(2) has $$($(2)/bin/python -V 2>&1), not $(1)'s $$($(1) -V 2>&1): made anew"; rm -rf $(2); fi; \
-  $(1) -m venv $(2)
+# Removes a virtualenv in $(2) of another Python than $(1): `python -m venv` would leave it as
+# it was (an install that failed there would fail again), so it is made anew.
+other_venv_removed = if [ -x $(2)/bin/python ] && [ "$$($(2)/bin/python -V 2>&1)" != "$$($(1) -V 2>&1)" ]; then \
+  echo "make: $(2) has $$($(2)/bin/python -V 2>&1), not $(1)'s $$($(1) -V 2>&1): made anew"; rm -rf $(2); fi
 # editable_mode=compat: a plain path entry, not an import hook that costs every start ~10 ms.
 $(STAMP): setup.cfg pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.9 to 3.11 found (TensorFlow 2.15 needs one). HINT: apt-get install python3.11 python3.11-venv, or make PYTHON=/path/to/python3.11" >&2; exit 2; }
 	@command -v "$(PYTHON)" >/dev/null || { echo "make: PYTHON=$(PYTHON) is not a program. HINT: make PYTHON=/path/to/python3.11, or leave PYTHON out to look for one" >&2; exit 2; }
 	@$(call python_in,$(PYTHON),309,311) || { echo "make: PYTHON=$(PYTHON) is Python $$($(PYTHON) -V 2>&1 | cut -d' ' -f2), and TensorFlow 2.15 needs 3.9 to 3.11. HINT: make PYTHON=/path/to/python3.11, or leave PYTHON out to look for one" >&2; exit 2; }
-	$(call fresh_venv,$(PYTHON),$(VENV))
+	@$(call other_venv_removed,$(PYTHON),$(VENV))
+	$(PYTHON) -m venv $(VENV)
 	$(call install,$(VENV)) --config-settings editable_mode=compat -e '.[estimator,test,dev,docs]'
 	touch $@
 
@@ -51,7 +51,8 @@ $(STAMP_TF2): setup.cfg pyproject.toml
 	@test -n "$(PYTHON_TF2)" || { echo "make: no Python 3.12 or 3.13 found (the TensorFlow 2.16+ tests run on it). HINT: apt-get install python3.12 python3.12-venv, or pyenv install 3.12, or make PYTHON_TF2=/path/to/python3.12" >&2; exit 2; }
 	@command -v "$(PYTHON_TF2)" >/dev/null || { echo "make: PYTHON_TF2=$(PYTHON_TF2) is not a program. HINT: make PYTHON_TF2=/path/to/python3.12, or leave PYTHON_TF2 out to look for one" >&2; exit 2; }
 	@$(call python_in,$(PYTHON_TF2),312,313) || { echo "make: PYTHON_TF2=$(PYTHON_TF2) is Python $$($(PYTHON_TF2) -V 2>&1 | cut -d' ' -f2), and the TensorFlow 2.16+ tests run on 3.12 or 3.13. HINT: make PYTHON_TF2=/path/to/python3.12, or leave PYTHON_TF2 out to look for one" >&2; exit 2; }
-	$(call fresh_venv,$(PYTHON_TF2),$(VENV_TF2))
+	@$(call other_venv_removed,$(PYTHON_TF2),$(VENV_TF2))
+	$(PYTHON_TF2) -m venv $(VENV_TF2)
 	$(call install,$(VENV_TF2)) --config-settings editable_mode=compat -e '.[tf2,test]'
 	touch $@
 

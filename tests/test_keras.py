@@ -455,7 +455,7 @@ def test_a_coordinator_job_with_an_evaluator_stops_on_usr1_requeues_resumes_and_
 START_SECONDS = 180.0
 # A paced Keras job's steps (20 a second at most): time for the warning to reach it while it
 # trains, and enough to learn its examples over its two runs.
-PACED_STEPS = 400
+PACED_STEPS = 200
 # A fault must end the step within this; a hang is what the tests exist to catch.
 END_SECONDS = 60.0
 
