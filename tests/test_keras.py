@@ -226,7 +226,7 @@ def test_a_local_cluster_trains_all_reduce_stops_on_sigterm_and_resumes(tmp_path
     launcher (a shell's kill) stops both trainers at one step with its checkpoint and leaves
     no task behind; a new local cluster resumes there, and both trainers report."""
     process, console = start_console(
-        tmp_path, "--experiment=mnist_keras", "--train_steps=1000000", "--log_every_steps=1",
+        tmp_path, f"--experiment={PACED_KERAS}", "--train_steps=1000000", "--log_every_steps=1",
         "--local_cluster=workers=1",
     )  # fmt: skip
     wait_for_console(console, r"(?s)first step done.*first step done", process)
@@ -241,14 +241,15 @@ def test_a_local_cluster_trains_all_reduce_stops_on_sigterm_and_resumes(tmp_path
     assert sorted(role for role, _ in stops) == ["chief", "worker"], log[-3000:]
     assert stops[0][1] == stops[1][1]
     stopped = int(stops[0][1])
-    model_dir = tmp_path / "mnist_keras"
+    model_dir = tmp_path / "paced_keras"
     assert checkpoint_step(model_dir) == stopped
     state = json.loads((model_dir / "state.json").read_text())
     assert (state["state"], state["signal"]) == ("stopped", "SIGTERM")
 
     resumed = train(
-        tmp_path, "--local_cluster=workers=1", f"--train_steps={stopped + 10}", timeout=240
-    )
+        tmp_path, "--local_cluster=workers=1", f"--train_steps={stopped + 10}",
+        experiment=str(PACED_KERAS), timeout=240,
+    )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     for role in ("chief", "worker"):
         assert re.search(
@@ -262,8 +263,8 @@ def test_a_local_cluster_trains_all_reduce_stops_on_sigterm_and_resumes(tmp_path
     assert checkpoint_step(model_dir) == stopped + 10
     assert {log.name for log in (model_dir / "logs").iterdir()} == {"chief-0.log", "worker-0.log"}
     # The chief's export only: the worker's, made for the collectives, is deleted.
-    (export,) = (model_dir / "export" / "mnist_keras").iterdir()
-    assert served_classes(export) == 10
+    (export,) = (model_dir / "export" / "paced_keras").iterdir()
+    assert served_classes(export) == 2
 
 
 @pytest.mark.parametrize("evaluator", [1, 0])
