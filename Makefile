@@ -2,10 +2,11 @@
 SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
+# Whether Python $(1) is from version $(2) to $(3), each as 100 x major + minor (309: 3.9).
+python_in = $(1) -c 'import sys; sys.exit(not $(2) <= 100 * sys.version_info[0] + sys.version_info[1] <= $(3))' 2>/dev/null
 # TensorFlow 2.15 (the last release with Estimator) has wheels for Python 3.9 to 3.11 only.
 PYTHON ?= $(shell for p in python3.11 python3.10 python3.9 python3; do \
-  command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(not (3,9) <= sys.version_info[:2] <= (3,11))' \
-  && echo $$p && break; done)
+  command -v $$p >/dev/null 2>&1 && $(call python_in,$$p,309,311) && echo $$p && break; done)
 STAMP := $(VENV)/.installed
 # The TensorFlow 2.16+ suite runs in a second environment on Python 3.12 (or 3.13). pyenv's
 # shim python3.12 fails unless PYENV_VERSION names it, so pyenv's own interpreters are looked
@@ -15,8 +16,7 @@ BIN_TF2 := $(VENV_TF2)/bin
 PYTHON_TF2 ?= $(shell for p in python3.12 python3.13 \
   $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12 \
   $$(pyenv root 2>/dev/null)/versions/3.13*/bin/python3.13; do \
-  command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(not (3,12) <= sys.version_info[:2] <= (3,13))' 2>/dev/null \
-  && echo $$p && break; done)
+  command -v $$p >/dev/null 2>&1 && $(call python_in,$$p,312,313) && echo $$p && break; done)
 STAMP_TF2 := $(VENV_TF2)/.installed
 
 .PHONY: test docs lint bench bench-faults run clean slurm-up slurm-down venv venv-tf2 venvs
@@ -31,8 +31,6 @@ $(if $(filter-out uv pip,$(INSTALLER)),$(error INSTALLER=$(INSTALLER): expected 
 # uncompiled against 2.2 s compiled (docs/installing.md), and the tests start hundreds.
 install = $(if $(filter uv,$(INSTALLER)),$(1)/bin/pip install --quiet uv && \
   $(1)/bin/uv pip install --quiet --compile-bytecode --python $(1)/bin/python,$(1)/bin/pip install --quiet)
-# Whether Python $(1) is from version $(2) to $(3), each as 100 x major + minor (309: 3.9).
-python_in = $(1) -c 'import sys; sys.exit(not $(2) <= 100 * sys.version_info[0] + sys.version_info[1] <= $(3))' 2>/dev/null
 # Removes a virtualenv in $(2) of another Python than $(1): `python -m venv` would leave it as
 # it was (an install that failed there would fail again), so it is made anew.
 other_venv_removed = if [ -x $(2)/bin/python ] && [ "$$($(2)/bin/python -V 2>&1)" != "$$($(1) -V 2>&1)" ]; then \
