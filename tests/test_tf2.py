@@ -125,6 +125,8 @@ def test_the_cluster_resolver_is_the_task_s_place_in_the_core_s_layout() -> None
         ({"ps_per_node": "two"}, "is 'two', expected a whole number"),
         ({"ps_per_node": True}, "is True, expected a whole number"),
         ({"all_reduce": "yes"}, "is 'yes', expected True or False"),
+        ({"roles": "chief"}, "is 'chief', expected a tuple of roles"),
+        ({"address_template": 5}, "is 5, expected a string"),
         ({"ps_per_node": -1}, "is -1, expected 0 or more"),
         ({"port_base": 70000}, "is 70000, expected a port from"),
     ],

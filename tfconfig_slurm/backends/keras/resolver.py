@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -71,31 +72,29 @@ def cluster_resolver(
     )
 
 
-# What each layout argument takes, for its check: LayoutPolicy's fields, None where it
-# defaults to None.
-_KINDS: dict[str, tuple[str, type, bool]] = {
-    "ps_per_node": ("a whole number", int, True),
-    "roles": ("a tuple of roles", tuple, True),
-    "evaluator": ("True or False", bool, False),
-    "address_template": ("a string", str, False),
-    "port_base": ("a whole number", int, True),
-    "all_reduce": ("True or False", bool, False),
-    "coordinator": ("True or False", bool, False),
+# What a LayoutPolicy field takes, by the first name in its annotation ("int | None"), for
+# the check of an argument given for it, with an example.
+_KINDS: dict[str, tuple[type, str, str]] = {
+    "int": (int, "a whole number", "1"),
+    "tuple": (tuple, "a tuple of roles", '("chief", "worker")'),
+    "bool": (bool, "True or False", "True"),
+    "str": (str, "a string", '"{node}-ib"'),
 }
-_EXAMPLES = {int: "1", tuple: '("chief", "worker")', bool: "True", str: '"{node}-ib"'}
 
 
 def _policy(variables: LayoutPolicy, layout: dict[str, Any]) -> LayoutPolicy:
     """The variables' policy with the keyword arguments over it; a bad argument raises
     UsageError naming it as the caller wrote it."""
+    annotations = {field.name: str(field.type) for field in dataclasses.fields(LayoutPolicy)}
     for name, value in layout.items():
-        if name not in _KINDS:
+        if name not in annotations:
             raise UsageError(
                 f"cluster_resolver({name}=...)",
                 "is no layout setting",
-                f"give only these: {', '.join(sorted(_KINDS))}",
+                f"give only these: {', '.join(sorted(annotations))}",
             )
-        expected, kind, optional = _KINDS[name]
+        kind, expected, example = _KINDS[re.split(r"[\[ |]", annotations[name])[0]]
+        optional = annotations[name].endswith("| None")
         # A bool is an int to isinstance; not a count or a port.
         if not (value is None and optional) and (
             not isinstance(value, kind) or (kind is int and isinstance(value, bool))
@@ -103,7 +102,7 @@ def _policy(variables: LayoutPolicy, layout: dict[str, Any]) -> LayoutPolicy:
             raise UsageError(
                 f"cluster_resolver({name}=...)",
                 f"is {value!r}, expected {expected}",
-                f"e.g. {name}={_EXAMPLES[kind]}",
+                f"e.g. {name}={example}",
             )
     try:
         return dataclasses.replace(variables, **layout)
