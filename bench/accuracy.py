@@ -1,5 +1,5 @@
-"""The shipped experiments' test accuracy in one process, on the digits that ship with
-scikit-learn, against the floors the README and the docs state:
+"""The shipped experiments' test accuracy in one process, on the digits that ship in
+the package, against the floors the README and the docs state:
 
 - mnist_deep, 600 steps with checkpoints every 200: `make run`'s training, whose accuracy the
   README gives;

@@ -68,7 +68,7 @@ def test_trains_evaluates_and_reports(trained: tuple[Path, str]) -> None:
     assert (model_dir / "model.ckpt-20.index").is_file()
     assert any((model_dir / "export").iterdir())
     assert "starting at step 0" in log
-    assert "scikit-learn" in log
+    assert "handwritten digits that ship with tfconfig-slurm" in log
     # The loss beside the speed, in every trainer's log (Estimator's own lines are silenced).
     assert re.search(r"step \d+: loss \d[\d.e+-]*, [\d.]+ examples/s, [\d.]+ global steps/s", log)
     # Each checkpoint timed, for the stop before a time limit (test_time_limit.py).

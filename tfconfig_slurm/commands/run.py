@@ -131,7 +131,7 @@ DATA_DIR = flags.DEFINE_string(
     "data_dir",
     None,
     "The directory the experiment reads its data from (mnist_deep: the MNIST IDX files; "
-    "without them, or without this flag, the digits that ship with scikit-learn).",
+    "without them, or without this flag, the digits that ship with tfconfig-slurm).",
 )
 SAVE_CHECKPOINTS_STEPS = flags.DEFINE_integer(
     "save_checkpoints_steps",
