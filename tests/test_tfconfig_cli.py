@@ -128,6 +128,27 @@ def test_flagfile(tmp_path: Path) -> None:
     assert config["cluster"]["chief"][0].startswith("node1-ib0:")
 
 
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("--port_base=high", "--port_base (in --flagfile={}): is 'high', expected a whole number"),
+        ("--ps_per_nod=0", "--ps_per_nod (in --flagfile={}): is not a flag of tfconfig-slurm"),
+        ("garbage line", "'garbage line' (in --flagfile={}): is not a flag"),
+    ],
+)
+def test_a_bad_flag_in_a_flagfile_names_the_file(tmp_path: Path, line: str, said: str) -> None:
+    flagfile = tmp_path / "layout.flags"
+    flagfile.write_text(f"--address_template={{node}}-ib0\n{line}\n")
+    result = run_module(TFCONFIG, f"--flagfile={flagfile}", environ=BLOCK_TASK_4)
+    assert result.returncode == 2
+    assert result.stderr.startswith("tfconfig-slurm: " + said.format(flagfile)), result.stderr
+    assert result.stderr.count("\n") == 1
+    # Given on the command line, beside the file, the flag is the command line's.
+    result = run_module(TFCONFIG, f"--flagfile={flagfile}", line, environ=BLOCK_TASK_4)
+    flag = said.split(" (", maxsplit=1)[0]
+    assert result.stderr.startswith(f"tfconfig-slurm: {flag}:"), result.stderr
+
+
 def test_binary_flagfile(tmp_path: Path) -> None:
     flagfile = tmp_path / "layout.flags"
     flagfile.write_bytes(b"\xff\xfe--ps_per_node=0\n")

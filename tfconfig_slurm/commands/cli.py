@@ -63,10 +63,11 @@ def run_cli(
     try:
         argv = flags.FLAGS(sys.argv)
     except (flags.Error, UnicodeDecodeError) as error:
-        fail(program, flag_error(error, command).one_line())
+        fail(program, flag_error(error, command, sys.argv).one_line())
     if len(argv) > 1 and not (stop_at_first_argument or arguments):
+        where = "" if argv[1] in sys.argv[1:] else _flagfiles(sys.argv)
         stray = UsageError(
-            repr(argv[1]), "is not a flag", f"flags start with --; see {command} --help"
+            f"{argv[1]!r}{where}", "is not a flag", f"flags start with --; see {command} --help"
         )
         fail(program, stray.one_line())
     if HELP.value or HELPSHORT.value or HELPFULL.value:
@@ -88,8 +89,9 @@ _EXPECTED = {
 }
 
 
-def flag_error(error: Exception, command: str) -> UsageError:
-    """absl's refusal of a command line, as our error naming the flag; `command` is how the
+def flag_error(error: Exception, command: str, argv: Sequence[str] = ()) -> UsageError:
+    """absl's refusal of a command line, as our error naming the flag (and the --flagfile it
+    came from, where `argv`, the command line, does not give it itself); `command` is how the
     user calls the command, for the hint."""
     if isinstance(error, UnicodeDecodeError):
         # absl reads a --flagfile as UTF-8 text.
@@ -113,18 +115,45 @@ def flag_error(error: Exception, command: str) -> UsageError:
         bound = re.match(r"\S+ is not (an? .*)$", reason)  # "0 is not a positive integer"
         expected = expected or (bound.group(1) if bound else None)
         said = f"is {given!r}, expected {expected}" if expected else f"is {given!r}: {reason}"
-        return UsageError(f"--{name}", said, f"{command} --help says what --{name} takes")
+        return UsageError(
+            f"--{name}{_in_flagfile(name, argv, given)}",
+            said,
+            f"{command} --help says what --{name} takes",
+        )
     unknown = re.match(r"Unknown command line flag '([^']+)'(?:\. Did you mean: (.+?) \?)?", text)
     if unknown:
         # absl's "Did you mean: a, b ?" names flags without their dashes.
         close = [f"--{name.strip()}" for name in (unknown.group(2) or "").split(",") if name]
         guess = f"; did you mean {' or '.join(close)}?" if close else ""
         return UsageError(
-            f"--{unknown.group(1)}",
+            f"--{unknown.group(1)}{_in_flagfile(unknown.group(1), argv)}",
             f"is not a flag of {command}{guess}",
             f"{command} --help lists the flags",
         )
     return UsageError("the command line", text.rstrip("."), f"{command} --help lists the flags")
+
+
+def _in_flagfile(name: str, argv: Sequence[str], value: str | None = None) -> str:
+    """The words ` (in --flagfile=F)` for a flag (with this value) that the command line does
+    not give itself but a flag file may hold, else none."""
+    said = rf"=?{re.escape(value)}$" if value is not None else r"(=|$)"
+    given = re.compile(rf"--?(no)?{re.escape(name)}{said}")
+    # absl takes "--name value" as well as "--name=value".
+    here = any(
+        given.match(word) or given.match(f"{word}{next_word}")
+        for word, next_word in zip(argv[1:], [*argv[2:], ""])
+    )
+    return "" if here else _flagfiles(argv)
+
+
+def _flagfiles(argv: Sequence[str]) -> str:
+    """The words ` (in --flagfile=F)` naming the flag files of a command line, if any."""
+    files = [
+        word.partition("=")[2] or (argv[at + 1] if at + 1 < len(argv) else "")
+        for at, word in enumerate(argv)
+        if re.match(r"--?flagfile(=|$)", word)
+    ]
+    return f" (in --flagfile={', '.join(files)})" if files else ""
 
 
 def _usage(main: Main, *, full: bool) -> str:

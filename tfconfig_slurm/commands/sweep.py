@@ -106,7 +106,8 @@ def main(argv: Sequence[str]) -> int:
     except flags.Error as error:
         # The sweep's own flags may come after SWEEP_FILE too.
         own = re.match(rf"flag --({'|'.join(_OWN_FLAGS)})=", str(error))
-        raise flag_error(error, COMMAND if own else "tfconfig-slurm-run") from None
+        whose = COMMAND if own else "tfconfig-slurm-run"
+        raise flag_error(error, whose, [PROGRAM, *runtime_flags]) from None
     if stray:
         raise UsageError(repr(stray[0]), "is not a flag", "runtime flags start with --")
     # The sweep's own flags after SWEEP_FILE were parsed above as well: they are the sweep's,
