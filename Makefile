@@ -39,6 +39,7 @@ other_venv_removed = if [ -x $(2)/bin/python ] && [ "$$($(2)/bin/python -V 2>&1)
 $(STAMP): setup.cfg pyproject.toml
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.9 to 3.11 found (TensorFlow 2.15 needs one). HINT: apt-get install python3.11 python3.11-venv, or make PYTHON=/path/to/python3.11" >&2; exit 2; }
 	@command -v "$(PYTHON)" >/dev/null || { echo "make: PYTHON=$(PYTHON) is not a program. HINT: make PYTHON=/path/to/python3.11, or leave PYTHON out to look for one" >&2; exit 2; }
+	@$(PYTHON) -c '' 2>/dev/null || { echo "make: PYTHON=$(PYTHON) does not run (a pyenv shim runs only with PYENV_VERSION set). HINT: make PYTHON=/path/to/python3.11, or leave PYTHON out to look for one" >&2; exit 2; }
 	@$(call python_in,$(PYTHON),309,311) || { echo "make: PYTHON=$(PYTHON) is Python $$($(PYTHON) -V 2>&1 | cut -d' ' -f2), and TensorFlow 2.15 needs 3.9 to 3.11. HINT: make PYTHON=/path/to/python3.11, or leave PYTHON out to look for one" >&2; exit 2; }
 	@$(call other_venv_removed,$(PYTHON),$(VENV))
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +49,7 @@ $(STAMP): setup.cfg pyproject.toml
 $(STAMP_TF2): setup.cfg pyproject.toml
 	@test -n "$(PYTHON_TF2)" || { echo "make: no Python 3.12 or 3.13 found (the TensorFlow 2.16+ tests run on it). HINT: apt-get install python3.12 python3.12-venv, or pyenv install 3.12, or make PYTHON_TF2=/path/to/python3.12" >&2; exit 2; }
 	@command -v "$(PYTHON_TF2)" >/dev/null || { echo "make: PYTHON_TF2=$(PYTHON_TF2) is not a program. HINT: make PYTHON_TF2=/path/to/python3.12, or leave PYTHON_TF2 out to look for one" >&2; exit 2; }
+	@$(PYTHON_TF2) -c '' 2>/dev/null || { echo "make: PYTHON_TF2=$(PYTHON_TF2) does not run (a pyenv shim runs only with PYENV_VERSION set). HINT: make PYTHON_TF2=/path/to/python3.12, or leave PYTHON_TF2 out to look for one" >&2; exit 2; }
 	@$(call python_in,$(PYTHON_TF2),312,313) || { echo "make: PYTHON_TF2=$(PYTHON_TF2) is Python $$($(PYTHON_TF2) -V 2>&1 | cut -d' ' -f2), and the TensorFlow 2.16+ tests run on 3.12 or 3.13. HINT: make PYTHON_TF2=/path/to/python3.12, or leave PYTHON_TF2 out to look for one" >&2; exit 2; }
 	@$(call other_venv_removed,$(PYTHON_TF2),$(VENV_TF2))
 	$(PYTHON_TF2) -m venv $(VENV_TF2)

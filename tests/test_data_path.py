@@ -59,7 +59,7 @@ def test_sizes_read_as_people_write_them(text: str, size: int) -> None:
     assert parse_bytes(text) == size
 
 
-@pytest.mark.parametrize("text", ["13X", "", "-5MB", "0"])
+@pytest.mark.parametrize("text", ["13X", "", "-5MB", "0", "1e400", "inf", "nan", "infMB"])
 def test_a_size_that_is_none_names_the_flag(text: str) -> None:
     with pytest.raises(UsageError) as raised:
         parse_bytes(text)
@@ -72,7 +72,10 @@ def test_a_size_that_is_none_names_the_flag(text: str) -> None:
         (("--model_bytes=13MB",), "--model_bytes: goes with the --explain table"),
         (("--explain", "--json", "--model_bytes=13MB"), "--model_bytes: goes with the"),
         (("--explain", "--link_gbits=100"), "--link_gbits: goes with --model_bytes"),
-        (("--explain", "--model_bytes=1MB", "--link_gbits=0"), "--link_gbits: is 0, expected more"),
+        (("--explain", "--model_bytes=1MB", "--link_gbits=0"), "--link_gbits: is 0, expected a"),
+        (("--explain", "--model_bytes=1MB", "--link_gbits=nan"), "--link_gbits: is nan, expected"),
+        (("--explain", "--model_bytes=1MB", "--link_gbits=inf"), "--link_gbits: is inf, expected"),
+        (("--explain", "--model_bytes=1e400"), "--model_bytes: is '1e400', expected a finite"),
     ],
 )
 def test_the_data_path_flags_refused_out_of_place(flags: tuple[str, ...], culprit: str) -> None:

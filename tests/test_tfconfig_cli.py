@@ -395,6 +395,24 @@ MALFORMED = [
         "--ntasks_per_node",
     ),
     (
+        "a plan too large by its parameter servers",
+        ("--explain", "--nodelist=n[1-2]", "--ps_per_node=99999999999999999999"),
+        {},
+        "--ps_per_node: adds up to 200000000000000000000 tasks",
+    ),
+    (
+        "a plan too large by its CPU nodes",
+        ("--explain", "--nodelist=n1", "--cpu_nodelist=c[1-3]", "--cpu_ntasks_per_node=999999"),
+        {},
+        "--cpu_ntasks_per_node: adds up to",
+    ),
+    (
+        "a plan too large by its nodes",
+        ("--explain", "--nodelist=n[1-99999]", "--gpus_per_node=16"),
+        {},
+        "--nodelist: adds up to 1699983 tasks",
+    ),
+    (
         "unknown planned distribution",
         ("--explain", "--nodelist=n1", "--distribution=plane"),
         {},

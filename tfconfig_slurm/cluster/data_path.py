@@ -16,6 +16,7 @@ Pure: no TensorFlow, no I/O.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from typing import NamedTuple
@@ -59,6 +60,8 @@ def parse_bytes(text: str, culprit: str = "--model_bytes") -> int:
     if "i" in unit and scale > 1:
         # KiB, MiB, GiB, TiB: powers of 1024.
         scale = 1 << (10 * (len(str(scale)) - 1) // 3)
+    if not math.isfinite(number * scale):
+        raise UsageError(culprit, f"is {text!r}, expected a finite size", "e.g. 13MB")
     size = int(number * scale)
     if size <= 0:
         raise UsageError(culprit, f"is {text!r}, expected more than 0 bytes", "e.g. 13MB")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from absl import flags
 
 from tfconfig_slurm.cluster import LayoutPolicy, StepShape, expand_nodes
-from tfconfig_slurm.cluster.step import DISTRIBUTIONS, check_task_count
+from tfconfig_slurm.cluster.step import DISTRIBUTIONS, MAX_TASKS, check_task_count
 from tfconfig_slurm.errors import UsageError
 
 NODELIST = flags.DEFINE_string(
@@ -83,7 +83,17 @@ def planned_shape(policy: LayoutPolicy) -> StepShape:
         + (tasks + first_extra,)
         + (tasks,) * (len(nodes) - 1)
     )
-    check_task_count("--ntasks_per_node", tasks_per_node, UsageError, "plan a smaller step")
+    # Named for the flag that made the count: the CPU nodes' tasks, --ntasks_per_node given,
+    # else the parameter servers a node adds to its trainers, else the nodes themselves.
+    if CPU_NTASKS_PER_NODE.value * len(cpu_nodes) > MAX_TASKS:
+        culprit = "--cpu_ntasks_per_node"
+    elif NTASKS_PER_NODE.value is not None:
+        culprit = "--ntasks_per_node"
+    elif tasks > MAX_GPUS_PER_NODE + 1:
+        culprit = "--ps_per_node"
+    else:
+        culprit = "--nodelist"
+    check_task_count(culprit, tasks_per_node, UsageError, "plan a smaller step")
     if set(cpu_nodes) & set(nodes):
         raise UsageError(
             "--cpu_nodelist",

@@ -20,6 +20,7 @@ rank order. Flags can also come from a file: --flagfile=layout.flags.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -106,10 +107,10 @@ def _model_bytes() -> int | None:
         raise UsageError(
             "--link_gbits", "goes with --model_bytes", "e.g. --model_bytes=13MB --link_gbits=100"
         )
-    if LINK_GBITS.value is not None and LINK_GBITS.value <= 0:
+    if LINK_GBITS.value is not None and not 0 < LINK_GBITS.value < math.inf:
         raise UsageError(
             "--link_gbits",
-            f"is {LINK_GBITS.value:g}, expected more than 0",
+            f"is {LINK_GBITS.value:g}, expected a finite number more than 0",
             "the network's speed in Gbit/s, e.g. --link_gbits=100",
         )
     return None if MODEL_BYTES.value is None else data_path.parse_bytes(MODEL_BYTES.value)
