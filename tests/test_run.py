@@ -282,6 +282,24 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
         (("--experiment=mnist_deep", "--hparams=learning_rate"), "--hparams", None),
         (("--experiment=mnist_deep", "--hparams=momentum=0.9"), "--hparams", None),
         (("--experiment=mnist_deep", "--hparams=learning_rate=fast"), "--hparams", None),
+        (("--experiment=mnist_deep", "--hparams=learning_rate=nan"), "--hparams", None),
+        # The experiment's own check_hparams, before anything is written.
+        (
+            ("--experiment=mnist_deep", "--hparams=dropout=1.5"),
+            "--hparams: sets dropout=1.5, expected from 0 to below 1",
+            None,
+        ),
+        (
+            ("--experiment={module}", "--hparams=layers=0"),
+            "--hparams: layers=0 is too few. HINT: the experiment's check_hparams refused it; "
+            "its defaults: layers=2",
+            "HPARAMS = {'layers': 2}\n"
+            "def check_hparams(hparams):\n"
+            "    if hparams['layers'] < 1:\n"
+            "        raise ValueError(f'layers={hparams[\"layers\"]} is too few')\n"
+            "def model_fn(features, labels, mode, params): pass\n"
+            "def input_fn(mode, params): pass\n",
+        ),
         (("--train_steps=10",), "--experiment", None),
         (("stray", "--experiment=mnist_deep"), "'stray'", None),
         (("--experiment=mnist_deep", "--sync_replicas"), "--sync_replicas", None),

@@ -140,6 +140,7 @@ def test_the_sweep_s_own_flags_after_the_file_are_the_sweep_s(tmp_path: Path) ->
             "run 1 ('learnin_rate=2'): sets 'learnin_rate'",
         ),
         ("learning_rate=fast\n", (), "run 0 ('learning_rate=fast'): sets learning_rate='fast'"),
+        ("dropout=0.3\ndropout=1.5\n", (), "run 1 ('dropout=1.5'): sets dropout=1.5, expected"),
         ("# nothing\n\n", (), "SWEEP_FILE: three.sweep has no lines"),
         (THREE, ("--experiment_id=x",), "--experiment_id: is the sweep's to set"),
         (THREE, ("--train_steps=ten",), "--train_steps: is 'ten', expected a whole number"),

@@ -31,10 +31,9 @@ import faulthandler
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from absl import flags, logging
 
@@ -387,16 +386,19 @@ def _coordinated(task: lifecycle.TaskRun, hparams: str) -> int:
 
 
 def _settings(
-    directory: Path, hparams: str, experiment_hparams: Mapping[str, Any]
+    directory: Path,
+    hparams: str,
+    experiment: experiment_lib.Experiment | experiment_lib.KerasExperiment,
 ) -> TrainingSettings:
-    """The flags' settings, with the experiment's hparams overridden by `hparams`."""
+    """The flags' settings, with the experiment's hparams overridden by `hparams` and passed
+    by its check_hparams."""
     shard = input_shard(os.environ)
     return TrainingSettings(
         model_dir=directory,
         train_steps=TRAIN_STEPS.value,
         eval_steps=EVAL_STEPS.value,
         params={
-            **experiment_lib.with_overrides(experiment_hparams, hparams),
+            **experiment_lib.with_overrides(experiment.hparams, hparams, experiment.check_hparams),
             "batch_size": BATCH_SIZE.value,
             "data_dir": DATA_DIR.value,
             "num_trainers": shard.num_shards,
@@ -424,7 +426,7 @@ def _keras(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     # Keras 2 (tf-keras) for whatever the experiment reaches through tf.keras too.
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     experiment = experiment_lib.load_keras(EXPERIMENT.value or "")
-    settings = _settings(task.model_dir, hparams, experiment.hparams)
+    settings = _settings(task.model_dir, hparams, experiment)
     from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
     from tfconfig_slurm.backends.keras.train import KerasBackend  # noqa: PLC0415
 
@@ -437,7 +439,7 @@ def _coordinator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     ParameterServerStrategy cluster, or as its evaluator (a sidecar)."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     experiment = experiment_lib.load_keras(EXPERIMENT.value or "")
-    settings = _settings(task.model_dir, hparams, experiment.hparams)
+    settings = _settings(task.model_dir, hparams, experiment)
     from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
     from tfconfig_slurm.backends.keras.coordinator import CoordinatorBackend  # noqa: PLC0415
     from tfconfig_slurm.backends.keras.sidecar import SidecarBackend  # noqa: PLC0415
@@ -453,7 +455,7 @@ def _coordinator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
 def _estimator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     """The Estimator experiment, and TensorFlow, as its backend."""
     experiment = experiment_lib.load(EXPERIMENT.value or "")
-    settings = _settings(task.model_dir, hparams, experiment.hparams)
+    settings = _settings(task.model_dir, hparams, experiment)
     from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
     from tfconfig_slurm.backends.estimator import experiment_training  # noqa: PLC0415
     from tfconfig_slurm.backends.estimator.train import EstimatorBackend  # noqa: PLC0415

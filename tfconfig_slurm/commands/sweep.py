@@ -213,7 +213,9 @@ def _checked_lines(sweep_file: Path) -> list[str]:
     for number, line in enumerate(lines):
         try:
             experiment_lib.with_overrides(
-                experiment.hparams, ",".join(filter(None, (runtime.HPARAMS.value, line)))
+                experiment.hparams,
+                ",".join(filter(None, (runtime.HPARAMS.value, line))),
+                experiment.check_hparams,
             )
         except UsageError as error:
             raise UsageError(

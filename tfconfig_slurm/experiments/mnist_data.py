@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import gzip
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,22 @@ def dataset(params: dict[str, Any], *, training: bool, in_graph: bool = False) -
         ),
     ).unbatch()
     return _batches(examples, params, training)
+
+
+def check_hparams(hparams: Mapping[str, Any]) -> None:
+    """Refuses the shipped experiments' hparams they cannot train with (the runtime calls it
+    before anything is written, and says the ValueError's words in one line)."""
+    if not 0 <= hparams["dropout"] < 1:
+        raise ValueError(
+            f"sets dropout={hparams['dropout']!r}, expected from 0 to below 1 (the share of the "
+            "dense layer's units dropped each step)"
+        )
+    if hparams["learning_rate"] <= 0:
+        raise ValueError(f"sets learning_rate={hparams['learning_rate']!r}, expected more than 0")
+    if hparams["shuffle_buffer"] < 1:
+        raise ValueError(
+            f"sets shuffle_buffer={hparams['shuffle_buffer']!r}, expected 1 or more examples"
+        )
 
 
 def _batches(examples: tf.data.Dataset, params: dict[str, Any], training: bool) -> tf.data.Dataset:

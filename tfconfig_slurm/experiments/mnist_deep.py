@@ -10,7 +10,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfconfig_slurm.experiments.mnist_data import CLASSES, IMAGE_SIZE, dataset
+from tfconfig_slurm.experiments.mnist_data import (
+    CLASSES,
+    IMAGE_SIZE,
+    check_hparams,  # noqa: F401 (the runtime calls it: a bad --hparams value is one line)
+    dataset,
+)
 
 HPARAMS = {"learning_rate": 1e-3, "dropout": 0.5, "shuffle_buffer": 10_000}
 

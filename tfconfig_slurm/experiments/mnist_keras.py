@@ -11,7 +11,11 @@ from typing import Any
 import tensorflow as tf
 import tf_keras as keras
 
-from tfconfig_slurm.experiments.mnist_data import CLASSES, IMAGE_SIZE
+from tfconfig_slurm.experiments.mnist_data import (
+    CLASSES,
+    IMAGE_SIZE,
+    check_hparams,  # noqa: F401 (the runtime calls it: a bad --hparams value is one line)
+)
 from tfconfig_slurm.experiments.mnist_data import dataset as mnist_dataset
 
 HPARAMS = {"learning_rate": 1e-3, "dropout": 0.5, "shuffle_buffer": 10_000}

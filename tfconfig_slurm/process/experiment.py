@@ -9,7 +9,9 @@ one of two kinds, told apart by its source before it is imported:
 - Keras (TensorFlow 2.16+, tf-keras): it defines `build_model(params)`, which returns the
   compiled model, and `dataset(mode, params)`, which returns the batches for mode "train"
   (this trainer's shard, repeated) or "eval".
-Either may define `HPARAMS`, a dict of defaults that `--hparams` may override.
+Either may define `HPARAMS`, a dict of defaults that `--hparams` may override, and
+`check_hparams(hparams)`, which raises ValueError, saying why, for values it cannot train with
+(the runtime calls it before anything is written, and refuses the run in one line).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import difflib
 import importlib
 import importlib.util
 import inspect
+import math
 import sys
 import traceback
 from collections.abc import Mapping
@@ -36,6 +39,7 @@ _SHIPPED = Path(__file__).resolve().parents[1] / "experiments"
 _HINT = "name a file experiments/NAME.py, a file path, or an importable module path"
 
 InputFn = Callable[[Mapping[str, Any]], Any]
+HparamsCheck = Callable[[Mapping[str, Any]], None]
 # What Estimator passes, by name, to the model and input functions that name them.
 _ESTIMATOR_ARGUMENTS = {"features", "labels", "mode", "params", "config"}
 ESTIMATOR = "Estimator"
@@ -52,6 +56,7 @@ class Experiment:
     train_input_fn: InputFn
     eval_input_fn: InputFn
     hparams: Mapping[str, Any]
+    check_hparams: HparamsCheck | None
     serving_input_receiver_fn: Callable[[], Any] | None
 
 
@@ -110,6 +115,7 @@ class KerasExperiment:
     build_model: Callable[[Mapping[str, Any]], Any]
     dataset: Callable[[str, Mapping[str, Any]], Any]
     hparams: Mapping[str, Any]
+    check_hparams: HparamsCheck | None
 
 
 def kind(spec: str) -> str:
@@ -220,6 +226,7 @@ def load_keras(spec: str) -> KerasExperiment:
         build_model=functions["build_model"],  # type: ignore[arg-type]
         dataset=functions["dataset"],  # type: ignore[arg-type]
         hparams=_hparams(module),
+        check_hparams=_check_hparams(module),
     )
 
 
@@ -244,8 +251,23 @@ def load(spec: str) -> Experiment:
         train_input_fn=train_input_fn,
         eval_input_fn=eval_input_fn,
         hparams=_hparams(module),
+        check_hparams=_check_hparams(module),
         serving_input_receiver_fn=getattr(module, "serving_input_receiver_fn", None),
     )
+
+
+def _check_hparams(module: ModuleType) -> HparamsCheck | None:
+    check = getattr(module, "check_hparams", None)
+    if check is None:
+        return None
+    if not callable(check):
+        raise UsageError(
+            "--experiment",
+            f"{_named(module)}.check_hparams is a {type(check).__name__}, not a function",
+            "define check_hparams(hparams), raising ValueError for values it cannot train with",
+        )
+    _check_call(module, "check_hparams", "check_hparams(hparams)", {})
+    return check  # type: ignore[no-any-return]
 
 
 def _hparams(module: ModuleType) -> dict[str, Any]:
@@ -388,8 +410,11 @@ def _source(module: ModuleType) -> str:
     return str(getattr(module, "__file__", None) or module.__name__)
 
 
-def with_overrides(defaults: Mapping[str, Any], overrides: str) -> dict[str, Any]:
-    """`defaults` with `--hparams=name=value,...` applied, each value of its default's type."""
+def with_overrides(
+    defaults: Mapping[str, Any], overrides: str, check: HparamsCheck | None = None
+) -> dict[str, Any]:
+    """`defaults` with `--hparams=name=value,...` applied, each value of its default's type,
+    and passed by the experiment's `check`, if it has one."""
     values = dict(defaults)
     for item in filter(None, (part.strip() for part in overrides.split(","))):
         name, equals, text = (piece.strip() for piece in item.partition("="))
@@ -407,7 +432,20 @@ def with_overrides(defaults: Mapping[str, Any], overrides: str) -> dict[str, Any
                 f"the experiment's hparams are: {known}",
             )
         values[name] = _typed(name, text, defaults[name])
+    if check is not None:
+        try:
+            check(values)
+        except ValueError as error:
+            raise UsageError(
+                "--hparams",
+                f"{error}".rstrip("."),
+                f"the experiment's check_hparams refused it; its defaults: {_listed(defaults)}",
+            ) from None
     return values
+
+
+def _listed(hparams: Mapping[str, Any]) -> str:
+    return ",".join(f"{name}={value!r}" for name, value in hparams.items())
 
 
 _TRUE = ("true", "yes", "1")
@@ -424,13 +462,16 @@ def _typed(name: str, text: str, default: Any) -> Any:
         return text.lower() in _TRUE
     if kind in (int, float):
         try:
-            return kind(text)
+            value = kind(text)
         except ValueError:
+            value = None
+        if value is None or not math.isfinite(value):
             raise UsageError(
                 "--hparams",
                 f"sets {name}={text!r}, expected {_a(kind.__name__)} like its default {default!r}",
                 f"e.g. {name}={default!r}",
             ) from None
+        return value
     return text
 
 
