@@ -325,7 +325,7 @@ def test_fewer_gpus_than_trainers_name_the_fix() -> None:
     with pytest.raises(LayoutError) as raised:
         layout_of(task_env(["gpu01"], [4], 0, gpus="0,1"))
     assert raised.value.culprit == "GPUs of node gpu01"
-    assert "SLURM gave the node 2 GPUs (0,1) for its 3 trainers" in raised.value.problem
+    assert "the node has 2 GPUs (0,1) for its 3 trainers" in raised.value.problem
     assert "#SBATCH --ntasks-per-node=3" in raised.value.hint
     assert "#SBATCH --gres=gpu:3" in raised.value.hint
 

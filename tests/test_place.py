@@ -42,7 +42,7 @@ def test_the_variables_set_every_field_of_the_layout_policy() -> None:
 @pytest.mark.parametrize(
     ("variable", "value", "problem"),
     [
-        ("TFCONFIG_SLURM_PS_PER_NODE", "one", "expected a number"),
+        ("TFCONFIG_SLURM_PS_PER_NODE", "one", "expected a whole number"),
         ("TFCONFIG_SLURM_PS_PER_NODE", "-1", "expected 0 or more"),
         ("TFCONFIG_SLURM_EVALUATOR", "maybe", "expected 1 or 0"),
         ("TFCONFIG_SLURM_ROLES", "ps,boss", "'boss'"),

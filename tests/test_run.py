@@ -330,6 +330,8 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
         (("--experiment=mnist_deep", "--experiment_id=grp/r1"), "--experiment_id: is 'grp", None),
         (("--experiment=mnist_deep", "--experiment_id="), "--experiment_id: is ''", None),
         (("--experiment=/etc/hostname",), "is not a .py file", None),
+        # A file of the working directory, named without a folder: not a module path.
+        (("--experiment=README.md",), "file 'README.md' is not a .py file", None),
         (("--experiment=/etc",), "'/etc' is a directory", None),
         (("--experiment=mnist_deep.py",), "ships with tfconfig-slurm: --experiment=", None),
         (

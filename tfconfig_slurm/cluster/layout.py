@@ -476,7 +476,7 @@ def _too_few_gpus(
     have = len(shape.node_gpus)
     others = shape.tasks_per_node[node_index] - trainers
     problem = (
-        f"SLURM gave the node {have} GPUs ({','.join(shape.node_gpus)}) for its {trainers} "
+        f"the node has {have} GPUs ({','.join(shape.node_gpus)}) for its {trainers} "
         f"trainers ({shape.tasks_per_node[node_index]} tasks, {others} of them ps or "
         "evaluator), and each trainer drives a GPU of its own"
     )

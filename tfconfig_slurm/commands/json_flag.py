@@ -6,5 +6,5 @@ from absl import flags
 JSON = flags.DEFINE_boolean(
     "json",
     False,
-    "Print the table as a JSON list of objects, one a row, keyed by its columns' names.",
+    "Print the table as a JSON list of objects, one a row: its fields by name, for a script.",
 )

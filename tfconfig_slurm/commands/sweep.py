@@ -52,7 +52,7 @@ SBATCH_OPTIONS = flags.DEFINE_multi_string(
     "sbatch_option",
     [],
     "An option for sbatch, over the batch script's #SBATCH lines; repeat it for more, e.g. "
-    "--sbatch_option=--nodes=1 --sbatch_option=--ntasks-per-node=2.",
+    "--sbatch_option=--nodes=1 --sbatch_option=--ntasks-per-node=2",
 )
 DRY_RUN = flags.DEFINE_boolean(
     "dry_run", False, "Check the sweep and print the sbatch command instead of running it."

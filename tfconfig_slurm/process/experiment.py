@@ -68,7 +68,8 @@ def locate(spec: str) -> tuple[str, Path | None]:
     path = Path(spec)
     if not spec:
         raise UsageError("--experiment", "is empty", _HINT)
-    if spec.endswith(".py") or "/" in spec:
+    # A file named without a folder (README.md) is a path too, not a module to look for.
+    if spec.endswith(".py") or "/" in spec or path.is_file():
         if path.is_dir():
             raise UsageError("--experiment", f"{spec!r} is a directory, not a .py file", _HINT)
         if not path.is_file():

@@ -183,7 +183,7 @@ def _parse(flag: str, variable: str, text: str) -> object:
         except ValueError:
             raise UsageError(
                 variable,
-                f"is {text!r}, expected a number",
+                f"is {text!r}, expected a whole number",
                 f"e.g. {variable}={_NUMBER_EXAMPLES[flag]}",
             ) from None
     return text
