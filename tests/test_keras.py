@@ -392,16 +392,16 @@ def test_two_nodes_train_all_reduce_under_plain_srun(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     """One task a node: the chief on node1, worker 0 on node2, no parameter server. (A resume
-    on the cluster: the requeue test below.)"""
+    on the cluster: the requeue test below; mnist_keras's own training: its own test.)"""
     command = [
         "srun", "--nodes=2", "--ntasks-per-node=1", "--label", "python", "-m", RUN,
-        "--experiment=mnist_keras", f"--output_root={tmp_path}", "--log_every_steps=20",
+        f"--experiment={PACED_KERAS}", f"--output_root={tmp_path}", "--log_every_steps=20",
     ]  # fmt: skip
     first = slurm_cluster.run([*command, "--train_steps=40"])
     assert first.returncode == 0, first.stderr[-3000:]
     assert "0: " in first.stderr and "chief 0 on node1" in first.stderr
     assert "worker 0 on node2" in first.stderr and "2 replicas" in first.stderr
-    model_dir = tmp_path / "mnist_keras"
+    model_dir = tmp_path / "paced_keras"
     summary = json.loads((model_dir / "summary.json").read_text())
     assert set(summary) == SUMMARY_KEYS
     assert sorted(summary["layout"]) == ["chief", "worker"]
