@@ -20,6 +20,7 @@ from tests.slurm_envs import captured, task_env
 from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step
 from tfconfig_slurm.cluster.render import tf_config_json
 from tfconfig_slurm.commands.with_tfconfig import MAX_ENVIRONMENT_STRING
+from tfconfig_slurm.process.watchdog import answers
 
 WRAPPER = str(REPOSITORY / "launch" / "with-tfconfig")
 # Prints what the command saw: its TF_CONFIG, its GPUs and its own arguments.
@@ -290,6 +291,46 @@ def test_a_trainer_that_fails_after_the_others_finished_ends_every_task() -> Non
     assert None not in statuses and 3 in statuses and 0 not in statuses[:2], statuses
     assert f"worker 16 at localhost:{base + 19} says its command failed" in logs
     assert f"worker 0 at localhost:{base + 3} says its command failed" in logs
+
+
+# SERVER, but told SIGTERM it takes sys.argv[3] seconds to stop (as a script that checkpoints
+# then), writes <sys.argv[2]>/<task type>-<index> and exits 143.
+SLOW_TO_STOP = [
+    sys.executable,
+    "-c",
+    """import json, os, signal, sys, time
+def stop(number, frame):
+    time.sleep(float(sys.argv[3]))
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    open(os.path.join(sys.argv[2], f"{task['type']}-{task['index']}"), "w").close()
+    sys.exit(128 + number)
+signal.signal(signal.SIGTERM, stop)
+"""
+    + SERVER[2],
+]
+
+
+def test_a_step_told_to_stop_leaves_each_trainer_its_own_stop(tmp_path: Path) -> None:
+    """scancel's SIGTERM reaches every task: the parameter servers' commands end at once and
+    their ports go quiet, which does not make the trainers' wrappers kill their commands,
+    still stopping (6 s, longer than a peer takes to be lost)."""
+    base = free_port_block(4)
+    step = [wrapped(base, 4, rank, *SERVER, "600") for rank in (0, 1)]
+    step += [wrapped(base, 4, rank, *SLOW_TO_STOP, "600", str(tmp_path), "6") for rank in (2, 3)]
+    try:
+        # Every task's port answering; then a probe round, so that each watcher has seen its peers.
+        assert wait_until(lambda: all(answers(f"localhost:{base + at}") for at in range(4)), 30.0)
+        time.sleep(1.5)
+        for process in step:
+            process.terminate()
+        for process in step[2:]:
+            process.wait(timeout=30)
+    finally:
+        statuses, logs = ended(step, 0)
+    assert statuses[2:] == [128 + signal.SIGTERM] * 2, logs
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["chief-0", "worker-0"], logs
+    assert "went quiet while this task stops; its command finishes its stop" in logs
+    assert "ending this task (exit" not in logs
 
 
 def test_a_finished_trainer_s_wrapper_still_ends_on_sigterm() -> None:

@@ -87,6 +87,16 @@ def supervise(
         signal.signal(signum, forward)
 
     def lost(name: str, address: str, silent_for: float) -> None:
+        if stopped_by and command.started[-1].poll() is None:
+            # Told to stop, as scancel, a requeue or a time limit tells every task of the step:
+            # its peers go quiet as they stop too, and its command finishes its own stop (a
+            # checkpoint, with the one-import API) rather than being killed for them.
+            logging.info(
+                "%s: %s went quiet while this task stops; its command finishes its stop",
+                role.task_id,
+                name,
+            )
+            return
         _claim_the_end(ending)
         command.signal(signal.SIGKILL)
         # Its port is free once it is gone.
