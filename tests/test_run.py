@@ -283,6 +283,7 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
         (("--experiment=mnist_deep", "--hparams=momentum=0.9"), "--hparams", None),
         (("--experiment=mnist_deep", "--hparams=learning_rate=fast"), "--hparams", None),
         (("--experiment=mnist_deep", "--hparams=learning_rate=nan"), "--hparams", None),
+        (("--experiment=mnist_deep", "--hparams=shuffle_buffer=1" + "0" * 400), "--hparams", None),
         # The experiment's own check_hparams, before anything is written.
         (
             ("--experiment=mnist_deep", "--hparams=dropout=1.5"),

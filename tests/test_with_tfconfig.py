@@ -20,6 +20,7 @@ from tests.slurm_envs import captured, task_env
 from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step
 from tfconfig_slurm.cluster.render import tf_config_json
 from tfconfig_slurm.commands.with_tfconfig import MAX_ENVIRONMENT_STRING
+from tfconfig_slurm.errors import EXIT_PEER_LOST
 from tfconfig_slurm.process.watchdog import answers
 
 WRAPPER = str(REPOSITORY / "launch" / "with-tfconfig")
@@ -195,6 +196,18 @@ def test_bad_command(arguments: tuple[str, ...], culprit: str) -> None:
     assert result.stderr.startswith(f"with-tfconfig: {culprit}")
 
 
+def test_a_bad_flag_in_its_flagfile_names_that_file_not_the_command_s(tmp_path: Path) -> None:
+    flagfile = tmp_path / "layout.flags"
+    flagfile.write_text("--ps_per_nod=1\n")
+    result = wrap(
+        f"--flagfile={flagfile}", "python", "train.py", "--flagfile=theirs.flags",
+        environ=captured("block_3x3_gres2", "task-5"),
+    )  # fmt: skip
+    assert result.returncode == 2
+    said = f"with-tfconfig: --ps_per_nod (in --flagfile={flagfile}): is not a flag of with-tfconfig"
+    assert result.stderr.startswith(said), result.stderr
+
+
 def test_outside_a_job_step_the_hint_names_the_command_that_plans_one() -> None:
     result = wrap("true", environ={})
     assert result.returncode == 2
@@ -310,13 +323,20 @@ signal.signal(signal.SIGTERM, stop)
 ]
 
 
-def test_a_step_told_to_stop_leaves_each_trainer_its_own_stop(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("stop_seconds", "stopped"), [(6, True), (600, False)])
+def test_a_step_told_to_stop_leaves_each_trainer_its_own_stop(
+    tmp_path: Path, stop_seconds: int, stopped: bool
+) -> None:
     """scancel's SIGTERM reaches every task: the parameter servers' commands end at once and
     their ports go quiet, which does not make the trainers' wrappers kill their commands,
-    still stopping (6 s, longer than a peer takes to be lost)."""
+    still stopping (6 s, longer than a peer takes to be lost); a stop that would never end is
+    ended as for a lost peer after its grace of 20 s."""
     base = free_port_block(4)
     step = [wrapped(base, 4, rank, *SERVER, "600") for rank in (0, 1)]
-    step += [wrapped(base, 4, rank, *SLOW_TO_STOP, "600", str(tmp_path), "6") for rank in (2, 3)]
+    step += [
+        wrapped(base, 4, rank, *SLOW_TO_STOP, "600", str(tmp_path), str(stop_seconds))
+        for rank in (2, 3)
+    ]
     try:
         # Every task's port answering; then a probe round, so that each watcher has seen its peers.
         assert wait_until(lambda: all(answers(f"localhost:{base + at}") for at in range(4)), 30.0)
@@ -324,13 +344,18 @@ def test_a_step_told_to_stop_leaves_each_trainer_its_own_stop(tmp_path: Path) ->
         for process in step:
             process.terminate()
         for process in step[2:]:
-            process.wait(timeout=30)
+            process.wait(timeout=60)
     finally:
         statuses, logs = ended(step, 0)
-    assert statuses[2:] == [128 + signal.SIGTERM] * 2, logs
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["chief-0", "worker-0"], logs
-    assert "went quiet while this task stops; its command finishes its stop" in logs
-    assert "ending this task (exit" not in logs
+    assert "went quiet while this task stops; its command has 20 s to finish its stop" in logs
+    if stopped:
+        assert statuses[2:] == [128 + signal.SIGTERM] * 2, logs
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["chief-0", "worker-0"]
+        assert "ending this task (exit" not in logs
+    else:
+        assert statuses[2:] == [EXIT_PEER_LOST] * 2, logs
+        assert not any(tmp_path.iterdir())
+        assert re.search(r"ps \d at localhost:\d+ has not answered for 2\d s", logs), logs
 
 
 def test_a_finished_trainer_s_wrapper_still_ends_on_sigterm() -> None:

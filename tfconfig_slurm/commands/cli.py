@@ -60,12 +60,13 @@ def run_cli(
     if tensorflow_log_level is not None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", tensorflow_log_level)
     flags.FLAGS.set_gnu_getopt(not stop_at_first_argument)
+    own = _own_words(sys.argv, stop_at_first_argument)
     try:
         argv = flags.FLAGS(sys.argv)
     except (flags.Error, UnicodeDecodeError) as error:
-        fail(program, flag_error(error, command, sys.argv).one_line())
+        fail(program, flag_error(error, command, own).one_line())
     if len(argv) > 1 and not (stop_at_first_argument or arguments):
-        where = "" if argv[1] in sys.argv[1:] else _flagfiles(sys.argv)
+        where = "" if argv[1] in own[1:] else _flagfiles(own)
         stray = UsageError(
             f"{argv[1]!r}{where}", "is not a flag", f"flags start with --; see {command} --help"
         )
@@ -131,6 +132,20 @@ def flag_error(error: Exception, command: str, argv: Sequence[str] = ()) -> Usag
             f"{command} --help lists the flags",
         )
     return UsageError("the command line", text.rstrip("."), f"{command} --help lists the flags")
+
+
+def _own_words(argv: Sequence[str], stop_at_first_argument: bool) -> Sequence[str]:
+    """The words of a command line that are the command's own: up to `--`, and with
+    `stop_at_first_argument` up to the first that is not a flag (a wrapped command's)."""
+    if "--" in argv:
+        argv = argv[: argv.index("--")]
+    if not stop_at_first_argument:
+        return argv
+    at = 1
+    while at < len(argv) and argv[at].startswith("-"):
+        # A bare --flagfile takes the next word as its file.
+        at += 2 if re.fullmatch(r"--?flagfile", argv[at]) else 1
+    return argv[:at]
 
 
 def _in_flagfile(name: str, argv: Sequence[str], value: str | None = None) -> str:

@@ -84,12 +84,12 @@ def planned_shape(policy: LayoutPolicy) -> StepShape:
         + (tasks,) * (len(nodes) - 1)
     )
     # Named for the flag that made the count: the CPU nodes' tasks, --ntasks_per_node given,
-    # else the parameter servers a node adds to its trainers, else the nodes themselves.
+    # else the parameter servers alone, else the nodes and their GPUs.
     if CPU_NTASKS_PER_NODE.value * len(cpu_nodes) > MAX_TASKS:
         culprit = "--cpu_ntasks_per_node"
     elif NTASKS_PER_NODE.value is not None:
         culprit = "--ntasks_per_node"
-    elif tasks > MAX_GPUS_PER_NODE + 1:
+    elif (policy.ps_per_node or 0) * len(nodes) > MAX_TASKS:
         culprit = "--ps_per_node"
     else:
         culprit = "--nodelist"

@@ -71,7 +71,7 @@ def dataset(params: dict[str, Any], *, training: bool, in_graph: bool = False) -
 
 def check_hparams(hparams: Mapping[str, Any]) -> None:
     """Refuses the shipped experiments' hparams they cannot train with (the runtime calls it
-    before anything is written, and says the ValueError's words in one line)."""
+    before training, and says the ValueError's words in one line)."""
     if not 0 <= hparams["dropout"] < 1:
         raise ValueError(
             f"sets dropout={hparams['dropout']!r}, expected from 0 to below 1 (the share of the "

@@ -11,7 +11,8 @@ one of two kinds, told apart by its source before it is imported:
   (this trainer's shard, repeated) or "eval".
 Either may define `HPARAMS`, a dict of defaults that `--hparams` may override, and
 `check_hparams(hparams)`, which raises ValueError, saying why, for values it cannot train with
-(the runtime calls it before anything is written, and refuses the run in one line).
+(each task calls it as it loads the experiment, before it trains, and refuses the run in one
+line; so does a sweep for each line, before it submits).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def locate(spec: str) -> tuple[str, Path | None]:
     if not spec:
         raise UsageError("--experiment", "is empty", _HINT)
     # A file named without a folder (README.md) is a path too, not a module to look for.
-    if spec.endswith(".py") or "/" in spec or path.is_file():
+    if spec.endswith(".py") or "/" in spec or (path.suffix and path.is_file()):
         if path.is_dir():
             raise UsageError("--experiment", f"{spec!r} is a directory, not a .py file", _HINT)
         if not path.is_file():
@@ -439,7 +440,7 @@ def with_overrides(
         except ValueError as error:
             raise UsageError(
                 "--hparams",
-                f"{error}".rstrip("."),
+                f"{error}".rstrip(".") or f"{_listed(values)} is refused by check_hparams",
                 f"the experiment's check_hparams refused it; its defaults: {_listed(defaults)}",
             ) from None
     return values
@@ -466,7 +467,12 @@ def _typed(name: str, text: str, default: Any) -> Any:
             value = kind(text)
         except ValueError:
             value = None
-        if value is None or not math.isfinite(value):
+        # What TensorFlow and TensorBoard's HParams hold: a finite float, a 64-bit int.
+        if (
+            value is None
+            or (kind is int and abs(value) >= 2**63)
+            or (kind is float and not math.isfinite(value))
+        ):
             raise UsageError(
                 "--hparams",
                 f"sets {name}={text!r}, expected {_a(kind.__name__)} like its default {default!r}",

@@ -8,7 +8,9 @@ child dies with the supervisor (children.py), so no task outlives its srun. Arou
 - Who watches whom is cluster/watch_plan.py's: a trainer its paired parameter servers, a
   parameter server its paired trainers and the other parameter servers; without parameter
   servers (all-reduce training), a trainer its neighbours in the tree of trainers. A watched
-  task that stops answering ends the watcher, by name, with exit status 3 (watchdog.py).
+  task that stops answering ends the watcher, by name, with exit status 3 (watchdog.py);
+  but a task told to stop (scancel signals every task of the step) first gives its command
+  _STOP_GRACE_SECONDS to finish its own stop, unless the run has recorded a failure.
 - When a trainer's command exits 0, the trainer answers on its own port, free again: alive
   (WAITING) until the trainers below it in the tree of trainers have finished, then
   FINISHED, until its parameter servers have gone and its parent has seen it.
@@ -45,6 +47,10 @@ from tfconfig_slurm.process.owner import RunOwner
 
 # The signals a supervisor passes on to its command.
 FORWARDED = children.STOPPING + children.PASSED_ON
+# How long a command told to stop may take to finish its stop (a checkpoint) while its peers
+# go quiet, stopping too, before it is killed as for a lost peer: within SLURM's default
+# KillWait (30 s), after which SLURM kills every process of the step itself.
+_STOP_GRACE_SECONDS = 20.0
 # How long a parameter server's command, once every trainer has finished, has to end on
 # SIGTERM before it is killed.
 _END_GRACE_SECONDS = 5.0
@@ -87,16 +93,11 @@ def supervise(
         signal.signal(signum, forward)
 
     def lost(name: str, address: str, silent_for: float) -> None:
-        if stopped_by and command.started[-1].poll() is None:
-            # Told to stop, as scancel, a requeue or a time limit tells every task of the step:
-            # its peers go quiet as they stop too, and its command finishes its own stop (a
-            # checkpoint, with the one-import API) rather than being killed for them.
-            logging.info(
-                "%s: %s went quiet while this task stops; its command finishes its stop",
-                role.task_id,
-                name,
-            )
-            return
+        if stopped_by:
+            since = time.monotonic()
+            if _stops_meanwhile(command, role, name):
+                return
+            silent_for += time.monotonic() - since
         _claim_the_end(ending)
         command.signal(signal.SIGKILL)
         # Its port is free once it is gone.
@@ -139,6 +140,26 @@ def supervise(
     if status != 0 and not stopped_by:
         failure.record_exit(child.returncode)
     return status
+
+
+def _stops_meanwhile(command: children.Group, role: ClusterRole, name: str) -> bool:
+    """For a task told to stop whose peer `name` went quiet: whether its command, still
+    running, finishes its stop within _STOP_GRACE_SECONDS (its peers stop too: no failure),
+    unless the run has recorded a failure meanwhile."""
+    child = command.started[-1]
+    # The main thread sets returncode once it has reaped the command (poll() from here would
+    # say None while that thread waits).
+    if child.returncode is not None or failure.run_failed():
+        return False
+    logging.info(
+        "%s: %s went quiet while this task stops; its command has %.0f s to finish its stop",
+        role.task_id,
+        name,
+        _STOP_GRACE_SECONDS,
+    )
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=_STOP_GRACE_SECONDS)
+    return child.returncode is not None
 
 
 def _say_how_it_ended(owner: RunOwner, status: int, stopped_by: list[signal.Signals]) -> None:
