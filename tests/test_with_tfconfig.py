@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step
 from tfconfig_slurm.cluster.render import tf_config_json
 from tfconfig_slurm.commands.with_tfconfig import MAX_ENVIRONMENT_STRING
 from tfconfig_slurm.errors import EXIT_PEER_LOST
-from tfconfig_slurm.process.watchdog import answers
+from tfconfig_slurm.process.watchdog import WAITING, answers
 
 WRAPPER = str(REPOSITORY / "launch" / "with-tfconfig")
 # Prints what the command saw: its TF_CONFIG, its GPUs and its own arguments.
@@ -272,6 +273,20 @@ sys.exit(seconds < 0)""",
 ]
 
 
+def answer_of(address: str) -> bytes | None:
+    """What a task's port answers first (b"" for a command's own server), None if nothing
+    listens there."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1.0) as connection:
+            connection.settimeout(0.5)
+            return connection.recv(len(WAITING))
+    except TimeoutError:
+        return b""
+    except OSError:
+        return None
+
+
 def ended(step: list[subprocess.Popen[str]], seconds: float) -> tuple[list[int | None], str]:
     """Each task's exit status (None: still running, then killed) and all their logs."""
     deadline = time.monotonic() + seconds
@@ -360,9 +375,11 @@ def test_a_step_told_to_stop_leaves_each_trainer_its_own_stop(
 
 def test_a_finished_trainer_s_wrapper_still_ends_on_sigterm() -> None:
     """Once its command has exited there is nothing to pass a signal on to: scancel ends it."""
-    step = wrap_step(free_port_block(4), 4, {2: "1"}, "600")
+    base = free_port_block(4)
+    step = wrap_step(base, 4, {2: "1"}, "600")
     try:
-        time.sleep(4.0)
+        # Its command done, the wrapper answers WAITING for worker 0, below it in the tree.
+        assert wait_until(lambda: answer_of(f"localhost:{base + 2}") == WAITING, 30.0)
         step[2].terminate()
         assert step[2].wait(timeout=30) == -signal.SIGTERM
     finally:
@@ -535,9 +552,11 @@ def test_a_failed_coordinator_or_ps_ends_every_task_by_name(rank: int, named: st
 
 def test_a_coordinator_s_worker_told_to_stop_does_not_start_its_command_again() -> None:
     """scancel's SIGTERM reaches the worker's wrapper and its command: a stop, not a failure."""
-    step = wrap_step(free_port_block(4), 4, {}, "600", COORDINATED)
+    base = free_port_block(4)
+    step = wrap_step(base, 4, {}, "600", COORDINATED)
     try:
-        time.sleep(2.0)
+        # Its command listening: the wrapper passes signals on by then.
+        assert wait_until(lambda: answers(f"localhost:{base + 3}"), 30.0)
         step[3].terminate()
         assert step[3].wait(timeout=30) == 128 + signal.SIGTERM
     finally:
