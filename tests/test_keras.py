@@ -270,16 +270,25 @@ def test_a_local_cluster_trains_all_reduce_stops_on_sigterm_and_resumes(tmp_path
     assert served_classes(export) == 2
 
 
-@pytest.mark.parametrize("evaluator", [1, 0])
+@pytest.mark.parametrize(
+    ("evaluator", "experiment", "hparams"),
+    [
+        (1, "mnist_keras", {"learning_rate": 0.001, "dropout": 0.5, "shuffle_buffer": 10000}),
+        (0, str(PACED_KERAS), {"learning_rate": 0.5}),
+    ],
+    ids=["mnist_keras-evaluator", "paced_keras"],
+)
 def test_a_local_coordinator_cluster_trains_evaluates_and_every_task_exits_0(
-    tmp_path: Path, evaluator: int
+    tmp_path: Path, evaluator: int, experiment: str, hparams: dict[str, float]
 ) -> None:
     """--coordinator --local_cluster: ParameterServerStrategy on this machine, a coordinator,
     a ps, a worker and the sidecar evaluator, each task supervising its child as in a SLURM
-    step; without the evaluator the coordinator evaluates in a process of its own."""
+    step; without the evaluator the coordinator evaluates in a process of its own. mnist_keras
+    trains with its data in the dataset's graph (a worker builds it); the paced twin, whose
+    steps cost next to nothing, where the test is the cluster around them."""
     result = train(
         tmp_path, "--coordinator", f"--local_cluster=ps=1,workers=1,evaluator={evaluator}",
-        "--train_steps=30", "--log_every_steps=10", timeout=240,
+        "--train_steps=30", "--log_every_steps=10", experiment=experiment, timeout=240,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     log = result.stderr
@@ -289,7 +298,7 @@ def test_a_local_coordinator_cluster_trains_evaluates_and_every_task_exits_0(
     assert len(sidecar) == evaluator, log[-3000:]
     for task in ("chief 0", "ps 0", "worker 0", "evaluator 0")[: 3 + evaluator]:
         assert f"{task} finished" in log, log[-3000:]
-    model_dir = tmp_path / "mnist_keras"
+    model_dir = tmp_path / Path(experiment).stem
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["global_step"] == summary["eval"]["global_step"] == 30
     assert summary["eval"]["accuracy"] > 0.5
@@ -297,9 +306,7 @@ def test_a_local_coordinator_cluster_trains_evaluates_and_every_task_exits_0(
     assert checkpoint_step(model_dir) == 30
     # What the other backends write too: the run's state, and its HParams session.
     assert json.loads((model_dir / "state.json").read_text())["state"] == "done"
-    assert hparams_sessions(model_dir) == [
-        {"learning_rate": 0.001, "dropout": 0.5, "shuffle_buffer": 10000}
-    ]
+    assert hparams_sessions(model_dir) == [hparams]
 
 
 @pytest.mark.parametrize(
