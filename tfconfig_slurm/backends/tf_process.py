@@ -1,16 +1,31 @@
-"""This TensorFlow process as the runtime sets it up: Estimator's own INFO lines silenced,
-thread pools held, and the checkpoint step a run resumes from."""
+"""This TensorFlow process as the runtime sets it up: TensorFlow's and Estimator's own INFO
+lines silenced, thread pools held, and the checkpoint step a run resumes from."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import tensorflow as tf
+from absl import logging as absl_logging
 from tensorflow.python.util import deprecation
 
 # Estimator's own INFO lines (every graph build, every checkpoint) drown the runtime's; its
 # warnings still show. --verbosity=1 does not bring them back: they are TensorFlow's logger.
 tf.get_logger().setLevel("WARNING")
+# TensorFlow 2.16+ and Keras log some INFO lines through absl's logger, the runtime's own
+# (a SavedModel export: four lines of traced functions and fingerprints): those are dropped
+# by where they come from; their warnings still show.
+_LIBRARIES = tuple(
+    str(Path(tf.__file__).parents[1] / name) for name in ("tensorflow", "tf_keras", "keras")
+)
+
+
+def _not_library_info(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or not record.pathname.startswith(_LIBRARIES)
+
+
+absl_logging.get_absl_logger().addFilter(_not_library_info)
 # Estimator is deprecated as a whole, and TensorFlow 2.15 says so at every call of its API:
 # users of this runtime chose it knowingly. The switch is private, but TensorFlow is pinned.
 deprecation._PRINT_DEPRECATION_WARNINGS = False
