@@ -157,8 +157,10 @@ def _stops_meanwhile(command: children.Group, role: ClusterRole, name: str) -> b
         name,
         _STOP_GRACE_SECONDS,
     )
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        child.wait(timeout=_STOP_GRACE_SECONDS)
+    deadline = time.monotonic() + _STOP_GRACE_SECONDS
+    while child.returncode is None and time.monotonic() < deadline and not failure.run_failed():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=min(watchdog.PROBE_SECONDS, deadline - time.monotonic()))
     return child.returncode is not None
 
 
