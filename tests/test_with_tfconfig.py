@@ -22,7 +22,7 @@ from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step
 from tfconfig_slurm.cluster.render import tf_config_json
 from tfconfig_slurm.commands.with_tfconfig import MAX_ENVIRONMENT_STRING
 from tfconfig_slurm.errors import EXIT_PEER_LOST
-from tfconfig_slurm.process.watchdog import WAITING, answers
+from tfconfig_slurm.process.watchdog import PROBE_SECONDS, WAITING, answers
 
 WRAPPER = str(REPOSITORY / "launch" / "with-tfconfig")
 # Prints what the command saw: its TF_CONFIG, its GPUs and its own arguments.
@@ -353,9 +353,10 @@ def test_a_step_told_to_stop_leaves_each_trainer_its_own_stop(
         for rank in (2, 3)
     ]
     try:
-        # Every task's port answering; then a probe round, so that each watcher has seen its peers.
+        # Every task's port answering; then three probe rounds, so that each watcher has seen its
+        # peers (one never seen is waited for as one still starting, for 10 minutes).
         assert wait_until(lambda: all(answers(f"localhost:{base + at}") for at in range(4)), 30.0)
-        time.sleep(1.5)
+        time.sleep(3 * PROBE_SECONDS)
         for process in step:
             process.terminate()
         for process in step[2:]:
