@@ -13,6 +13,13 @@ Two measures of a layout's examples/s, each side's and the ratio ours / stock; r
 - steady state: 64 x the global steps/s the chief logs every 100 steps (ours: its step lines;
   the stock job: Estimator's global_step/sec), after the first 100, in the LONG runs (median
   of the runs' means), which neither the start nor the end reaches.
+The start: seconds from the chief's imports (TensorFlow and the experiment) to its first step
+done, median of all its runs: ours from its first line to its "first step done", the stock
+job from a line the script prints there to Estimator's "loss = ..., step = 0".
+And each side's CPU time a step: the user and system seconds of all its processes (the
+launcher and every task), from the difference of the LONG and SHORT runs' medians. Where the
+layout keeps the machine's cores busy, examples/s can only follow CPU a step: a side that
+spends as much CPU on a step as the other cannot train faster.
 
   .venv/bin/python bench/peers.py [--runs 3] [--short 100] [--long 500]
 """
@@ -23,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import socket
 import statistics
 import subprocess
@@ -39,12 +47,16 @@ _SUMMARY_STEPS = 100
 _BOUND_SECONDS = 900.0
 
 STOCK = f"""
-import json, os, sys
+import json, logging, os, sys, time
 import tensorflow as tf
 from tfconfig_slurm.experiments import mnist_deep
 
-# As a stock script does, to see Estimator's global_step/sec lines.
+# Where ours logs its first line: TensorFlow and the experiment imported, Estimator not yet.
+print(f"imported at {{time.time()}}", file=sys.stderr, flush=True)
+# As a stock script does, to see Estimator's global_step/sec lines; timed, for its first step.
 tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)
+for handler in logging.getLogger("tensorflow").handlers:
+    handler.setFormatter(logging.Formatter("%(created)f %(message)s"))
 
 model_dir, steps = sys.argv[1], int(sys.argv[2])
 task = json.loads(os.environ.get("TF_CONFIG", "{{}}")).get("task", {{}})
@@ -75,6 +87,10 @@ LAYOUTS = {"one process": None, "1 trainer + ps": (1, 0), "2 trainers + ps": (1,
 
 class Run(NamedTuple):
     seconds: float
+    # User and system seconds of every process of the run (all waited for, so counted).
+    cpu_seconds: float
+    # The chief's seconds from its imports to its first step done.
+    start: float
     # The chief's logged global steps/s after its first logged window, averaged: steady
     # state, which neither the start nor the end reaches.
     steps_per_sec: float | None
@@ -89,13 +105,16 @@ def ours(layout: tuple[int, int] | None, steps: int, root: Path) -> Run:
     ]  # fmt: skip
     if layout is not None:
         command.append(f"--local_cluster=ps={layout[0]},workers={layout[1]}")
-    started = time.monotonic()
+    started, cpu = time.monotonic(), _children_cpu()
     done = subprocess.run(
         command, check=True, timeout=_BOUND_SECONDS, capture_output=True, text=True, env=_env()
     )
-    took = time.monotonic() - started
-    chief = [line for line in done.stderr.splitlines() if layout is None or "[chief 0]" in line]
-    return Run(took, _steady(re.findall(r"([\d.]+) global steps/s", "\n".join(chief))))
+    took, cpu = time.monotonic() - started, _children_cpu() - cpu
+    chief = "\n".join(
+        line for line in done.stderr.splitlines() if layout is None or "[chief 0]" in line
+    )
+    start = _clock(chief, "first step done") - _clock(chief, "starting at step 0")
+    return Run(took, cpu, start, _steady(re.findall(r"([\d.]+) global steps/s", chief)))
 
 
 def stock(layout: tuple[int, int] | None, steps: int, root: Path, script: Path) -> Run:
@@ -109,7 +128,7 @@ def stock(layout: tuple[int, int] | None, steps: int, root: Path, script: Path) 
     tasks = [("chief", 0)] + [("ps", i) for i in range(servers)]
     tasks += [("worker", i) for i in range(workers)]
     log = root / "chief.log"
-    started = time.monotonic()
+    started, cpu = time.monotonic(), _children_cpu()
     with log.open("w") as chief_log:
         processes = {
             task: subprocess.Popen(
@@ -136,9 +155,31 @@ def stock(layout: tuple[int, int] | None, steps: int, root: Path, script: Path) 
         if process.poll() is None:
             process.kill()
         process.wait()
+    cpu = _children_cpu() - cpu
     if status != 0:
         raise SystemExit(f"the stock chief failed with exit {status}:\n{log.read_text()[-2000:]}")
-    return Run(took, _steady(re.findall(r"global_step/sec: ([\d.]+)", log.read_text())))
+    text = log.read_text()
+    imported = float(_found(r"imported at ([\d.]+)", text)[1])
+    first = float(_found(r"([\d.]+) loss = .*, step = 0\b", text)[1])
+    return Run(took, cpu, first - imported, _steady(re.findall(r"global_step/sec: ([\d.]+)", text)))
+
+
+def _clock(log: str, pattern: str) -> float:
+    """Seconds of the day of the first absl line matching `pattern`."""
+    hours, minutes, seconds = _found(rf"I\d{{4}} (\d\d):(\d\d):([\d.]+) .*{pattern}", log).groups()
+    return 3600 * int(hours) + 60 * int(minutes) + float(seconds)
+
+
+def _found(pattern: str, log: str) -> re.Match[str]:
+    found = re.search(pattern, log)
+    if found is None:
+        raise SystemExit(f"no line matches {pattern!r} in this log:\n{log[-2000:]}")
+    return found
+
+
+def _children_cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def _steady(rates: list[str]) -> float | None:
@@ -189,26 +230,37 @@ def main() -> None:
 
 def _report(name: str, runs: dict[tuple[str, int], list[Run]], short: int, long: int) -> None:
     """Both measures of a layout, each side's and their ratio, and the runs' seconds."""
-    whole, steady = {}, {}
+    whole, steady, cpu, start = {}, {}, {}, {}
     for side in ("ours", "stock"):
         seconds = {steps: [run.seconds for run in runs[(side, steps)]] for steps in (short, long)}
         whole[side] = (
             BATCH * (long - short)
             / (statistics.median(seconds[long]) - statistics.median(seconds[short]))
         )  # fmt: skip
+        used = {steps: [run.cpu_seconds for run in runs[(side, steps)]] for steps in (short, long)}
+        cpu[side] = (statistics.median(used[long]) - statistics.median(used[short])) / (
+            long - short
+        )
+        start[side] = statistics.median(
+            run.start for steps in (short, long) for run in runs[(side, steps)]
+        )
         logged = [run.steps_per_sec for run in runs[(side, long)] if run.steps_per_sec]
         steady[side] = BATCH * statistics.median(logged) if logged else float("nan")
     print(
         f"{name}: whole runs ours {whole['ours']:.0f} examples/s, stock {whole['stock']:.0f}: "
         f"{whole['ours'] / whole['stock']:.2f}x; steady state (logged) ours "
         f"{steady['ours']:.0f}, stock {steady['stock']:.0f}: "
-        f"{steady['ours'] / steady['stock']:.2f}x",
+        f"{steady['ours'] / steady['stock']:.2f}x; CPU a step ours {1000 * cpu['ours']:.1f} ms, "
+        f"stock {1000 * cpu['stock']:.1f} ms: stock / ours {cpu['stock'] / cpu['ours']:.2f}x; "
+        f"chief's first step after its imports ours {start['ours']:.2f} s, stock "
+        f"{start['stock']:.2f} s",
         flush=True,
     )
     print(
         "  seconds: "
         + "; ".join(
-            f"{side} {steps}: " + ", ".join(f"{run.seconds:.1f}" for run in measured)
+            f"{side} {steps}: "
+            + ", ".join(f"{run.seconds:.1f} ({run.cpu_seconds:.0f} CPU)" for run in measured)
             for (side, steps), measured in runs.items()
         ),
         flush=True,
