@@ -363,6 +363,36 @@ def test_a_keras_experiment_whose_functions_take_other_arguments_is_refused_at_l
     assert not (tmp_path / "no_params").exists()
 
 
+@pytest.mark.parametrize(
+    ("model", "problem"),
+    [
+        # What a newcomer on TensorFlow 2.16+ writes: it trained a whole run, then failed
+        # to export, run after run.
+        (
+            "keras.Sequential([keras.layers.Dense(10)])",
+            "a Keras 3 model (keras.src.models.sequential.Sequential). HINT: build a tf-keras "
+            "model: import tf_keras as keras",
+        ),
+        ("tf_keras.Sequential([tf_keras.layers.Dense(10)])", "a model that is not compiled"),
+    ],
+)
+def test_a_model_the_backend_cannot_train_is_refused_in_one_line(
+    tmp_path: Path, model: str, problem: str
+) -> None:
+    experiment = tmp_path / "odd_model.py"
+    experiment.write_text(
+        "import keras, tf_keras\n"
+        "from tfconfig_slurm.experiments.mnist_keras import dataset\n"
+        f"def build_model(params):\n    return {model}\n"
+    )
+    result = run_module(RUN, f"--experiment={experiment}", f"--output_root={tmp_path}")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1].startswith(
+        f"tfconfig-slurm-run: --experiment: odd_model's build_model returned {problem}"
+    ), result.stderr[-3000:]
+    assert list((tmp_path / "odd_model").iterdir()) == []
+
+
 def test_a_tf_config_with_a_parameter_server_is_one_line(tmp_path: Path) -> None:
     """As with-tfconfig without --all_reduce would make: MultiWorkerMirroredStrategy would fail
     the ps's process with a traceback."""

@@ -24,7 +24,7 @@ from absl import logging
 from tfconfig_slurm.cluster.layout import PS, TRAINERS
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import read_slurm_job
-from tfconfig_slurm.errors import EXIT_PEER_LOST, UsageError
+from tfconfig_slurm.errors import EXIT_PEER_LOST, TfconfigSlurmError, UsageError
 from tfconfig_slurm.process import (
     claim,
     continuation,
@@ -133,7 +133,14 @@ def _run(task: TaskRun, layout: str, backend: Callable[[], Backend], *, returns:
     limit = _keep_time_limit(task)
     _say_how_a_stop_goes_on(task)
     with failure.recording_errors():
-        return _train(task, trainer, held, returns, limit)
+        try:
+            return _train(task, trainer, held, returns, limit)
+        except TfconfigSlurmError:
+            # Input the backend refused as it began (a model it cannot train): no lock is
+            # left behind for the next run to take over.
+            if held is not None:
+                held.release()
+            raise
 
 
 def _keep_time_limit(task: TaskRun) -> time_limit.TimeLimit | None:

@@ -22,12 +22,15 @@ def main() -> None:
     import tensorflow as tf  # noqa: PLC0415
 
     from tfconfig_slurm.backends.keras.data import eval_batches  # noqa: PLC0415
-    from tfconfig_slurm.backends.keras.model_dir import evaluate_checkpoint  # noqa: PLC0415
+    from tfconfig_slurm.backends.keras.model_dir import (  # noqa: PLC0415
+        built_model,
+        evaluate_checkpoint,
+    )
     from tfconfig_slurm.process import experiment as experiment_lib  # noqa: PLC0415
 
     experiment = experiment_lib.load_keras(spec)
     metrics = evaluate_checkpoint(
-        experiment.build_model(params),
+        built_model(experiment, params),
         tf.train.latest_checkpoint(model_dir),
         eval_batches(experiment, params),
         steps,

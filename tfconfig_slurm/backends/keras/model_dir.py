@@ -19,6 +19,7 @@ from tensorboard.plugins.hparams import api as hparams_api
 
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import preemption
 from tfconfig_slurm.process.experiment import KerasExperiment
 from tfconfig_slurm.process.lifecycle import Hparam
@@ -43,13 +44,39 @@ def restored(
     """The experiment's model under the strategy, its checkpoint, restored from the model
     directory's latest, and the global step it holds."""
     with strategy.scope():
-        model = experiment.build_model(params)
+        model = built_model(experiment, params)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
     latest = tf.train.latest_checkpoint(str(directory))
     if latest is not None:
         checkpoint.restore(latest).expect_partial()
     step = int(model.optimizer.iterations.numpy())
     return model, checkpoint, step
+
+
+def built_model(experiment: KerasExperiment, params: Mapping[str, Any]) -> Any:
+    """The experiment's build_model(params), refused in one line unless a compiled tf-keras
+    model: a Keras 3 model trained a whole run, then failed to export, and an uncompiled one
+    failed in TensorFlow's checkpoint code."""
+    model = experiment.build_model(params)
+    if not isinstance(model, tf.keras.Model):
+        kind = "None" if model is None else f"{type(model).__module__}.{type(model).__qualname__}"
+        keras_3 = kind.startswith("keras.")
+        raise UsageError(
+            "--experiment",
+            f"{experiment.name}'s build_model returned "
+            + (f"a Keras 3 model ({kind})" if keras_3 else f"{kind}, not a Keras model"),
+            "build a tf-keras model: import tf_keras as keras (Keras 3's multi-worker training "
+            "does not work)"
+            if keras_3
+            else "return the compiled tf_keras.Model",
+        )
+    if model.optimizer is None:
+        raise UsageError(
+            "--experiment",
+            f"{experiment.name}'s build_model returned a model that is not compiled",
+            "call model.compile(optimizer=..., loss=..., metrics=[...]) before returning it",
+        )
+    return model
 
 
 class Saver:

@@ -24,6 +24,7 @@ from absl import logging
 from tfconfig_slurm.backends.keras.backend import KerasBackendBase
 from tfconfig_slurm.backends.keras.data import eval_batches
 from tfconfig_slurm.backends.keras.model_dir import (
+    built_model,
     eval_writer,
     evaluate_checkpoint,
     write_scalars,
@@ -50,7 +51,7 @@ class SidecarBackend(KerasBackendBase):
 
     def _set_up(self) -> _Sidecar:
         if self._sidecar is None:
-            model = self._experiment.build_model(self._settings.params)
+            model = built_model(self._experiment, self._settings.params)
             self._sidecar = _Sidecar(model, eval_writer(self._settings.model_dir))
         return self._sidecar
 
