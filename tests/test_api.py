@@ -128,7 +128,7 @@ def test_specs_in_the_wrong_order_are_one_line_naming_the_argument(tmp_path: Pat
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(
-        "one_import_estimator.py: train_spec: is a EvalSpec, not a tf.estimator.TrainSpec. HINT: "
+        "one_import_estimator.py: train_spec: is an EvalSpec, not a tf.estimator.TrainSpec. HINT: "
     ), result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "model").exists()

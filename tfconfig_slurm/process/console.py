@@ -16,6 +16,11 @@ def fail(program: str, message: str) -> NoReturn:
     sys.exit(USAGE_EXIT_CODE)
 
 
+def a_or_an(noun: str) -> str:
+    """`noun` with its article, for a type's name in a message: "an int", "a dict"."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 def script_name() -> str:
     """The name a user's script runs under, for its one-line errors."""
     # os.path rather than pathlib, whose import (with urllib and ipaddress) cost every

@@ -33,6 +33,7 @@ from typing import Any, Callable, NoReturn
 
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import versions
+from tfconfig_slurm.process.console import a_or_an
 
 # The experiments installed with the package, where `--experiment NAME` looks for NAME.py
 # after the working directory's experiments/.
@@ -265,7 +266,7 @@ def _check_hparams(module: ModuleType) -> HparamsCheck | None:
     if not callable(check):
         raise UsageError(
             "--experiment",
-            f"{_named(module)}.check_hparams is a {type(check).__name__}, not a function",
+            f"{_named(module)}.check_hparams is {a_or_an(type(check).__name__)}, not a function",
             "define check_hparams(hparams), raising ValueError for values it cannot train with",
         )
     _check_call(module, "check_hparams", "check_hparams(hparams)", {})
@@ -277,7 +278,7 @@ def _hparams(module: ModuleType) -> dict[str, Any]:
     if not isinstance(hparams, Mapping):
         raise UsageError(
             "--experiment",
-            f"{_named(module)}.HPARAMS is a {type(hparams).__name__}, not a dict",
+            f"{_named(module)}.HPARAMS is {a_or_an(type(hparams).__name__)}, not a dict",
             "define HPARAMS = {'learning_rate': 1e-3, ...}",
         )
     return dict(hparams)
@@ -395,10 +396,6 @@ def _refuse(
     )
 
 
-def _a(noun: str) -> str:
-    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
-
-
 def _named(module: ModuleType) -> str:
     """The module as its user named it: a file's stem (imported as experiment_<stem>), else
     its module name."""
@@ -417,7 +414,7 @@ def with_overrides(
 ) -> dict[str, Any]:
     """`defaults` with `--hparams=name=value,...` applied, each value of its default's type,
     and passed by the experiment's `check`, if it has one."""
-    values = dict(defaults)
+    values, given = dict(defaults), set()
     for item in filter(None, (part.strip() for part in overrides.split(","))):
         name, equals, text = (piece.strip() for piece in item.partition("="))
         if not equals or not name:
@@ -433,6 +430,11 @@ def with_overrides(
                 f"sets {name!r}, which the experiment's HPARAMS does not have",
                 f"the experiment's hparams are: {known}",
             )
+        if name in given:
+            raise UsageError(
+                "--hparams", f"sets {name} twice", f"give each hparam once, e.g. {item}"
+            )
+        given.add(name)
         values[name] = _typed(name, text, defaults[name])
     if check is not None:
         try:
@@ -473,12 +475,21 @@ def _typed(name: str, text: str, default: Any) -> Any:
             or (kind is int and abs(value) >= 2**63)
             or (kind is float and not math.isfinite(value))
         ):
+            expected = "a finite float" if kind is float else "a 64-bit int"
             raise UsageError(
                 "--hparams",
-                f"sets {name}={text!r}, expected {_a(kind.__name__)} like its default {default!r}",
+                f"sets {name}={text!r}, expected {expected} like its default {default!r}",
                 f"e.g. {name}={default!r}",
             ) from None
         return value
+    # A None default is an optional string's.
+    if kind not in (str, type(None)):
+        raise UsageError(
+            "--hparams",
+            f"sets {name}, whose default {default!r} is {a_or_an(kind.__name__)}: the command line "
+            "sets only bool, int, float and str hparams",
+            f"set {name} in the experiment's HPARAMS, or give it a string default the model parses",
+        )
     return text
 
 

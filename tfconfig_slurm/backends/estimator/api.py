@@ -95,15 +95,24 @@ def _run(
     stop = preemption.StopRequest()
     stop.listen(signal.SIGUSR1, signal.SIGTERM)
     faulthandler.register(signal.SIGQUIT, all_threads=True)
-    for name, value, expected, example in (
-        ("estimator", estimator, tf.estimator.Estimator, "tf.estimator.DNNClassifier(...)"),
-        ("train_spec", train_spec, tf.estimator.TrainSpec, "tf.estimator.TrainSpec(input_fn)"),
-        ("eval_spec", eval_spec, tf.estimator.EvalSpec, "tf.estimator.EvalSpec(input_fn)"),
-    ):
+    for name, value, expected, public, example in (
+        (
+            "estimator", estimator, tf.estimator.Estimator, "Estimator",
+            "tf.estimator.DNNClassifier(...)",
+        ),
+        (
+            "train_spec", train_spec, tf.estimator.TrainSpec, "TrainSpec",
+            "tf.estimator.TrainSpec(input_fn, max_steps=10000)",
+        ),
+        (
+            "eval_spec", eval_spec, tf.estimator.EvalSpec, "EvalSpec",
+            "tf.estimator.EvalSpec(input_fn)",
+        ),
+    ):  # fmt: skip
         if not isinstance(value, expected):
             raise UsageError(
                 name,
-                f"is a {type(value).__name__}, not a tf.estimator.{expected.__name__}",
+                f"is {console.a_or_an(type(value).__name__)}, not a tf.estimator.{public}",
                 f"train_and_evaluate(estimator, train_spec, eval_spec), e.g. {example}",
             )
     if train_spec.max_steps is None:
