@@ -299,6 +299,17 @@ def ended(step: list[subprocess.Popen[str]], seconds: float) -> tuple[list[int |
     return statuses, "".join(f"== {process.communicate()[1]}" for process in step)
 
 
+def test_a_task_alone_in_its_step_whose_command_fails_exits_at_once() -> None:
+    """No peer watches its port, so it does not stay to say FAILED there."""
+    alone = wrapped(
+        free_port_block(1), 1, 0, sys.executable, "-c", "raise SystemExit(3)", layout="--all_reduce"
+    )
+    [status], logs = ended([alone], 30)
+    assert status == 3, logs
+    assert "chief 0: its command failed; exiting" in logs, logs
+    assert "saying so on its port" not in logs
+
+
 def test_eighteen_trainers_finish_through_their_tree_and_the_servers_end_exit_0() -> None:
     """The chief (16 children) and worker 0 (1 child) wait for the trainers below them; the
     chief's FINISHED ends ps 0's command, and ps 0's FINISHED ps 1's."""

@@ -194,7 +194,11 @@ def _after_command() -> None:
 
 def _say_failed(role: ClusterRole, why: str = "its command failed") -> None:
     """Answers FAILED on the task's port long enough for every watcher to probe it twice: a
-    command that died before its server listened would otherwise be waited for."""
+    command that died before its server listened would otherwise be waited for. A task alone
+    in its cluster has no watcher to tell, and exits at once."""
+    if sum(map(len, role.cluster.values())) == 1 and not role.has_evaluator:
+        logging.error("%s %d: %s; exiting", role.role, role.index, why)
+        return
     seconds = 2 * watchdog.round_seconds(max(role.ps_count, 1)) + watchdog.LOST_AFTER_SECONDS
     logging.error(
         "%s %d: %s; saying so on its port for %.0f s, then exiting",

@@ -118,6 +118,8 @@ def _train_alone(training: Training, stop: StopRequest) -> trainer.Result | None
     )
     if stop.requested:
         return None
+    for export in exports or []:
+        trainer.log_export(export)
     if metrics is None:
         # No checkpoint was written by this run (max_steps was already reached): evaluate the
         # latest one, so that a resumed run still reports.

@@ -122,7 +122,7 @@ def export(
     for exporter in eval_spec.exporters:
         path = RunDir(Path(estimator.model_dir)).export(exporter.name)
         result = exporter.export(estimator, str(path), checkpoint, metrics, True)
-        logging.info("exported the model to %s", _text(result))
+        log_export(result)
         results.append(result)
     return results
 
@@ -159,5 +159,8 @@ def with_runtime(
     )
 
 
-def _text(result: Any) -> str:
-    return result.decode() if isinstance(result, bytes) else str(result)
+def log_export(result: Any) -> None:
+    """Says where an exporter's result (a path, as bytes or text) went."""
+    logging.info(
+        "exported the model to %s", result.decode() if isinstance(result, bytes) else result
+    )
