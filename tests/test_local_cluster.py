@@ -235,15 +235,24 @@ def test_an_evaluator_evaluates_instead_of_the_chief(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "spec", ["ps=0,workers=2", "workers=2", "ps=1,workers=x", "ps=1,gpus=2", "ps=1,evaluator=2"]
+    ("spec", "said"),
+    [
+        ("ps=0,workers=2", "is 'ps=0,workers=2': Estimator training in a cluster needs"),
+        ("workers=2", "is 'workers=2'"),
+        ("ps=1,workers=x", "has 'workers=x'"),
+        ("ps=1,workers=1000", "has 'workers=1000', expected ps=N, workers=N (N up to 999)"),
+        ("ps=1,gpus=2", "has 'gpus=2'"),
+        ("ps=1,evaluator=2", "asks for more than one evaluator"),
+        ("ps=1,workers=1,ps=2", "gives ps twice"),
+    ],
 )
-def test_bad_local_cluster_is_one_line(tmp_path: Path, spec: str) -> None:
+def test_bad_local_cluster_is_one_line(tmp_path: Path, spec: str, said: str) -> None:
     result = run_module(
         RUN, "--experiment=mnist_deep", f"--output_root={tmp_path}", f"--local_cluster={spec}"
     )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1
-    assert result.stderr.startswith("tfconfig-slurm-run: --local_cluster: ")
+    assert result.stderr.startswith(f"tfconfig-slurm-run: --local_cluster: {said}"), result.stderr
     assert not (tmp_path / "mnist_deep").exists()
 
 

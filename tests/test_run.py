@@ -66,7 +66,8 @@ def test_trains_evaluates_and_reports(trained: tuple[Path, str]) -> None:
     assert summary["eval"]["accuracy"] > 0.5, summary["eval"]
     assert summary["trainers"][0]["examples_per_sec"] > 0
     assert (model_dir / "model.ckpt-20.index").is_file()
-    assert any((model_dir / "export").iterdir())
+    [export] = (model_dir / "export" / "mnist_deep").iterdir()
+    assert f"exported the model to {export}" in log
     assert "starting at step 0" in log
     assert "handwritten digits that ship with tfconfig-slurm" in log
     # The loss beside the speed, in every trainer's log (Estimator's own lines are silenced).
@@ -282,7 +283,24 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
         (("--experiment=mnist_deep", "--hparams=learning_rate"), "--hparams", None),
         (("--experiment=mnist_deep", "--hparams=momentum=0.9"), "--hparams", None),
         (("--experiment=mnist_deep", "--hparams=learning_rate=fast"), "--hparams", None),
-        (("--experiment=mnist_deep", "--hparams=learning_rate=nan"), "--hparams", None),
+        (
+            ("--experiment=mnist_deep", "--hparams=learning_rate=nan"),
+            "--hparams: sets learning_rate='nan', expected a finite float like its default",
+            None,
+        ),
+        (
+            ("--experiment=mnist_deep", "--hparams=learning_rate=0.1,learning_rate=0.2"),
+            "--hparams: sets learning_rate twice",
+            None,
+        ),
+        (
+            ("--experiment={module}", "--hparams=layers=3"),
+            "--hparams: sets layers, whose default [1, 2] is a list: the command line sets only "
+            "bool, int, float and str hparams",
+            "HPARAMS = {'layers': [1, 2]}\n"
+            "def model_fn(features, labels, mode, params): pass\n"
+            "def input_fn(mode, params): pass\n",
+        ),
         (("--experiment=mnist_deep", "--hparams=shuffle_buffer=1" + "0" * 400), "--hparams", None),
         # The experiment's own check_hparams, before anything is written.
         (
@@ -302,11 +320,23 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
             "def input_fn(mode, params): pass\n",
         ),
         (("--train_steps=10",), "--experiment", None),
+        (
+            ("--experiment=mnist_deep", "--model_dir=/tmp/x"),
+            "--model_dir: is not a flag of tfconfig-slurm-run; the model directory is "
+            "<output_root>/<experiment_id>",
+            None,
+        ),
         (("stray", "--experiment=mnist_deep"), "'stray'", None),
         (("--experiment=mnist_deep", "--sync_replicas"), "--sync_replicas", None),
         (
             ("--experiment=mnist_deep", "--train_steps=0"),
-            "--train_steps: is '0', expected a positive integer",
+            "--train_steps: is '0', expected an integer in the range [1, 9223372036854775807]",
+            None,
+        ),
+        (
+            ("--experiment=mnist_deep", f"--train_steps={2**63}"),
+            "--train_steps: is '9223372036854775808', expected an integer in the range [1, "
+            "9223372036854775807]",
             None,
         ),
         (
@@ -330,6 +360,11 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
         ),
         (("--experiment=mnist_deep", "--experiment_id=grp/r1"), "--experiment_id: is 'grp", None),
         (("--experiment=mnist_deep", "--experiment_id="), "--experiment_id: is ''", None),
+        (
+            ("--experiment=mnist_deep", "--experiment_id=" + "a" * 256),
+            "--experiment_id: names a folder of 256 bytes, longer than the 255",
+            None,
+        ),
         (("--experiment=/etc/hostname",), "is not a .py file", None),
         # A file of the working directory, named without a folder: not a module path.
         (("--experiment=README.md",), "file 'README.md' is not a .py file", None),
@@ -514,6 +549,15 @@ def test_print_model_dir_names_the_directory_and_creates_nothing(
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{tmp_path / expected}\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_output_root_variable_is_as_if_unset() -> None:
+    """As launch/train.sbatch reads it: not the working directory itself."""
+    result = run_module(
+        RUN, "--experiment=mnist_deep", "--print_model_dir", environ={"TFCONFIG_SLURM_OUTPUT": ""}
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "tf-output/mnist_deep\n"
 
 
 @pytest.mark.parametrize(

@@ -149,6 +149,19 @@ def test_a_bad_flag_in_a_flagfile_names_the_file(tmp_path: Path, line: str, said
     assert result.stderr.startswith(f"tfconfig-slurm: {flag}:"), result.stderr
 
 
+def test_a_value_in_shell_quotes_in_a_flagfile_is_refused(tmp_path: Path) -> None:
+    """absl keeps a flag file's quotes: these would have made addresses 'node1-ib0':port."""
+    flagfile = tmp_path / "layout.flags"
+    flagfile.write_text("--address_template='{node}-ib0'\n")
+    result = run_module(TFCONFIG, f"--flagfile={flagfile}", environ=BLOCK_TASK_4)
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"tfconfig-slurm: --address_template (in --flagfile={flagfile}): is '{{node}}-ib0', its "
+        "quotes included: a flag file takes no shell quoting. HINT: write "
+        "--address_template={node}-ib0 there\n"
+    )
+
+
 def test_binary_flagfile(tmp_path: Path) -> None:
     flagfile = tmp_path / "layout.flags"
     flagfile.write_bytes(b"\xff\xfe--ps_per_node=0\n")
@@ -393,6 +406,19 @@ MALFORMED = [
         ("--explain", "--nodelist=n1", "--ntasks_per_node=0"),
         {},
         "--ntasks_per_node",
+    ),
+    (
+        # The default one ps a node fills the node the user gave one task.
+        "a plan of only parameter servers by its tasks",
+        ("--explain", "--nodelist=n1", "--ntasks_per_node=1"),
+        {},
+        "--ntasks_per_node: leaves no trainer among the step's 1 task, only parameter servers",
+    ),
+    (
+        "a plan of only parameter servers by its servers",
+        ("--explain", "--nodelist=n1", "--ntasks_per_node=2", "--ps_per_node=2"),
+        {},
+        "--ps_per_node: leaves no trainer among the step's 2 tasks",
     ),
     (
         "a plan too large by its parameter servers",

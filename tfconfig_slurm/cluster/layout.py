@@ -299,6 +299,11 @@ class ClusterLayout:
         return self.roles.count(role)
 
 
+def counted(count: int, noun: str) -> str:
+    """ "1 task", "2 tasks": a count for a message."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def derived_port_base(job_id: int, step_id: int, tasks_on_busiest_node: int) -> int:
     """A port base that differs between neighbouring jobs and between every step of a job,
     with room below the ephemeral range for the busiest node's tasks."""
@@ -333,8 +338,8 @@ def _lay_out(shape: StepShape, placement: Placement, policy: LayoutPolicy) -> Cl
     if policy.coordinator and WORKER not in kinds:
         raise LayoutError(
             "--coordinator",
-            f"leaves no worker among the step's {len(kinds)} tasks: the first trainer became "
-            "the coordinator, which trains nothing",
+            f"leaves no worker among the step's {counted(len(kinds), 'task')}: the first trainer "
+            "became the coordinator, which trains nothing",
             "start one task more on the first node, e.g. sbatch --ntasks=<N + 1> (block "
             "distribution puts it there)",
         )
@@ -430,8 +435,8 @@ def _choose_chief(placement: Placement, kinds: list[str], policy: LayoutPolicy) 
             culprit = "--ps_per_node"
         raise LayoutError(
             culprit,
-            f"leaves no trainer among the step's {len(kinds)} tasks, only parameter servers"
-            + (" and an evaluator" if EVALUATOR in kinds else ""),
+            f"leaves no trainer among the step's {counted(len(kinds), 'task')}, only parameter "
+            "servers" + (" and an evaluator" if EVALUATOR in kinds else ""),
             "start more tasks per node than parameter servers (and one more for an "
             "evaluator), e.g. one per GPU plus one: #SBATCH --ntasks-per-node=<GPUs per node + 1>",
         )

@@ -8,7 +8,15 @@ import shlex
 from typing import Any
 
 from tfconfig_slurm.cluster import role
-from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER, ClusterLayout, Task
+from tfconfig_slurm.cluster.layout import (
+    CHIEF,
+    EVALUATOR,
+    PS,
+    WORKER,
+    ClusterLayout,
+    Task,
+    counted,
+)
 from tfconfig_slurm.cluster.step import STEP_GPUS, step_gpus_value
 
 EXPLAIN_KEYS = ("rank", "node", "local_id", "role", "index", "address", "gpus")
@@ -85,7 +93,7 @@ def summary_line(layout: ClusterLayout) -> str:
         for role, count in counts.items()
         if count
     )
-    nodes = f"{len(shape.nodes)} nodes"
+    nodes = counted(len(shape.nodes), "node")
     if shape.server_nodes:
         nodes += f" ({len(shape.server_nodes)} CPU, for the parameter servers)"
     return (
@@ -104,13 +112,13 @@ def idle_gpus_warning(layout: ClusterLayout) -> str | None:
     tasks = layout.shape.tasks_per_node[layout.shape.nodes.index(node)]
     if layout.coordinator:
         return (
-            f"GPUs idle on {len(idle)} of {len(layout.shape.nodes)} nodes "
+            f"GPUs idle on {len(idle)} of {counted(len(layout.shape.nodes), 'node')} "
             f"({'; '.join(named)}{'; ...' if len(idle) > 3 else ''}): no worker runs there "
             "(the coordinator takes none). HINT: a worker there drives them, one task more a "
             f"node: #SBATCH --ntasks-per-node={tasks + 1}"
         )
     return (
-        f"GPUs idle on {len(idle)} of {len(layout.shape.nodes)} nodes "
+        f"GPUs idle on {len(idle)} of {counted(len(layout.shape.nodes), 'node')} "
         f"({'; '.join(named)}{'; ...' if len(idle) > 3 else ''}): each trainer drives one GPU, "
         f"and these nodes have fewer trainers than GPUs. HINT: one trainer per GPU: #SBATCH "
         f"--ntasks-per-node={tasks + len(gpus)}"

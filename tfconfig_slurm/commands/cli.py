@@ -30,8 +30,8 @@ HELPSHORT = flags.DEFINE_boolean("helpshort", False, "Show this help and the com
 
 # Under --help, after the command's own flags: absl's, which its module help leaves out.
 _ABSL_FLAGS = """absl's flags, for every command:
-  --flagfile: a text file of flags, one a line (--name=value), read as if given here;
-    repeat it for more files.
+  --flagfile: a text file of flags, one a line (--name=value, without shell quotes), read
+    as if given here; repeat it for more files.
   --helpfull: every flag, absl's logging flags included.
 """
 
@@ -65,6 +65,9 @@ def run_cli(
         argv = flags.FLAGS(sys.argv)
     except (flags.Error, UnicodeDecodeError) as error:
         fail(program, flag_error(error, command, own).one_line())
+    quoted = _quoted_in_flagfile(own)
+    if quoted is not None:
+        fail(program, quoted.one_line())
     if len(argv) > 1 and not (stop_at_first_argument or arguments):
         where = "" if argv[1] in own[1:] else _flagfiles(own)
         stray = UsageError(
@@ -81,6 +84,16 @@ def run_cli(
     except TfconfigSlurmError as error:
         fail(program, error.one_line())
 
+
+# Flags a user brings from Estimator scripts, by the flag of ours that does their work (where
+# the command has it) and what to say: absl's closest name, --log_dir, is its logging's.
+_FAMILIAR = {
+    "model_dir": (
+        "output_root",
+        "the model directory is <output_root>/<experiment_id>: give --output_root and "
+        "--experiment_id",
+    ),
+}
 
 # absl's words for a value of the wrong type, as a user would put it.
 _EXPECTED = {
@@ -126,6 +139,9 @@ def flag_error(error: Exception, command: str, argv: Sequence[str] = ()) -> Usag
         # absl's "Did you mean: a, b ?" names flags without their dashes.
         close = [f"--{name.strip()}" for name in (unknown.group(2) or "").split(",") if name]
         guess = f"; did you mean {' or '.join(close)}?" if close else ""
+        familiar = _FAMILIAR.get(unknown.group(1))
+        if familiar and familiar[0] in flags.FLAGS:
+            guess = f"; {familiar[1]}"
         return UsageError(
             f"--{unknown.group(1)}{_in_flagfile(unknown.group(1), argv)}",
             f"is not a flag of {command}{guess}",
@@ -159,6 +175,30 @@ def _in_flagfile(name: str, argv: Sequence[str], value: str | None = None) -> st
         for word, next_word in zip(argv[1:], [*argv[2:], ""])
     )
     return "" if here else _flagfiles(argv)
+
+
+def _quoted_in_flagfile(argv: Sequence[str]) -> UsageError | None:
+    """A flag a --flagfile gives in shell quotes, which absl keeps: --output_root="/x" there
+    trained in ./"/x", and --nodelist='n[1-2]' planned nodes named 'n1' and 'n2'."""
+    files = _flagfiles(argv)
+    if not files:
+        return None
+    for name in flags.FLAGS:
+        value = flags.FLAGS[name].value
+        if (
+            flags.FLAGS[name].present
+            and isinstance(value, str)
+            and len(value) >= 2
+            and value[0] == value[-1]
+            and value[0] in "'\""
+            and _in_flagfile(name, argv, value)
+        ):
+            return UsageError(
+                f"--{name}{files}",
+                f"is {value}, its quotes included: a flag file takes no shell quoting",
+                f"write --{name}={value[1:-1]} there",
+            )
+    return None
 
 
 def _flagfiles(argv: Sequence[str]) -> str:

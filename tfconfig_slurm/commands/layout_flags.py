@@ -23,7 +23,7 @@ from tfconfig_slurm.cluster import (
     read_slurm_step,
 )
 from tfconfig_slurm.commands import plan_flags
-from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.errors import LayoutError, UsageError
 
 PS_PER_NODE = flags.DEFINE_integer(
     "ps_per_node",
@@ -115,7 +115,15 @@ def resolve_layout(environ: Mapping[str, str]) -> ResolvedLayout:
     the caller says the idle-GPU warning its own way."""
     if plan_flags.NODELIST.value is not None:
         policy = policy_from_flags()
-        return ResolvedLayout(lay_out(plan_flags.planned_shape(policy), policy), None)
+        try:
+            return ResolvedLayout(lay_out(plan_flags.planned_shape(policy), policy), None)
+        except LayoutError as error:
+            # Too few tasks for the parameter servers, where the user chose the tasks and
+            # left the servers at their default: the count given is the one to change.
+            chosen = plan_flags.NTASKS_PER_NODE.present and not flags.FLAGS["ps_per_node"].present
+            if error.culprit != "--ps_per_node" or not chosen:
+                raise
+            raise LayoutError("--ntasks_per_node", error.problem, error.hint) from None
     planning = [f"--{name}" for name in _PLAN_FLAGS if flags.FLAGS[name].present]
     if planning and not in_job_step(environ):
         raise UsageError(

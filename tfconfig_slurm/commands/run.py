@@ -94,7 +94,7 @@ def output_root() -> str:
 def naming() -> claim.Naming:
     """How this command's user named the model directory, for the errors about it: the
     output root by --output_root, or by the variable where that chose it."""
-    if OUTPUT_ROOT.value or run_dir.OUTPUT_ROOT_VARIABLE not in os.environ:
+    if OUTPUT_ROOT.value or not os.environ.get(run_dir.OUTPUT_ROOT_VARIABLE):
         return claim.CLI_NAMING
     return claim.CLI_NAMING._replace(
         root=run_dir.OUTPUT_ROOT_VARIABLE,
@@ -102,13 +102,19 @@ def naming() -> claim.Naming:
     )
 
 
+# A global step is a 64-bit int.
+STEP_MAX = 2**63 - 1
 PRINT_MODEL_DIR = flags.DEFINE_boolean(
     "print_model_dir",
     False,
     "Print the model directory these flags train in, and exit (for batch scripts).",
 )
 TRAIN_STEPS = flags.DEFINE_integer(
-    "train_steps", 1000, "Train until the global step reaches this.", lower_bound=1
+    "train_steps",
+    1000,
+    "Train until the global step reaches this.",
+    lower_bound=1,
+    upper_bound=STEP_MAX,
 )
 EVAL_STEPS = flags.DEFINE_integer(
     "eval_steps", None, "Batches per evaluation (default: the whole eval set).", lower_bound=1

@@ -91,14 +91,18 @@ def parse(
     as the coordinator trains nothing."""
     counts = {PS: 0, WORKER: 0, EVALUATOR: 0}
     hint = f"e.g. {culprit}=workers=1" if all_reduce else f"e.g. {culprit}=ps=1,workers=2"
+    given = set()
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, value = (piece.strip() for piece in item.partition("="))
         if name not in _COUNTS or not (value.isascii() and value.isdigit()) or len(value) > 3:
             raise UsageError(
                 culprit,
-                f"has {item!r}, expected ps=N, workers=N or evaluator=0/1",
+                f"has {item!r}, expected ps=N, workers=N (N up to 999) or evaluator=0/1",
                 hint,
             )
+        if name in given:
+            raise UsageError(culprit, f"gives {name} twice", hint)
+        given.add(name)
         counts[_COUNTS[name]] = int(value)
     if counts[EVALUATOR] > 1:
         raise UsageError(culprit, "asks for more than one evaluator", hint)

@@ -175,7 +175,9 @@ def _parse(flag: str, variable: str, text: str) -> object:
         return tuple(role.strip() for role in text.split(",") if role.strip()) or None
     if flag in ("--evaluator", "--all_reduce", "--coordinator"):
         if text.lower() not in _TRUE + _FALSE:
-            raise UsageError(variable, f"is {text!r}, expected 1 or 0", f"e.g. {variable}=1")
+            raise UsageError(
+                variable, f"is {text!r}, expected 1 or 0 (or true or false)", f"e.g. {variable}=1"
+            )
         return text.lower() in _TRUE
     if flag in _NUMBER_EXAMPLES:
         try:

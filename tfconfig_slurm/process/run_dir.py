@@ -19,8 +19,9 @@ SWEEPS = "sweeps"
 
 
 def output_root(environ: Mapping[str, str]) -> str:
-    """The output root a run takes when no flag names one."""
-    return environ.get(OUTPUT_ROOT_VARIABLE, DEFAULT_OUTPUT_ROOT)
+    """The output root a run takes when no flag names one: the variable, unless it is empty
+    (as launch/train.sbatch reads it), else the default."""
+    return environ.get(OUTPUT_ROOT_VARIABLE) or DEFAULT_OUTPUT_ROOT
 
 
 class _Entry:
