@@ -300,7 +300,7 @@ class ClusterLayout:
 
 
 def counted(count: int, noun: str) -> str:
-    """ "1 task", "2 tasks": a count for a message."""
+    """A count with its noun, for a message: 1 task, 2 tasks."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 

@@ -102,8 +102,6 @@ def naming() -> claim.Naming:
     )
 
 
-# A global step is a 64-bit int.
-STEP_MAX = 2**63 - 1
 PRINT_MODEL_DIR = flags.DEFINE_boolean(
     "print_model_dir",
     False,
@@ -114,7 +112,8 @@ TRAIN_STEPS = flags.DEFINE_integer(
     1000,
     "Train until the global step reaches this.",
     lower_bound=1,
-    upper_bound=STEP_MAX,
+    # A global step is a 64-bit int.
+    upper_bound=2**63 - 1,
 )
 EVAL_STEPS = flags.DEFINE_integer(
     "eval_steps", None, "Batches per evaluation (default: the whole eval set).", lower_bound=1
