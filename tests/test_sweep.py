@@ -17,8 +17,10 @@ import pytest
 
 from tests.cli import REPOSITORY, run_module
 from tests.slurm_cluster import SlurmCluster
+from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import claim
 from tfconfig_slurm.process.claim import Holder
+from tfconfig_slurm.process.experiment import swept, with_overrides
 
 SWEEP = REPOSITORY / "launch" / "sweep"
 THREE = """# learning rates
@@ -27,6 +29,25 @@ learning_rate=0.001
 learning_rate=0.002,dropout=0.3
 learning_rate=0.004
 """
+
+
+def test_a_line_sets_in_place_of_the_hparams_flag_and_a_repeat_within_one_is_refused() -> None:
+    defaults = {"learning_rate": 0.1, "dropout": 0.5}
+    line = swept("learning_rate=0.01,dropout=0.3", "learning_rate=0.2")
+    assert with_overrides(defaults, line) == {"learning_rate": 0.2, "dropout": 0.3}
+    assert swept("", "dropout=0.1") == "dropout=0.1"
+    assert swept("dropout=0.1", "") == "dropout=0.1"
+    with pytest.raises(UsageError, match="sets dropout twice"):
+        with_overrides(defaults, swept("", "dropout=0.1,dropout=0.2"))
+
+
+def test_a_numpy_default_takes_a_number_of_its_kind() -> None:
+    import numpy as np  # noqa: PLC0415
+
+    defaults = {"learning_rate": np.float64(0.1), "units": np.int64(8)}
+    values = with_overrides(defaults, "learning_rate=0.2,units=16")
+    assert values == {"learning_rate": 0.2, "units": 16}
+    assert (type(values["learning_rate"]), type(values["units"])) == (float, int)
 
 
 def sweep(tmp_path: Path, text: str, *arguments: str) -> subprocess.CompletedProcess[str]:

@@ -149,16 +149,27 @@ def test_a_bad_flag_in_a_flagfile_names_the_file(tmp_path: Path, line: str, said
     assert result.stderr.startswith(f"tfconfig-slurm: {flag}:"), result.stderr
 
 
-def test_a_value_in_shell_quotes_in_a_flagfile_is_refused(tmp_path: Path) -> None:
-    """absl keeps a flag file's quotes: these would have made addresses 'node1-ib0':port."""
+@pytest.mark.parametrize(
+    ("line", "flag"),
+    [
+        # absl keeps a flag file's quotes: addresses would have been 'node1-ib0':port.
+        ("--address_template='{node}-ib0'", "--address_template"),
+        # A list flag's first and last items keep them too: "'ps" and "worker'" (absl reads
+        # a list as CSV, whose double quotes make one item, refused as no role).
+        ("--roles='ps,ps,ps,chief,worker,worker,worker,worker,worker'", "--roles"),
+    ],
+)
+def test_a_value_in_shell_quotes_in_a_flagfile_is_refused(
+    tmp_path: Path, line: str, flag: str
+) -> None:
     flagfile = tmp_path / "layout.flags"
-    flagfile.write_text("--address_template='{node}-ib0'\n")
+    flagfile.write_text(f"{line}\n")
     result = run_module(TFCONFIG, f"--flagfile={flagfile}", environ=BLOCK_TASK_4)
+    value = line.partition("=")[2]
     assert result.returncode == 2
     assert result.stderr == (
-        f"tfconfig-slurm: --address_template (in --flagfile={flagfile}): is '{{node}}-ib0', its "
-        "quotes included: a flag file takes no shell quoting. HINT: write "
-        "--address_template={node}-ib0 there\n"
+        f"tfconfig-slurm: {flag} (in --flagfile={flagfile}): is {value}, its quotes included: "
+        f"a flag file takes no shell quoting. HINT: write {flag}={value[1:-1]} there\n"
     )
 
 

@@ -405,7 +405,7 @@ def _heterogeneous_roles(shape: StepShape, placement: Placement, policy: LayoutP
             raise LayoutError(
                 "--evaluator",
                 "asks for an evaluator beside the parameter servers, and the heterogeneous "
-                f"job's first component runs {len(on_servers)} task in this step",
+                f"job's first component runs {counted(len(on_servers), 'task')} in this step",
                 "give the first component one task more: #SBATCH --ntasks=2 before hetjob",
             )
         kinds[on_servers[-1]] = EVALUATOR
@@ -416,7 +416,7 @@ def _explicit_roles(roles: tuple[str, ...], num_tasks: int) -> list[str]:
     if len(roles) != num_tasks:
         raise UsageError(
             "--roles",
-            f"lists {len(roles)} roles for a step of {num_tasks} tasks",
+            f"lists {counted(len(roles), 'role')} for a step of {counted(num_tasks, 'task')}",
             "give exactly one role per rank, in rank order",
         )
     return list(roles)

@@ -79,7 +79,7 @@ def summary_line(layout: ClusterLayout) -> str:
     per = "GPU node" if shape.server_nodes else "node"
     use = "shared by its workers" if layout.coordinator else "1 per trainer"
     gpus = (
-        f"{len(shape.node_gpus)} GPUs per {per}, {use}"
+        f"{counted(len(shape.node_gpus), 'GPU')} per {per}, {use}"
         + (", 1 for the evaluator" if evaluator_gpu else "")
         + (f", {idle} idle" if idle else "")
         if shape.node_gpus
@@ -97,7 +97,7 @@ def summary_line(layout: ClusterLayout) -> str:
     if shape.server_nodes:
         nodes += f" ({len(shape.server_nodes)} CPU, for the parameter servers)"
     return (
-        f"{nodes}, {shape.num_tasks} tasks ({shape.distribution}): {described}; "
+        f"{nodes}, {counted(shape.num_tasks, 'task')} ({shape.distribution}): {described}; "
         f"{gpus}; ports from {layout.port_base}"
     )
 

@@ -90,8 +90,8 @@ def run_cli(
 _FAMILIAR = {
     "model_dir": (
         "output_root",
-        "the model directory is <output_root>/<experiment_id>: give --output_root and "
-        "--experiment_id",
+        "runs go where --output_root says, each in its model directory "
+        "<output_root>/<experiment_id>",
     ),
 }
 
@@ -185,6 +185,9 @@ def _quoted_in_flagfile(argv: Sequence[str]) -> UsageError | None:
         return None
     for name in flags.FLAGS:
         value = flags.FLAGS[name].value
+        # A list flag's text, as the file gives it: --roles='chief,ps' is ["'chief", "ps'"].
+        if isinstance(value, list) and all(isinstance(item, str) for item in value):
+            value = ",".join(value)
         if (
             flags.FLAGS[name].present
             and isinstance(value, str)

@@ -108,13 +108,9 @@ PRINT_MODEL_DIR = flags.DEFINE_boolean(
     "Print the model directory these flags train in, and exit (for batch scripts).",
 )
 TRAIN_STEPS = flags.DEFINE_integer(
-    "train_steps",
-    1000,
-    "Train until the global step reaches this.",
-    lower_bound=1,
-    # A global step is a 64-bit int.
-    upper_bound=2**63 - 1,
+    "train_steps", 1000, "Train until the global step reaches this.", lower_bound=1
 )
+
 EVAL_STEPS = flags.DEFINE_integer(
     "eval_steps", None, "Batches per evaluation (default: the whole eval set).", lower_bound=1
 )
@@ -325,6 +321,14 @@ def _checked_experiment() -> str:
             "and --save_checkpoints_secs exclude each other",
             "choose one",
         )
+    # Here, not as the flag's upper bound: absl would then say of a 0 that it is not in
+    # [1, 9223372036854775807].
+    if TRAIN_STEPS.value >= 2**63:
+        raise UsageError(
+            "--train_steps",
+            f"is {TRAIN_STEPS.value}, past the largest global step, 2**63 - 1",
+            "train for fewer steps",
+        )
     if DATA_DIR.value is not None and not Path(DATA_DIR.value).is_dir():
         # A typo would otherwise train on an experiment's fallback data, and succeed.
         raise UsageError(
@@ -534,7 +538,7 @@ def _sweep_run(sweep_file: Path) -> tuple[str, str]:
             f"has {len(lines)} runs, and this is array task {index}",
             "submit the sweep with launch/sweep, which asks for one array task a line",
         )
-    hparams = ",".join(filter(None, (HPARAMS.value, lines[index])))
+    hparams = experiment_lib.swept(HPARAMS.value, lines[index])
     return hparams, f"{sweep_file.stem}-{index}"
 
 
@@ -554,6 +558,7 @@ def _experiment_id(default_id: str, *, swept: bool) -> str:
             "give a name without '/', e.g. lr5e-4: the run goes in <output root>/<id>, where "
             "tfconfig-slurm runs lists it",
         )
+    model_dir.check_name(given, culprit)
     return given
 
 

@@ -214,7 +214,7 @@ def _checked_lines(sweep_file: Path) -> list[str]:
         try:
             experiment_lib.with_overrides(
                 experiment.hparams,
-                ",".join(filter(None, (runtime.HPARAMS.value, line))),
+                experiment_lib.swept(runtime.HPARAMS.value, line),
                 experiment.check_hparams,
             )
         except UsageError as error:

@@ -23,6 +23,7 @@ import importlib
 import importlib.util
 import inspect
 import math
+import numbers
 import sys
 import traceback
 from collections.abc import Mapping
@@ -448,6 +449,15 @@ def with_overrides(
     return values
 
 
+def swept(hparams: str, line: str) -> str:
+    """--hparams with a sweep file's line after it, the line's values in place of those it
+    sets too: each is a user's list of its own, and a name only one of them repeats is
+    refused."""
+    names = {item.partition("=")[0].strip() for item in line.split(",")}
+    kept = [item for item in hparams.split(",") if item.partition("=")[0].strip() not in names]
+    return ",".join(filter(None, (*kept, line)))
+
+
 def _listed(hparams: Mapping[str, Any]) -> str:
     return ",".join(f"{name}={value!r}" for name, value in hparams.items())
 
@@ -457,7 +467,12 @@ _FALSE = ("false", "no", "0")
 
 
 def _typed(name: str, text: str, default: Any) -> Any:
-    kind = type(default)
+    # By the number's kind, not its class: a NumPy default (np.float64, np.int64) is a number.
+    kind: type = type(default)
+    if isinstance(default, numbers.Integral) and kind is not bool:
+        kind = int
+    elif isinstance(default, numbers.Real):
+        kind = float
     if kind is bool:
         if text.lower() not in _TRUE + _FALSE:
             raise UsageError(

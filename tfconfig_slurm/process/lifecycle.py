@@ -136,8 +136,8 @@ def _run(task: TaskRun, layout: str, backend: Callable[[], Backend], *, returns:
         try:
             return _train(task, trainer, held, returns, limit)
         except TfconfigSlurmError:
-            # Input the backend refused as it began (a model it cannot train): no lock is
-            # left behind for the next run to take over.
+            # Input the run refused (a model the backend cannot train, a dataset that is
+            # none) ends it: the directory is freed for the next, with no lock to take over.
             if held is not None:
                 held.release()
             raise

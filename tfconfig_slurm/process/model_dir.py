@@ -17,23 +17,29 @@ from tfconfig_slurm.process import claim
 # Less than this free, a run would fail at its first checkpoint, with a partial file left.
 _MIN_FREE_BYTES = 64 * 2**20
 # The longest file name Linux's filesystems take, in bytes.
-_NAME_MAX = 255
+NAME_MAX = 255
+
+
+def check_name(name: str, culprit: str) -> None:
+    """Refuses a run's folder name longer than a file name may be."""
+    if len(os.fsencode(name)) > NAME_MAX:
+        raise UsageError(
+            culprit,
+            f"names a folder of {len(os.fsencode(name))} bytes, longer than the {NAME_MAX} a "
+            "file name may have",
+            f"give {culprit} a name of at most {NAME_MAX} bytes",
+        )
 
 
 def check_writable(model_dir: Path, naming: claim.Naming) -> None:
     """Fails before anything is created when the model directory cannot be made or written."""
-    *parents, name = model_dir.parts
-    if len(os.fsencode(name)) > _NAME_MAX:
-        raise UsageError(
-            naming.run,
-            f"names a folder of {len(os.fsencode(name))} bytes, longer than the "
-            f"{_NAME_MAX} a file name may have",
-            f"give {naming.run} a name of at most {_NAME_MAX} bytes",
-        )
-    if any(len(os.fsencode(part)) > _NAME_MAX for part in parents):
+    # Absolute: "." has no parts of its own.
+    *parents, name = model_dir.absolute().parts
+    check_name(name, naming.run)
+    if any(len(os.fsencode(part)) > NAME_MAX for part in parents):
         raise UsageError(
             naming.root,
-            f"has a folder name longer than {_NAME_MAX} bytes: {model_dir.parent}",
+            f"has a folder name longer than {NAME_MAX} bytes: {model_dir.parent}",
             f"choose a directory that can exist, e.g. {naming.root_example}",
         )
     # Where this user may not look, check_room says so.

@@ -160,7 +160,9 @@ def with_runtime(
 
 
 def log_export(result: Any) -> None:
-    """Says where an exporter's result (a path, as bytes or text) went."""
-    logging.info(
-        "exported the model to %s", result.decode() if isinstance(result, bytes) else result
-    )
+    """Says where an exporter's result (a path, as bytes or text) went; None is an exporter
+    that chose not to export (BestExporter, for a model no better)."""
+    if result is not None:
+        logging.info(
+            "exported the model to %s", result.decode() if isinstance(result, bytes) else result
+        )

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
+import tf_keras as keras
 from absl import logging
 from tensorboard.plugins.hparams import api as hparams_api
 
@@ -21,6 +22,7 @@ from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import preemption
+from tfconfig_slurm.process.console import a_or_an
 from tfconfig_slurm.process.experiment import KerasExperiment
 from tfconfig_slurm.process.lifecycle import Hparam
 from tfconfig_slurm.process.run_dir import RunDir
@@ -58,13 +60,19 @@ def built_model(experiment: KerasExperiment, params: Mapping[str, Any]) -> Any:
     model: a Keras 3 model trained a whole run, then failed to export, and an uncompiled one
     failed in TensorFlow's checkpoint code."""
     model = experiment.build_model(params)
-    if not isinstance(model, tf.keras.Model):
-        kind = "None" if model is None else f"{type(model).__module__}.{type(model).__qualname__}"
-        keras_3 = kind.startswith("keras.")
+    if not isinstance(model, keras.Model):
+        module, name = type(model).__module__, type(model).__qualname__
+        keras_3 = module.startswith("keras.")
+        if keras_3:
+            what = f"a Keras 3 model ({module}.{name})"
+        elif model is None:
+            what = "None, not a Keras model"
+        else:
+            named = name if module == "builtins" else f"{module}.{name}"
+            what = f"{a_or_an(named)}, not a Keras model"
         raise UsageError(
             "--experiment",
-            f"{experiment.name}'s build_model returned "
-            + (f"a Keras 3 model ({kind})" if keras_3 else f"{kind}, not a Keras model"),
+            f"{experiment.name}'s build_model returned {what}",
             "build a tf-keras model: import tf_keras as keras (Keras 3's multi-worker training "
             "does not work)"
             if keras_3
