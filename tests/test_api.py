@@ -134,6 +134,16 @@ def test_specs_in_the_wrong_order_are_one_line_naming_the_argument(tmp_path: Pat
     assert not (tmp_path / "model").exists()
 
 
+def test_a_layout_that_is_no_layout_policy_is_one_line(tmp_path: Path) -> None:
+    result = script(tmp_path / "model", 100, BAD_LAYOUT="ps_per_node=2")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "one_import_estimator.py: layout: is a str, not a tfconfig_slurm.LayoutPolicy. HINT: "
+        "e.g. layout=tfconfig_slurm.LayoutPolicy(ps_per_node=2), or leave it out"
+    ), result.stderr
+    assert not (tmp_path / "model").exists()
+
+
 def test_a_layout_error_names_the_variable_not_the_flag(tmp_path: Path) -> None:
     """In a step of 2 tasks, TFCONFIG_SLURM_ROLES lists 3: the script was given no flag."""
     step = task_env(["node1"], [2], 0)

@@ -55,6 +55,8 @@ def test_a_bad_variable_is_named_in_the_error(variable: str, value: str, problem
         place.policy_from_environ({variable: value})
     assert raised.value.culprit == variable
     assert problem in raised.value.problem
+    # An example in the hint is the variable's, not the flag's this process lacks.
+    assert "--" not in raised.value.hint, raised.value.hint
 
 
 @pytest.mark.parametrize("variable", ["TFCONFIG_SLURM_PS_PER_NODE", "TFCONFIG_SLURM_PORT_BASE"])

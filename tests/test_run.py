@@ -359,6 +359,8 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
         ),
         (("--experiment=mnist_deep", "--experiment_id=grp/r1"), "--experiment_id: is 'grp", None),
         (("--experiment=mnist_deep", "--experiment_id="), "--experiment_id: is ''", None),
+        (("--experiment=mnist_deep", "--experiment_id=a\nb"), "--experiment_id: is 'a\\nb'", None),
+        (("--experiment=mnist_deep", "--experiment_id= "), "--experiment_id: is ' '", None),
         (
             ("--experiment=mnist_deep", "--experiment_id=" + "a" * 256),
             "--experiment_id: names a folder of 256 bytes, longer than the 255",

@@ -157,6 +157,8 @@ def test_a_bad_flag_in_a_flagfile_names_the_file(tmp_path: Path, line: str, said
         # A list flag's first and last items keep them too: "'ps" and "worker'" (absl reads
         # a list as CSV, whose double quotes make one item, refused as no role).
         ("--roles='ps,ps,ps,chief,worker,worker,worker,worker,worker'", "--roles"),
+        # An int flag's value, which absl then refused as no whole number.
+        ("--port_base='20000'", "--port_base"),
     ],
 )
 def test_a_value_in_shell_quotes_in_a_flagfile_is_refused(

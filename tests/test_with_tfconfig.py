@@ -197,16 +197,26 @@ def test_bad_command(arguments: tuple[str, ...], culprit: str) -> None:
     assert result.stderr.startswith(f"with-tfconfig: {culprit}")
 
 
-def test_a_bad_flag_in_its_flagfile_names_that_file_not_the_command_s(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("--ps_per_nod=1", "--ps_per_nod (in --flagfile={}): is not a flag of with-tfconfig"),
+        # A word that is no flag would have led the command: python python train.py.
+        ("python", "'python' (in --flagfile={}): is not a flag. HINT: a flag file holds flags"),
+    ],
+)
+def test_a_bad_line_in_its_flagfile_names_that_file_not_the_command_s(
+    tmp_path: Path, line: str, said: str
+) -> None:
     flagfile = tmp_path / "layout.flags"
-    flagfile.write_text("--ps_per_nod=1\n")
+    flagfile.write_text(f"--ps_per_node=1\n{line}\n")
     result = wrap(
         f"--flagfile={flagfile}", "python", "train.py", "--flagfile=theirs.flags",
         environ=captured("block_3x3_gres2", "task-5"),
     )  # fmt: skip
     assert result.returncode == 2
-    said = f"with-tfconfig: --ps_per_nod (in --flagfile={flagfile}): is not a flag of with-tfconfig"
-    assert result.stderr.startswith(said), result.stderr
+    assert result.stderr.startswith(f"with-tfconfig: {said.format(flagfile)}"), result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
 
 
 def test_outside_a_job_step_the_hint_names_the_command_that_plans_one() -> None:

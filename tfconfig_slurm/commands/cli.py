@@ -68,6 +68,16 @@ def run_cli(
     quoted = _quoted_in_flagfile(own)
     if quoted is not None:
         fail(program, quoted.one_line())
+    if stop_at_first_argument and argv[1:] != _command_words(sys.argv, own):
+        # A flag file's line that is no flag ends absl's flags there, and would lead the
+        # wrapped command: "python3" there ran python3 python3 script.py.
+        stray = UsageError(
+            f"{argv[1]!r}{_flagfiles(own)}",
+            "is not a flag",
+            "a flag file holds flags only, one a line (--name=value); the command comes after "
+            "the flags",
+        )
+        fail(program, stray.one_line())
     if len(argv) > 1 and not (stop_at_first_argument or arguments):
         where = "" if argv[1] in own[1:] else _flagfiles(own)
         stray = UsageError(
@@ -125,6 +135,9 @@ def flag_error(error: Exception, command: str, argv: Sequence[str] = ()) -> Usag
     value = re.match(r"flag --(\w+)=(.*?): (.*)$", text, re.S)
     if isinstance(error, flags.IllegalFlagValueError) and value:
         name, given, reason = value.groups()
+        quoted = _quoted(name, given, argv)
+        if quoted is not None:
+            return quoted
         expected = next((said for cue, said in _EXPECTED.items() if reason.startswith(cue)), None)
         bound = re.match(r"\S+ is not (an? .*)$", reason)  # "0 is not a positive integer"
         expected = expected or (bound.group(1) if bound else None)
@@ -148,6 +161,12 @@ def flag_error(error: Exception, command: str, argv: Sequence[str] = ()) -> Usag
             f"{command} --help lists the flags",
         )
     return UsageError("the command line", text.rstrip("."), f"{command} --help lists the flags")
+
+
+def _command_words(argv: Sequence[str], own: Sequence[str]) -> list[str]:
+    """The words of a command line after the command's own, as absl leaves them (no `--`)."""
+    rest = list(argv[len(own) :])
+    return rest[1:] if rest[:1] == ["--"] else rest
 
 
 def _own_words(argv: Sequence[str], stop_at_first_argument: bool) -> Sequence[str]:
@@ -180,28 +199,32 @@ def _in_flagfile(name: str, argv: Sequence[str], value: str | None = None) -> st
 def _quoted_in_flagfile(argv: Sequence[str]) -> UsageError | None:
     """A flag a --flagfile gives in shell quotes, which absl keeps: --output_root="/x" there
     trained in ./"/x", and --nodelist='n[1-2]' planned nodes named 'n1' and 'n2'."""
-    files = _flagfiles(argv)
-    if not files:
+    if not _flagfiles(argv):
         return None
     for name in flags.FLAGS:
         value = flags.FLAGS[name].value
         # A list flag's text, as the file gives it: --roles='chief,ps' is ["'chief", "ps'"].
         if isinstance(value, list) and all(isinstance(item, str) for item in value):
             value = ",".join(value)
-        if (
-            flags.FLAGS[name].present
-            and isinstance(value, str)
-            and len(value) >= 2
-            and value[0] == value[-1]
-            and value[0] in "'\""
-            and _in_flagfile(name, argv, value)
-        ):
-            return UsageError(
-                f"--{name}{files}",
-                f"is {value}, its quotes included: a flag file takes no shell quoting",
-                f"write --{name}={value[1:-1]} there",
-            )
+        if flags.FLAGS[name].present and isinstance(value, str):
+            quoted = _quoted(name, value, argv)
+            if quoted is not None:
+                return quoted
     return None
+
+
+def _quoted(name: str, value: str, argv: Sequence[str]) -> UsageError | None:
+    """The error for a flag's value in shell quotes that a flag file gave, else None."""
+    if len(value) < 2 or value[0] != value[-1] or value[0] not in "'\"":
+        return None
+    files = _in_flagfile(name, argv, value)
+    if not files:
+        return None
+    return UsageError(
+        f"--{name}{files}",
+        f"is {value}, its quotes included: a flag file takes no shell quoting",
+        f"write --{name}={value[1:-1]} there",
+    )
 
 
 def _flagfiles(argv: Sequence[str]) -> str:

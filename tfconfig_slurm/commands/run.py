@@ -551,12 +551,16 @@ def _experiment_id(default_id: str, *, swept: bool) -> str:
         given, culprit = os.environ.get(ID_VARIABLE) or None, ID_VARIABLE
     if given is None:
         return default_id
-    if given in ("", ".", "..") or "/" in given:
+    # Whitespace too: a newline split the runs table's line, and a job that goes on in a new
+    # one passes the id through a shell's words.
+    if given in ("", ".", "..") or any(
+        c == "/" or c.isspace() or not c.isprintable() for c in given
+    ):
         raise UsageError(
             culprit,
             f"is {given!r}, not the name of a folder",
-            "give a name without '/', e.g. lr5e-4: the run goes in <output root>/<id>, where "
-            "tfconfig-slurm runs lists it",
+            "give a name without '/' or spaces, e.g. lr5e-4: the run goes in <output root>/<id>, "
+            "where tfconfig-slurm runs lists it",
         )
     model_dir.check_name(given, culprit)
     return given

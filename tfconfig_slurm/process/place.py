@@ -163,7 +163,11 @@ def in_variables(error: TfconfigSlurmError) -> TfconfigSlurmError:
     """The error with a layout flag it names renamed to the variable that sets it, for a
     process whose layout comes from the TFCONFIG_SLURM_* variables."""
     variable = POLICY_VARIABLES.get(error.culprit)
-    return error if variable is None else type(error)(variable, error.problem, error.hint)
+    if variable is None:
+        return error
+    # The hint's example too: "e.g. --roles=ps,worker" would be a flag the process lacks.
+    hint = error.hint.replace(f"{error.culprit}=", f"{variable}=")
+    return type(error)(variable, error.problem, hint)
 
 
 # A value each numeric variable accepts, for the hint (a port base is from 1024 up).

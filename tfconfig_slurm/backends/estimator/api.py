@@ -115,6 +115,12 @@ def _run(
                 f"is {console.a_or_an(type(value).__name__)}, not a tf.estimator.{public}",
                 f"train_and_evaluate(estimator, train_spec, eval_spec), e.g. {example}",
             )
+    if layout is not None and not isinstance(layout, LayoutPolicy):
+        raise UsageError(
+            "layout",
+            f"is {console.a_or_an(type(layout).__name__)}, not a tfconfig_slurm.LayoutPolicy",
+            "e.g. layout=tfconfig_slurm.LayoutPolicy(ps_per_node=2), or leave it out",
+        )
     if train_spec.max_steps is None:
         raise UsageError(
             "train_spec.max_steps",
