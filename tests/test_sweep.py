@@ -298,6 +298,14 @@ def test_the_runs_table_says_a_run_whose_files_it_cannot_read_is_unreadable(
     a_file = run_module("tfconfig_slurm.commands", "runs", str(tmp_path / "cut" / "state.json"))
     assert (a_file.returncode, a_file.stderr.count("\n")) == (2, 1), a_file.stderr
     assert "OUTPUT_ROOT: " in a_file.stderr and "is not a directory" in a_file.stderr
+    # Chosen by the variable, the root is named by it.
+    unset = run_module(
+        "tfconfig_slurm.commands", "runs", environ={"TFCONFIG_SLURM_OUTPUT": str(tmp_path / "no")}
+    )
+    assert unset.returncode == 2, unset.stderr
+    assert unset.stderr.startswith(
+        f"tfconfig-slurm runs: TFCONFIG_SLURM_OUTPUT: '{tmp_path / 'no'}' does not exist. HINT: "
+    ), unset.stderr
 
 
 def test_the_runs_table_of_no_runs_says_so_and_points_a_run_s_directory_to_its_root(

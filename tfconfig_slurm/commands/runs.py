@@ -59,17 +59,21 @@ def main(argv: Sequence[str]) -> int:
     if len(argv) > 2:
         raise UsageError(repr(argv[2]), "is one word too many", f"{PROGRAM} [OUTPUT_ROOT]")
     root = Path(argv[1] if len(argv) > 1 else run_dir.output_root(os.environ))
-    hint = "give the --output_root the runs used (or set TFCONFIG_SLURM_OUTPUT)"
+    hint = f"give the runs' --output_root: {PROGRAM} OUTPUT_ROOT (or set TFCONFIG_SLURM_OUTPUT)"
+    # The setting that chose the root: the argument, else the variable where it is set.
+    culprit = (
+        "OUTPUT_ROOT"
+        if len(argv) > 1 or not os.environ.get(run_dir.OUTPUT_ROOT_VARIABLE)
+        else run_dir.OUTPUT_ROOT_VARIABLE
+    )
     try:
         folders = sorted(Path(entry.path) for entry in os.scandir(root) if entry.is_dir())
     except NotADirectoryError:
-        raise UsageError("OUTPUT_ROOT", f"{str(root)!r} is not a directory", hint) from None
+        raise UsageError(culprit, f"{str(root)!r} is not a directory", hint) from None
     except FileNotFoundError:
-        raise UsageError("OUTPUT_ROOT", f"{str(root)!r} does not exist", hint) from None
+        raise UsageError(culprit, f"{str(root)!r} does not exist", hint) from None
     except PermissionError:
-        raise UsageError(
-            "OUTPUT_ROOT", f"{str(root)!r} may not be read by this user", hint
-        ) from None
+        raise UsageError(culprit, f"{str(root)!r} may not be read by this user", hint) from None
     jobs = _queued_jobs()
     runs = [run for run in (_readable_run(folder, jobs) for folder in folders) if run]
     if not runs:
