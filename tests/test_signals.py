@@ -67,7 +67,7 @@ def test_sigterm_checkpoints_every_step_and_sigquit_shows_stacks(tmp_path: Path)
     log = console.read_text()
     (stopped,) = map(int, re.findall(r"stopping on SIGTERM at global step (\d+)", log))
     # Outside a SLURM job, no job to requeue is spoken of.
-    assert "run again with the same experiment id to resume" in log
+    assert f"run again with the same model directory, {tmp_path / 'paced'}, to resume" in log
     assert "not requeueing the job" not in log
     assert checkpoint_step(tmp_path / "paced") == stopped
 

@@ -173,18 +173,23 @@ def after_stop(
         return requeue(environ, policy.max_requeues, stopped_on, model_dir)
     if read_slurm_job(environ) is None:
         logging.info(
-            "stopped on %s with a checkpoint of every step taken: run again with the same "
-            "experiment id to resume",
+            "stopped on %s with a checkpoint of every step taken: %s",
             stopped_on,
+            _resume(model_dir),
         )
         return 0
     logging.info(
         "stopped on %s with a checkpoint of every step taken; not requeueing the job (a "
-        "--preempt_signal requeues it, and SIGTERM with --requeue_on_sigterm): run again with "
-        "the same experiment id to resume",
+        "--preempt_signal requeues it, and SIGTERM with --requeue_on_sigterm): %s",
         stopped_on,
+        _resume(model_dir),
     )
     return 0
+
+
+def _resume(model_dir: Path) -> str:
+    # The directory, not the experiment id: a script's user (the Python API) names none.
+    return f"run again with the same model directory, {model_dir}, to resume"
 
 
 def requeue(environ: Mapping[str, str], max_requeues: int, stopped_on: str, model_dir: Path) -> int:
@@ -193,9 +198,9 @@ def requeue(environ: Mapping[str, str], max_requeues: int, stopped_on: str, mode
     job = read_slurm_job(environ)
     if job is None:
         logging.warning(
-            "stopped on %s outside a SLURM job: nothing to requeue; run again with the same "
-            "experiment id to resume from the checkpoint",
+            "stopped on %s outside a SLURM job: nothing to requeue; %s",
             stopped_on,
+            _resume(model_dir),
         )
         return 0
     target, restarts = job.name, job.restart_count + job.continuation
