@@ -8,7 +8,7 @@ import pytest
 from tests.cli import run_module
 from tests.slurm_envs import captured, task_env
 from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step
-from tfconfig_slurm.cluster.data_path import data_path, parse_bytes
+from tfconfig_slurm.cluster.data_path import data_path, describe, parse_bytes
 from tfconfig_slurm.errors import UsageError
 
 M = 13_000_000
@@ -43,6 +43,15 @@ def test_a_coordinator_s_workers_already_drive_their_node_s_gpus() -> None:
     path = data_path(layout, M)
     assert path is not None and path.one_trainer_a_node is None
     assert path.bytes_each_way == pytest.approx(2 * 1 * M * 1 / 2)
+
+
+def test_one_node_moves_nothing_and_says_so() -> None:
+    layout = layout_of(task_env(["a"], [3], 0, gpus="0,1"))
+    path = data_path(layout, M)
+    assert path is not None and path.bytes_each_way == 0
+    assert describe(path, 25.0, False) == (
+        "data path: the parameter servers and trainers are all on a: no step crosses the network"
+    )
 
 
 def test_an_all_reduce_layout_has_no_ps_estimate() -> None:

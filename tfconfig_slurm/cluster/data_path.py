@@ -103,6 +103,11 @@ def data_path(layout: ClusterLayout, model_bytes: int) -> DataPath | None:
 
 def describe(path: DataPath, gbits_per_second: float, gbits_given: bool) -> str:
     """One line for --explain."""
+    if not path.bytes_each_way:
+        return (
+            f"data path: the parameter servers and trainers are all on {path.node}: no step "
+            "crosses the network"
+        )
     speed = f"{gbits_per_second:g} Gbit/s" + ("" if gbits_given else " (--link_gbits; a guess)")
     line = (
         f"data path: each step {path.node} sends and receives {_mb(path.bytes_each_way)} each "
