@@ -219,6 +219,18 @@ def test_a_bad_line_in_its_flagfile_names_that_file_not_the_command_s(
     assert result.stderr.count("\n") == 1, result.stderr
 
 
+def test_a_flag_and_its_value_as_two_words_leave_the_command_whole() -> None:
+    """absl takes --ps_per_node 2; the command after it is the command line's own."""
+    result = wrap(
+        "--ps_per_node", "2", sys.executable, "-c", SHOW, "--its_own",
+        environ=captured("block_3x3_gres2", "task-5"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    tf_config, _, arguments = json.loads(result.stdout)
+    assert len(json.loads(tf_config)["cluster"]["ps"]) == 6
+    assert arguments == ["--its_own"]
+
+
 def test_outside_a_job_step_the_hint_names_the_command_that_plans_one() -> None:
     result = wrap("true", environ={})
     assert result.returncode == 2

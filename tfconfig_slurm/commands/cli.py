@@ -68,7 +68,7 @@ def run_cli(
     quoted = _quoted_in_flagfile(own)
     if quoted is not None:
         fail(program, quoted.one_line())
-    if stop_at_first_argument and argv[1:] != _command_words(sys.argv, own):
+    if stop_at_first_argument and not _typed_here(argv[1:], sys.argv):
         # A flag file's line that is no flag ends absl's flags there, and would lead the
         # wrapped command: "python3" there ran python3 python3 script.py.
         stray = UsageError(
@@ -163,10 +163,10 @@ def flag_error(error: Exception, command: str, argv: Sequence[str] = ()) -> Usag
     return UsageError("the command line", text.rstrip("."), f"{command} --help lists the flags")
 
 
-def _command_words(argv: Sequence[str], own: Sequence[str]) -> list[str]:
-    """The words of a command line after the command's own, as absl leaves them (no `--`)."""
-    rest = list(argv[len(own) :])
-    return rest[1:] if rest[:1] == ["--"] else rest
+def _typed_here(words: Sequence[str], argv: Sequence[str]) -> bool:
+    """Whether the words absl left after the flags end the command line itself, rather than
+    coming (some of them) from a flag file, whose words absl puts where --flagfile stood."""
+    return not words or list(argv[-len(words) :]) == list(words)
 
 
 def _own_words(argv: Sequence[str], stop_at_first_argument: bool) -> Sequence[str]:
