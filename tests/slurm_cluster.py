@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -149,15 +149,19 @@ def submit(
     *flags: str,
     nodes: str = "",
     sbatch_options: Sequence[str] = (),
+    environ: Mapping[str, str] = {},
 ) -> subprocess.Popen[str]:
     """`sbatch --wait launch/train.sbatch`, as a user submits it from `workdir`;
-    `sbatch_options` after the test's own, which they override."""
+    `sbatch_options` after the test's own, which they override; `environ` in the job's
+    environment."""
     command = ["sbatch", "--wait", "--parsable", *SMALL_JOB, *sbatch_options]
     if nodes:
         command.append(f"--nodelist={nodes}")
     return subprocess.Popen(
         [*command, str(SBATCH), "--log_every_steps=10", *flags],
-        env=cluster.environ(TFCONFIG_SLURM_OUTPUT=str(workdir), EXPERIMENT_ID=experiment_id),
+        env=cluster.environ(
+            TFCONFIG_SLURM_OUTPUT=str(workdir), EXPERIMENT_ID=experiment_id, **environ
+        ),
         cwd=workdir,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

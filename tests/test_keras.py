@@ -458,15 +458,18 @@ def test_a_coordinator_job_with_an_evaluator_stops_on_usr1_requeues_resumes_and_
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     """--coordinator --evaluator (ParameterServerStrategy) in launch/train.sbatch: node1 runs
-    ps 0, the coordinator and worker 0, node2 ps 1 and the evaluator. The warning reaches every
+    ps 0, the coordinator and worker 0, node2 ps 1, worker 1 and the evaluator. Each worker
+    reads its own half of the examples (the fixture records which). The warning reaches every
     task; the servers ignore it, the coordinator stops at the next epoch's end with a
     checkpoint and requeues the job, whose second run resumes there and trains to the end; the
     evaluator evaluates the checkpoints, the final one for summary.json; the coordinator's end
     ends the servers."""
+    record = tmp_path / "examples-read.txt"
     job = submit(
         slurm_cluster, tmp_path, "coordinated", f"--experiment={PACED_KERAS}", "--coordinator",
         "--evaluator", f"--train_steps={PACED_STEPS}", "--log_every_steps=10",
-        sbatch_options=("--ntasks-per-node=3", "--ntasks=5"),
+        sbatch_options=("--ntasks-per-node=3", "--ntasks=6"),
+        environ={"PACED_KERAS_RECORD": str(record)},
     )  # fmt: skip
     logs = tmp_path / "coordinated" / "logs"
     job_id, ended = warn_and_requeue(
@@ -475,14 +478,21 @@ def test_a_coordinator_job_with_an_evaluator_stops_on_usr1_requeues_resumes_and_
     )  # fmt: skip
     log = read_logs(logs)
     assert (ended["JobState"], ended["ExitCode"], ended["Restarts"]) == ("COMPLETED", "0:0", "1")
-    assert "coordinating 1 worker(s) and 2 parameter server(s)" in log
+    assert "coordinating 2 worker(s) and 2 parameter server(s)" in log
+    # Worker k read share k of 2: disjoint, and together every example.
+    read: dict[int, set[int]] = {}
+    for line in record.read_text().splitlines():
+        worker, example = map(int, line.split())
+        read.setdefault(worker, set()).add(example)
+    assert sorted(read) == [0, 1], sorted(read)
+    assert not read[0] & read[1] and read[0] | read[1] == set(range(EXAMPLES)), read
     (stopped_at,) = re.findall(r"stopping on SIGUSR1 at global step (\d+)", log)
     assert f"requeued job {job_id} (restart 1 of at most 3)" in log
     assert re.search(rf"chief 0 on node1 at node1:\d+ .* resuming from step {stopped_at}\b", log)
     assert re.search(rf"step {PACED_STEPS}: loss [\d.]+, [\d.]+ examples/s", log), log[-3000:]
     assert "ps 1: the coordinator finished; ending its command" in log
-    # The evaluator is outside the cluster, on node2 with its GPU (no worker there).
-    assert re.search(r"evaluator 0 on node2 at - with GPUs \[\d+\]", log), log[-3000:]
+    # The evaluator is outside the cluster, on node2, without a GPU (worker 1 has them).
+    assert re.search(r"evaluator 0 on node2 at - with GPUs \[\],", log), log[-3000:]
     (final,) = re.findall(rf"evaluator 0: step {PACED_STEPS}: accuracy ([\d.]+)", log)
     model_dir = tmp_path / "coordinated"
     assert checkpoint_step(model_dir) == PACED_STEPS
@@ -497,6 +507,8 @@ def test_a_coordinator_job_with_an_evaluator_stops_on_usr1_requeues_resumes_and_
 
 # Two TensorFlow processes starting on 2 cores, their strategy meeting, and their first steps.
 START_SECONDS = 180.0
+# paced_keras.py's EXAMPLES.
+EXAMPLES = 256
 # A paced Keras job's steps (20 a second at most): time for the warning to reach it while it
 # trains, and enough to learn its examples over its two runs.
 PACED_STEPS = 200

@@ -144,6 +144,10 @@ class ClusterRole:
         return len(self.cluster.get(CHIEF, ())) + len(self.cluster.get(WORKER, ()))
 
     @property
+    def workers(self) -> int:
+        return len(self.cluster.get(WORKER, ()))
+
+    @property
     def ps_count(self) -> int:
         return len(self.cluster.get(PS, ()))
 

@@ -6,7 +6,7 @@ as with-tfconfig supervises a coordinator's step (process/supervise.py).
 - The coordinator builds the experiment's model under the strategy (its variables on the
   parameter servers, split across them by size), restores the model directory's latest
   checkpoint and trains the steps left to --train_steps with model.fit, each worker reading
-  its own stream of the experiment's dataset("train", params).
+  its own share of the experiment's dataset("train", params) (_worker_batches).
 - The strategy runs no batch-level callbacks: fit runs in epochs of --log_every_steps steps,
   after each of which the coordinator logs the loss and examples/s, checkpoints where
   --save_checkpoints_steps is due, and stops on a stop signal with a checkpoint of the step.
@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import tensorflow as tf
@@ -56,7 +57,7 @@ class CoordinatorBackend(TrainingBackendBase):
     _coordinator: _Coordinator | None = None
 
     def start_details(self) -> tuple[str, ...]:
-        workers, servers = self._cluster_role.trainers - 1, self._cluster_role.ps_count
+        workers, servers = self._cluster_role.workers, self._cluster_role.ps_count
         return (f"coordinating {workers} worker(s) and {servers} parameter server(s)",)
 
     def _set_up(self) -> _Coordinator:
@@ -85,7 +86,7 @@ class CoordinatorBackend(TrainingBackendBase):
             return finish()
         every = max(1, min(settings.log_every_steps, left))
         batches = keras.utils.experimental.DatasetCreator(
-            lambda context: experiment_dataset(self._experiment, "train", settings.params).repeat()
+            partial(_worker_batches, self._experiment, settings.params, self._cluster_role.workers)
         )
         # Whole epochs of --log_every_steps, then one of what is left; the last fit ends the
         # run from inside (_Epochs.on_train_end).
@@ -135,6 +136,19 @@ class CoordinatorBackend(TrainingBackendBase):
             raise RuntimeError(f"the final evaluation failed: {evaluated.stderr[-3000:]}")
         metrics: dict[str, float] = json.loads(evaluated.stdout.splitlines()[-1])
         return metrics
+
+
+def _worker_batches(
+    experiment: KerasExperiment, params: Mapping[str, Any], workers: int, _: Any
+) -> tf.data.Dataset:
+    """A worker's stream of dataset("train", params), its params saying which worker of how
+    many reads it: trainer_index is worker k's k, as a scalar int64 tensor. The function is
+    traced once, on the coordinator, and run on every worker; ParameterServerStrategy's
+    InputContext says one pipeline of id 0 on each, so only the worker index TensorFlow fills
+    in as a worker runs it tells the workers apart (without it every worker read one share)."""
+    index = tf.distribute.coordinator.experimental_get_current_worker_index()
+    share = {**params, "num_trainers": workers, "trainer_index": index}
+    return experiment_dataset(experiment, "train", share).repeat()
 
 
 class _Coordinator(NamedTuple):
