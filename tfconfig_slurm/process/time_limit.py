@@ -13,6 +13,12 @@ per job, so that thousands of tasks do not each ask slurmctld. The owner writes 
 checkpoints: where twice the longest it took for one is more than the margin, that is its
 margin, and it stops the job itself when the other task would be late.
 
+A squeue that fails at start (slurmctld busy or restarting) is asked again, ever less often,
+up to once a POLL_SECONDS, until it answers. The stop never waits on slurmctld: the checkpoint
+is what must fit in the margin. squeue is asked a last time FINAL_LOOK_SECONDS before the stop,
+given only until the stop to answer, and at the stop this task stops first and only then tells
+the job (scancel).
+
 No TensorFlow here.
 """
 
@@ -21,7 +27,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from typing import Callable, Union
+from typing import Callable, NamedTuple, Union
 
 from absl import logging
 
@@ -30,6 +36,11 @@ from tfconfig_slurm.process import slurm_commands
 from tfconfig_slurm.process.preemption import StopRequest
 
 POLL_SECONDS = 60.0
+# The first wait before squeue is asked again after a failure; doubled each time, up to
+# POLL_SECONDS.
+RETRY_SECONDS = 5.0
+# squeue is asked once more this long before the stop: a limit raised late moves it.
+FINAL_LOOK_SECONDS = 15.0
 # How often the stop's time is looked at again: a checkpoint may have made the margin larger.
 _LOOK_SECONDS = 5.0
 # A stop must leave time for the final checkpoint: twice the longest one, as writes vary.
@@ -39,7 +50,17 @@ _MOVED_SECONDS = 5.0
 # squeue's %L: [days-][hours:]minutes:seconds.
 _TIME_LEFT = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)")
 
-Ask = Callable[[str], Union[float, str]]
+
+class NoLimit(NamedTuple):
+    """squeue's answer where it gives no time left: why (a sentence), and whether asking again
+    may give one (squeue failed) or not (the job has no limit)."""
+
+    why: str
+    again: bool
+
+
+# squeue's time left for a job, given at most so many seconds to answer.
+Ask = Callable[[str, float], Union[float, NoLimit]]
 
 
 def parse_time_left(text: str) -> float | None:
@@ -51,16 +72,17 @@ def parse_time_left(text: str) -> float | None:
     return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
 
 
-def time_left(job: str) -> float | str:
-    """Seconds until `job`'s time limit, or why it cannot be known (a sentence)."""
-    shown = slurm_commands.run(["squeue", "--noheader", f"--jobs={job}", "--format=%L"])
+def time_left(job: str, seconds: float = slurm_commands.COMMAND_SECONDS) -> float | NoLimit:
+    """Seconds until `job`'s time limit, or why it cannot be known (squeue given `seconds`)."""
+    shown = slurm_commands.run(["squeue", "--noheader", f"--jobs={job}", "--format=%L"], seconds)
     if shown is None:
-        return "squeue cannot be run here"
+        return NoLimit("squeue cannot be run here, or did not answer", again=True)
     if shown.returncode != 0:
-        return f"squeue failed: {shown.stderr.strip() or shown.returncode}"
+        return NoLimit(f"squeue failed: {shown.stderr.strip() or shown.returncode}", again=True)
     left = parse_time_left(shown.stdout.splitlines()[0] if shown.stdout.strip() else "")
     if left is None:
-        return f"it has none ({shown.stdout.strip() or 'squeue does not list it'})"
+        why = f"it has none ({shown.stdout.strip() or 'squeue does not list it'})"
+        return NoLimit(why, again=False)
     return left
 
 
@@ -111,14 +133,15 @@ class TimeLimit:
 
     def keep(self) -> None:
         job = self.job.name
-        left = self._ask(job)
-        if isinstance(left, str):
-            self._say(
-                "job %s: no time limit to stop before (%s); the run stops early only on %s",
-                job,
-                left,
-                self.signal_name,
-            )
+        left = self._first_answer()
+        if isinstance(left, NoLimit):
+            if not self.stop.requested:
+                self._say(
+                    "job %s: no time limit to stop before (%s); the run stops early only on %s",
+                    job,
+                    left.why,
+                    self.signal_name,
+                )
             return
         self.margin = min(self.margin, left / 2)
         self.deadline = deadline = time.time() + left
@@ -131,7 +154,7 @@ class TimeLimit:
             self.margin,
             self.signal_name,
         )
-        asked, said = time.monotonic(), self.margin
+        asked, said, last_look = time.monotonic(), self.margin, 0.0
         while not self.stop.requested:
             margin = self._margin()
             # Said in whole seconds, as the log shows it: not again for a tenth more.
@@ -145,9 +168,18 @@ class TimeLimit:
                     _clock(deadline - margin),
                     margin,
                 )
-            # squeue is asked again before the stop, as the limit may have moved.
-            if time.time() >= deadline - margin or time.monotonic() - asked >= POLL_SECONDS:
-                left, asked = self._ask(job), time.monotonic()
+            stop_at = deadline - margin
+            if time.time() >= stop_at:
+                # Where this task's checkpoints set the margin, the other task is late.
+                if self._acts or margin > self.margin:
+                    self._stop_the_job(deadline - time.time())
+                return
+            # The limit may move (scontrol update TimeLimit=): asked again every POLL_SECONDS,
+            # and once shortly before the stop, which does not wait for the answer.
+            final_look = time.time() >= stop_at - FINAL_LOOK_SECONDS and last_look != stop_at
+            if final_look or time.monotonic() - asked >= POLL_SECONDS:
+                seconds = min(slurm_commands.COMMAND_SECONDS, max(1.0, stop_at - time.time()))
+                left, asked, last_look = self._ask(job, seconds), time.monotonic(), stop_at
                 if isinstance(left, float) and abs(time.time() + left - deadline) > _MOVED_SECONDS:
                     self.deadline = deadline = time.time() + left
                     self._say(
@@ -156,13 +188,32 @@ class TimeLimit:
                         _clock(deadline),
                         _clock(deadline - margin),
                     )
-                if time.time() >= deadline - margin:
-                    # Where this task's checkpoints set the margin, the other task is late.
-                    if self._acts or margin > self.margin:
-                        self._stop_the_job(deadline - time.time())
-                    return
-            if self.stop.wait(min(_LOOK_SECONDS, deadline - margin - time.time())):
+                continue
+            wake = stop_at - FINAL_LOOK_SECONDS if last_look != stop_at else stop_at
+            poll = asked + POLL_SECONDS - time.monotonic()
+            if self.stop.wait(max(0.0, min(_LOOK_SECONDS, poll, wake - time.time()))):
                 return
+
+    def _first_answer(self) -> float | NoLimit:
+        """squeue's first answer that says something: while squeue fails, it is asked again,
+        ever less often, and that is said once."""
+        job, wait = self.job.name, RETRY_SECONDS
+        left = self._ask(job, slurm_commands.COMMAND_SECONDS)
+        if isinstance(left, NoLimit) and left.again:
+            logging.warning(
+                "job %s: its time limit cannot be read yet (%s); asking squeue again, at "
+                "least every %.0f s, and until then the run stops early only on %s",
+                job,
+                left.why,
+                POLL_SECONDS,
+                self.signal_name,
+            )
+        while isinstance(left, NoLimit) and left.again:
+            if self.stop.wait(wait):
+                return left
+            wait = min(2 * wait, POLL_SECONDS)
+            left = self._ask(job, slurm_commands.COMMAND_SECONDS)
+        return left
 
     def _say(self, message: str, *arguments: object) -> None:
         """Logs, in the task that acts; the other only follows."""
@@ -180,6 +231,9 @@ class TimeLimit:
             name,
             job,
         )
+        # This task first, before slurmctld is waited on; it may also run outside any step
+        # scancel reaches (a batch script's own python).
+        self.stop.ask(self.signal_name)
         problem = slurm_commands.failure(["scancel", f"--signal={name}", job])
         if problem:
             logging.error(
@@ -187,8 +241,6 @@ class TimeLimit:
                 "stops; the others stop when SLURM ends the job",
                 problem,
             )
-        # This task may run outside any step scancel reaches (a batch script's own python).
-        self.stop.ask(self.signal_name)
 
 
 def _clock(epoch: float) -> str:
