@@ -219,12 +219,16 @@ def test_a_job_that_may_not_requeue_goes_on_in_a_new_job_losing_no_step(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     """`sbatch --no-requeue`, warned with SIGUSR1: SLURM refuses the requeue, and the run goes
-    on in its batch script submitted again, with its arguments, after the job ends."""
+    on in its batch script submitted again, with its arguments (one with a space in it), after
+    the job ends."""
+    experiment = tmp_path / "my experiments" / "paced.py"
+    experiment.parent.mkdir()
+    experiment.write_text(PACED.read_text())
     job = submit(
         slurm_cluster,
         tmp_path,
         "continued",
-        f"--experiment={PACED}",
+        f"--experiment={experiment}",
         "--train_steps=300",
         nodes="node[1-2]",
         sbatch_options=["--no-requeue"],

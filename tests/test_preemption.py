@@ -114,5 +114,5 @@ def test_a_failed_requeue_is_an_error_that_names_the_job(
     assert status == errors.EXIT_NOT_REQUEUED
     said = caplog.records[0].getMessage()
     assert "`scontrol requeue 5_2` failed" in said
-    assert "the run cannot go on in a new job: scontrol show job failed" in said
+    assert "and its state cannot be read (scontrol show job failed" in said
     assert not (tmp_path / "run").exists()

@@ -1,18 +1,18 @@
 """A job that may not requeue itself goes on in a new one: its batch script submitted again.
 
 Where `scontrol requeue` is refused (a job submitted with `--no-requeue`, a cluster with
-`JobRequeue=0`), the task that requeues submits the job's own batch script again, with the
-arguments and the resources the job had (`squeue --format=%o`, `scontrol show job`: nodes,
-tasks, CPUs, GPUs, memory, time, partition, account, QOS, the nodes it asked for), to start
-once this job has ended (`--dependency=afterany:JOB`), in the same run directory
-(EXPERIMENT_ID and TFCONFIG_SLURM_OUTPUT), counted as the job's continuation
-(TFCONFIG_SLURM_CONTINUATION) against --max_requeues. The new job id is kept in the run
-directory for `tfconfig-slurm runs`.
+`JobRequeue=0`: the job's record says Requeue=0), the task that requeues submits the job's own
+batch script again, with the arguments and what the job asked for (`scontrol show job`:
+`resources` lists each request carried), to start once this job has ended
+(`--dependency=afterany:JOB`), in the same run directory (EXPERIMENT_ID and
+TFCONFIG_SLURM_OUTPUT), counted as the job's continuation (TFCONFIG_SLURM_CONTINUATION)
+against --max_requeues. The new job id is kept in the run directory for `tfconfig-slurm runs`.
 
-What cannot be carried: the script's arguments are split at spaces (SLURM keeps them joined),
-and sbatch options given on the command line other than the resources below come from the
-script's own `#SBATCH` lines. A heterogeneous job, or a step that runs in no batch job (an
-`srun` inside `salloc`), cannot go on so: `check` says why, at start.
+The script's arguments are SLURM's command line, joined at spaces; launch/train.sbatch hands
+them on whole (BATCH_ARGS), and only a batch script of the user's own has them split at
+spaces. What SLURM's record does not show (`NOT_CARRIED`) comes from the script's own
+`#SBATCH` lines. A heterogeneous job, or a step that runs in no batch job (an `srun` inside
+`salloc`), cannot go on so: `check` says why, at start.
 
 No TensorFlow here.
 """
@@ -33,6 +33,9 @@ from tfconfig_slurm.cluster.step import CONTINUATION, SlurmJob
 from tfconfig_slurm.process import reports, slurm_commands
 from tfconfig_slurm.process.run_dir import OUTPUT_ROOT_VARIABLE, RunDir
 
+# The batch script's arguments as a JSON list, exported by launch/train.sbatch: SLURM's record
+# keeps them joined at spaces.
+BATCH_ARGS = "TFCONFIG_SLURM_BATCH_ARGS"
 # The variables of this job that must not reach the next one: SLURM sets its own, and a
 # task's TF_CONFIG and GPUs belong to this step.
 _THIS_JOB_ONLY = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "PMI_", "PMIX_")
@@ -41,11 +44,19 @@ _THIS_TASK_ONLY = {
     "CUDA_VISIBLE_DEVICES",
     "GPU_DEVICE_ORDINAL",
     "ROCR_VISIBLE_DEVICES",
+    BATCH_ARGS,
 }
 _KEPT = {"SLURM_CONF"}
-# `scontrol show job --oneliner`: Key=value pairs; keys start with a capital letter.
+# `scontrol show job`: Key=value pairs, several a line; keys start with a capital letter.
 _FIELD = re.compile(r"(?:^| )([A-Z][A-Za-z/:_]*)=")
+# Fields of free text (a name, a path, a comment), which scontrol prints last on their line:
+# each takes the rest of its line, whatever " Key=" it holds.
+_FREE_TEXT = frozenset(
+    {"JobName", "Command", "WorkDir", "Comment", "StdErr", "StdIn", "StdOut", "Reservation"}
+)
 _NONE = ("", "(null)", "N/A", "None")
+# sbatch requests that `scontrol show job` (Slurm 22.05) does not show, said when a job goes on.
+NOT_CARRIED = "--signal, --open-mode, --export"
 
 
 @dataclass(frozen=True)
@@ -59,23 +70,53 @@ class Continued:
 
 def job_record(job: str) -> dict[str, str] | str:
     """`scontrol show job` of `job` as a dict, or why it cannot be had (a sentence)."""
-    shown = slurm_commands.run(["scontrol", "show", "job", "--oneliner", job])
+    shown = slurm_commands.run(["scontrol", "show", "job", job])
     if shown is None:
-        return "scontrol cannot be run here"
+        return "scontrol cannot be run here, or did not answer"
     if shown.returncode != 0:
         return f"scontrol show job failed: {shown.stderr.strip() or shown.returncode}"
     return parse_record(shown.stdout)
 
 
 def parse_record(text: str) -> dict[str, str]:
-    """`scontrol show job --oneliner`'s line as a dict of its fields."""
-    text = text.strip()
-    marks = list(_FIELD.finditer(text))
-    ends = [mark.start() for mark in marks[1:]] + [len(text)]
-    return {mark.group(1): text[mark.end() : end] for mark, end in zip(marks, ends)}
+    """`scontrol show job`'s record of one job as a dict of its fields."""
+    fields: dict[str, str] = {}
+    for line in (shown.strip() for shown in text.strip().splitlines()):
+        marks = list(_FIELD.finditer(line))
+        for mark, end in zip(marks, [mark.start() for mark in marks[1:]] + [len(line)]):
+            key = mark.group(1)
+            if key in _FREE_TEXT:
+                fields[key] = line[mark.end() :]
+                break
+            fields[key] = line[mark.end() : end]
+    return fields
 
 
-def say_at_start(job: SlurmJob) -> None:
+def requeued(record: Mapping[str, str], job: SlurmJob) -> bool:
+    """Whether the job of `record` was requeued since `job` (this run of it) started: a
+    `scontrol requeue` that failed, or gave up waiting, may still have been done."""
+    restarts = record.get("Restarts", "")
+    return restarts.isdigit() and int(restarts) > job.restart_count
+
+
+def batch_command(record: Mapping[str, str], environ: Mapping[str, str]) -> list[str]:
+    """The batch script and its arguments: whole where the script handed them on (BATCH_ARGS),
+    else SLURM's command line split at spaces."""
+    command = record.get("Command", "")
+    try:
+        arguments = json.loads(environ.get(BATCH_ARGS, ""))
+    except ValueError:
+        arguments = None
+    if isinstance(arguments, list) and all(isinstance(word, str) for word in arguments):
+        joined = " ".join(arguments)
+        if not arguments:
+            return [command]
+        if command.endswith(" " + joined):
+            return [command[: -len(joined) - 1], *arguments]
+    return command.split(" ")
+
+
+def say_at_start(job: SlurmJob, environ: Mapping[str, str]) -> None:
     """Says in one line, at start, what a stop (the time limit, the preempt signal) will do
     where `job` may not requeue itself: go on in a new job, or end the run at a checkpoint
     that nothing resumes."""
@@ -90,7 +131,7 @@ def say_at_start(job: SlurmJob) -> None:
         return
     if record.get("Requeue") != "0":
         return
-    problem = check(record)
+    problem = check(record, environ)
     if not problem:
         logging.info(
             "job %s may not requeue itself (Requeue=0): a stop on the time limit or the preempt "
@@ -107,7 +148,7 @@ def say_at_start(job: SlurmJob) -> None:
     )
 
 
-def check(record: Mapping[str, str]) -> str:
+def check(record: Mapping[str, str], environ: Mapping[str, str]) -> str:
     """Why the job of `record` could not go on in a new job; "" if it could."""
     if shutil.which("sbatch") is None:
         return "sbatch is not installed here"
@@ -115,7 +156,7 @@ def check(record: Mapping[str, str]) -> str:
         return "it runs in no batch job (an srun inside salloc): there is no script to submit"
     if record.get("HetJobId", "") not in _NONE:
         return "it is a heterogeneous job, whose components a new submission cannot repeat"
-    script = record.get("Command", "").split(" ")[0]
+    script = batch_command(record, environ)[0]
     if not Path(script).is_file():
         return f"its batch script {script!r} is not there to submit again"
     return ""
@@ -129,26 +170,22 @@ def submit(
 ) -> str:
     """Submits the job of `record` again, to go on after it in `model_dir`; returns the new
     job's id, or raises ContinuationError saying why it could not."""
-    problem = check(record)
+    problem = check(record, environ)
     if problem:
         raise ContinuationError(problem)
     model_dir = model_dir.resolve()
-    listed = slurm_commands.run(["squeue", "--noheader", f"--jobs={job.name}", "--format=%o"])
-    if listed is None or listed.returncode != 0 or not listed.stdout.strip():
-        raise ContinuationError("squeue did not say the job's command")
-    command = listed.stdout.strip().split(" ")
     submitted = slurm_commands.run(
         [
             "sbatch",
             "--parsable",
             f"--dependency=afterany:{job.job_id}",
             *resources(record),
-            *command,
+            *batch_command(record, environ),
         ],
         environ=next_environment(environ, model_dir, job.continuation + 1),
     )
     if submitted is None:
-        raise ContinuationError("sbatch cannot be run here")
+        raise ContinuationError("sbatch cannot be run here, or did not answer")
     if submitted.returncode != 0:
         raise ContinuationError(f"sbatch failed: {submitted.stderr.strip()}")
     new_job = submitted.stdout.strip().split(";")[0]
@@ -173,26 +210,39 @@ class ContinuationError(Exception):
 
 
 def resources(record: Mapping[str, str]) -> list[str]:
-    """The sbatch options that ask for what the job has: its name, directory, nodes (and the
-    ones it asked for or excluded), tasks, CPUs, GPUs, memory, features, time, partition,
-    account, QOS, and an array task's index."""
+    """The sbatch options that ask for what the job of `record` asked for: its name, directory
+    and output files (its own job id in them as %j), nodes (and the ones it asked for or
+    excluded), tasks, CPUs, GPUs (per job, node, task or socket, with their memory and CPUs),
+    memory, temporary disk, features, time, partition, account, QOS, reservation, licenses,
+    exclusive use, requeue, mail, nice, comment, and an array task's index."""
     options = {
         "--job-name": record.get("JobName"),
         "--chdir": record.get("WorkDir"),
+        "--output": _pattern(record.get("StdOut", ""), record),
         "--nodes": record.get("NumNodes"),
         "--ntasks": record.get("NumTasks"),
         "--cpus-per-task": record.get("CPUs/Task"),
         "--time": record.get("TimeLimit"),
+        "--time-min": record.get("TimeMin"),
         "--partition": record.get("Partition"),
         "--account": record.get("Account"),
         "--qos": record.get("QOS"),
+        "--reservation": record.get("Reservation"),
+        "--licenses": record.get("Licenses"),
         "--nodelist": record.get("ReqNodeList"),
         "--exclude": record.get("ExcNodeList"),
         "--constraint": record.get("Features"),
+        "--comment": record.get("Comment"),
+        "--mail-user": record.get("MailUser"),
+        "--mail-type": record.get("MailType"),
     }
+    if record.get("StdErr", "") != record.get("StdOut", ""):
+        options["--error"] = _pattern(record.get("StdErr", ""), record)
     per_node = record.get("NtasksPerN:B:S:C", "").split(":")[0]
     if per_node.isdigit() and int(per_node) > 0:
         options["--ntasks-per-node"] = per_node
+    if record.get("Socks/Node", "*").isdigit():
+        options["--sockets-per-node"] = record["Socks/Node"]
     gres = [
         item.removeprefix("gres:").removeprefix("gres/")
         for item in record.get("TresPerNode", "").split(",")
@@ -200,7 +250,20 @@ def resources(record: Mapping[str, str]) -> list[str]:
     ]
     if gres:
         options["--gres"] = ",".join(gres)
-    for field, option in (("MinMemoryNode", "--mem"), ("MinMemoryCPU", "--mem-per-cpu")):
+    for field, option in (
+        ("TresPerJob", "--gpus"),
+        ("TresPerTask", "--gpus-per-task"),
+        ("TresPerSocket", "--gpus-per-socket"),
+        ("MemPerTres", "--mem-per-gpu"),
+        ("CpusPerTres", "--cpus-per-gpu"),
+    ):
+        options[option] = _gpus(record.get(field, ""))
+    for field, option in (
+        ("MinMemoryNode", "--mem"),
+        ("MinMemoryCPU", "--mem-per-cpu"),
+        ("MinTmpDiskNode", "--tmp"),
+        ("Nice", "--nice"),
+    ):
         if record.get(field, "0") not in ("0", *_NONE):
             options[option] = record[field]
     # An array task (a sweep's run) goes on as the same index, which picks its line.
@@ -208,7 +271,48 @@ def resources(record: Mapping[str, str]) -> list[str]:
         options["--array"] = record["ArrayTaskId"]
     if options["--time"] == "UNLIMITED":
         del options["--time"]
-    return [f"{option}={value}" for option, value in options.items() if value not in (None, *_NONE)]
+    # sbatch takes one of the two (a record shows CPUs/Task, 1 by default, beside it).
+    if options["--cpus-per-gpu"]:
+        del options["--cpus-per-task"]
+    flags = {
+        "--exclusive": record.get("OverSubscribe") == "NO",
+        "--exclusive=user": record.get("OverSubscribe") == "USER",
+        "--exclusive=mcs": record.get("OverSubscribe") == "MCS",
+        "--oversubscribe": record.get("OverSubscribe") == "YES",
+        "--contiguous": record.get("Contiguous") == "1",
+        "--no-requeue": record.get("Requeue") == "0",
+    }
+    return [
+        f"{option}={value}" for option, value in options.items() if value not in (None, *_NONE)
+    ] + [flag for flag, given in flags.items() if given]
+
+
+def _gpus(tres: str) -> str | None:
+    """The GPUs of a per-job, per-task or per-socket TRES field (`gres:gpu:a100:2`:
+    `a100:2`), as --gpus and its kin take them; None where it names none."""
+    for item in tres.split(","):
+        for prefix in ("gres:gpu:", "gres/gpu:", "gres/gpu="):
+            if item.startswith(prefix):
+                return item.removeprefix(prefix)
+    return None
+
+
+def _pattern(path: str, record: Mapping[str, str]) -> str | None:
+    """An output file as SLURM shows it, expanded for this job, as a pattern for the next one:
+    this job's id (and its array's) in the file's name made %j, so that the next job writes a
+    file of its own. Its folders, and the job's name where %x put it, are kept as they are: a
+    test's folder, or a name, may hold the same number."""
+    if not path:
+        return None
+    folder, _, name = path.rpartition("/")
+    ids = {record.get("JobId", ""), record.get("ArrayJobId", "")} - {""}
+    job_name = record.get("JobName", "")
+    pieces = name.split(job_name) if job_name else [name]
+    # A NUL (which no file name holds) stands for each id until the name's own %s are escaped.
+    for job_id in ids:
+        pieces = [re.sub(rf"(?<!\d){re.escape(job_id)}(?!\d)", "\0", piece) for piece in pieces]
+    name = job_name.join(pieces).replace("%", "%%").replace("\0", "%j")
+    return f"{folder.replace('%', '%%')}/{name}" if folder or path.startswith("/") else name
 
 
 def next_environment(environ: Mapping[str, str], model_dir: Path, count: int) -> dict[str, str]:

@@ -174,7 +174,10 @@ def _say_how_a_stop_goes_on(task: TaskRun) -> None:
     if role is not None and role.in_local_cluster:
         return
     threading.Thread(
-        target=continuation.say_at_start, args=(job,), name="requeue-check", daemon=True
+        target=continuation.say_at_start,
+        args=(job, task.environ),
+        name="requeue-check",
+        daemon=True,
     ).start()
 
 

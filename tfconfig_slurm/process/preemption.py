@@ -226,32 +226,52 @@ def requeue(environ: Mapping[str, str], max_requeues: int, stopped_on: str, mode
             max_requeues,
         )
         return 0
-    try:
-        record = continuation.job_record(target)
-        if isinstance(record, str):
-            raise continuation.ContinuationError(record)
-        next_job = continuation.submit(job, model_dir, environ, record)
-    except continuation.ContinuationError as error:
-        logging.error(
-            "stopped on %s, but `scontrol requeue %s` failed (%s), and the run cannot go on in "
-            "a new job: %s. HINT: submit the job again with the same experiment id to resume "
-            "from the checkpoint",
+    # A requeue that failed may have been done all the same (slurmctld answered too late),
+    # and one that SLURM may do failed for another reason: a new job in either case would
+    # leave two jobs queued for one run. Only a job that may not requeue goes on in one.
+    record = continuation.job_record(target)
+    if isinstance(record, str):
+        why = f"its state cannot be read ({record})"
+    elif continuation.requeued(record, job):
+        logging.info(
+            "stopped on %s; `scontrol requeue %s` said %s, but the job was requeued "
+            "(Restarts=%s): it resumes from the checkpoint",
             stopped_on,
             target,
             problem,
-            error,
+            record["Restarts"],
         )
-        return EXIT_NOT_REQUEUED
-    logging.info(
-        "stopped on %s; SLURM refused to requeue job %s (%s), so the run goes on in job %s, "
-        "its batch script submitted again to start once job %s ends (continuation %d of at "
-        "most %d): it resumes from the checkpoint",
+        return 0
+    elif record.get("Requeue") != "0":
+        why = "SLURM may requeue it (Requeue=1), so it does not go on in a new job beside it"
+    else:
+        try:
+            next_job = continuation.submit(job, model_dir, environ, record)
+        except continuation.ContinuationError as error:
+            why = f"the run cannot go on in a new job: {error}"
+        else:
+            logging.info(
+                "stopped on %s; SLURM refused to requeue job %s (%s), so the run goes on in job "
+                "%s, its batch script submitted again to start once job %s ends (continuation "
+                "%d of at most %d), asking for %s (what SLURM does not show, %s, comes from "
+                "the script's #SBATCH lines): it resumes from the checkpoint",
+                stopped_on,
+                target,
+                problem,
+                next_job,
+                target,
+                restarts + 1,
+                max_requeues,
+                " ".join(continuation.resources(record)) or "what the script asks for",
+                continuation.NOT_CARRIED,
+            )
+            return 0
+    logging.error(
+        "stopped on %s, but `scontrol requeue %s` failed (%s), and %s. HINT: submit the job "
+        "again with the same experiment id to resume from the checkpoint",
         stopped_on,
         target,
         problem,
-        next_job,
-        target,
-        restarts + 1,
-        max_requeues,
+        why,
     )
-    return 0
+    return EXIT_NOT_REQUEUED
