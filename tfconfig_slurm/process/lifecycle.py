@@ -110,8 +110,8 @@ def run_to_exit(task: TaskRun, layout: str, backend: Callable[[], Backend]) -> N
     """As `run`, for the CLI: every task ends the process where its training ends (a Keras
     trainer inside fit's last callback, before fit tears its input down)."""
     _run(task, layout, backend, returns=False)
-    # Reached only by a backend that returns without calling its end.
-    exit_now(0)
+    # Every end of a task ends the process; _trained refuses a backend that called none.
+    raise AssertionError("unreachable")
 
 
 def _run(task: TaskRun, layout: str, backend: Callable[[], Backend], *, returns: bool) -> Any:
@@ -202,7 +202,7 @@ def _train(
         )
     end = _End(task, trainer, held, None, returns, limit)
     if not owns_run(role):
-        return trainer.train(end)
+        return _trained(trainer, end)
     job = read_slurm_job(task.environ)
     owner = RunOwner(
         task.model_dir, trainer.experiment, trainer.hparams, role, job.name if job else None
@@ -231,7 +231,24 @@ def _train(
     with owner.failing_on_error(trainer.checkpoint_step):
         if first:
             trainer.write_hparams(owner.hparams_for_tensorboard(), task.model_dir.name)
-        return trainer.train(dataclasses.replace(end, owner=owner))
+        return _trained(trainer, dataclasses.replace(end, owner=owner))
+
+
+def _trained(trainer: Backend, end: _End) -> Any:
+    """What the backend's training returns, once it has ended the task through `end`: one
+    that returns without (a bug) would leave its run "running", its directory held, and the
+    task's exit 0 saying that all went well."""
+    result = trainer.train(end)
+    if not end.ended.is_set():
+        raise BackendError(
+            f"the {type(trainer).__name__} returned from its training without ending it (at "
+            f"global step {trainer.checkpoint_step()} of {trainer.train_steps}): the run failed"
+        )
+    return result
+
+
+class BackendError(RuntimeError):
+    """A backend broke its contract with the lifecycle: a bug of ours, not the user's."""
 
 
 @dataclass(frozen=True)
@@ -246,8 +263,11 @@ class _End:
     returns: bool
     # The job's time limit, where this task follows it.
     limit: time_limit.TimeLimit | None = None
+    # Set once the backend called it (dataclasses.replace keeps the same one).
+    ended: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     def __call__(self, ending: Ending) -> Any:
+        self.ended.set()
         role = self.task.place.role
         step = self.backend.checkpoint_step()
         if ending.stopped_on is not None:
