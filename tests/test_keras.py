@@ -312,6 +312,38 @@ def test_a_local_coordinator_cluster_trains_evaluates_and_every_task_exits_0(
     assert hparams_sessions(model_dir) == [hparams]
 
 
+def test_a_coordinator_stops_within_its_workers_scheduled_steps_not_at_its_epoch_s_end(
+    tmp_path: Path,
+) -> None:
+    """ParameterServerStrategy's fit runs epochs of --log_every_steps steps (here 200 of
+    0.2 s), and the coordinator would schedule an epoch's steps at once: SIGUSR1, sent once
+    the worker reads its data, stops the run a few steps in, with a checkpoint of that step,
+    not at step 200."""
+    record = tmp_path / "examples-read.txt"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", RUN, f"--experiment={PACED_KERAS}", f"--output_root={tmp_path}",
+         "--coordinator", "--local_cluster=ps=1,workers=1", "--train_steps=1000",
+         f"--log_every_steps={EPOCH_STEPS}"],
+        env={**os.environ, "PACED_KERAS_RECORD": str(record),
+             "PACED_KERAS_PACE_MICROSECONDS": "200000"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert wait_until(lambda: record.exists() and record.stat().st_size > 0, START_SECONDS)
+        launcher.send_signal(signal.SIGUSR1)
+        _, log = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, log[-3000:]
+    (stopped,) = map(int, re.findall(r"stopping on SIGUSR1 at global step (\d+)", log))
+    assert 0 < stopped < EPOCH_STEPS, log[-3000:]
+    assert checkpoint_step(tmp_path / "paced_keras") == stopped
+
+
+# The coordinator's epoch in the test above: 40 s of its worker's steps.
+EPOCH_STEPS = 200
+
+
 @pytest.mark.parametrize(
     ("flag", "culprit"),
     [

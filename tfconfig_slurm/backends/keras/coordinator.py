@@ -7,9 +7,11 @@ as with-tfconfig supervises a coordinator's step (process/supervise.py).
   parameter servers, split across them by size), restores the model directory's latest
   checkpoint and trains the steps left to --train_steps with model.fit, each worker reading
   its own share of the experiment's dataset("train", params) (_worker_batches).
-- The strategy runs no batch-level callbacks: fit runs in epochs of --log_every_steps steps,
-  after each of which the coordinator logs the loss and examples/s, checkpoints where
-  --save_checkpoints_steps is due, and stops on a stop signal with a checkpoint of the step.
+- fit runs in epochs of --log_every_steps steps, after each of which the coordinator logs the
+  loss and examples/s and checkpoints where --save_checkpoints_steps is due. The coordinator
+  schedules a whole epoch's steps at once unless held back: _InFlight keeps at most two steps
+  a worker scheduled and not done, so that a stop signal ends fit within those steps (not at
+  the epoch's end), with a checkpoint of the step.
 - At the end it takes the final checkpoint's metrics from the run's evaluator (--evaluator:
   sidecar.py), or evaluates it in a process of its own (evaluate.py), and writes summary.json
   and the eval/ scalars, as the other backends do.
@@ -22,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Mapping
 from functools import partial
 from typing import Any, Callable, NamedTuple
@@ -93,7 +96,11 @@ class CoordinatorBackend(TrainingBackendBase):
         for count, steps in ((left // every, every), (1, left % every)):
             if count and steps and not epochs.stopped_on:
                 coordinator.model.fit(
-                    batches, epochs=count, steps_per_epoch=steps, callbacks=[epochs], verbose=0
+                    batches,
+                    epochs=count,
+                    steps_per_epoch=steps,
+                    callbacks=[_InFlight(self._cluster_role.workers, self._stop), epochs],
+                    verbose=0,
                 )
         return epochs.result
 
@@ -188,6 +195,33 @@ class _Coordinator(NamedTuple):
         )
         writer = tf.summary.create_file_writer(str(settings.model_dir))
         return cls(strategy, model, saver, writer)
+
+
+class _InFlight(keras.callbacks.Callback):  # type: ignore[misc]
+    """Holds the coordinator to STEPS_A_WORKER scheduled steps a worker not yet done, waiting
+    for the oldest, and ends fit after the step scheduled when a stop was asked for. Left to
+    itself the coordinator schedules an epoch's steps at once (its queue holds 262144), and fit
+    ends only when all have run: with 1 s steps, an epoch of 100 on one worker kept a stop
+    waiting past SLURM's 90 s warning."""
+
+    # Steps a worker may have scheduled and not done: one running, one ready behind it.
+    STEPS_A_WORKER = 2
+
+    def __init__(self, workers: int, stop: preemption.StopRequest) -> None:
+        super().__init__()
+        # Its batch hooks take the steps' RemoteValues, which fit then hands it as they are
+        # (the strategy refuses a batch hook that would have them made numbers).
+        self._supports_tf_logs = True
+        self._scheduled: deque[Any] = deque()
+        self._most = self.STEPS_A_WORKER * max(1, workers)
+        self._stop = stop
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self._scheduled.append(logs)
+        while len(self._scheduled) > self._most:
+            self._scheduled.popleft().fetch()
+        if self._stop.requested:
+            self.model.stop_training = True
 
 
 class _Epochs(keras.callbacks.Callback):  # type: ignore[misc]
