@@ -102,8 +102,11 @@ bench: venvs
 bench-faults: $(STAMP)
 	$(BIN)/python bench/faults.py
 
+# A run of its own (tf-output/mnist_deep-local), which a first `sbatch launch/train.sbatch`,
+# training tf-output/mnist_deep, does not carry on.
 run: $(STAMP)
-	$(BIN)/tfconfig-slurm-run --experiment mnist_deep --train_steps=600 --save_checkpoints_steps=200
+	$(BIN)/tfconfig-slurm-run --experiment mnist_deep --experiment_id=mnist_deep-local \
+	  --train_steps=600 --save_checkpoints_steps=200
 
 # The test suite's SLURM cluster (3 nodes x 2 fake GPUs in network namespaces); needs root.
 # The SLURM tests start and stop it themselves; these keep one up between runs.

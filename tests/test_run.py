@@ -552,6 +552,32 @@ def test_print_model_dir_names_the_directory_and_creates_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_print_model_dir_says_which_run_it_would_carry_on(tmp_path: Path) -> None:
+    """On stderr, for a batch script's .out: a new run, one resumed at its step (trained last
+    by which job), or one trained already, with nothing to train (a newcomer's first job
+    carried on `make run`'s 600 steps and said nothing)."""
+    flags = ("--print_model_dir", "--experiment_id=lr", "--train_steps=400")
+    fresh = train(tmp_path, *flags)
+    assert fresh.stderr == f"{tmp_path}/lr: a new run, to step 400\n"
+    run = tmp_path / "lr"
+    run.mkdir()
+    (run / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-600"\n')
+    (run / "state.json").write_text('{"state": "done", "job_id": null, "updated": 1.8e9}')
+    trained = train(tmp_path, *flags)
+    assert trained.stderr.startswith(
+        f"{tmp_path}/lr: the run is at step 600 already, and training ends at step 400: "
+        "nothing to train, it is only evaluated (last trained outside SLURM at 2027-01-15 "
+    ), trained.stderr
+    assert "HINT: raise the steps to train on, or give another experiment id" in trained.stderr
+    (run / "state.json").write_text('{"state": "stopped", "job_id": "41"}')
+    resumed = train(tmp_path, *flags[:2], "--train_steps=1000")
+    assert resumed.stderr == (
+        f"{tmp_path}/lr: resumes the run at step 600, to step 1000 (last trained by job 41, "
+        "stopped)\n"
+    )
+    assert resumed.stdout == f"{run}\n"
+
+
 def test_an_empty_output_root_variable_is_as_if_unset() -> None:
     """As launch/train.sbatch reads it: not the working directory itself."""
     result = run_module(

@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 
-from tests.cli import PACED, REPOSITORY, checkpoint_step, read_logs, tensorboard, wait_until
+from tests.cli import (
+    PACED,
+    REPOSITORY,
+    checkpoint_step,
+    read_logs,
+    tensorboard,
+    wait_for,
+    wait_until,
+)
 from tests.slurm_cluster import (
     NODES,
     ONE_TASK,
@@ -279,6 +287,14 @@ def test_sbatch_trains_to_the_end_and_leaves_nothing_behind(
     assert checkpoint_step(model_dir) >= 30
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["global_step"] == checkpoint_step(model_dir)
+    # The job's .out says which run it trains, and, last, how it ended and where to look.
+    output = (workdir / f"train-{job['JobId']}.out").read_text().splitlines()
+    assert f"{model_dir}: a new run, to step 30" in output
+    assert re.fullmatch(
+        rf"{model_dir}: done at step {summary['global_step']}: accuracy=[\d.]+,loss=[\d.]+.*; "
+        rf"summary in {model_dir}/summary.json; task logs in {model_dir}/logs",
+        output[-1],
+    ), output[-5:]
     assert {trainer["role"] for trainer in summary["trainers"]} == {"chief", "worker"}
     # The job's first step, its first attempt: the run every report of this job carries.
     assert {trainer["run"] for trainer in summary["trainers"]} == {f"{job['JobId']}.0.0"}
@@ -307,6 +323,12 @@ def test_resubmitting_the_same_id_resumes(
     assert re.search(r"chief 0 on (node\d) at \1:", chief_log)
     assert f"resuming from step {reached}" in chief_log
     assert checkpoint_step(model_dir) >= 60
+    output = (workdir / f"train-{job['JobId']}.out").read_text()
+    assert re.search(
+        rf"{model_dir}: resumes the run at step {reached}, to step 60 \(last trained by job "
+        rf"{first_job[1]['JobId']} at [\d-]+ [\d:]+, done\)\n",
+        output,
+    ), output
 
 
 def test_two_jobs_on_the_same_nodes_at_once_both_complete(
@@ -423,6 +445,10 @@ def test_the_runs_table_follows_a_run_through_running_requeued_stopped_and_faile
     slurm_cluster.run(["scancel", "--signal=USR1", job_id])
     # Requeued: the job waits (Slurm holds a requeued job a while) to resume from its checkpoint.
     assert wait_until(lambda: state("long") == "requeued", 120)
+    # The job's .out says so last (its requeue ended the batch script).
+    output = tmp_path / f"train-{job_id}.out"
+    standing = rf"long: stopped at step \d+ \(SIGUSR1\) and requeued: job {job_id} resumes it"
+    assert wait_for(output.read_text, standing, 30)
     slurm_cluster.run(["scancel", job_id])
     assert wait_until(lambda: not queued(slurm_cluster, job_id), 60)
     # Stopped on SIGUSR1, and then cancelled in the queue: SLURM's word comes first.

@@ -270,6 +270,32 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
     ]
 
 
+def test_a_run_s_standing_in_one_line_as_a_job_s_out_ends(tmp_path: Path) -> None:
+    """`runs --run DIR`, which launch/train.sbatch prints last: how the run ended, its few
+    main metrics (an Estimator classifier reports 11), and where its summary and logs are."""
+    metrics = {"accuracy": 0.99, "loss": 0.03, "auc": 0.999, "precision": 0.98,
+               "recall": 0.97, "average_loss": 0.02, "label/mean": 0.5,
+               "global_step": 400.0}  # fmt: skip
+    done = run_dir(tmp_path, "done", {"state": "done"}, {"eval": metrics}, 400)
+    said = run_module("tfconfig_slurm.commands", "runs", f"--run={done}")
+    assert said.returncode == 0, said.stderr
+    assert said.stdout == (
+        f"{done}: done at step 400: accuracy=0.99,auc=0.999,average_loss=0.02,loss=0.03; "
+        f"summary in {done}/summary.json; task logs in {done}/logs\n"
+    )
+    table = run_module("tfconfig_slurm.commands", "runs", str(tmp_path)).stdout.splitlines()
+    assert "accuracy=0.99,auc=0.999,average_loss=0.02,loss=0.03 " in table[1], table
+    stopped = {"state": "stopped", "signal": "SIGUSR1", "why": "time limit"}
+    halted = run_dir(tmp_path, "halted", stopped, None, 40)
+    assert run_module("tfconfig_slurm.commands", "runs", f"--run={halted}").stdout == (
+        f"{halted}: stopped at step 40 (time limit) with a checkpoint; run it again with the "
+        f"same experiment id to resume; task logs in {halted}/logs\n"
+    )
+    nothing = run_module("tfconfig_slurm.commands", "runs", f"--run={tmp_path}")
+    assert nothing.returncode == 2
+    assert f"--run: is '{tmp_path}', which holds no run" in nothing.stderr
+
+
 def test_the_runs_table_refuses_an_unknown_metric_and_a_missing_root(tmp_path: Path) -> None:
     run_dir(tmp_path, "a", {"state": "done"}, {"eval": {"accuracy": 0.9}}, 5)
     unknown = run_module("tfconfig_slurm.commands", "runs", str(tmp_path), "--sort=acc")

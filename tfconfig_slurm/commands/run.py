@@ -47,6 +47,7 @@ from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import (
     claim,
     failure,
+    history,
     lifecycle,
     local_cluster,
     model_dir,
@@ -105,7 +106,9 @@ def naming() -> claim.Naming:
 PRINT_MODEL_DIR = flags.DEFINE_boolean(
     "print_model_dir",
     False,
-    "Print the model directory these flags train in, and exit (for batch scripts).",
+    "Print the model directory these flags train in, and exit (for batch scripts); on "
+    "stderr, what training there would do: start a new run, resume one at its step, or find "
+    "it trained already.",
 )
 TRAIN_STEPS = flags.DEFINE_integer(
     "train_steps", 1000, "Train until the global step reaches this.", lower_bound=1
@@ -271,6 +274,8 @@ def main(argv: Sequence[str]) -> int | None:
     model_dir.check_writable(directory, named)
     if PRINT_MODEL_DIR.value:
         sys.stdout.write(f"{directory}\n")
+        # On stderr, which a batch script's .out holds: which run a job is about to carry on.
+        sys.stderr.write(f"{history.before_start(directory, TRAIN_STEPS.value)}\n")
         return 0
     if counts is not None:
         # The trailing --local_cluster= overrides the launcher's: a task runs one role.

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -31,12 +30,34 @@ from absl import flags
 from tfconfig_slurm.commands import json_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import claim, continuation, failure, reports, run_dir
+from tfconfig_slurm.process import (
+    claim,
+    continuation,
+    failure,
+    history,
+    polling,
+    reports,
+    run_dir,
+)
 
 PROGRAM = "tfconfig-slurm runs"
 
 SORT = flags.DEFINE_string(
     "sort", None, "Order the runs by this final metric, best first, e.g. accuracy or loss."
+)
+RUN = flags.DEFINE_string(
+    "run",
+    None,
+    "Say in one line how the run in this model directory stands, as a batch script's .out "
+    "ends: done at its step with its metrics, stopped and requeued (or going on in a new "
+    "job), or failed with its first failure; and where its summary and logs are.",
+)
+SETTLE = flags.DEFINE_float(
+    "settle",
+    0.0,
+    "With --run: wait up to this many seconds while the run still says it is running (a "
+    "requeue ends a batch script before the run's chief has said that it stopped).",
+    lower_bound=0.0,
 )
 flags.adopt_module_key_flags(json_flag)
 # A job that squeue lists in these states has not started its run (again) yet.
@@ -58,6 +79,9 @@ _GONE = {*_ENDED, "COMPLETED", "FAILED", "SPECIAL_EXIT"}
 def main(argv: Sequence[str]) -> int:
     if len(argv) > 2:
         raise UsageError(repr(argv[2]), "is one word too many", f"{PROGRAM} [OUTPUT_ROOT]")
+    if RUN.value is not None:
+        sys.stdout.write(_standing(Path(RUN.value), argv) + "\n")
+        return 0
     root = Path(argv[1] if len(argv) > 1 else run_dir.output_root(os.environ))
     hint = f"give the runs' --output_root: {PROGRAM} OUTPUT_ROOT (or set TFCONFIG_SLURM_OUTPUT)"
     # The setting that chose the root: the argument, else the variable where it is set.
@@ -85,6 +109,38 @@ def main(argv: Sequence[str]) -> int:
     else:
         sys.stdout.write(_table(runs))
     return 0
+
+
+def _standing(folder: Path, argv: Sequence[str]) -> str:
+    """--run's line: how the run in `folder` stands."""
+    if len(argv) > 1:
+        raise UsageError(repr(argv[1]), "is one word too many with --run", f"{PROGRAM} --run=DIR")
+    run = polling.poll(
+        lambda: _readable_run(folder, _queued_jobs()),
+        lambda run: run is None or run["state"] != "running",
+        SETTLE.value,
+    )
+    if run is None:
+        raise UsageError(
+            "--run",
+            f"is {str(folder)!r}, which holds no run",
+            f"give a run's model directory, as `{PROGRAM}` lists them under their output root",
+        )
+    paths, step, state = run_dir.RunDir(folder), run["global_step"], run["state"]
+    why = f" ({run['ended_by'] or run['stopped_by']})" if _why(run) else ""
+    said = {
+        "done": f"done at step {step}"
+        + (f": {_pairs(_shown(run['eval']), 4)}" if _shown(run["eval"]) else "")
+        + f"; summary in {paths.summary}",
+        "requeued": f"stopped at step {step}{why} and requeued: job {run['job_id']} resumes it "
+        "from the checkpoint",
+        "continued": f"stopped at step {step}{why}; it goes on in job {run['continued_as']}, "
+        "from the checkpoint",
+        "stopped": f"stopped at step {step}{why} with a checkpoint; run it again with the same "
+        "experiment id to resume",
+        "failed": f"failed at step {step}; first to fail: {run['first_failure'] or 'not recorded'}",
+    }.get(state, f"{state} at step {step}")
+    return f"{folder}: {said}; task logs in {paths.logs}"
 
 
 def _say_no_runs(root: Path) -> None:
@@ -123,11 +179,10 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     paths = run_dir.RunDir(folder)
     state = reports.read_state(folder)
     summary = reports.read_summary(folder)
-    checkpoint = _read_text(paths.checkpoint_index)
+    step = history.checkpoint_step(folder)
     first = failure.latest(folder)
-    if not state and checkpoint is None and first is None:
+    if not state and not paths.checkpoint_index.exists() and first is None:
         return None
-    latest = re.search(r'^model_checkpoint_path: ".*?(\d+)"', checkpoint or "", re.M)
     # A trainer that took no step (a resume with nothing left to train) has no speed to add.
     speeds = [
         speed
@@ -142,7 +197,7 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     return {
         "experiment_id": folder.name,
         "state": said,
-        "global_step": int(latest.group(1)) if latest else state.get("global_step"),
+        "global_step": step if step is not None else state.get("global_step"),
         "eval": summary.get("eval", {}) if state.get("state", "done") == "done" else {},
         "examples_per_sec": round(sum(speeds), 1) if speeds else None,
         "hparams": state.get("hparams", {}),
@@ -183,7 +238,7 @@ def _state(
     if said == "stopped":
         if queued is None:
             return "stopped"
-        if queued in _WAITING:
+        if queued in _WAITING or (continued is None and _requeued_since(state)):
             return "requeued" if continued is None else "continued"
         return "running"
     if said != "running":
@@ -195,6 +250,16 @@ def _state(
     # local cluster's launcher removes its lock as it stops the rest).
     live = claim.held_by_live_run(folder)
     return "running" if live or (live is None and not failed) else "failed"
+
+
+def _requeued_since(state: Mapping[str, Any]) -> bool:
+    """Whether the job of a stopped run was requeued since the run's attempt started, though
+    squeue does not list it waiting yet: while its batch script ends (COMPLETING), which the
+    script's last line, said then, must not call running."""
+    restart = str(state.get("run") or "").rpartition(".")[2]
+    record = continuation.job_record(str(state.get("job_id")))
+    restarts = record.get("Restarts", "") if isinstance(record, dict) else ""
+    return restart.isdigit() and restarts.isdigit() and int(restarts) > int(restart)
 
 
 def _continued(folder: Path, state: Mapping[str, Any]) -> continuation.Continued | None:
@@ -222,13 +287,6 @@ def _queued_jobs() -> dict[str, str] | None:
     if listed is None or listed.returncode != 0:
         return None
     return dict(line.split(maxsplit=1) for line in listed.stdout.splitlines() if " " in line)
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
 
 
 def _modified(path: Path) -> float:
@@ -263,7 +321,7 @@ def _table(runs: list[dict[str, Any]]) -> str:
                 run["experiment_id"],
                 run["state"] + _why(run),
                 "-" if run["global_step"] is None else str(run["global_step"]),
-                _pairs({k: v for k, v in run["eval"].items() if k != "global_step"}, 4) or "-",
+                _pairs(_shown(run["eval"]), 4) or "-",
                 "-" if run["examples_per_sec"] is None else f"{run['examples_per_sec']:.0f}",
                 _pairs(run["hparams"], 6) or "-",
                 (run["job_id"] or "-")
@@ -282,6 +340,20 @@ def _table(runs: list[dict[str, Any]]) -> str:
         if run["first_failure"]
     ]
     return "\n".join(lines) + "\n"
+
+
+# The final metrics the table and --run show, those of them a run has, in this order; a run
+# with none of them shows its first few by name. --json has them all.
+_MAIN_METRICS = ("accuracy", "loss", "auc", "average_loss", "precision", "recall")
+_SHOWN_METRICS = 4
+
+
+def _shown(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The few final metrics that matter (a DNNClassifier reports 11): the table's EVAL."""
+    names = [name for name in _MAIN_METRICS if name in metrics] or sorted(
+        name for name in metrics if name != "global_step"
+    )
+    return {name: metrics[name] for name in names[:_SHOWN_METRICS]}
 
 
 def _why(run: Mapping[str, Any]) -> str:
