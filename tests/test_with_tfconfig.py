@@ -472,6 +472,55 @@ def test_an_all_reduce_trainer_that_fails_ends_every_task_by_name() -> None:
     assert f"worker 16 at localhost:{base + 17} says its command failed" in logs
 
 
+# SERVER, but failing after sys.argv[2] seconds with sys.argv[3]'s traceback: a ValueError
+# raised in <sys.argv[3]>/keras/src/engine.py, as Keras 3's fit raises it under
+# MultiWorkerMirroredStrategy (its message runs on over many lines).
+FAILS_IN_KERAS_3 = [
+    sys.executable,
+    "-c",
+    """import json, os, socket, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+task = config["task"]
+port = int(config["cluster"][task["type"]][task["index"]].rpartition(":")[2])
+server = socket.create_server(("0.0.0.0", port))
+time.sleep(float(sys.argv[1]))
+sys.path.insert(0, sys.argv[2])
+from keras.src import engine
+engine.fit()""",
+]
+KERAS_3_ENGINE = """def fit():
+    message = "Attempt to convert a value (PerReplica:{\\n  0: <tf.Tensor>\\n}) to a Tensor."
+    raise ValueError(message)
+"""
+
+
+def test_trainers_that_fail_of_one_cause_each_name_their_own_failure_and_keras_3(
+    tmp_path: Path,
+) -> None:
+    """A Keras 3 script under --all_reduce fails in every trainer: worker 0 first, the chief
+    0.5 s later. Each says its own exception's line (not the chief that worker 0 is lost, as
+    a newcomer saw), and that Keras 3 is not what MultiWorkerMirroredStrategy trains."""
+    (tmp_path / "keras" / "src").mkdir(parents=True)
+    (tmp_path / "keras" / "__init__.py").write_text("")
+    (tmp_path / "keras" / "src" / "__init__.py").write_text("")
+    (tmp_path / "keras" / "src" / "engine.py").write_text(KERAS_3_ENGINE)
+    base = free_port_block(2)
+    step = [
+        wrapped(base, 2, rank, *FAILS_IN_KERAS_3, seconds, str(tmp_path), layout="--all_reduce")
+        for rank, seconds in ((0, "3.5"), (1, "3"))
+    ]
+    statuses, logs = ended(step, 60)
+    assert statuses == [1, 1], logs
+    for task in ("chief 0", "worker 0"):
+        assert (
+            f"{task}: its command failed: ValueError: Attempt to convert a value (PerReplica:{{"
+        ) in logs, logs
+        assert f"{task}: its command's traceback runs through Keras 3 (import keras)" in logs
+    assert "as worker 0 is lost" not in logs
+    # The command's own output passed through whole.
+    assert logs.count("\n}) to a Tensor.\n") == 2, logs
+
+
 def runs_table(root: Path) -> str:
     listed = subprocess.run(
         [sys.executable, "-m", "tfconfig_slurm.commands", "runs", str(root)],

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import io
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from types import FrameType
-from typing import Callable
+from typing import IO, Callable, cast
+
+from tfconfig_slurm.process.command_output import Relay
 
 Child = subprocess.Popen[str]
 Handler = Callable[[int, "FrameType | None"], None]
@@ -35,9 +39,12 @@ class Group:
     """Children started together. Each in a session of its own (`own_sessions`) is signalled
     as a whole, with whatever it started; otherwise only the child itself is."""
 
-    def __init__(self, *, own_sessions: bool) -> None:
+    def __init__(self, *, own_sessions: bool, relay_stderr: bool = False) -> None:
         self._own_sessions = own_sessions
+        # Whether each child's stderr passes through a Relay, which reads why it failed.
+        self._relay_stderr = relay_stderr
         self.started: list[Child] = []
+        self._relays: dict[int, Relay] = {}
         # How each was started, for start_again.
         self._how: dict[int, tuple[Sequence[str], Mapping[str, str], str | None, bool]] = {}
 
@@ -51,21 +58,30 @@ class Group:
     ) -> Child:
         """Starts `command` (`program` is its first word, found), its output piped to the
         supervisor if `capture`; raises OSError if it cannot be started."""
+        relayed = self._relay_stderr and not capture
         child = subprocess.Popen(
             list(command),
             executable=program,
             env=dict(environ),
             stdin=subprocess.DEVNULL if capture else None,
             stdout=subprocess.PIPE if capture else None,
-            stderr=subprocess.STDOUT if capture else None,
+            stderr=subprocess.STDOUT if capture else subprocess.PIPE if relayed else None,
             text=True,
             start_new_session=self._own_sessions,
             # The one call it makes is looked up already, so a fork beside threads is safe.
             preexec_fn=_die_with_parent,  # noqa: PLW1509
         )
+        if relayed:
+            # Read as bytes: a command's output need not be text.
+            stderr = cast(io.TextIOWrapper, child.stderr)
+            self._relays[child.pid] = Relay(cast(IO[bytes], stderr.buffer), sys.stderr.buffer)
         self.started.append(child)
         self._how[child.pid] = (command, environ, program, capture)
         return child
+
+    def relay(self, child: Child) -> Relay | None:
+        """The relay of a child's stderr, where the group relays it."""
+        return self._relays.get(child.pid)
 
     def start_again(self, child: Child) -> Child:
         """Starts `child`'s command again, as it was started."""

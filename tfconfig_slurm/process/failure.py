@@ -89,14 +89,15 @@ def recording_errors() -> Iterator[None]:
         raise
 
 
-def record_exit(returncode: int) -> None:
-    """This task's command ended with `returncode`, not 0: recorded as the failure, unless
-    another came first."""
+def record_exit(returncode: int, why: str = "") -> None:
+    """This task's command ended with `returncode`, not 0, its output saying last `why` (its
+    exception): recorded as the failure, unless another came first."""
     attached = _TASK.attached
     if attached is not None:
-        what = "its command failed; its output says why"
+        what = f"its command failed: {why}" if why else "its command failed; its output says why"
         if returncode < 0:
             what = f"its command {children.how_it_ended(returncode)}"
+        what = " ".join(what.split())[:_MAX_ERROR_CHARS]
         status = children.exit_status(returncode)
         task = str(attached.role.task_id)
         _record(attached, Failure(task, attached.node, what, status, None, time.time()))

@@ -51,6 +51,9 @@ FORWARDED = children.STOPPING + children.PASSED_ON
 # go quiet, stopping too, before it is killed as for a lost peer: within SLURM's default
 # KillWait (30 s), after which SLURM kills every process of the step itself.
 _STOP_GRACE_SECONDS = 20.0
+# How long a task waits, once a peer said its command failed, for its own to fail of the same
+# cause before it ends for the peer: the first line it logs then names the right culprit.
+_OWN_FAILURE_SECONDS = 2.0
 # How long a parameter server's command, once every trainer has finished, has to end on
 # SIGTERM before it is killed.
 _END_GRACE_SECONDS = 5.0
@@ -67,8 +70,9 @@ _UNSEEN_SECONDS = 1.5 * watchdog.PROBE_SECONDS
 
 def command_group() -> children.Group:
     """The group for the one command: it shares the supervisor's process group, as srun and a
-    shell expect of a task's processes."""
-    return children.Group(own_sessions=False)
+    shell expect of a task's processes, and its stderr passes through the supervisor, which
+    reads why it failed there."""
+    return children.Group(own_sessions=False, relay_stderr=True)
 
 
 def supervise(
@@ -98,6 +102,10 @@ def supervise(
             if _stops_meanwhile(command, role, name):
                 return
             silent_for += time.monotonic() - since
+        # A peer that says its command failed may have failed of what fails this task's too
+        # (one script, one traceback): then this task names its own failure, not the peer.
+        if silent_for == 0 and _fails_itself(command):
+            return
         _claim_the_end(ending)
         command.signal(signal.SIGKILL)
         # Its port is free once it is gone.
@@ -138,7 +146,7 @@ def supervise(
         return status
     status = children.exit_status(child.wait())
     if status != 0 and not stopped_by:
-        failure.record_exit(child.returncode)
+        logging.error("%s: %s", role.task_id, _its_failure(command, child, role))
     return status
 
 
@@ -162,6 +170,17 @@ def _stops_meanwhile(command: children.Group, role: ClusterRole, name: str) -> b
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=min(watchdog.PROBE_SECONDS, deadline - time.monotonic()))
     return child.returncode is not None
+
+
+def _fails_itself(command: children.Group) -> bool:
+    """Whether this task's command, still running as a peer said its own failed, fails too
+    within _OWN_FAILURE_SECONDS; the main thread then says so."""
+    child = command.started[-1]
+    deadline = time.monotonic() + _OWN_FAILURE_SECONDS
+    while child.returncode is None and time.monotonic() < deadline:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=max(0.0, deadline - time.monotonic()))
+    return child.returncode not in (None, 0)
 
 
 def _say_how_it_ended(owner: RunOwner, status: int, stopped_by: list[signal.Signals]) -> None:
@@ -190,6 +209,25 @@ def _after_command() -> None:
     any (scancel), the others are ignored."""
     for signum in FORWARDED:
         signal.signal(signum, signal.SIG_DFL if signum in children.STOPPING else signal.SIG_IGN)
+
+
+def _its_failure(command: children.Group, child: children.Child, role: ClusterRole) -> str:
+    """Records the failure of this task's command, with the exception its stderr ended on,
+    and says so in words: `its command failed: ValueError: ...`. A traceback through Keras 3,
+    which none of the layouts trains, is said with what to run instead."""
+    relay = command.relay(child)
+    why = relay.why_it_failed() if relay is not None and child.returncode > 0 else ""
+    failure.record_exit(child.returncode, why)
+    if relay is not None and relay.through_keras_3:
+        logging.error(
+            "%s: its command's traceback runs through Keras 3 (import keras), which "
+            "tf.distribute's MultiWorkerMirroredStrategy and ParameterServerStrategy do not "
+            "train (keras-team/keras#20585). HINT: build the model with tf-keras: import "
+            "tf_keras as keras (pip install tf-keras), or tf.keras with TF_USE_LEGACY_KERAS=1 "
+            "set before TensorFlow is imported",
+            role.task_id,
+        )
+    return f"its command failed: {why}" if why else "its command failed"
 
 
 def _say_failed(role: ClusterRole, why: str = "its command failed") -> None:
@@ -238,8 +276,7 @@ def _run_watched(
         if stopped_by:
             _say_failed(role, f"its command stopped on {stopped_by[0].name}")
         else:
-            failure.record_exit(child.returncode)
-            _say_failed(role)
+            _say_failed(role, _its_failure(command, child, role))
     return status
 
 
@@ -326,8 +363,7 @@ def _serve(
                 _server_failure_hint(role, child.returncode),
             )
             _claim_the_end(ending)
-            failure.record_exit(child.returncode)
-            _say_failed(role)
+            _say_failed(role, _its_failure(command, child, role))
         return status
     logging.info(
         "%s: %s; ending its command (a server's join() never returns; %s said so)",

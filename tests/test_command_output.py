@@ -1,0 +1,58 @@
+"""A supervised command's stderr relayed (process/command_output.py): passed on as it comes,
+and read for the line that says why it failed. No TensorFlow."""
+
+from __future__ import annotations
+
+import io
+import os
+
+from tests.cli import wait_until
+from tfconfig_slurm.process.command_output import Relay
+
+TRACEBACK = b"""W0000 a log line of TensorFlow's
+Traceback (most recent call last):
+  File "/site-packages/keras/src/trainers/trainer.py", line 9, in fit
+    raise ValueError(message)
+ValueError: Attempt to convert a value (PerReplica:{
+  0: <tf.Tensor>
+}) to a Tensor.
+I0000 a log line at exit
+"""
+
+
+def relayed(*chunks: bytes) -> tuple[Relay, io.BytesIO, int]:
+    reader, writer = os.pipe()
+    sink = io.BytesIO()
+    relay = Relay(os.fdopen(reader, "rb"), sink)
+    for chunk in chunks:
+        os.write(writer, chunk)
+    return relay, sink, writer
+
+
+def test_the_exception_line_of_the_last_traceback_is_why_it_failed() -> None:
+    relay, sink, writer = relayed(TRACEBACK)
+    os.close(writer)
+    assert relay.why_it_failed() == "ValueError: Attempt to convert a value (PerReplica:{"
+    assert relay.through_keras_3
+    assert sink.getvalue() == TRACEBACK
+
+
+def test_without_a_traceback_its_last_line_is_why_and_tf_keras_is_not_keras_3() -> None:
+    tf_keras = TRACEBACK.replace(b"/keras/src/", b"/tf_keras/src/")
+    relay, _, writer = relayed(tf_keras, b"Killed: out of memory\n")
+    os.close(writer)
+    assert not relay.through_keras_3
+    assert relay.why_it_failed().startswith("ValueError: Attempt")
+    plain, _, writer = relayed(b"error: no such file\nbye")
+    os.close(writer)
+    assert plain.why_it_failed() == "bye"
+
+
+def test_a_line_not_yet_ended_is_passed_on_at_once() -> None:
+    """A progress bar redraws its line with \\r: it is not held until a newline."""
+    relay, sink, writer = relayed(b"epoch 1: 50%\r")
+    try:
+        assert wait_until(lambda: sink.getvalue() == b"epoch 1: 50%\r", 5.0)
+    finally:
+        os.close(writer)
+    assert relay.why_it_failed() == "epoch 1: 50%"
