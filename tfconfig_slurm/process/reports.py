@@ -18,14 +18,16 @@ from typing import Any
 
 from absl import logging
 
-from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import polling
+from tfconfig_slurm.cluster.layout import EVALUATOR
+from tfconfig_slurm.cluster.role import ClusterRole, TaskId
+from tfconfig_slurm.process import failure, polling
 from tfconfig_slurm.process.run_dir import RunDir
 
 # How long the chief waits for the other trainers' throughput reports for summary.json.
 _REPORT_WAIT_SECONDS = 30.0
 # How long the chief waits for them: the evaluator may be busy with an earlier checkpoint.
 _EVALUATOR_WAIT_SECONDS = 600.0
+_EVALUATOR = str(TaskId(EVALUATOR, 0))
 
 
 def marker(role: ClusterRole, train_steps: int) -> dict[str, Any]:
@@ -66,29 +68,37 @@ def write_evaluator_result(
     write_json_atomically(RunDir(model_dir).evaluator_result, {**run, "metrics": result})
 
 
-def evaluator_result(model_dir: Path, run: Mapping[str, Any]) -> dict[str, Any]:
+def write_evaluator_gave_up(model_dir: Path, run: Mapping[str, Any], why: str) -> None:
+    """The evaluator could not evaluate the final checkpoint (`why`): the chief does, without
+    waiting for it any longer."""
+    write_json_atomically(RunDir(model_dir).evaluator_result, {**run, "gave_up": why})
+
+
+def evaluator_result(model_dir: Path, run: Mapping[str, Any]) -> dict[str, Any] | None:
     """The metrics this run's evaluator wrote: of the first checkpoint at or past the final
     step, which asynchronous workers may have left a step or two before the chief's very
-    last one."""
+    last one. None, said why, where it gave none: it gave up on the final checkpoint, or its
+    failure is recorded for this run (within seconds, not _EVALUATOR_WAIT_SECONDS), or it
+    took longer than that; the chief then evaluates the checkpoint itself."""
     path = RunDir(model_dir).evaluator_result
 
-    def result() -> dict[str, Any] | None:
-        return json.loads(path.read_text()) if path.exists() else None
+    def result() -> dict[str, Any] | str | None:
+        if path.exists():
+            said = json.loads(path.read_text())
+            if _of_run(said, run):
+                return said.get("metrics") or f"it gave up: {said.get('gave_up')}"
+        first = failure.read(model_dir, run["run"]) if run.get("run") else None
+        return f"it failed: {first.line()}" if first and first.task == _EVALUATOR else None
 
-    final = polling.poll(
-        result,
-        lambda value: value is not None and _of_run(value, run),
-        _EVALUATOR_WAIT_SECONDS,
+    final = polling.poll(result, lambda value: value is not None, _EVALUATOR_WAIT_SECONDS)
+    if isinstance(final, dict):
+        return final
+    logging.warning(
+        "the evaluator gave no result for step %d (%s); evaluating the final checkpoint here",
+        run["train_steps"],
+        final or f"none within {_EVALUATOR_WAIT_SECONDS:.0f} s",
     )
-    if final is None or not _of_run(final, run):
-        logging.warning(
-            "the evaluator gave no result for step %d within %.0f s",
-            run["train_steps"],
-            _EVALUATOR_WAIT_SECONDS,
-        )
-        return {"global_step": run["train_steps"]}
-    metrics: dict[str, Any] = final["metrics"]
-    return metrics
+    return None
 
 
 def metric_text(metrics: Mapping[str, Any]) -> str:

@@ -88,10 +88,8 @@ def run(
     # evaluates the final checkpoint here, in-process and with no cluster (the parameter
     # servers may be gone by now); with one, it takes the evaluator's final result.
     local = estimators.for_task(user, None)
-    if role.has_evaluator:
-        metrics = reports.evaluator_result(model_dir, run_marker)
-    else:
-        metrics = evaluate(local, eval_spec)
+    evaluated = reports.evaluator_result(model_dir, run_marker) if role.has_evaluator else None
+    metrics = evaluated or evaluate(local, eval_spec)
     exports = export(local, eval_spec, metrics)
     reports.write_summary(
         model_dir,

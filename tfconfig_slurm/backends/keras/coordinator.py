@@ -51,6 +51,9 @@ from tfconfig_slurm.process.throughput import Throughput
 
 # A variable smaller than this stays whole on one parameter server.
 _MIN_SHARD_BYTES = 256 << 10
+# The final evaluation's process, on the whole eval set, is given this long: a hang there
+# would hold the run (and its parameter servers) for ever.
+_EVALUATE_SECONDS = 3600.0
 
 
 class CoordinatorBackend(TrainingBackendBase):
@@ -108,11 +111,9 @@ class CoordinatorBackend(TrainingBackendBase):
         """The final checkpoint's metrics, from the run's evaluator (sidecar.py) or evaluated
         here; summary.json."""
         directory, role = self._settings.model_dir, self._cluster_role
-        if role.has_evaluator:
-            metrics = reports.evaluator_result(
-                directory, reports.marker(role, self._settings.train_steps)
-            )
-        else:
+        marker = reports.marker(role, self._settings.train_steps)
+        metrics = reports.evaluator_result(directory, marker) if role.has_evaluator else None
+        if metrics is None:
             metrics = {**self._evaluate(), "global_step": epochs.step}
             write_eval_scalars(directory, metrics, epochs.step)
         mean = epochs.meter.mean_examples_per_sec()
@@ -136,13 +137,34 @@ class CoordinatorBackend(TrainingBackendBase):
             *([str(settings.eval_steps)] if settings.eval_steps else []),
         ]  # fmt: skip
         outside = {name: value for name, value in os.environ.items() if name != "TF_CONFIG"}
-        evaluated = subprocess.run(
-            command, env=outside, capture_output=True, text=True, check=False
-        )
+        try:
+            evaluated = subprocess.run(
+                command,
+                env=outside,
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=_EVALUATE_SECONDS,
+            )
+        except subprocess.TimeoutExpired as late:
+            raise EvaluationError(
+                f"took more than {_EVALUATE_SECONDS:.0f} s", late.stderr
+            ) from None
         if evaluated.returncode != 0:
-            raise RuntimeError(f"the final evaluation failed: {evaluated.stderr[-3000:]}")
-        metrics: dict[str, float] = json.loads(evaluated.stdout.splitlines()[-1])
+            raise EvaluationError(f"exited {evaluated.returncode}", evaluated.stderr)
+        said = evaluated.stdout.strip().splitlines()
+        if not said:
+            raise EvaluationError("printed no metrics", evaluated.stderr)
+        metrics: dict[str, float] = json.loads(said[-1])
         return metrics
+
+
+class EvaluationError(RuntimeError):
+    """The final evaluation's process failed, with the end of what it said on stderr."""
+
+    def __init__(self, what: str, stderr: str | bytes | None) -> None:
+        text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr or ""
+        super().__init__(f"the final evaluation {what}: {text[-3000:]}")
 
 
 def _worker_batches(

@@ -81,6 +81,13 @@ class SidecarBackend(KerasBackendBase):
             try:
                 evaluated = evaluate_checkpoint(sidecar.model, path, batches, settings.eval_steps)
             except tf.errors.OpError as error:
+                run = reports.marker(self._cluster_role, settings.train_steps)
+                if step >= settings.train_steps:
+                    # No later checkpoint will come: the coordinator evaluates this one itself.
+                    logging.warning("evaluator 0: cannot evaluate %s: %s", path, error.message)
+                    why = f"{path}: {error.message}"
+                    reports.write_evaluator_gave_up(settings.model_dir, run, why)
+                    return end(Ending(None))
                 # The coordinator deletes old checkpoints (--keep_checkpoint_max) as it saves,
                 # maybe the one being read: the next one will come.
                 logging.warning("evaluator 0: skipped %s: %s", path, error.message)

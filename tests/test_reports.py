@@ -1,0 +1,56 @@
+"""The evaluator's result as the chief waits for it (process/reports.py): its metrics, or, at
+once, word that none will come (it gave up on the final checkpoint, or its failure is
+recorded for this run), rather than 600 s of waiting. No TensorFlow."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from tfconfig_slurm.process import reports
+
+RUN = {"run": "41.0.0", "train_steps": 200}
+
+
+@pytest.fixture(autouse=True)
+def _short_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Long enough that a test returning by its end would say "none within 20 s".
+    monkeypatch.setattr(reports, "_EVALUATOR_WAIT_SECONDS", 20.0)
+
+
+def test_the_evaluator_s_metrics_of_this_run_are_taken(tmp_path: Path) -> None:
+    reports.write_evaluator_result(tmp_path, {**RUN, "run": "40.0.0"}, {"accuracy": 0.1})
+    reports.write_evaluator_result(tmp_path, RUN, {"accuracy": 0.9, "global_step": 200})
+    assert reports.evaluator_result(tmp_path, RUN) == {"accuracy": 0.9, "global_step": 200.0}
+
+
+def test_an_evaluator_that_gave_up_on_the_final_checkpoint_is_not_waited_for(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    reports.write_evaluator_gave_up(tmp_path, RUN, "ckpt-200: DataLossError")
+    with caplog.at_level(logging.WARNING):
+        assert reports.evaluator_result(tmp_path, RUN) is None
+    assert (
+        "the evaluator gave no result for step 200 (it gave up: ckpt-200: DataLossError); "
+        "evaluating the final checkpoint here"
+    ) in caplog.text
+
+
+def test_an_evaluator_whose_failure_is_recorded_is_not_waited_for(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its wrapper recorded it (killed, or its script raised) while the coordinator trained."""
+    (tmp_path / "failures").mkdir()
+    failed = {"task": "evaluator 0", "node": "node2", "what": "its command was killed by "
+              "SIGKILL", "exit_status": 137, "seen_by": None, "time": time.time()}  # fmt: skip
+    (tmp_path / "failures" / "41.0.0.json").write_text(json.dumps(failed))
+    with caplog.at_level(logging.WARNING):
+        assert reports.evaluator_result(tmp_path, RUN) is None
+    assert (
+        "(it failed: evaluator 0 on node2: its command was killed by SIGKILL (exit 137))"
+        in caplog.text
+    )
