@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import tfconfig_slurm
 from tests.cli import REPOSITORY
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_envs import captured
-from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step
+from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step, render
 from tfconfig_slurm.errors import UsageError
 
 pytestmark = pytest.mark.tf2
@@ -116,6 +117,32 @@ def test_the_cluster_resolver_is_the_task_s_place_in_the_core_s_layout() -> None
     assert environ["CUDA_VISIBLE_DEVICES"] == ",".join(task.gpus)
     assert "TF_CONFIG" not in environ
     assert resolver.master("ps", 0) == f"grpc://{layout.cluster()['ps'][0]}"
+
+
+def test_the_cluster_resolver_follows_the_tf_config_its_wrapper_gave_this_step() -> None:
+    """Under with-tfconfig (its TF_CONFIG made for this very step, with a ps a node), the
+    resolver asked for all-reduce agrees with the wrapper, which watches the ps, and leaves
+    TF_CONFIG where TensorFlow's own code reads it."""
+    environ = captured("block_3x3_gres2", "task-4")
+    layout = lay_out_step(read_slurm_step(environ), LayoutPolicy())
+    given = render.task_environment(layout, 4)
+    environ |= given
+    resolver = tfconfig_slurm.cluster_resolver(environ, all_reduce=True)
+    task = layout.task(4)
+    assert (resolver.task_type, resolver.task_id) == (task.role, task.index)
+    assert resolver.cluster_spec().as_dict() == json.loads(given["TF_CONFIG"])["cluster"]
+    assert "ps" in resolver.cluster_spec().as_dict()
+    assert environ["TF_CONFIG"] == given["TF_CONFIG"]
+
+
+def test_the_cluster_resolver_refuses_a_port_another_process_holds() -> None:
+    environ = captured("block_3x3_gres2", "task-4")
+    laid_out = lay_out_step(read_slurm_step(environ), LayoutPolicy())
+    port = int(laid_out.task(4).address.rpartition(":")[2])
+    with socket.create_server(("0.0.0.0", port)), pytest.raises(UsageError) as raised:
+        tfconfig_slurm.cluster_resolver(environ)
+    assert raised.value.culprit == "--port_base"
+    assert f"port {port}, which another process on this node already uses" in raised.value.problem
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,11 @@ class Place(NamedTuple):
     # Which setting chose the layout, for an error about it: "TF_CONFIG" when it was given.
     layout_source: str
 
+    @property
+    def gpu_ids(self) -> tuple[str, ...] | None:
+        """This task's GPUs by their ids; None where it takes whatever TensorFlow finds."""
+        return None if self.gpus == _ANY_GPUS else tuple(filter(None, self.gpus.split(",")))
+
     def log_start(self, model_dir: Path, resumed: int | None, *details: str) -> None:
         """The task's first line, the same for every backend: who and where it is, its GPUs,
         its model directory, and the checkpoint step it resumes from (none, or step 0: it

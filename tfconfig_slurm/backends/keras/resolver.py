@@ -7,15 +7,20 @@ TF_CONFIG:
   strategy = tf.distribute.ParameterServerStrategy(
       tfconfig_slurm.cluster_resolver(coordinator=True))
 
-The layout comes from the TFCONFIG_SLURM_* variables (the layout flags' names) and the
-keyword arguments, which win. No environment string carries the cluster, so no 128 KiB
-limit applies. The task's GPUs are set in CUDA_VISIBLE_DEVICES, as with-tfconfig sets them:
-make the resolver before TensorFlow first looks at its devices.
+The task's place comes from the one door every entry point takes (process/place.find): a
+TF_CONFIG made for this step (with-tfconfig's, a --local_cluster's) wins, so the resolver
+agrees with the wrapper around the script; else the layout of the TFCONFIG_SLURM_* variables
+(the layout flags' names) and the keyword arguments, which win over them. A TF_CONFIG the
+resolver made itself is taken back out of the environment: no environment string carries the
+cluster, so no 128 KiB limit applies. The task's GPUs are set in CUDA_VISIBLE_DEVICES, as
+with-tfconfig sets them: make the resolver before TensorFlow first looks at its devices. The
+task's port must be free on its node, as with-tfconfig checks it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from collections.abc import MutableMapping
@@ -24,10 +29,13 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tfconfig_slurm.cluster import LayoutPolicy, in_job_step, read_slurm_step, render
+from tfconfig_slurm.cluster import LayoutPolicy
 from tfconfig_slurm.cluster.layout import EVALUATOR
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import place
+from tfconfig_slurm.process import network, place
+
+# How the resolver's layout settings are named in an error about them.
+_SOURCE = "cluster_resolver(...)"
 
 
 def cluster_resolver(
@@ -36,38 +44,34 @@ def cluster_resolver(
     """This task's resolver. `layout` takes LayoutPolicy's fields (all_reduce=True,
     coordinator=True, ps_per_node=2, ...) over the TFCONFIG_SLURM_* variables; a bad value
     raises UsageError naming it. Sets CUDA_VISIBLE_DEVICES in `environ` (by default this
-    process's) to the task's GPUs. Outside a job step of several tasks, the cluster of this
-    process alone (none for a coordinator's layout)."""
+    process's) to the task's GPUs. Outside a job step of several tasks, and given no
+    TF_CONFIG, the cluster of this process alone (none for a coordinator's layout)."""
     if environ is None:
         environ = os.environ
     policy = _policy(place.policy_from_environ(environ), layout)
-    if not in_job_step(environ) or read_slurm_step(environ).shape.num_tasks == 1:
+    where = place.find(environ, policy, _SOURCE)
+    if where.role is None:
         return _alone(policy)
-    step = read_slurm_step(environ)
-    laid_out = place.step_layout(step, policy)
-    task = laid_out.task(step.rank)
-    environ.update(render.task_environment(laid_out, step.rank))
-    # TensorFlow's own resolvers read the cluster from TF_CONFIG; this one carries it itself.
-    environ.pop("TF_CONFIG", None)
-    cluster = laid_out.cluster()
-    if task.role == EVALUATOR:
-        # Outside the cluster: ParameterServerStrategy's coordinator must not see it, and the
-        # evaluator needs none.
-        cluster = {EVALUATOR: [task.address]}
+    role = where.role
+    # What TensorFlow's own resolver would read: an evaluator's names only itself.
+    cluster = json.loads(environ["TF_CONFIG"])["cluster"]
+    if where.layout_source != "TF_CONFIG":
+        environ.pop("TF_CONFIG")
+    if role.role != EVALUATOR:
+        network.check_port_free(str(role.task_id), role.address)
+    gpus = where.gpu_ids
     logging.info(
-        "rank %d on %s is %s %d at %s with GPUs [%s]",
-        step.rank,
-        task.node,
-        task.role,
-        task.index,
-        task.address,
-        ",".join(task.gpus),
+        "%s on %s at %s with GPUs [%s]",
+        role.task_id,
+        where.node,
+        role.address,
+        "any" if gpus is None else ",".join(gpus),
     )
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(cluster),
-        task_type=task.role,
-        task_id=task.index,
-        num_accelerators={"GPU": len(task.gpus)} if task.gpus else None,
+        task_type=role.role,
+        task_id=role.index,
+        num_accelerators={"GPU": len(gpus)} if gpus else None,
         rpc_layer="grpc",
     )
 
