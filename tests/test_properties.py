@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from tests.slurm_envs import task_env
 from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step
+from tfconfig_slurm.cluster.layout import EVALUATOR
 from tfconfig_slurm.cluster.render import tf_config
 from tfconfig_slurm.errors import LayoutError, TfconfigSlurmError
 
@@ -115,13 +116,21 @@ def environments(draw: st.DrawFn) -> dict[str, str]:
 def test_any_slurm_environment_gives_a_cluster_or_one_of_our_errors(
     environ: dict[str, str], ps_per_node: int, evaluator: bool
 ) -> None:
-    """However SLURM's variables are garbled, the core answers with a layout or with one of
-    its own errors (a named culprit and a hint), never with a stray exception."""
+    """However SLURM's variables are garbled, the core answers with a sound layout of the
+    step SLURM described (every task placed once, this rank's TF_CONFIG naming it at its
+    address) or with one of its own errors (a named culprit and a hint), never with a stray
+    exception."""
     try:
         step = read_slurm_step(environ)
-        tf_config(
-            lay_out_step(step, LayoutPolicy(ps_per_node=ps_per_node, evaluator=evaluator)),
-            step.rank,
-        )
+        layout = lay_out_step(step, LayoutPolicy(ps_per_node=ps_per_node, evaluator=evaluator))
+        config = tf_config(layout, step.rank)
     except TfconfigSlurmError as error:
         assert error.culprit and error.hint
+        return
+    assert len(layout.roles) == step.shape.num_tasks == sum(step.shape.tasks_per_node)
+    assert len(set(layout.addresses)) == len(layout.addresses)
+    task = config["task"]
+    assert (task["type"], task["index"]) == (layout.roles[step.rank], layout.indices[step.rank])
+    if task["type"] != EVALUATOR:
+        assert config["cluster"][task["type"]][task["index"]] == layout.addresses[step.rank]
+    assert evaluator == (EVALUATOR in layout.roles)

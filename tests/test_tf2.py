@@ -9,7 +9,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from importlib import metadata
 from pathlib import Path
 
@@ -188,7 +187,6 @@ def test_a_crashed_all_reduce_worker_ends_the_step_by_name(
     """Alone, the chief could wait in its all-reduce for the dead worker; its wrapper, told by
     the worker's that the command failed, ends it (exit 3), unless the chief's all-reduce
     failed by itself first on the connection the worker's death reset (seen once in CI)."""
-    started = time.monotonic()
     step = slurm_cluster.run(
         ["srun", *TWO_NODES, "--label", str(WITH_TFCONFIG), "--all_reduce", "python", str(MWMS),
          str(tmp_path), "100000", "20"],
@@ -201,7 +199,6 @@ def test_a_crashed_all_reduce_worker_ends_the_step_by_name(
     ended = by_name and "ending this task (exit 3)" in step.stderr
     assert ended or "chief 0: its command failed" in step.stderr, step.stderr[-3000:]
     assert reports(tmp_path) == {}
-    assert time.monotonic() - started < 150
     assert slurm_cluster.left_behind() == {}
 
 
@@ -232,18 +229,13 @@ PSS = REPOSITORY / "tests" / "fixtures" / "pss_keras.py"
 COORDINATED = ("--nodes=2", "--ntasks-per-node=2")
 
 
-def pss_step(
-    cluster: SlurmCluster, out: Path, *victim: str
-) -> tuple[subprocess.CompletedProcess[str], float]:
-    """The tutorial's script under with-tfconfig --coordinator, 4 epochs of 10 steps; the
-    seconds from the coordinator's end to the step's."""
-    step = cluster.run(
+def pss_step(cluster: SlurmCluster, out: Path, *victim: str) -> subprocess.CompletedProcess[str]:
+    """The tutorial's script under with-tfconfig --coordinator, 4 epochs of 10 steps."""
+    return cluster.run(
         ["srun", *COORDINATED, "--label", str(WITH_TFCONFIG), "--coordinator", "python",
          str(PSS), str(out), "4", *victim],
         timeout=240,
     )  # fmt: skip
-    finished = (out / "chief.json").stat().st_mtime if (out / "chief.json").exists() else 0.0
-    return step, time.time() - finished
 
 
 @pytest.mark.slurm
@@ -252,7 +244,7 @@ def test_a_parameter_server_strategy_script_survives_a_killed_worker_and_every_t
 ) -> None:
     """Worker 0's command is killed -9 after the first epoch: its wrapper starts it again on
     its port, the coordinator carries on and trains every step; its exit ends the others."""
-    step, _ = pss_step(slurm_cluster, tmp_path, "worker")
+    step = pss_step(slurm_cluster, tmp_path, "worker")
     assert step.returncode == 0, step.stderr[-3000:]
     assert (
         "worker 0: its command was killed by SIGKILL; starting it again on its port "
@@ -269,7 +261,7 @@ def test_a_parameter_server_strategy_script_survives_a_killed_worker_and_every_t
 def test_a_killed_parameter_server_ends_the_step_and_a_new_one_resumes(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    step, _ = pss_step(slurm_cluster, tmp_path, "ps")
+    step = pss_step(slurm_cluster, tmp_path, "ps")
     assert step.returncode != 0
     assert "ps 0: its command was killed by SIGKILL (exit 137)" in step.stderr, step.stderr[-3000:]
     assert "run the step again to resume from the last checkpoint" in step.stderr
@@ -277,11 +269,10 @@ def test_a_killed_parameter_server_ends_the_step_and_a_new_one_resumes(
     assert named or "chief 0: its command failed" in step.stderr, step.stderr[-3000:]
     assert not (tmp_path / "chief.json").exists()
     assert slurm_cluster.left_behind() == {}
-    again, ending = pss_step(slurm_cluster, tmp_path)
+    again = pss_step(slurm_cluster, tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     trained = json.loads((tmp_path / "chief.json").read_text())
     assert trained["resumed_at_epoch"] >= 1 and trained["steps"] == 40, trained
-    assert ending < 15.0, ending
 
 
 def test_without_tensorflow_the_layout_tools_work_and_the_runtime_says_what_to_install(

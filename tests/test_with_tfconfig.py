@@ -118,6 +118,9 @@ def test_the_same_tf_config_already_set_is_no_overwrite() -> None:
     first = json.loads(wrap(sys.executable, "-c", SHOW, environ=environ).stdout)[0]
     again = wrap(sys.executable, "-c", SHOW, environ=environ | {"TF_CONFIG": first})
     assert again.returncode == 0, again.stderr
+    # Kept as it was, byte for byte, and not taken for one inherited from elsewhere.
+    assert json.loads(again.stdout)[0] == first
+    assert "TF_CONFIG: set, but made" not in again.stderr
 
 
 def test_linux_refuses_an_environment_string_past_the_limit() -> None:
