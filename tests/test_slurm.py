@@ -395,6 +395,11 @@ def test_a_sweep_of_three_lines_trains_three_runs_that_the_table_and_tensorboard
         (f"lr-{index}", "done", 10) for index in range(3)
     ], [(run["experiment_id"], run["state"]) for run in runs]
     assert [run["job_id"] for run in runs] == [f"{job}_{index}" for index in range(3)]
+    # One name for each array task: its .out's, its first line's, its task logs'.
+    for index in range(3):
+        said = (tmp_path / f"lr-{job}_{index}.out").read_text()
+        assert f"lr: job {job}_{index} on " in said, said
+        assert (root / f"lr-{index}" / "logs" / f"job{job}_{index}-task0.log").exists()
     assert [(run["hparams"]["learning_rate"], run["hparams"]["dropout"]) for run in runs] == [
         (0.001, 0.5),
         (0.002, 0.3),
