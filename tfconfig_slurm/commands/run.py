@@ -273,6 +273,9 @@ def main(argv: Sequence[str]) -> int | None:
     named = naming()
     model_dir.check_writable(directory, named)
     if PRINT_MODEL_DIR.value:
+        # A directory another live run holds stops a batch script here, in one line, not in
+        # every task of its step.
+        model_dir.check_free(directory, None, named, os.environ)
         sys.stdout.write(f"{directory}\n")
         # On stderr, which a batch script's .out holds: which run a job is about to carry on.
         sys.stderr.write(f"{history.before_start(directory, TRAIN_STEPS.value)}\n")
