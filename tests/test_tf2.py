@@ -5,6 +5,7 @@ ParameterServerStrategy scripts run under with-tfconfig on the real SLURM test c
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -132,6 +133,36 @@ def test_the_cluster_resolver_follows_the_tf_config_its_wrapper_gave_this_step()
     assert resolver.cluster_spec().as_dict() == json.loads(given["TF_CONFIG"])["cluster"]
     assert "ps" in resolver.cluster_spec().as_dict()
     assert environ["TF_CONFIG"] == given["TF_CONFIG"]
+
+
+# A process of a captured step (rank 4, given a GPU) that lists its devices, then makes the
+# resolver: too late to set its GPUs.
+LATE = """
+import tensorflow as tf
+import tfconfig_slurm
+tf.config.list_physical_devices()
+try:
+    tfconfig_slurm.cluster_resolver()
+except tfconfig_slurm.TfconfigSlurmError as error:
+    print(error.one_line())
+"""
+
+
+def test_the_cluster_resolver_made_after_tensorflow_listed_its_devices_says_so() -> None:
+    environ = captured("block_3x3_gres2", "task-4")
+    environ.pop("CUDA_VISIBLE_DEVICES", None)
+    late = subprocess.run(
+        [sys.executable, "-c", LATE],
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPOSITORY), **environ},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert late.returncode == 0, late.stderr[-3000:]
+    said = (
+        r"cluster_resolver\(\): sets this task's GPUs \(CUDA_VISIBLE_DEVICES='\d', was unset\) "
+        "after TensorFlow listed its devices"
+    )
+    assert re.match(said, late.stdout), late.stdout + late.stderr[-2000:]
+    assert "HINT: make the resolver before any TensorFlow call" in late.stdout
 
 
 def test_the_cluster_resolver_refuses_a_port_another_process_holds() -> None:

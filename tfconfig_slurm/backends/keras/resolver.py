@@ -28,6 +28,7 @@ from typing import Any
 
 import tensorflow as tf
 from absl import logging
+from tensorflow.python.eager import context
 
 from tfconfig_slurm.cluster import LayoutPolicy
 from tfconfig_slurm.cluster.layout import EVALUATOR
@@ -49,7 +50,10 @@ def cluster_resolver(
     if environ is None:
         environ = os.environ
     policy = _policy(place.policy_from_environ(environ), layout)
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
     where = place.find(environ, policy, _SOURCE)
+    if environ is os.environ and environ.get("CUDA_VISIBLE_DEVICES") != visible:
+        _check_devices_not_listed(visible, environ.get("CUDA_VISIBLE_DEVICES", ""))
     if where.role is None:
         return _alone(policy)
     role = where.role
@@ -73,6 +77,24 @@ def cluster_resolver(
         task_id=role.index,
         num_accelerators={"GPU": len(gpus)} if gpus else None,
         rpc_layer="grpc",
+    )
+
+
+def _check_devices_not_listed(before: str | None, now: str) -> None:
+    """Raises UsageError where TensorFlow has listed this process's devices already: CUDA read
+    CUDA_VISIBLE_DEVICES then, and the task's GPUs, set now, would not take effect (the task
+    would use GPUs SLURM gave another)."""
+    # TensorFlow keeps the devices it found here once it has looked; it has no public word
+    # for whether it has.
+    if getattr(context.context(), "_physical_devices", None) is None:
+        return
+    raise UsageError(
+        "cluster_resolver()",
+        f"sets this task's GPUs (CUDA_VISIBLE_DEVICES={now!r}, was "
+        f"{'unset' if before is None else repr(before)}) after TensorFlow listed its devices, "
+        "so they would not take effect",
+        "make the resolver before any TensorFlow call that looks at devices (tf.config, a "
+        "tensor, a model, a strategy)",
     )
 
 
