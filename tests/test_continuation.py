@@ -12,7 +12,7 @@ import pytest
 
 from tests.cli import REPOSITORY, wait_until
 from tests.slurm_cluster import SlurmCluster
-from tfconfig_slurm.cluster.step import CONTINUATION, SlurmJob
+from tfconfig_slurm.cluster.step import CONTINUATION
 from tfconfig_slurm.process import continuation, preemption
 
 # A running job of the test cluster, from `scontrol show job` (its script's path made
@@ -145,9 +145,9 @@ def test_an_array_task_goes_on_as_the_same_index_and_writes_its_own_file() -> No
 
 
 def test_a_requeue_is_seen_in_the_restarts_since_this_run_started() -> None:
-    job = SlurmJob(job_id=1, array_job_id=None, array_task_id=None, restart_count=0)
-    assert not continuation.requeued(parsed(RECORD), job)
-    assert continuation.requeued(parsed(RECORD.replace("Restarts=0", "Restarts=1")), job)
+    assert not continuation.requeued(parsed(RECORD), 0)
+    assert continuation.requeued(parsed(RECORD.replace("Restarts=0", "Restarts=1")), 0)
+    assert not continuation.requeued(parsed(RECORD.replace("Restarts=0", "Restarts=1")), 1)
 
 
 def test_the_new_job_gets_none_of_this_job_s_variables_but_the_run_s_directory() -> None:
@@ -191,8 +191,8 @@ def test_a_job_that_can_go_on_has_nothing_against_it() -> None:
 
 # The requests a continuation carries, given on sbatch's command line, of a held job (it never
 # runs), in two jobs (sbatch refuses some together): --licenses from the cluster's slurm.conf,
-# --reservation made by the test. Not here: --account and --qos (the test cluster keeps no
-# accounting), --constraint (its nodes have no features).
+# --reservation made by the test, --constraint a feature of its nodes. Not here: --account
+# and --qos (the test cluster keeps no accounting database).
 GIVEN = (
     (
         "--job-name=my job Key=1", "--comment=first try Key=2", "--nodes=1", "--ntasks=2",
@@ -204,7 +204,7 @@ GIVEN = (
     ),
     (
         "--nodes=2", "--ntasks-per-node=2", "--cpus-per-task=2", "--gres=gpu:1",
-        "--mem=200", "--nodelist=node[2-3]", "--partition=debug",
+        "--mem=200", "--nodelist=node[2-3]", "--partition=debug", "--constraint=testnode",
     ),
     ("--ntasks=1", "--mem-per-cpu=50", "--sockets-per-node=1", "--gpus-per-socket=1"),
 )  # fmt: skip
@@ -247,7 +247,7 @@ def test_every_request_on_sbatch_s_command_line_is_asked_for_again(
     first = records[0][0]
     assert first["Reservation"] == "continued" and first["Licenses"] == "scratch:2"
     assert first["OverSubscribe"] == "NO" and first["TresPerTask"] == "gres:gpu:1"
-    assert records[1][0]["TresPerNode"] == "gres:gpu:1"
+    assert (records[1][0]["TresPerNode"], records[1][0]["Features"]) == ("gres:gpu:1", "testnode")
     assert records[2][0]["TresPerSocket"] == "gres:gpu:1"
     # Each writes files of its own, named by its own id.
     assert records[0][1]["StdOut"] == f"{tmp_path}/my job Key=1-{jobs[1]}.out"

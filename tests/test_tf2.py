@@ -165,7 +165,14 @@ def test_the_cluster_resolver_made_after_tensorflow_listed_its_devices_says_so()
     assert "HINT: make the resolver before any TensorFlow call" in late.stdout
 
 
-def test_the_cluster_resolver_refuses_a_port_another_process_holds() -> None:
+def test_the_cluster_resolver_refuses_a_port_another_process_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Checked as the resolver first lays the task out in this process (the tests above made
+    this task's resolver already)."""
+    from tfconfig_slurm.backends.keras import resolver  # noqa: PLC0415
+
+    monkeypatch.setattr(resolver, "_PORTS_CHECKED", set())
     environ = captured("block_3x3_gres2", "task-4")
     laid_out = lay_out_step(read_slurm_step(environ), LayoutPolicy())
     port = int(laid_out.task(4).address.rpartition(":")[2])

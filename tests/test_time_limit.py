@@ -126,6 +126,21 @@ def test_a_limit_moved_later_moves_the_stop(caplog: pytest.LogCaptureFixture) ->
     stop.ask("SIGTERM")
 
 
+def test_the_last_look_comes_even_after_a_poll_just_before_its_window(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The regular poll (here at 1.5 s) lands just before the last look's window (from 2 s,
+    the stop at 3 s): the last look still comes, and sees the limit raised."""
+    monkeypatch.setattr(time_limit, "POLL_SECONDS", 1.5)
+    monkeypatch.setattr(time_limit, "FINAL_LOOK_SECONDS", 1.0)
+    caplog.set_level(logging.INFO)
+    stop, asked = StopRequest(), Answers(6.0, 4.5, 100.0)
+    time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=asked)
+    assert not stop.wait(5.0)
+    assert "job 77's time limit moved to" in caplog.text, caplog.text
+    stop.ask("SIGTERM")
+
+
 def test_a_job_without_a_limit_is_not_watched(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     stop = StopRequest()

@@ -475,8 +475,8 @@ def test_an_all_reduce_trainer_that_fails_ends_every_task_by_name() -> None:
     assert f"worker 16 at localhost:{base + 17} says its command failed" in logs
 
 
-# SERVER, but failing after sys.argv[2] seconds with sys.argv[3]'s traceback: a ValueError
-# raised in <sys.argv[3]>/keras/src/engine.py, as Keras 3's fit raises it under
+# SERVER, but failing after sys.argv[1] seconds: a ValueError raised in
+# <sys.argv[2]>/keras/src/trainers/trainer.py, as Keras 3's fit raises it under
 # MultiWorkerMirroredStrategy (its message runs on over many lines).
 FAILS_IN_KERAS_3 = [
     sys.executable,
@@ -488,8 +488,8 @@ port = int(config["cluster"][task["type"]][task["index"]].rpartition(":")[2])
 server = socket.create_server(("0.0.0.0", port))
 time.sleep(float(sys.argv[1]))
 sys.path.insert(0, sys.argv[2])
-from keras.src import engine
-engine.fit()""",
+from keras.src.trainers import trainer
+trainer.fit()""",
 ]
 KERAS_3_ENGINE = """def fit():
     message = "Attempt to convert a value (PerReplica:{\\n  0: <tf.Tensor>\\n}) to a Tensor."
@@ -503,10 +503,11 @@ def test_trainers_that_fail_of_one_cause_each_name_their_own_failure_and_keras_3
     """A Keras 3 script under --all_reduce fails in every trainer: worker 0 first, the chief
     0.5 s later. Each says its own exception's line (not the chief that worker 0 is lost, as
     a newcomer saw), and that Keras 3 is not what MultiWorkerMirroredStrategy trains."""
-    (tmp_path / "keras" / "src").mkdir(parents=True)
-    (tmp_path / "keras" / "__init__.py").write_text("")
-    (tmp_path / "keras" / "src" / "__init__.py").write_text("")
-    (tmp_path / "keras" / "src" / "engine.py").write_text(KERAS_3_ENGINE)
+    trainers = tmp_path / "keras" / "src" / "trainers"
+    trainers.mkdir(parents=True)
+    for package in (trainers, trainers.parent, trainers.parent.parent):
+        (package / "__init__.py").write_text("")
+    (trainers / "trainer.py").write_text(KERAS_3_ENGINE)
     base = free_port_block(2)
     step = [
         wrapped(base, 2, rank, *FAILS_IN_KERAS_3, seconds, str(tmp_path), layout="--all_reduce")
@@ -516,7 +517,8 @@ def test_trainers_that_fail_of_one_cause_each_name_their_own_failure_and_keras_3
     assert statuses == [1, 1], logs
     for task in ("chief 0", "worker 0"):
         assert (
-            f"{task}: its command failed: ValueError: Attempt to convert a value (PerReplica:{{"
+            f"{task}: its command failed: ValueError: Attempt to convert a value (PerReplica:{{ "
+            "0: <tf.Tensor> }) to a Tensor.; saying so"
         ) in logs, logs
         assert f"{task}: its command's traceback runs through Keras 3 (import keras)" in logs
     assert "as worker 0 is lost" not in logs

@@ -27,6 +27,7 @@ from typing import Any
 
 from absl import flags
 
+from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.commands import json_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
@@ -115,11 +116,19 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
     """--run's line: how the run in `folder` stands."""
     if len(argv) > 1:
         raise UsageError(repr(argv[1]), "is one word too many with --run", f"{PROGRAM} --run=DIR")
-    run = polling.poll(
-        lambda: _readable_run(folder, _queued_jobs()),
-        lambda run: run is None or run["state"] != "running",
+    # A local file, read once a second: squeue and scontrol are asked once, after.
+    polling.poll(
+        lambda: reports.read_state(folder).get("state"),
+        lambda state: state != "running",
         SETTLE.value,
+        every=1.0,
     )
+    jobs = _queued_jobs()
+    if jobs is not None:
+        # Said from inside a batch script once its step is over: its own job is ending, not
+        # a sign that the run still runs.
+        jobs.pop(_this_job(os.environ), None)
+    run = _readable_run(folder, jobs)
     if run is None:
         raise UsageError(
             "--run",
@@ -141,6 +150,13 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
         "failed": f"failed at step {step}; first to fail: {run['first_failure'] or 'not recorded'}",
     }.get(state, f"{state} at step {step}")
     return f"{folder}: {said}; task logs in {paths.logs}"
+
+
+def _this_job(environ: Mapping[str, str]) -> str:
+    """The job this process runs in, as squeue names it (an array task as 41_3); "" outside
+    SLURM."""
+    job = read_slurm_job(environ)
+    return job.name if job else ""
 
 
 def _say_no_runs(root: Path) -> None:
@@ -257,9 +273,10 @@ def _requeued_since(state: Mapping[str, Any]) -> bool:
     squeue does not list it waiting yet: while its batch script ends (COMPLETING), which the
     script's last line, said then, must not call running."""
     restart = str(state.get("run") or "").rpartition(".")[2]
+    if not restart.isdigit():
+        return False
     record = continuation.job_record(str(state.get("job_id")))
-    restarts = record.get("Restarts", "") if isinstance(record, dict) else ""
-    return restart.isdigit() and restarts.isdigit() and int(restarts) > int(restart)
+    return isinstance(record, dict) and continuation.requeued(record, int(restart))
 
 
 def _continued(folder: Path, state: Mapping[str, Any]) -> continuation.Continued | None:

@@ -10,11 +10,18 @@ import re
 import threading
 from typing import IO
 
-# A frame of a traceback through Keras 3's package (tf-keras's is tf_keras/src).
-_KERAS_3_FRAME = re.compile(r'File ".*[/\\]keras[/\\]src[/\\]')
+# A frame of a traceback through Keras 3's package: folders Keras 2's keras/src (tf.keras on
+# TensorFlow 2.15) and tf_keras/src do not have.
+_KERAS_3_FRAME = re.compile(r'File ".*[/\\]keras[/\\]src[/\\](trainers|ops|backend)[/\\]')
 _TRACEBACK = "Traceback (most recent call last):"
 # What one read takes at most: output passes on as it comes, a progress bar's \r included.
 _CHUNK = 1 << 16
+# How long the end of a command's output is waited for once it has exited.
+_FINISH_SECONDS = 5.0
+# An exception's message running on over lines is read up to this many characters.
+_WHY_CHARS = 300
+# A line of TensorFlow's C++ log (or absl's): not a message's next line.
+_LOG_LINE = re.compile(r"[IWEF]\d{4} ")
 
 
 class Relay:
@@ -26,20 +33,24 @@ class Relay:
         self._in_traceback = False
         self._last_line = ""
         self._exception = ""
+        self._message_goes_on = False
         self._keras_3 = False
         self._thread = threading.Thread(target=self._copy, name="stderr", daemon=True)
         self._thread.start()
 
+    def finish(self, seconds: float = _FINISH_SECONDS) -> None:
+        """Waits, at most `seconds`, for the command's output to end (a process it started
+        may hold its stderr open), so that all of it is passed on and read."""
+        self._thread.join(timeout=seconds)
+
     def why_it_failed(self) -> str:
         """The exception line of the command's last traceback, else its last line; "" where
-        it said nothing. Read once its output has ended."""
-        self._thread.join(timeout=5.0)
+        it said nothing. Read after `finish`."""
         return self._exception or self._last_line
 
     @property
     def through_keras_3(self) -> bool:
         """Whether the command's last traceback ran through Keras 3 (`import keras`)."""
-        self._thread.join(timeout=5.0)
         return self._keras_3
 
     def _copy(self) -> None:
@@ -58,9 +69,14 @@ class Relay:
             self._in_traceback, self._exception, self._keras_3 = True, "", False
         elif self._in_traceback and line and not line[0].isspace():
             # The first unindented line after the frames: the exception, whose message may
-            # run on over many lines (a PerReplica's repr), which are not its first.
-            self._in_traceback, self._exception = False, line
+            # run on over many lines (a PerReplica's repr), joined to it up to _WHY_CHARS.
+            self._in_traceback, self._exception, self._message_goes_on = False, line, True
         elif self._in_traceback and _KERAS_3_FRAME.search(line):
             self._keras_3 = True
+        elif self._message_goes_on and line.strip() and not _LOG_LINE.match(line):
+            self._exception = f"{self._exception} {line.strip()}"
+            self._message_goes_on = len(self._exception) < _WHY_CHARS
+        else:
+            self._message_goes_on = False
         if line.strip():
             self._last_line = line.strip()

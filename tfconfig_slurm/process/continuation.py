@@ -92,11 +92,11 @@ def parse_record(text: str) -> dict[str, str]:
     return fields
 
 
-def requeued(record: Mapping[str, str], job: SlurmJob) -> bool:
-    """Whether the job of `record` was requeued since `job` (this run of it) started: a
-    `scontrol requeue` that failed, or gave up waiting, may still have been done."""
+def requeued(record: Mapping[str, str], restart_count: int) -> bool:
+    """Whether the job of `record` was requeued since its run `restart_count` (this one)
+    started: a `scontrol requeue` that failed, or gave up waiting, may still have been done."""
     restarts = record.get("Restarts", "")
-    return restarts.isdigit() and int(restarts) > job.restart_count
+    return restarts.isdigit() and int(restarts) > restart_count
 
 
 def batch_command(record: Mapping[str, str], environ: Mapping[str, str]) -> list[str]:
@@ -271,9 +271,12 @@ def resources(record: Mapping[str, str]) -> list[str]:
         options["--array"] = record["ArrayTaskId"]
     if options["--time"] == "UNLIMITED":
         del options["--time"]
-    # sbatch takes one of the two (a record shows CPUs/Task, 1 by default, beside it).
+    # sbatch takes one of each pair (a record shows CPUs/Task, 1 by default, beside it).
     if options["--cpus-per-gpu"]:
         del options["--cpus-per-task"]
+    if options["--mem-per-gpu"]:
+        options.pop("--mem", None)
+        options.pop("--mem-per-cpu", None)
     flags = {
         "--exclusive": record.get("OverSubscribe") == "NO",
         "--exclusive=user": record.get("OverSubscribe") == "USER",

@@ -23,7 +23,8 @@ def checkpoint_step(model_dir: Path) -> int | None:
     where there is none."""
     try:
         latest = _LATEST.search(RunDir(model_dir).checkpoint_index.read_text())
-    except OSError:
+    except (OSError, ValueError):
+        # Not there, unreadable, or not text: no checkpoint TensorFlow could resume from.
         return None
     return int(latest.group(1)) if latest else None
 

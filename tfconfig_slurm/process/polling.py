@@ -11,11 +11,14 @@ POLL_SECONDS = 0.1
 _T = TypeVar("_T")
 
 
-def poll(read: Callable[[], _T], done: Callable[[_T], bool], seconds: float) -> _T:
-    """Reads until `done` holds or `seconds` pass; returns the last value read."""
+def poll(
+    read: Callable[[], _T], done: Callable[[_T], bool], seconds: float, every: float = POLL_SECONDS
+) -> _T:
+    """Reads every `every` seconds until `done` holds or `seconds` pass; returns the last
+    value read."""
     deadline = time.monotonic() + seconds
     while True:
         value = read()
         if done(value) or time.monotonic() >= deadline:
             return value
-        time.sleep(POLL_SECONDS)
+        time.sleep(every)

@@ -232,7 +232,7 @@ def requeue(environ: Mapping[str, str], max_requeues: int, stopped_on: str, mode
     record = continuation.job_record(target)
     if isinstance(record, str):
         why = f"its state cannot be read ({record})"
-    elif continuation.requeued(record, job):
+    elif continuation.requeued(record, job.restart_count):
         logging.info(
             "stopped on %s; `scontrol requeue %s` said %s, but the job was requeued "
             "(Restarts=%s): it resumes from the checkpoint",

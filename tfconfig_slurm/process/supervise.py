@@ -108,10 +108,13 @@ def supervise(
             return
         _claim_the_end(ending)
         command.signal(signal.SIGKILL)
-        # Its port is free once it is gone.
+        # Its port is free once it is gone, and its last output passed on.
         for started in command.started:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 started.wait(timeout=_END_GRACE_SECONDS)
+            relay = command.relay(started)
+            if relay is not None:
+                relay.finish(1.0)
         watchdog.report_lost(name, address, silent_for)
         if owner is not None:
             owner.say("failed", None, lost=name)
@@ -216,6 +219,8 @@ def _its_failure(command: children.Group, child: children.Child, role: ClusterRo
     and says so in words: `its command failed: ValueError: ...`. A traceback through Keras 3,
     which none of the layouts trains, is said with what to run instead."""
     relay = command.relay(child)
+    if relay is not None:
+        relay.finish()
     why = relay.why_it_failed() if relay is not None and child.returncode > 0 else ""
     failure.record_exit(child.returncode, why)
     if relay is not None and relay.through_keras_3:

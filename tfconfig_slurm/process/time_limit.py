@@ -176,10 +176,14 @@ class TimeLimit:
                 return
             # The limit may move (scontrol update TimeLimit=): asked again every POLL_SECONDS,
             # and once shortly before the stop, which does not wait for the answer.
-            final_look = time.time() >= stop_at - FINAL_LOOK_SECONDS and last_look != stop_at
-            if final_look or time.monotonic() - asked >= POLL_SECONDS:
+            # Any answer within FINAL_LOOK_SECONDS of the stop is its last look; one before
+            # it, however recent, is not.
+            in_final = time.time() >= stop_at - FINAL_LOOK_SECONDS
+            if (in_final and last_look != stop_at) or time.monotonic() - asked >= POLL_SECONDS:
                 seconds = min(slurm_commands.COMMAND_SECONDS, max(1.0, stop_at - time.time()))
-                left, asked, last_look = self._ask(job, seconds), time.monotonic(), stop_at
+                left, asked = self._ask(job, seconds), time.monotonic()
+                if in_final:
+                    last_look = stop_at
                 if isinstance(left, float) and abs(time.time() + left - deadline) > _MOVED_SECONDS:
                     self.deadline = deadline = time.time() + left
                     self._say(
@@ -200,7 +204,7 @@ class TimeLimit:
         job, wait = self.job.name, RETRY_SECONDS
         left = self._ask(job, slurm_commands.COMMAND_SECONDS)
         if isinstance(left, NoLimit) and left.again:
-            logging.warning(
+            self._say(
                 "job %s: its time limit cannot be read yet (%s); asking squeue again, at "
                 "least every %.0f s, and until then the run stops early only on %s",
                 job,

@@ -153,9 +153,12 @@ class CoordinatorBackend(TrainingBackendBase):
         if evaluated.returncode != 0:
             raise EvaluationError(f"exited {evaluated.returncode}", evaluated.stderr)
         said = evaluated.stdout.strip().splitlines()
-        if not said:
-            raise EvaluationError("printed no metrics", evaluated.stderr)
-        metrics: dict[str, float] = json.loads(said[-1])
+        try:
+            metrics: dict[str, float] = json.loads(said[-1])
+        except (IndexError, ValueError):
+            raise EvaluationError(
+                f"printed no metrics as its last line ({said[-1:]})", evaluated.stderr
+            ) from None
         return metrics
 
 

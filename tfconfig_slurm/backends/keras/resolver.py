@@ -14,7 +14,8 @@ agrees with the wrapper around the script; else the layout of the TFCONFIG_SLURM
 resolver made itself is taken back out of the environment: no environment string carries the
 cluster, so no 128 KiB limit applies. The task's GPUs are set in CUDA_VISIBLE_DEVICES, as
 with-tfconfig sets them: make the resolver before TensorFlow first looks at its devices. The
-task's port must be free on its node, as with-tfconfig checks it.
+task's port must be free on its node when the resolver first lays it out, as with-tfconfig
+checks it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from tfconfig_slurm.process import network, place
 
 # How the resolver's layout settings are named in an error about them.
 _SOURCE = "cluster_resolver(...)"
+# The task addresses whose ports this process has found free.
+_PORTS_CHECKED: set[str] = set()
 
 
 def cluster_resolver(
@@ -61,8 +64,12 @@ def cluster_resolver(
     cluster = json.loads(environ["TF_CONFIG"])["cluster"]
     if where.layout_source != "TF_CONFIG":
         environ.pop("TF_CONFIG")
-    if role.role != EVALUATOR:
-        network.check_port_free(str(role.task_id), role.address)
+    # A wrapper that gave the TF_CONFIG checked the port; a second resolver of this process
+    # would find it held by this process's own server.
+    if role.role != EVALUATOR and where.layout_source != "TF_CONFIG":
+        if role.address not in _PORTS_CHECKED:
+            network.check_port_free(str(role.task_id), role.address)
+        _PORTS_CHECKED.add(role.address)
     gpus = where.gpu_ids
     logging.info(
         "%s on %s at %s with GPUs [%s]",
