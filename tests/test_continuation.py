@@ -12,6 +12,7 @@ import pytest
 
 from tests.cli import REPOSITORY, wait_until
 from tests.slurm_cluster import SlurmCluster
+from tfconfig_slurm import errors
 from tfconfig_slurm.cluster.step import CONTINUATION
 from tfconfig_slurm.process import continuation, preemption
 
@@ -298,4 +299,27 @@ def test_a_requeue_already_done_is_not_submitted_again_as_a_new_job(
     assert f"`scontrol requeue {job}` said " in caplog.text
     assert "but the job was requeued (Restarts=1)" in caplog.text
     assert listed == [job]
+    assert continuation.read(tmp_path / "run") is None
+
+
+@pytest.mark.slurm
+def test_a_requeue_that_fails_where_slurm_may_requeue_submits_no_second_job(
+    slurm_cluster: SlurmCluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`scontrol requeue` refused for another reason than Requeue=0 (here: the job has not
+    started): nothing is submitted beside it, and the run says how to resume."""
+    held_job = held(slurm_cluster, tmp_path, [str(REPOSITORY / "launch" / "train.sbatch")])
+    try:
+        monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+        with caplog.at_level(logging.INFO):
+            status = preemption.requeue({"SLURM_JOB_ID": held_job}, 3, "SIGUSR1", tmp_path / "run")
+        listed = slurm_cluster.run(["squeue", "--noheader", "--format=%i"]).stdout.split()
+    finally:
+        slurm_cluster.run(["scancel", held_job])
+    assert status == errors.EXIT_NOT_REQUEUED
+    assert "SLURM may requeue it (Requeue=1), so it does not go on in a new job" in caplog.text
+    assert listed == [held_job]
     assert continuation.read(tmp_path / "run") is None

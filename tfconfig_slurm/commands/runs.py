@@ -75,6 +75,9 @@ _ENDED = {
     "PREEMPTED": "preempted",
 }
 _GONE = {*_ENDED, "COMPLETED", "FAILED", "SPECIAL_EXIT"}
+# The state --run gives its own batch job, whose step is over as it asks (squeue may still
+# say RUNNING): a requeue shows only in its record's restarts.
+_ENDING = "ENDING"
 
 
 def main(argv: Sequence[str]) -> int:
@@ -124,10 +127,10 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
         every=1.0,
     )
     jobs = _queued_jobs()
-    if jobs is not None:
+    if jobs is not None and _this_job(os.environ) in jobs:
         # Said from inside a batch script once its step is over: its own job is ending, not
         # a sign that the run still runs.
-        jobs.pop(_this_job(os.environ), None)
+        jobs[_this_job(os.environ)] = _ENDING
     run = _readable_run(folder, jobs)
     if run is None:
         raise UsageError(
@@ -256,11 +259,12 @@ def _state(
             return "stopped"
         if queued in _WAITING or (continued is None and _requeued_since(state)):
             return "requeued" if continued is None else "continued"
-        return "running"
+        return "stopped" if queued == _ENDING else "running"
     if said != "running":
         return str(said)
     if job is not None and jobs is not None:
-        return "running" if queued is not None else "failed"
+        # A run still "running" whose job is over, or ending, ended without saying so.
+        return "running" if queued not in (None, _ENDING) else "failed"
     # Outside SLURM, or without squeue: the model directory's lock says whether it trains,
     # and a failure recorded since its attempt began, with no live lock, that it failed (a
     # local cluster's launcher removes its lock as it stops the rest).
