@@ -229,6 +229,15 @@ def test_a_coordinator_layout_that_cannot_be_is_refused(
     assert raised.value.culprit == culprit
 
 
+def test_a_task_refuses_its_own_node_s_gpus_first() -> None:
+    """Both nodes have 3 trainers for 2 GPUs: the task on node b names node b, where it runs
+    (a newcomer's job said node1 for tasks that ran on node2)."""
+    for rank, node in ((0, "a"), (5, "b")):
+        with pytest.raises(LayoutError) as raised:
+            layout_of(task_env(["a", "b"], [4, 4], rank, gpus="0,1"), LayoutPolicy())
+        assert raised.value.culprit == f"GPUs of node {node}"
+
+
 def test_explicit_roles_as_in_tf4slurm() -> None:
     explicit = ("ps", "worker", "worker", "worker", "ps", "worker", "worker", "worker")
     layout = layout_of(task_env(["a", "b"], [4, 4], 0), LayoutPolicy(roles=explicit))

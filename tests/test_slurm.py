@@ -168,6 +168,27 @@ def test_two_jobs_on_one_id_the_second_stops_at_start_naming_the_first(
     assert output.count("\n") == 1 and "HINT: " in output, output
 
 
+def test_a_step_every_task_refuses_names_the_node_of_the_first_to_fail(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """Three trainers a node for its two GPUs: every task refuses the layout (exit 2), each of
+    its own node, and the .out's line names the node srun named (a newcomer's said node1 for
+    tasks that ran on node2)."""
+    job = finish(
+        slurm_cluster,
+        submit(slurm_cluster, tmp_path, "crowded", f"--experiment={PACED}",
+               sbatch_options=("--ntasks-per-node=4", "--gres=gpu:2")),
+    )  # fmt: skip
+    assert (job["JobState"], job["ExitCode"]) == ("FAILED", "2:0"), job["stderr"]
+    output = (tmp_path / f"train-{job['JobId']}.out").read_text()
+    said = re.search(
+        r"first to fail: (node\d): tasks? [\d,-]+: Exited with exit code 2; its last line: "
+        r".*GPUs of node (node\d): the node has 2 GPUs \(0,1\) for its 3 trainers",
+        output,
+    )
+    assert said and said.group(1) == said.group(2), output
+
+
 def test_a_lock_left_by_a_job_that_ended_is_taken_over(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:

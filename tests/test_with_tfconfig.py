@@ -276,17 +276,20 @@ def wrap_step(
     ]
 
 
+# A command that listens on its task's port, as a TensorFlow server does.
+LISTENS = """import json, os, socket, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+task = config["task"]
+port = int(config["cluster"][task["type"]][task["index"]].rpartition(":")[2])
+server = socket.create_server(("0.0.0.0", port))
+"""
 # A stand-in for a TensorFlow server: listens on its task's port for its seconds, then exits
 # 0, or 1 for negative seconds.
 SERVER = [
     sys.executable,
     "-c",
-    """import json, os, socket, sys, time
-config = json.loads(os.environ["TF_CONFIG"])
-task = config["task"]
-port = int(config["cluster"][task["type"]][task["index"]].rpartition(":")[2])
-server = socket.create_server(("0.0.0.0", port))
-seconds = float(sys.argv[1])
+    LISTENS
+    + """seconds = float(sys.argv[1])
 end = time.monotonic() + abs(seconds)
 while time.monotonic() < end:
     server.settimeout(max(0.01, end - time.monotonic()))
@@ -481,12 +484,8 @@ def test_an_all_reduce_trainer_that_fails_ends_every_task_by_name() -> None:
 FAILS_IN_KERAS_3 = [
     sys.executable,
     "-c",
-    """import json, os, socket, sys, time
-config = json.loads(os.environ["TF_CONFIG"])
-task = config["task"]
-port = int(config["cluster"][task["type"]][task["index"]].rpartition(":")[2])
-server = socket.create_server(("0.0.0.0", port))
-time.sleep(float(sys.argv[1]))
+    LISTENS
+    + """time.sleep(float(sys.argv[1]))
 sys.path.insert(0, sys.argv[2])
 from keras.src.trainers import trainer
 trainer.fit()""",

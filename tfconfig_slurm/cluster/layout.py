@@ -325,10 +325,12 @@ def lay_out_step(step: SlurmStep, policy: LayoutPolicy) -> ClusterLayout:
     """The layout of this task's step, after checking that SLURM placed this task as computed."""
     placement = place_tasks(step.shape.tasks_per_node, step.shape.distribution)
     check_own_place(step, placement)
-    return _lay_out(step.shape, placement, policy)
+    return _lay_out(step.shape, placement, policy, own_node=step.node_index)
 
 
-def _lay_out(shape: StepShape, placement: Placement, policy: LayoutPolicy) -> ClusterLayout:
+def _lay_out(
+    shape: StepShape, placement: Placement, policy: LayoutPolicy, own_node: int | None = None
+) -> ClusterLayout:
     kinds = (
         _explicit_roles(policy.roles, len(placement.local_ids))
         if policy.roles
@@ -343,7 +345,7 @@ def _lay_out(shape: StepShape, placement: Placement, policy: LayoutPolicy) -> Cl
             "start one task more on the first node, e.g. sbatch --ntasks=<N + 1> (block "
             "distribution puts it there)",
         )
-    _check_gpus_fit(shape, placement, kinds, policy)
+    _check_gpus_fit(shape, placement, kinds, policy, own_node)
     busiest = max(shape.tasks_per_node)
     port_base = policy.port_base
     if port_base is None:
@@ -456,14 +458,22 @@ def _trainers_per_node(
 
 
 def _check_gpus_fit(
-    shape: StepShape, placement: Placement, roles: Sequence[str], policy: LayoutPolicy
+    shape: StepShape,
+    placement: Placement,
+    roles: Sequence[str],
+    policy: LayoutPolicy,
+    own_node: int | None,
 ) -> None:
-    """Every trainer of a node must have a GPU of its own, where the step has GPUs."""
+    """Every trainer of a node must have a GPU of its own, where the step has GPUs. A task
+    knows its own node's GPUs (the others' are taken to be as many): that node is looked at
+    first, so that a task refuses its own node's layout, which its log then names, rather
+    than another's."""
     if not shape.node_gpus:
         return
     # A coordinator trains nothing: only the workers need GPUs, and they share a node's.
     kinds = (WORKER,) if policy.coordinator else TRAINERS
-    for node, trainers in sorted(_trainers_per_node(placement, roles, kinds).items()):
+    trainers_per_node = _trainers_per_node(placement, roles, kinds).items()
+    for node, trainers in sorted(trainers_per_node, key=lambda item: (item[0] != own_node, item)):
         if trainers > len(shape.node_gpus):
             raise _too_few_gpus(shape, node, trainers, policy)
         if policy.coordinator and len(shape.node_gpus) % trainers:
