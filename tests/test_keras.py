@@ -340,6 +340,30 @@ def test_a_coordinator_stops_within_its_workers_scheduled_steps_not_at_its_epoch
     assert checkpoint_step(tmp_path / "paced_keras") == stopped
 
 
+@pytest.mark.parametrize(
+    ("script", "said"),
+    [
+        ("import sys; sys.exit(3)", "exited 3"),
+        ("pass", "printed no metrics as its last line ([])"),
+        ("print('a library says hello')", "printed no metrics as its last line (['a library"),
+        ("import time; time.sleep(30)", "took more than 1 s"),
+    ],
+)
+def test_a_final_evaluation_that_gives_no_metrics_says_why(script: str, said: str) -> None:
+    """The coordinator's evaluation process, which ends a run: a failure, nothing printed
+    (an IndexError before), a last line of no JSON, or a hang, each in one error."""
+    from tfconfig_slurm.backends.keras.coordinator import (  # noqa: PLC0415
+        EvaluationError,
+        run_evaluation,
+    )
+
+    with pytest.raises(EvaluationError, match=re.escape(f"the final evaluation {said}")):
+        run_evaluation([sys.executable, "-c", script], os.environ, seconds=1.0)
+    assert run_evaluation(
+        [sys.executable, "-c", "print('noise'); print('{\"accuracy\": 0.5}')"], os.environ
+    ) == {"accuracy": 0.5}
+
+
 # The coordinator's epoch in the test above: 40 s of its worker's steps.
 EPOCH_STEPS = 200
 

@@ -137,29 +137,35 @@ class CoordinatorBackend(TrainingBackendBase):
             *([str(settings.eval_steps)] if settings.eval_steps else []),
         ]  # fmt: skip
         outside = {name: value for name, value in os.environ.items() if name != "TF_CONFIG"}
-        try:
-            evaluated = subprocess.run(
-                command,
-                env=outside,
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=_EVALUATE_SECONDS,
-            )
-        except subprocess.TimeoutExpired as late:
-            raise EvaluationError(
-                f"took more than {_EVALUATE_SECONDS:.0f} s", late.stderr
-            ) from None
-        if evaluated.returncode != 0:
-            raise EvaluationError(f"exited {evaluated.returncode}", evaluated.stderr)
-        said = evaluated.stdout.strip().splitlines()
-        try:
-            metrics: dict[str, float] = json.loads(said[-1])
-        except (IndexError, ValueError):
-            raise EvaluationError(
-                f"printed no metrics as its last line ({said[-1:]})", evaluated.stderr
-            ) from None
-        return metrics
+        return run_evaluation(command, outside)
+
+
+def run_evaluation(
+    command: list[str], environ: Mapping[str, str], seconds: float = _EVALUATE_SECONDS
+) -> dict[str, float]:
+    """The metrics an evaluation process prints as its last line of output; EvaluationError,
+    with the end of its stderr, where it fails, hangs past `seconds`, or prints none."""
+    try:
+        evaluated = subprocess.run(
+            command,
+            env=dict(environ),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=seconds,
+        )
+    except subprocess.TimeoutExpired as late:
+        raise EvaluationError(f"took more than {seconds:.0f} s", late.stderr) from None
+    if evaluated.returncode != 0:
+        raise EvaluationError(f"exited {evaluated.returncode}", evaluated.stderr)
+    said = evaluated.stdout.strip().splitlines()
+    try:
+        metrics: dict[str, float] = json.loads(said[-1])
+    except (IndexError, ValueError):
+        raise EvaluationError(
+            f"printed no metrics as its last line ({said[-1:]})", evaluated.stderr
+        ) from None
+    return metrics
 
 
 class EvaluationError(RuntimeError):
