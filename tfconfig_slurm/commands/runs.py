@@ -2,6 +2,7 @@
 hparams, SLURM job and last update.
 
   tfconfig-slurm runs [OUTPUT_ROOT] [--sort METRIC] [--json]
+  tfconfig-slurm runs --run=MODEL_DIR     # one run's standing in one line, as a job's .out ends
 
 OUTPUT_ROOT defaults to $TFCONFIG_SLURM_OUTPUT, else ./tf-output. A run's state comes from
 what it wrote (state.json, summary.json) and, where squeue is there, from SLURM: running; done;
