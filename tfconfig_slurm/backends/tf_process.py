@@ -43,6 +43,13 @@ def hold_threads(intra_op: int, inter_op: int) -> None:
     tf.config.threading.set_inter_op_parallelism_threads(inter_op)
 
 
+def look_at_devices() -> None:
+    """Has TensorFlow find this process's devices now (CUDA's, where it has them), while its
+    start-up notes are held back (process/native_noise.py), without starting its runtime:
+    a strategy made later still sets that up (MultiWorkerMirroredStrategy must come first)."""
+    tf.config.list_physical_devices()
+
+
 def resume_step(model_dir: Path) -> int | None:
     """The global step of the latest checkpoint in `model_dir`, or None without one."""
     checkpoint = tf.train.latest_checkpoint(str(model_dir))

@@ -34,6 +34,7 @@ import sys
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from absl import flags, logging
 
@@ -51,6 +52,7 @@ from tfconfig_slurm.process import (
     lifecycle,
     local_cluster,
     model_dir,
+    native_noise,
     place,
     preemption,
     run_dir,
@@ -442,12 +444,9 @@ def _keras(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     """The Keras experiment, and TensorFlow and tf-keras, as its backend."""
     # Keras 2 (tf-keras) for whatever the experiment reaches through tf.keras too.
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    experiment = experiment_lib.load_keras(EXPERIMENT.value or "")
-    settings = _settings(task.model_dir, hparams, experiment)
-    from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
+    experiment, settings = _loaded(task, hparams, experiment_lib.load_keras)
     from tfconfig_slurm.backends.keras.train import KerasBackend  # noqa: PLC0415
 
-    tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
     return KerasBackend(experiment, settings, task)
 
 
@@ -455,13 +454,10 @@ def _coordinator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     """The Keras experiment, and TensorFlow and tf-keras, as the coordinator of a
     ParameterServerStrategy cluster, or as its evaluator (a sidecar)."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    experiment = experiment_lib.load_keras(EXPERIMENT.value or "")
-    settings = _settings(task.model_dir, hparams, experiment)
-    from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
+    experiment, settings = _loaded(task, hparams, experiment_lib.load_keras)
     from tfconfig_slurm.backends.keras.coordinator import CoordinatorBackend  # noqa: PLC0415
     from tfconfig_slurm.backends.keras.sidecar import SidecarBackend  # noqa: PLC0415
 
-    tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
     role = task.place.role
     assert role is not None
     if role.role == EVALUATOR:
@@ -471,15 +467,31 @@ def _coordinator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
 
 def _estimator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     """The Estimator experiment, and TensorFlow, as its backend."""
-    experiment = experiment_lib.load(EXPERIMENT.value or "")
-    settings = _settings(task.model_dir, hparams, experiment)
-    from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
+    experiment, settings = _loaded(task, hparams, experiment_lib.load)
     from tfconfig_slurm.backends.estimator import experiment_training  # noqa: PLC0415
     from tfconfig_slurm.backends.estimator.train import EstimatorBackend  # noqa: PLC0415
 
-    tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
     training = experiment_training.training(experiment, settings, task.place.role)
     return EstimatorBackend(training, task.place.role, task.stop)
+
+
+_Loaded = TypeVar("_Loaded", experiment_lib.Experiment, experiment_lib.KerasExperiment)
+
+
+def _loaded(
+    task: lifecycle.TaskRun, hparams: str, load: Callable[[str], _Loaded]
+) -> tuple[_Loaded, TrainingSettings]:
+    """The experiment and the run's settings, with TensorFlow loaded (the experiment imports
+    it), its thread pools held and its devices looked at, its start-up notes held back
+    (process/native_noise.py)."""
+    with native_noise.start_up_notes_held(bool(task.place.gpu_ids)):
+        experiment = load(EXPERIMENT.value or "")
+        settings = _settings(task.model_dir, hparams, experiment)
+        from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
+
+        tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
+        tf_process.look_at_devices()
+    return experiment, settings
 
 
 def _keras_layout(policy: LayoutPolicy) -> LayoutPolicy:
