@@ -335,6 +335,9 @@ def test_a_coordinator_stops_within_its_workers_scheduled_steps_not_at_its_epoch
         assert wait_until(lambda: record.exists() and record.stat().st_size > 0, START_SECONDS)
         launcher.send_signal(signal.SIGUSR1)
         _, log = launcher.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        pytest.fail(f"still running 120 s after SIGUSR1:\n{launcher.communicate()[1][-5000:]}")
     finally:
         launcher.kill()
     assert launcher.returncode == 0, log[-3000:]
