@@ -127,11 +127,11 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
         SETTLE.value,
         every=1.0,
     )
-    jobs = _queued_jobs()
-    if jobs is not None and _this_job(os.environ) in jobs:
+    jobs, own = _queued_jobs(), _this_job(os.environ)
+    if jobs is not None and own in jobs:
         # Said from inside a batch script once its step is over: its own job is ending, not
         # a sign that the run still runs.
-        jobs[_this_job(os.environ)] = _ENDING
+        jobs[own] = _ENDING
     run = _readable_run(folder, jobs)
     if run is None:
         raise UsageError(

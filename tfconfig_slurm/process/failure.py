@@ -28,7 +28,7 @@ from tfconfig_slurm.errors import USAGE_EXIT_CODE, TfconfigSlurmError
 from tfconfig_slurm.process import children
 from tfconfig_slurm.process.run_dir import RunDir
 
-# An error's text is cut here: the task's log has the rest.
+# An error's text is cut here (_one_line).
 _MAX_ERROR_CHARS = 400
 
 
@@ -82,7 +82,7 @@ def recording_errors() -> Iterator[None]:
     except Exception as error:
         attached = _TASK.attached
         if attached is not None:
-            text = " ".join(f"{type(error).__name__}: {error}".split())[:_MAX_ERROR_CHARS]
+            text = _one_line(f"{type(error).__name__}: {error}")
             status = USAGE_EXIT_CODE if isinstance(error, TfconfigSlurmError) else 1
             task = str(attached.role.task_id)
             _record(attached, Failure(task, attached.node, text, status, None, time.time()))
@@ -97,7 +97,7 @@ def record_exit(returncode: int, why: str = "") -> None:
         what = f"its command failed: {why}" if why else "its command failed; its output says why"
         if returncode < 0:
             what = f"its command {children.how_it_ended(returncode)}"
-        what = " ".join(what.split())[:_MAX_ERROR_CHARS]
+        what = _one_line(what)
         status = children.exit_status(returncode)
         task = str(attached.role.task_id)
         _record(attached, Failure(task, attached.node, what, status, None, time.time()))
@@ -136,6 +136,11 @@ def _record(attached: _Attached, failure: Failure) -> None:
             pass
         finally:
             os.unlink(stream.name)
+
+
+def _one_line(text: str) -> str:
+    """An error's text as one line, cut at _MAX_ERROR_CHARS: the task's log has the rest."""
+    return " ".join(text.split())[:_MAX_ERROR_CHARS]
 
 
 def run_failed() -> bool:

@@ -35,6 +35,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from typing import Callable
 
 from absl import logging
 
@@ -158,8 +159,6 @@ def _stops_meanwhile(command: children.Group, role: ClusterRole, name: str) -> b
     running, finishes its stop within _STOP_GRACE_SECONDS (its peers stop too: no failure),
     unless the run has recorded a failure meanwhile."""
     child = command.started[-1]
-    # The main thread sets returncode once it has reaped the command (poll() from here would
-    # say None while that thread waits).
     if child.returncode is not None or failure.run_failed():
         return False
     logging.info(
@@ -168,10 +167,7 @@ def _stops_meanwhile(command: children.Group, role: ClusterRole, name: str) -> b
         name,
         _STOP_GRACE_SECONDS,
     )
-    deadline = time.monotonic() + _STOP_GRACE_SECONDS
-    while child.returncode is None and time.monotonic() < deadline and not failure.run_failed():
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=min(watchdog.PROBE_SECONDS, deadline - time.monotonic()))
+    _wait_for_end(child, _STOP_GRACE_SECONDS, unless=failure.run_failed)
     return child.returncode is not None
 
 
@@ -179,11 +175,21 @@ def _fails_itself(command: children.Group) -> bool:
     """Whether this task's command, still running as a peer said its own failed, fails too
     within _OWN_FAILURE_SECONDS; the main thread then says so."""
     child = command.started[-1]
-    deadline = time.monotonic() + _OWN_FAILURE_SECONDS
-    while child.returncode is None and time.monotonic() < deadline:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=max(0.0, deadline - time.monotonic()))
+    _wait_for_end(child, _OWN_FAILURE_SECONDS)
     return child.returncode not in (None, 0)
+
+
+def _wait_for_end(
+    child: children.Child, seconds: float, unless: Callable[[], bool] = lambda: False
+) -> None:
+    """Waits, from a thread beside the main one, at most `seconds` for `child` to end, looking
+    at `unless` each probe interval and giving up where it holds. The main thread sets
+    returncode once it has reaped the command (poll() from here would say None while that
+    thread waits)."""
+    deadline = time.monotonic() + seconds
+    while child.returncode is None and time.monotonic() < deadline and not unless():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=max(0.0, min(watchdog.PROBE_SECONDS, deadline - time.monotonic())))
 
 
 def _say_how_it_ended(owner: RunOwner, status: int, stopped_by: list[signal.Signals]) -> None:
