@@ -3,7 +3,7 @@ and read for the line that says why it failed. No TensorFlow."""
 
 from __future__ import annotations
 
-import io
+import contextlib
 import os
 
 from tests.cli import wait_until
@@ -20,10 +20,25 @@ I0000 a log line at exit
 """
 
 
-def relayed(*chunks: bytes) -> tuple[Relay, io.BytesIO, int]:
+class Sink:
+    """The other end of the relay's output: what has reached it so far."""
+
+    def __init__(self) -> None:
+        self.fd, self._reader = os.pipe()[::-1]
+        os.set_blocking(self._reader, False)
+        self._got = b""
+
+    def getvalue(self) -> bytes:
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(self._reader, 1 << 16):
+                self._got += chunk
+        return self._got
+
+
+def relayed(*chunks: bytes) -> tuple[Relay, Sink, int]:
     reader, writer = os.pipe()
-    sink = io.BytesIO()
-    relay = Relay(os.fdopen(reader, "rb"), sink)
+    sink = Sink()
+    relay = Relay(reader, sink.fd)
     for chunk in chunks:
         os.write(writer, chunk)
     return relay, sink, writer

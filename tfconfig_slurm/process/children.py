@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import io
 import os
 import signal
 import subprocess
@@ -18,7 +17,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from types import FrameType
-from typing import IO, Callable, cast
+from typing import Callable
 
 from tfconfig_slurm.process.command_output import Relay
 
@@ -72,9 +71,8 @@ class Group:
             preexec_fn=_die_with_parent,  # noqa: PLW1509
         )
         if relayed:
-            # Read as bytes: a command's output need not be text.
-            stderr = cast(io.TextIOWrapper, child.stderr)
-            self._relays[child.pid] = Relay(cast(IO[bytes], stderr.buffer), sys.stderr.buffer)
+            assert child.stderr is not None
+            self._relays[child.pid] = Relay(child.stderr.fileno(), sys.stderr.fileno())
         self.started.append(child)
         self._how[child.pid] = (command, environ, program, capture)
         return child

@@ -6,9 +6,9 @@ TensorFlow here.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
-from typing import IO
 
 # A frame of a traceback through Keras 3's package: folders Keras 2's keras/src (tf.keras on
 # TensorFlow 2.15) and tf_keras/src do not have.
@@ -25,9 +25,13 @@ _LOG_LINE = re.compile(r"[IWEF]\d{4} ")
 
 
 class Relay:
-    """Copies a command's stderr to this process's, from a thread, reading it on the way."""
+    """Copies a command's stderr to this process's, from a thread, reading it on the way.
 
-    def __init__(self, source: IO[bytes], sink: IO[bytes]) -> None:
+    It reads and writes file descriptors, not Python's buffered files: a daemon thread blocked
+    in a buffered read holds that file's lock, and an interpreter shutting down beside it
+    aborts (`Fatal Python error: _enter_buffered_busy`, seen once in CI)."""
+
+    def __init__(self, source: int, sink: int) -> None:
         self._source, self._sink = source, sink
         self._partial = b""
         self._in_traceback = False
@@ -54,10 +58,10 @@ class Relay:
         return self._keras_3
 
     def _copy(self) -> None:
-        read = getattr(self._source, "read1", self._source.read)
-        while chunk := read(_CHUNK):
-            self._sink.write(chunk)
-            self._sink.flush()
+        while chunk := _next_chunk(self._source):
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(self._sink, view) :]
             *lines, self._partial = (self._partial + chunk).split(b"\n")
             for line in lines:
                 self._read(line.decode(errors="replace").rstrip("\r"))
@@ -80,3 +84,11 @@ class Relay:
             self._message_goes_on = False
         if line.strip():
             self._last_line = line.strip()
+
+
+def _next_chunk(source: int) -> bytes:
+    """What the command wrote next; b"" once its end of the pipe is closed (or was here)."""
+    try:
+        return os.read(source, _CHUNK)
+    except OSError:
+        return b""
