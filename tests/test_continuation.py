@@ -298,7 +298,8 @@ def test_a_requeue_already_done_is_not_submitted_again_as_a_new_job(
     assert status == 0
     assert f"`scontrol requeue {job}` said " in caplog.text
     assert "but the job was requeued (Restarts=1)" in caplog.text
-    assert listed == [job]
+    # No job submitted after it (an earlier test's may still be ending).
+    assert [other for other in listed if int(other) > int(job)] == []
     assert continuation.read(tmp_path / "run") is None
 
 
@@ -321,5 +322,6 @@ def test_a_requeue_that_fails_where_slurm_may_requeue_submits_no_second_job(
         slurm_cluster.run(["scancel", held_job])
     assert status == errors.EXIT_NOT_REQUEUED
     assert "SLURM may requeue it (Requeue=1), so it does not go on in a new job" in caplog.text
-    assert listed == [held_job]
+    # No job submitted after it (an earlier test's may still be ending).
+    assert [other for other in listed if int(other) > int(held_job)] == []
     assert continuation.read(tmp_path / "run") is None
