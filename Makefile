@@ -18,8 +18,10 @@ PYTHON_TF2 ?= $(shell for p in python3.12 python3.13 \
   $$(pyenv root 2>/dev/null)/versions/3.13*/bin/python3.13; do \
   command -v $$p >/dev/null 2>&1 && $(call python_in,$$p,312,313) && echo $$p && break; done)
 STAMP_TF2 := $(VENV_TF2)/.installed
+VENV_KERAS3 := .venv-keras3
+STAMP_KERAS3 := $(VENV_KERAS3)/.installed
 
-.PHONY: test docs lint bench bench-faults run clean slurm-up slurm-down venv venv-tf2 venvs
+.PHONY: test docs lint bench bench-faults run clean slurm-up slurm-down venv venv-tf2 venv-keras3 venvs
 
 # uv puts the wheels in place several times faster than pip (docs/installing.md, "Install
 # times"); each environment's own pip installs it first. uv reads UV_INDEX_URL, not pip.conf:
@@ -46,23 +48,39 @@ $(STAMP): setup.cfg pyproject.toml
 	$(call install,$(VENV)) --config-settings editable_mode=compat -e '.[estimator,test,dev,docs]'
 	touch $@
 
+# The checks of PYTHON_TF2, which the TensorFlow 2.16+ and the Keras 3 environments are made with.
+define python_tf2_checked
+@test -n "$(PYTHON_TF2)" || { echo "make: no Python 3.12 or 3.13 found (the TensorFlow 2.16+ tests run on it). HINT: apt-get install python3.12 python3.12-venv, or pyenv install 3.12, or make PYTHON_TF2=/path/to/python3.12" >&2; exit 2; }
+@command -v "$(PYTHON_TF2)" >/dev/null || { echo "make: PYTHON_TF2=$(PYTHON_TF2) is not a program. HINT: make PYTHON_TF2=/path/to/python3.12, or leave PYTHON_TF2 out to look for one" >&2; exit 2; }
+@$(PYTHON_TF2) -c '' 2>/dev/null || { echo "make: PYTHON_TF2=$(PYTHON_TF2) does not run (a pyenv shim runs only with PYENV_VERSION set). HINT: make PYTHON_TF2=/path/to/python3.12, or leave PYTHON_TF2 out to look for one" >&2; exit 2; }
+@$(call python_in,$(PYTHON_TF2),312,313) || { echo "make: PYTHON_TF2=$(PYTHON_TF2) is Python $$($(PYTHON_TF2) -V 2>&1 | cut -d' ' -f2), and the TensorFlow 2.16+ tests run on 3.12 or 3.13. HINT: make PYTHON_TF2=/path/to/python3.12, or leave PYTHON_TF2 out to look for one" >&2; exit 2; }
+endef
+
 $(STAMP_TF2): setup.cfg pyproject.toml
-	@test -n "$(PYTHON_TF2)" || { echo "make: no Python 3.12 or 3.13 found (the TensorFlow 2.16+ tests run on it). HINT: apt-get install python3.12 python3.12-venv, or pyenv install 3.12, or make PYTHON_TF2=/path/to/python3.12" >&2; exit 2; }
-	@command -v "$(PYTHON_TF2)" >/dev/null || { echo "make: PYTHON_TF2=$(PYTHON_TF2) is not a program. HINT: make PYTHON_TF2=/path/to/python3.12, or leave PYTHON_TF2 out to look for one" >&2; exit 2; }
-	@$(PYTHON_TF2) -c '' 2>/dev/null || { echo "make: PYTHON_TF2=$(PYTHON_TF2) does not run (a pyenv shim runs only with PYENV_VERSION set). HINT: make PYTHON_TF2=/path/to/python3.12, or leave PYTHON_TF2 out to look for one" >&2; exit 2; }
-	@$(call python_in,$(PYTHON_TF2),312,313) || { echo "make: PYTHON_TF2=$(PYTHON_TF2) is Python $$($(PYTHON_TF2) -V 2>&1 | cut -d' ' -f2), and the TensorFlow 2.16+ tests run on 3.12 or 3.13. HINT: make PYTHON_TF2=/path/to/python3.12, or leave PYTHON_TF2 out to look for one" >&2; exit 2; }
+	$(python_tf2_checked)
 	@$(call other_venv_removed,$(PYTHON_TF2),$(VENV_TF2))
 	$(PYTHON_TF2) -m venv $(VENV_TF2)
 	$(call install,$(VENV_TF2)) --config-settings editable_mode=compat -e '.[tf2,test]'
 	touch $@
 
-# Each environment alone: `source .venv/bin/activate` (Estimator, TensorFlow 2.15) or
-# `source .venv-tf2/bin/activate` (Keras, TensorFlow 2.16+) then puts the commands on PATH.
+# Keras 3 on JAX, without TensorFlow (setup.cfg's keras3 says why apart); the tests that use
+# it run from .venv-tf2's pytest and start its Python.
+$(STAMP_KERAS3): setup.cfg pyproject.toml
+	$(python_tf2_checked)
+	@$(call other_venv_removed,$(PYTHON_TF2),$(VENV_KERAS3))
+	$(PYTHON_TF2) -m venv $(VENV_KERAS3)
+	$(call install,$(VENV_KERAS3)) --config-settings editable_mode=compat -e '.[keras3]'
+	touch $@
+
+# Each environment alone: `source .venv/bin/activate` (Estimator, TensorFlow 2.15),
+# `source .venv-tf2/bin/activate` (tf-keras, TensorFlow 2.16+) or
+# `source .venv-keras3/bin/activate` (Keras 3 on JAX) then puts the commands on PATH.
 venv: $(STAMP)
 venv-tf2: $(STAMP_TF2)
-# Both at once: each pip spends most of its time downloading and unpacking, not computing.
+venv-keras3: $(STAMP_KERAS3)
+# All at once: each pip spends most of its time downloading and unpacking, not computing.
 venvs:
-	@$(MAKE) --no-print-directory -j2 $(STAMP) $(STAMP_TF2)
+	@$(MAKE) --no-print-directory -j2 $(STAMP) $(STAMP_TF2) $(STAMP_KERAS3)
 
 # The Estimator suite (TensorFlow 2.15) and the TensorFlow 2.16+ one, in its own environment,
 # in two lanes at once: the SLURM test cluster's tests and the others (tests/lanes).
@@ -117,4 +135,4 @@ slurm-down:
 	tests/slurm/cluster down
 
 clean:
-	rm -rf $(VENV) $(VENV_TF2) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV_TF2) $(VENV_KERAS3) .mypy_cache .ruff_cache .pytest_cache .hypothesis

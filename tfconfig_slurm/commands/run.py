@@ -254,12 +254,13 @@ def main(argv: Sequence[str]) -> int | None:
     policy = layout_flags.step_policy()
     if policy.coordinator and kind != experiment_lib.KERAS:
         raise lifecycle.coordinator_refused("--coordinator")
-    if kind == experiment_lib.KERAS:
-        policy = _keras_layout(policy)
+    is_keras = kind in (experiment_lib.KERAS, experiment_lib.KERAS3)
+    if is_keras:
+        policy = _keras_layout(policy, kind)
     counts = (
         local_cluster.parse(
             LOCAL_CLUSTER.value,
-            all_reduce=kind == experiment_lib.KERAS and not policy.coordinator,
+            all_reduce=is_keras and not policy.coordinator,
             coordinator=policy.coordinator,
         )
         if LOCAL_CLUSTER.value
@@ -318,6 +319,8 @@ def main(argv: Sequence[str]) -> int | None:
         return _coordinated(task, hparams)
     if kind == experiment_lib.KERAS:
         lifecycle.run_to_exit(task, lifecycle.ALL_REDUCE, partial(_keras, task, hparams))
+    if kind == experiment_lib.KERAS3:
+        lifecycle.run_to_exit(task, lifecycle.ALL_REDUCE, partial(_keras3, task, hparams))
     lifecycle.run_to_exit(task, lifecycle.PARAMETER_SERVERS, partial(_estimator, task, hparams))
 
 
@@ -450,6 +453,28 @@ def _keras(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     return KerasBackend(experiment, settings, task)
 
 
+def _keras3(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
+    """The Keras 3 experiment, and Keras 3 on JAX, as its backend."""
+    chosen = os.environ.get(_KERAS_BACKEND, "jax")
+    if chosen != "jax":
+        logging.warning(
+            "%s=%s: a Keras 3 experiment trains on JAX here, the one backend with a "
+            "multi-process path (keras.distribution)",
+            _KERAS_BACKEND,
+            chosen,
+        )
+    # Read by Keras as it is first imported, which the experiment does.
+    os.environ[_KERAS_BACKEND] = "jax"
+    experiment = experiment_lib.load_keras(EXPERIMENT.value or "")
+    settings = _settings(task.model_dir, hparams, experiment)
+    from tfconfig_slurm.backends.keras3.train import Keras3Backend  # noqa: PLC0415
+
+    return Keras3Backend(experiment, settings, task)
+
+
+_KERAS_BACKEND = "KERAS_BACKEND"
+
+
 def _coordinator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     """The Keras experiment, and TensorFlow and tf-keras, as the coordinator of a
     ParameterServerStrategy cluster, or as its evaluator (a sidecar)."""
@@ -494,10 +519,17 @@ def _loaded(
     return experiment, settings
 
 
-def _keras_layout(policy: LayoutPolicy) -> LayoutPolicy:
-    """A Keras experiment's layout: all-reduce (MultiWorkerMirroredStrategy), or with
-    --coordinator ParameterServerStrategy's, with the flags it cannot honour refused."""
+def _keras_layout(policy: LayoutPolicy, kind: str) -> LayoutPolicy:
+    """A Keras experiment's layout: all-reduce (MultiWorkerMirroredStrategy, or a Keras 3
+    experiment's processes on JAX), or with --coordinator ParameterServerStrategy's, with the
+    flags it cannot honour refused."""
+    on_jax = kind == experiment_lib.KERAS3
+    threads = "--intra_op_threads" if INTRA_OP_THREADS.value else "--inter_op_threads"
     refused = {
+        threads: (
+            on_jax and bool(INTRA_OP_THREADS.value or INTER_OP_THREADS.value),
+            "it sizes TensorFlow's thread pools, and a Keras 3 experiment trains on JAX",
+        ),
         "--evaluator": (
             layout_flags.EVALUATOR.value and not policy.coordinator,
             "every trainer of an all-reduce run evaluates the final model (with --coordinator, "

@@ -1,12 +1,13 @@
-"""The MNIST digits both shipped experiments train on (mnist_deep, mnist_keras).
+"""The MNIST digits the shipped experiments train on (mnist_deep, mnist_keras, mnist_keras3),
+as numpy arrays: no TensorFlow here, for the Keras 3 experiment on JAX (mnist_pipeline.py makes
+them TensorFlow's datasets).
 
 The four standard MNIST IDX files (`train-images-idx3-ubyte[.gz]`, `train-labels-...`,
 `t10k-images-...`, `t10k-labels-...`) from `--data_dir`. Without all four, nothing can be
 downloaded here, so the 1797 real handwritten digits that ship in this package
 (`digits.csv.gz`: E. Alpaydin and C. Kaynak's test set of the UCI "Optical Recognition of
 Handwritten Digits", CC BY 4.0, as scikit-learn ships it), scaled from 8x8 to 28x28, with a
-fixed split: 1438 to train, 359 to test. Examples are fed from a generator in chunks, never
-embedded in the graph as constants.
+fixed split: 1438 to train, 359 to test.
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ from __future__ import annotations
 import functools
 import gzip
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import tensorflow as tf
 from absl import logging
 
 IMAGE_SIZE = 28
@@ -35,38 +35,8 @@ _LABELS_MAGIC = 2049
 _DIGITS_TEST_SHARE = 0.2
 _DIGITS_SPLIT_SEED = 20170217
 _DIGITS_FILE = Path(__file__).with_name("digits.csv.gz")
-# Examples per call of the input generator.
-_CHUNK = 1024
 
 Examples = tuple[npt.NDArray[np.float32], npt.NDArray[np.int32]]
-
-
-def dataset(params: dict[str, Any], *, training: bool, in_graph: bool = False) -> tf.data.Dataset:
-    """Batches of (images, labels); for training, this trainer's shard, shuffled, repeated.
-
-    By default the examples come from Python, so that a graph (Estimator's, which its event
-    files keep) does not hold them; `in_graph` puts them in the dataset's graph, for a
-    dataset another process builds (a ParameterServerStrategy worker), which cannot call
-    back into this one's Python: its batches stalled so."""
-    images, labels = load_examples(params.get("data_dir"), training)
-    if in_graph:
-        return _batches(tf.data.Dataset.from_tensor_slices((images, labels)), params, training)
-
-    # Chunks, which unbatch() splits inside TensorFlow: a Python call per example took 4.6 ms
-    # of CPU a batch of 64, and 0.36 s before the first batch (the shuffle buffer fills
-    # first); a call per chunk, 0.2 ms and 0.05 s (measured here).
-    def chunks() -> Any:
-        for start in range(0, len(labels), _CHUNK):
-            yield images[start : start + _CHUNK], labels[start : start + _CHUNK]
-
-    examples = tf.data.Dataset.from_generator(
-        chunks,
-        output_signature=(
-            tf.TensorSpec((None, IMAGE_SIZE, IMAGE_SIZE, 1), tf.float32),
-            tf.TensorSpec((None,), tf.int32),
-        ),
-    ).unbatch()
-    return _batches(examples, params, training)
 
 
 def check_hparams(hparams: Mapping[str, Any]) -> None:
@@ -79,18 +49,30 @@ def check_hparams(hparams: Mapping[str, Any]) -> None:
         )
     if hparams["learning_rate"] <= 0:
         raise ValueError(f"sets learning_rate={hparams['learning_rate']!r}, expected more than 0")
-    if hparams["shuffle_buffer"] < 1:
+    if hparams.get("shuffle_buffer", 1) < 1:
         raise ValueError(
             f"sets shuffle_buffer={hparams['shuffle_buffer']!r}, expected 1 or more examples"
         )
 
 
-def _batches(examples: tf.data.Dataset, params: dict[str, Any], training: bool) -> tf.data.Dataset:
-    if training:
-        # Each trainer of a cluster reads its own share of the examples.
-        examples = examples.shard(params.get("num_trainers", 1), params.get("trainer_index", 0))
-        examples = examples.shuffle(params["shuffle_buffer"]).repeat()
-    return examples.batch(params["batch_size"]).prefetch(2)
+def batches(params: Mapping[str, Any], *, training: bool) -> Iterator[Examples]:
+    """Batches of (images, labels) as numpy arrays; for training, this trainer's shard
+    (params["trainer_index"] of params["num_trainers"]), reshuffled each pass, endless."""
+    images, labels = load_examples(params.get("data_dir"), training)
+    size = params["batch_size"]
+    if not training:
+        for start in range(0, len(labels), size):
+            yield images[start : start + size], labels[start : start + size]
+        return
+    shard = slice(params.get("trainer_index", 0), None, params.get("num_trainers", 1))
+    images, labels = images[shard], labels[shard]
+    order = np.random.default_rng(params.get("trainer_index", 0))
+    while True:
+        shuffled = order.permutation(len(labels))
+        # Whole batches only: a short last one would give the trainers unequal batches.
+        for start in range(0, len(shuffled) - size + 1, size):
+            chosen = shuffled[start : start + size]
+            yield images[chosen], labels[chosen]
 
 
 @functools.cache

@@ -14,8 +14,8 @@ from tfconfig_slurm.experiments.mnist_data import (
     CLASSES,
     IMAGE_SIZE,
     check_hparams,  # noqa: F401 (the runtime calls it: a bad --hparams value is one line)
-    dataset,
 )
+from tfconfig_slurm.experiments.mnist_pipeline import dataset
 
 HPARAMS = {"learning_rate": 1e-3, "dropout": 0.5, "shuffle_buffer": 10_000}
 

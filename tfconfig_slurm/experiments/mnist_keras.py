@@ -16,7 +16,7 @@ from tfconfig_slurm.experiments.mnist_data import (
     IMAGE_SIZE,
     check_hparams,  # noqa: F401 (the runtime calls it: a bad --hparams value is one line)
 )
-from tfconfig_slurm.experiments.mnist_data import dataset as mnist_dataset
+from tfconfig_slurm.experiments.mnist_pipeline import dataset as mnist_dataset
 
 HPARAMS = {"learning_rate": 1e-3, "dropout": 0.5, "shuffle_buffer": 10_000}
 

@@ -47,6 +47,7 @@ HparamsCheck = Callable[[Mapping[str, Any]], None]
 _ESTIMATOR_ARGUMENTS = {"features", "labels", "mode", "params", "config"}
 ESTIMATOR = "Estimator"
 KERAS = "Keras"
+KERAS3 = "Keras 3"
 
 
 @dataclass(frozen=True)
@@ -123,10 +124,27 @@ class KerasExperiment:
 
 
 def kind(spec: str) -> str:
-    """ESTIMATOR or KERAS: a module that defines build_model at its top level is a Keras
-    experiment. Read from its source, so that a wrong TensorFlow is named before any import."""
+    """ESTIMATOR, KERAS or KERAS3: a module that defines build_model at its top level is a
+    Keras experiment, and a Keras 3 one where it imports `keras` and not `tf_keras` (on
+    TensorFlow 2.16+, `import keras` is Keras 3). Read from its source, so that a wrong
+    install is named before any import."""
     tree = _syntax(spec)
-    return KERAS if "build_model" in _top_level_names(tree.body if tree else []) else ESTIMATOR
+    statements = tree.body if tree else []
+    if "build_model" not in _top_level_names(statements):
+        return ESTIMATOR
+    imported = _imported_packages(statements)
+    return KERAS3 if "keras" in imported and "tf_keras" not in imported else KERAS
+
+
+def _imported_packages(statements: list[ast.stmt]) -> set[str]:
+    """The top-level packages a module's top-level statements import."""
+    packages: set[str] = set()
+    for node in statements:
+        if isinstance(node, ast.Import):
+            packages.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            packages.add(node.module.partition(".")[0])
+    return packages
 
 
 def literal_hparams(spec: str) -> dict[str, Any] | None:
@@ -202,6 +220,8 @@ def require_runtime(spec: str) -> str:
     found = kind(spec)
     if found == KERAS:
         versions.require_keras(f"--experiment={spec} (Keras)")
+    elif found == KERAS3:
+        versions.require_keras3(f"--experiment={spec} (Keras 3)")
     else:
         versions.require_estimator(f"--experiment={spec} (Estimator)")
     return found

@@ -51,14 +51,14 @@ class Place(NamedTuple):
 
     @property
     def gpu_ids(self) -> tuple[str, ...] | None:
-        """This task's GPUs by their ids; None where it takes whatever TensorFlow finds."""
+        """This task's GPUs by their ids; None where it takes whatever its framework finds."""
         return None if self.gpus == _ANY_GPUS else tuple(filter(None, self.gpus.split(",")))
 
     def log_start(self, model_dir: Path, resumed: int | None, *details: str) -> None:
         """The task's first line, the same for every backend: who and where it is, its GPUs,
         its model directory, and the checkpoint step it resumes from (none, or step 0: it
         starts)."""
-        # A single process has no address, and may use whatever GPUs TensorFlow finds.
+        # A single process has no address, and may use whatever GPUs its framework finds.
         where = (
             f"{self.role.task_id} on {self.node} at {self.role.address}"
             if self.role
@@ -67,7 +67,7 @@ class Place(NamedTuple):
         logging.info(
             "%s with %s, model directory %s, %s",
             where,
-            "the GPUs TensorFlow finds" if self.gpus == _ANY_GPUS else f"GPUs [{self.gpus}]",
+            "whatever GPUs it finds" if self.gpus == _ANY_GPUS else f"GPUs [{self.gpus}]",
             model_dir,
             "; ".join(
                 (

@@ -30,11 +30,9 @@ import contextlib
 import functools
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from typing import Callable
 
 from absl import logging
@@ -43,7 +41,7 @@ from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import EXIT_PEER_LOST
-from tfconfig_slurm.process import children, failure, versions, watchdog
+from tfconfig_slurm.process import answering, children, failure, versions, watchdog
 from tfconfig_slurm.process.owner import RunOwner
 
 # The signals a supervisor passes on to its command.
@@ -256,7 +254,7 @@ def _say_failed(role: ClusterRole, why: str = "its command failed") -> None:
         why,
         seconds,
     )
-    with _answering(role) as answer:
+    with answering.answering(role) as answer:
         answer.append(watchdog.FAILED)
         time.sleep(seconds)
 
@@ -302,7 +300,7 @@ def _coordinate(role: ClusterRole, status: int) -> int:
         "chief 0 (the coordinator): its command finished; the parameter servers and the "
         "workers end theirs"
     )
-    with _answering(role) as answer:
+    with answering.answering(role) as answer:
         answer.append(watchdog.FINISHED)
         _until_gone(role.named(PS))
     return 0
@@ -388,7 +386,7 @@ def _serve(
     waiting = watch_plan.other_servers(role) if role.role == PS and role.index == 0 else {}
     if role.coordinator and role.role == PS:
         waiting.update(watch_plan.paired_workers(role))
-    with _answering(role) as answer:
+    with answering.answering(role) as answer:
         answer.append(watchdog.FINISHED)
         _until_gone(waiting)
     return 0
@@ -427,7 +425,7 @@ def say_finished(role: ClusterRole, lost: watchdog.OnLost) -> None:
     trainers says FINISHED (its port answering meanwhile that it is alive), then says
     FINISHED itself until its paired parameter servers have gone (they need only see it
     once), and until its parent has seen it: its parent may finish much later."""
-    with _answering(role) as answer:
+    with answering.answering(role) as answer:
         children = watch_plan.children(role)
         if children:
             waiting = set(children)
@@ -457,44 +455,6 @@ def say_finished(role: ClusterRole, lost: watchdog.OnLost) -> None:
         parent = watch_plan.parent(role)
         if parent is not None:
             _until_finished_or_gone(parent)
-
-
-# The answers of the port this process serves, while a block of _answering holds it: a block
-# within it (a trainer saying WAITING finds a child lost, and says FAILED) changes what the port
-# answers, as it could not bind the port a second time.
-_SERVING: list[list[bytes]] = []
-
-
-@contextlib.contextmanager
-def _answering(role: ClusterRole) -> Iterator[list[bytes]]:
-    """Within the block, this task's port (free again) answers the last of the list it yields
-    (WAITING at first: alive, not finished)."""
-    if _SERVING:
-        yield _SERVING[-1]
-        return
-    port = int(role.address.rpartition(":")[2])
-    answer = [watchdog.WAITING]
-    try:
-        listener = socket.create_server(("0.0.0.0", port), reuse_port=False)
-    except OSError as error:
-        logging.warning(
-            "%s %d cannot answer on its port %d (%s): its watchers will take it for lost",
-            role.role,
-            role.index,
-            port,
-            error.strerror,
-        )
-        yield answer
-        return
-    stopped = threading.Event()
-    threading.Thread(target=_answer, args=(listener, stopped, answer), daemon=True).start()
-    _SERVING.append(answer)
-    try:
-        yield answer
-    finally:
-        _SERVING.remove(answer)
-        stopped.set()
-        listener.close()
 
 
 def _until_gone(peers: dict[str, str], *, unseen_for: float = 0.0) -> None:
@@ -527,13 +487,3 @@ def _until_finished_or_gone(address: str) -> None:
         else:
             silent_since = None
         time.sleep(watchdog.PROBE_SECONDS)
-
-
-def _answer(listener: socket.socket, stopped: threading.Event, answer: list[bytes]) -> None:
-    while not stopped.is_set():
-        try:
-            connection, _ = listener.accept()
-        except OSError:
-            return
-        with contextlib.suppress(OSError), connection:
-            connection.sendall(answer[-1])

@@ -3,7 +3,8 @@ importing it (an import takes seconds), and the check that a runtime can run on 
 
 The Estimator runtime needs TensorFlow 2.15 and tensorflow-estimator, which exist for Python
 3.9 to 3.11 only; TensorFlow 2.16 removed tf.estimator. The Keras runtime needs TensorFlow
-2.16 or later with tf-keras. No TensorFlow here.
+2.16 or later with tf-keras. The Keras 3 runtime needs Keras 3 and JAX, and no TensorFlow.
+No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ _KERAS_INSTALL = (
 )
 
 
+_KERAS3_INSTALL = (
+    "install the keras3 extra (keras3-gpu for GPUs), in the tfconfig-slurm checkout: make "
+    "venv-keras3 (.venv-keras3), or pip install '.[keras3]' (Keras 3 and JAX; JAX's current "
+    "releases need Python 3.12+)"
+)
+
+
 class Installed(NamedTuple):
     """The versions installed, None for a package that is not."""
 
@@ -48,6 +56,8 @@ class Installed(NamedTuple):
     tensorflow: str | None
     estimator: str | None
     tf_keras: str | None = None
+    keras: str | None = None
+    jax: str | None = None
 
 
 def installed() -> Installed:
@@ -56,6 +66,8 @@ def installed() -> Installed:
         tensorflow=next(filter(None, map(_version, _TENSORFLOW_DISTRIBUTIONS)), None),
         estimator=_version("tensorflow-estimator"),
         tf_keras=_version("tf-keras"),
+        keras=_version("keras"),
+        jax=_version("jax"),
     )
 
 
@@ -101,6 +113,21 @@ def require_keras(what: str, found: Installed | None = None) -> None:
     else:
         return
     raise InstallError(what, problem, _KERAS_INSTALL)
+
+
+def require_keras3(what: str, found: Installed | None = None) -> None:
+    """Raises InstallError, naming `what` needed it, unless Keras 3 and JAX (its backend here:
+    the one with a multi-process path, keras.distribution) are installed."""
+    found = found or installed()
+    python = "Python {}.{}".format(*found.python)
+    if found.keras is None or _major_minor(found.keras) < (3, 0):
+        has = f"Keras {found.keras}" if found.keras else "no Keras"
+        problem = f"needs Keras 3 with JAX, and this {python} has {has}"
+    elif found.jax is None:
+        problem = f"needs JAX beside Keras {found.keras} (the backend it trains on here)"
+    else:
+        return
+    raise InstallError(what, problem, _KERAS3_INSTALL)
 
 
 def has_estimator_release(tensorflow: str) -> bool:

@@ -1,0 +1,1 @@
+"""The Keras 3 backend: keras.distribution on JAX, one process a task, without TensorFlow."""

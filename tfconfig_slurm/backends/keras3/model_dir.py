@@ -1,0 +1,183 @@
+"""What the Keras 3 backend keeps in the model directory: checkpoints numbered by the global
+step (`ckpt-<step>.weights.h5`, the weights and the optimizer's state), the model restored
+from the latest, the scalars and hparams for TensorBoard (its own event writer: no
+TensorFlow), and the exported `.keras` model.
+
+Every process takes part in a save, as JAX's arrays span them all: the chief (or a single
+process) writes into the model directory, the others into scratch files they delete.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import keras
+from absl import logging
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.plugins.hparams import summary_v2 as hparams_summary
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+from tfconfig_slurm.cluster.layout import CHIEF
+from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process import preemption
+from tfconfig_slurm.process.console import a_or_an
+from tfconfig_slurm.process.experiment import KerasExperiment
+from tfconfig_slurm.process.lifecycle import Hparam
+from tfconfig_slurm.process.run_dir import RunDir
+
+# Without --save_checkpoints_steps, a checkpoint this often (and at every stop and the end).
+DEFAULT_CHECKPOINT_STEPS = 1000
+_CHECKPOINT = re.compile(r"ckpt-(\d+)\.weights\.h5")
+
+
+def built_model(experiment: KerasExperiment, params: Mapping[str, Any]) -> Any:
+    """The experiment's build_model(params), refused in one line unless a compiled Keras 3
+    model."""
+    model = experiment.build_model(params)
+    if not isinstance(model, keras.Model):
+        module, name = type(model).__module__, type(model).__qualname__
+        named = name if module == "builtins" else f"{module}.{name}"
+        what = "None" if model is None else a_or_an(named)
+        raise UsageError(
+            "--experiment",
+            f"{experiment.name}'s build_model returned {what}, not a Keras 3 model",
+            "build it with import keras (Keras 3); a tf_keras model trains with the tf2 "
+            "install (.venv-tf2)",
+        )
+    if model.optimizer is None:
+        raise UsageError(
+            "--experiment",
+            f"{experiment.name}'s build_model returned a model that is not compiled",
+            "call model.compile(optimizer=..., loss=..., metrics=[...]) before returning it",
+        )
+    return model
+
+
+def latest_step(directory: Path) -> int | None:
+    """The step of the model directory's latest checkpoint; None where there is none."""
+    steps = [int(found[1]) for found in map(_CHECKPOINT.fullmatch, _names(directory)) if found]
+    return max(steps, default=None)
+
+
+def _names(directory: Path) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except FileNotFoundError:
+        return []
+
+
+class Checkpoints:
+    """The model's checkpoints: restores the latest, saves by step, keeps the last `keep`."""
+
+    def __init__(
+        self,
+        model: Any,
+        directory: Path,
+        role: ClusterRole | None,
+        keep: int,
+        *,
+        stop: preemption.StopRequest,
+    ) -> None:
+        self._model = model
+        self._directory = directory
+        self._writes = role is None or role.role == CHIEF
+        self._keep = keep
+        self._stop = stop
+        step = latest_step(directory)
+        if step is not None:
+            # The optimizer's variables exist only once built: restored with the weights.
+            model.optimizer.build(model.trainable_variables)
+            model.load_weights(directory / _name(step))
+        # The step of the latest checkpoint (first the one restored, not to be written again).
+        self.last = int(model.optimizer.iterations.numpy())
+
+    def save(self, step: int) -> None:
+        if step == self.last:
+            return
+        started = time.monotonic()
+        if self._writes:
+            # Written whole, then named: a process killed mid-write leaves no checkpoint that
+            # a resume would take for the latest.
+            path = self._directory / _name(step)
+            partial = path.with_name(f".{path.name}.partial.weights.h5")
+            self._model.save_weights(partial)
+            partial.replace(path)
+            self._forget_old()
+            self._stop.checkpoint_written(step, time.monotonic() - started)
+        else:
+            _into_scratch(self._model.save_weights, ".weights.h5")
+        self.last = step
+
+    def _forget_old(self) -> None:
+        steps = sorted(
+            int(found[1]) for found in map(_CHECKPOINT.fullmatch, _names(self._directory)) if found
+        )
+        for step in steps[: -self._keep]:
+            (self._directory / _name(step)).unlink(missing_ok=True)
+
+
+def _name(step: int) -> str:
+    return f"ckpt-{step}.weights.h5"
+
+
+def _into_scratch(save: Any, suffix: str) -> None:
+    """`save(path)` into a scratch file, deleted once written."""
+    descriptor, path = tempfile.mkstemp(prefix="tfconfig-slurm-", suffix=suffix)
+    os.close(descriptor)
+    try:
+        save(path)
+    finally:
+        os.unlink(path)
+
+
+def export(model: Any, directory: Path, name: str, role: ClusterRole | None) -> None:
+    """The trained model as one `.keras` file, in export/<name>/<timestamp>/model.keras (as an
+    Estimator exports into timestamped folders)."""
+    if role is not None and role.role != CHIEF:
+        _into_scratch(model.save, ".keras")
+        return
+    folder = RunDir(directory).export(name) / str(int(time.time()))
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save(folder / "model.keras")
+    logging.info("exported the model to %s", folder / "model.keras")
+
+
+class Events:
+    """A TensorBoard run's event file (the model directory's, or its eval/)."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self._writer = EventFileWriter(str(directory))
+
+    def scalars(self, values: Mapping[str, float], step: int) -> None:
+        summary = summary_pb2.Summary(
+            value=[
+                summary_pb2.Summary.Value(tag=tag, simple_value=float(value))
+                for tag, value in values.items()
+            ]
+        )
+        self._add(summary, step)
+
+    def hparams(self, hparams: Mapping[str, Hparam], trial_id: str) -> None:
+        self._add(hparams_summary.hparams_pb(dict(hparams), trial_id=trial_id), 0)
+
+    def _add(self, summary: Any, step: int) -> None:
+        self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def write_eval_scalars(directory: Path, metrics: Mapping[str, Any], step: int) -> None:
+    """The final evaluation, where TensorBoard shows the Estimator's: the eval/ run."""
+    events = Events(directory / "eval")
+    events.scalars({k: v for k, v in metrics.items() if k != "global_step"}, step)
+    events.close()

@@ -1,0 +1,325 @@
+"""The Keras 3 backend, on JAX: one process, or one of a run's processes trained
+data-parallel (keras.distribution.DataParallel over every process's devices), for the
+lifecycle of process/lifecycle.py.
+
+- Every process builds the model under the distribution, restores the model directory's
+  latest checkpoint and trains the steps left to --train_steps with model.fit, on the batches
+  of the experiment's dataset("train", params) of this process (params["batch_size"] each:
+  the global batch is that times the processes).
+- A stop signal (preemption.py) is agreed on: every STOP_CHECK_STEPS steps the processes
+  gather their flags, so that all save the same step, stop, and the chief requeues.
+- Each process watches its neighbours in the tree of trainers (watch_plan.py), and answers on
+  its own port for theirs (the chief's is JAX's coordination service).
+- The chief logs the loss and examples/s, writes TensorBoard scalars (and eval/ ones) and
+  summary.json, as the other backends do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging as python_logging
+import time
+import warnings
+from collections.abc import Collection, Mapping
+from typing import Any, Callable, NamedTuple
+
+import keras
+from absl import logging
+
+from tfconfig_slurm.backends.keras3 import processes
+from tfconfig_slurm.backends.keras3.model_dir import (
+    DEFAULT_CHECKPOINT_STEPS,
+    Checkpoints,
+    Events,
+    built_model,
+    export,
+    write_eval_scalars,
+)
+from tfconfig_slurm.cluster import watch_plan
+from tfconfig_slurm.cluster.layout import CHIEF
+from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process import answering, preemption, reports, watchdog
+from tfconfig_slurm.process.experiment import KerasExperiment
+from tfconfig_slurm.process.lifecycle import Ending, Hparam, TaskRun
+from tfconfig_slurm.process.owner import owns_run
+from tfconfig_slurm.process.settings import TrainingSettings
+from tfconfig_slurm.process.throughput import Rates, Throughput
+
+# JAX says at INFO, through Python's logging, which platforms it did not find (a TPU, a proxy).
+python_logging.getLogger("jax._src.xla_bridge").setLevel(python_logging.WARNING)
+# What fit and evaluate warn of the batches the runtime asks for as meant: a generator is not
+# shuffled by fit; the eval set ends where evaluate reads it whole.
+warnings.filterwarnings("ignore", message="`shuffle=True` was passed", module="keras")
+warnings.filterwarnings("ignore", message="Your input ran out of data", module="keras")
+
+# The processes agree on a stop this often: a gather of two flags took 1-4 ms here, a cost
+# not worth paying every step; a stop waits at most this many steps.
+STOP_CHECK_STEPS = 10
+
+
+class Keras3Backend:
+    """Keras 3 training as the lifecycle's backend (process/lifecycle.py): this process's
+    model, restored, trained with fit to --train_steps, evaluated and reported."""
+
+    def __init__(
+        self, experiment: KerasExperiment, settings: TrainingSettings, task: TaskRun
+    ) -> None:
+        self._experiment = experiment
+        self._settings = settings
+        self._task = task
+        self._role = task.place.role
+        self.experiment = experiment.name
+        self.train_steps = settings.train_steps
+        self.hparams: Mapping[str, Any] = settings.hparams(experiment.hparams)
+        self._process: _Process | None = None
+
+    def _set_up(self) -> _Process:
+        if self._process is None:
+            self._process = _Process.set_up(self._experiment, self._settings, self._task)
+        return self._process
+
+    def checkpoint_step(self) -> int:
+        return self._set_up().checkpoints.last
+
+    def start_details(self) -> tuple[str, ...]:
+        processes_, devices = self._set_up().shape
+        return (
+            f"{processes_} process{'' if processes_ == 1 else 'es'} and {devices} "
+            f"device{'' if devices == 1 else 's'} on JAX",
+        )
+
+    def write_hparams(self, hparams: Mapping[str, Hparam], trial_id: str) -> None:
+        events = self._set_up().events
+        if events is not None:
+            events.hparams(hparams, trial_id)
+
+    def train(self, end: Callable[[Ending], Any]) -> Any:
+        process, settings, role = self._set_up(), self._settings, self._role
+        started = time.monotonic()
+        progress = _Progress(
+            start_step=process.checkpoints.last,
+            settings=settings,
+            examples_per_step=settings.params["batch_size"],
+            events=process.events,
+            stop=self._task.stop,
+            requeue_on=self._task.stop_policy.requeue_on,
+            checkpoints=process.checkpoints,
+            agree=role is not None,
+        )
+        if progress.step < settings.train_steps:
+            process.model.fit(
+                _batches(self._experiment, "train", settings.params),
+                epochs=1,
+                steps_per_epoch=settings.train_steps - progress.step,
+                callbacks=[progress],
+                verbose=0,
+            )
+        # A stop agreed on at the last step is no stop: the run is done.
+        stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
+        metrics = None
+        if stopped_on is None:
+            process.checkpoints.save(progress.step)
+            metrics = self._evaluate(process, progress.step)
+            export(process.model, settings.model_dir, self._experiment.name, role)
+        # Before the reports: a process that has reported leaves, and is not lost.
+        process.leave()
+        if metrics is not None:
+            self._report(progress, metrics, started)
+        processes.leave(role)
+        return end(Ending(stopped_on))
+
+    def _evaluate(self, process: _Process, step: int) -> dict[str, Any]:
+        """The model's metrics on the whole eval set, which every process reads whole."""
+        metrics = process.model.evaluate(
+            _batches(self._experiment, "eval", self._settings.params),
+            steps=self._settings.eval_steps,
+            return_dict=True,
+            verbose=0,
+        )
+        return {**{name: float(value) for name, value in metrics.items()}, "global_step": step}
+
+    def _report(self, progress: _Progress, metrics: Mapping[str, Any], started: float) -> None:
+        """This process's throughput report; the chief's summary.json from all of them and
+        the final evaluation, which TensorBoard also shows as the eval/ run."""
+        settings, role = self._settings, self._role
+        mean = progress.mean_examples_per_sec()
+        if role is not None:
+            run_marker = reports.marker(role, settings.train_steps)
+            reports.write_trainer_report(settings.model_dir, role, run_marker, mean)
+            if role.role != CHIEF:
+                return
+            trainers = reports.trainer_reports(settings.model_dir, role.trainers, run_marker)
+        else:
+            trainers = [{"role": CHIEF, "index": 0, "examples_per_sec": mean}]
+        write_eval_scalars(settings.model_dir, metrics, progress.step)
+        reports.write_summary(
+            settings.model_dir,
+            name=self._experiment.name,
+            metrics=metrics,
+            wall_time_s=time.monotonic() - started,
+            trainers=trainers,
+            layout=role.jobs() if role is not None else "single process",
+        )
+
+
+class _Process(NamedTuple):
+    """This process, set up: its model and checkpoints, the chief's event writer, the shape
+    of the run, and the watch of its neighbours with its own port answering."""
+
+    model: Any
+    checkpoints: Checkpoints
+    events: Events | None
+    # (processes, devices) of the run.
+    shape: tuple[int, int]
+    peers: watchdog.PeerWatch | None
+    port: contextlib.ExitStack
+
+    @classmethod
+    def set_up(
+        cls, experiment: KerasExperiment, settings: TrainingSettings, task: TaskRun
+    ) -> _Process:
+        role = task.place.role
+        port = contextlib.ExitStack()
+        if role is not None and role.role != CHIEF:
+            port.enter_context(answering.answering(role))
+        processes.join(role)
+        devices = keras.distribution.list_devices()
+        if role is not None:
+            keras.distribution.set_distribution(
+                # Each process feeds its own batches, which make one global batch.
+                keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
+            )
+        peers = watchdog.PeerWatch(watch_plan.neighbours(role)) if role is not None else None
+        model = built_model(experiment, settings.params)
+        checkpoints = Checkpoints(
+            model, settings.model_dir, role, settings.keep_checkpoint_max, stop=task.stop
+        )
+        if role is not None:
+            _check_same_start(checkpoints.last, settings)
+        events = Events(settings.model_dir) if owns_run(role) else None
+        shape = (role.trainers if role is not None else 1, len(devices))
+        return cls(model, checkpoints, events, shape, peers, port)
+
+    def leave(self) -> None:
+        """Stops watching and answering: the others may now end."""
+        if self.peers is not None:
+            self.peers.stop()
+        self.port.close()
+        if self.events is not None:
+            self.events.close()
+
+
+def _check_same_start(step: int, settings: TrainingSettings) -> None:
+    """Every process must have restored the same checkpoint: where the nodes do not share the
+    model directory, a process finds none where the chief restores one."""
+    steps = processes.gather([step])[:, 0]
+    if steps.min() != steps.max():
+        raise UsageError(
+            "--output_root",
+            f"the processes restored different checkpoints of {settings.model_dir} (global "
+            f"steps {steps.min()} to {steps.max()}): it is not the same directory on every node",
+            "put --output_root on a file system every node of the job mounts",
+        )
+
+
+def _batches(experiment: KerasExperiment, mode: str, params: Mapping[str, Any]) -> Any:
+    """The experiment's batches for `mode`, refused in one line unless fit can read them."""
+    batches = experiment.dataset(mode, params)
+    if isinstance(batches, (tuple, list, dict)) or not (
+        hasattr(batches, "__next__")
+        or isinstance(batches, keras.utils.PyDataset)
+        or type(batches).__module__.startswith("tensorflow")
+    ):
+        raise UsageError(
+            "--experiment",
+            f"{experiment.name}.dataset({mode!r}, params) returned "
+            f"{type(batches).__name__!r}, not batches that fit reads one at a time",
+            "return a generator of (inputs, targets) batches of params['batch_size'] (endless "
+            "for 'train'), a keras.utils.PyDataset, or a tf.data.Dataset",
+        )
+    return batches
+
+
+class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
+    """Counts the global step, logs the loss and examples/s every --log_every_steps steps,
+    checkpoints, and stops on an agreed signal."""
+
+    def __init__(
+        self,
+        *,
+        start_step: int,
+        settings: TrainingSettings,
+        examples_per_step: int,
+        events: Events | None,
+        stop: preemption.StopRequest,
+        requeue_on: Collection[str],
+        checkpoints: Checkpoints,
+        agree: bool,
+    ) -> None:
+        super().__init__()
+        self._start = start_step
+        self._requeue_on = requeue_on
+        self._save_every = settings.save_checkpoints_steps or DEFAULT_CHECKPOINT_STEPS
+        self._examples_per_step = examples_per_step
+        self._events = events
+        self._stop = stop
+        self._checkpoints = checkpoints
+        self._agree = agree
+        self.step = start_step
+        self.stopped_on: str | None = None
+        self._meter = Throughput(settings.log_every_steps)
+        # The loss logged is the mean over the steps since the last line: (global step, the
+        # running mean loss times the batches it covers) at that line.
+        self._loss_since: tuple[int, float] | None = None
+
+    def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        self.step = self._start + batch + 1
+        # fit's loss is the running mean since the epoch began.
+        loss_total = float((logs or {}).get("loss", 0.0)) * (batch + 1)
+        since_step, since_total = self._loss_since or (self.step - 1, 0.0)
+        loss = (loss_total - since_total) / max(self.step - since_step, 1)
+        if self._loss_since is None:
+            self._loss_since = (self.step, loss_total)
+        rates = self._meter.step(self.step, self._examples_per_step, loss)
+        if rates is not None:
+            self._loss_since = (self.step, loss_total)
+            self._write(rates, loss)
+        if self.step % self._save_every == 0:
+            self._checkpoints.save(self.step)
+        stopped_on = self._stop_agreed()
+        if stopped_on:
+            self.stopped_on = stopped_on
+            logging.info("stopping on %s at global step %d", stopped_on, self.step)
+            self._checkpoints.save(self.step)
+            self.model.stop_training = True
+
+    def _write(self, rates: Rates, loss: float) -> None:
+        if self._events is None:
+            return
+        scalars = {"loss": loss, "global_steps_per_sec": rates.global_steps_per_sec}
+        if rates.examples_per_sec is not None:
+            scalars["examples_per_sec"] = rates.examples_per_sec
+        self._events.scalars(scalars, self.step)
+
+    def _stop_agreed(self) -> str:
+        """The signal the processes agreed to stop on, or "" to go on. Every process asks at
+        the same steps, so all of them stop at the same one; a requeueing signal any of them
+        got stands for all, so that the chief requeues even when only another was told."""
+        own = self._stop.signal_name if self._stop.requested else ""
+        if not self._agree:
+            return own
+        if self.step % STOP_CHECK_STEPS:
+            return ""
+        votes = processes.gather([int(bool(own)), int(own in self._requeue_on)]).sum(axis=0)
+        if not votes[0]:
+            return ""
+        if own:
+            return own
+        return min(self._requeue_on) if votes[1] else "a peer's signal"
+
+    def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
+        self._meter.end()
+
+    def mean_examples_per_sec(self) -> float | None:
+        """Examples per second from the second step to the last; None if too short."""
+        return self._meter.mean_examples_per_sec()
