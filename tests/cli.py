@@ -77,9 +77,9 @@ def tensorboard(root: Path) -> Iterator[str]:
 
 def checkpoint_step(model_dir: Path) -> int:
     """The step of a model directory's latest checkpoint (Estimator's model.ckpt-N, Keras's
-    ckpt-N)."""
+    ckpt-N, Keras 3's ckpt-N.weights.h5)."""
     latest = re.search(
-        r'^model_checkpoint_path: "(?:model\.)?ckpt-(\d+)"',
+        r'^model_checkpoint_path: "(?:model\.)?ckpt-(\d+)[."]',
         (model_dir / "checkpoint").read_text(),
         re.M,
     )

@@ -15,7 +15,8 @@ from tfconfig_slurm.process.run_dir import RunDir
 
 # TensorFlow's `checkpoint` file: `model_checkpoint_path: "model.ckpt-600"` (Estimator) or
 # `"ckpt-600"` (the Keras backends).
-_LATEST = re.compile(r'^model_checkpoint_path: ".*?(\d+)"', re.M)
+# Estimator's model.ckpt-N, tf-keras's ckpt-N, Keras 3's ckpt-N.weights.h5.
+_LATEST = re.compile(r'^model_checkpoint_path: "(?:.*/)?(?:model\.)?ckpt-(\d+)[."]', re.M)
 
 
 def checkpoint_step(model_dir: Path) -> int | None:

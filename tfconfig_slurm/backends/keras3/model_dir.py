@@ -26,7 +26,7 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import preemption
+from tfconfig_slurm.process import history, preemption
 from tfconfig_slurm.process.console import a_or_an
 from tfconfig_slurm.process.experiment import KerasExperiment
 from tfconfig_slurm.process.lifecycle import Hparam
@@ -60,19 +60,6 @@ def built_model(experiment: KerasExperiment, params: Mapping[str, Any]) -> Any:
     return model
 
 
-def latest_step(directory: Path) -> int | None:
-    """The step of the model directory's latest checkpoint; None where there is none."""
-    steps = [int(found[1]) for found in map(_CHECKPOINT.fullmatch, _names(directory)) if found]
-    return max(steps, default=None)
-
-
-def _names(directory: Path) -> list[str]:
-    try:
-        return os.listdir(directory)
-    except FileNotFoundError:
-        return []
-
-
 class Checkpoints:
     """The model's checkpoints: restores the latest, saves by step, keeps the last `keep`."""
 
@@ -90,7 +77,7 @@ class Checkpoints:
         self._writes = role is None or role.role == CHIEF
         self._keep = keep
         self._stop = stop
-        step = latest_step(directory)
+        step = history.checkpoint_step(directory)
         if step is not None:
             # The optimizer's variables exist only once built: restored with the weights.
             model.optimizer.build(model.trainable_variables)
@@ -102,6 +89,8 @@ class Checkpoints:
         if step == self.last:
             return
         started = time.monotonic()
+        # Mid-fit, the JAX trainer keeps the variables' values off the model until asked.
+        self._model.jax_state_sync()
         if self._writes:
             # Written whole, then named: a process killed mid-write leaves no checkpoint that
             # a resume would take for the latest.
@@ -109,18 +98,30 @@ class Checkpoints:
             partial = path.with_name(f".{path.name}.partial.weights.h5")
             self._model.save_weights(partial)
             partial.replace(path)
-            self._forget_old()
+            self._index(step)
             self._stop.checkpoint_written(step, time.monotonic() - started)
         else:
             _into_scratch(self._model.save_weights, ".weights.h5")
         self.last = step
 
-    def _forget_old(self) -> None:
+    def _index(self, step: int) -> None:
+        """Names the latest checkpoint as TensorFlow's index does (the one file the runs table
+        and a resume read), then forgets all but the last `keep`."""
         steps = sorted(
-            int(found[1]) for found in map(_CHECKPOINT.fullmatch, _names(self._directory)) if found
+            int(found[1])
+            for found in map(_CHECKPOINT.fullmatch, os.listdir(self._directory))
+            if found
         )
-        for step in steps[: -self._keep]:
-            (self._directory / _name(step)).unlink(missing_ok=True)
+        kept, forgotten = steps[-self._keep :], steps[: -self._keep]
+        index = RunDir(self._directory).checkpoint_index
+        partial = index.with_name(f".{index.name}.partial")
+        partial.write_text(
+            f'model_checkpoint_path: "{_name(step)}"\n'
+            + "".join(f'all_model_checkpoint_paths: "{_name(each)}"\n' for each in kept)
+        )
+        partial.replace(index)
+        for each in forgotten:
+            (self._directory / _name(each)).unlink(missing_ok=True)
 
 
 def _name(step: int) -> str:

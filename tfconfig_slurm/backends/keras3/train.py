@@ -20,10 +20,12 @@ import contextlib
 import logging as python_logging
 import time
 import warnings
+import zlib
 from collections.abc import Collection, Mapping
 from typing import Any, Callable, NamedTuple
 
 import keras
+import numpy as np
 from absl import logging
 
 from tfconfig_slurm.backends.keras3 import processes
@@ -37,6 +39,7 @@ from tfconfig_slurm.backends.keras3.model_dir import (
 )
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF
+from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import answering, preemption, reports, watchdog
 from tfconfig_slurm.process.experiment import KerasExperiment
@@ -118,6 +121,7 @@ class Keras3Backend:
         stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
         metrics = None
         if stopped_on is None:
+            _check_same_weights(process.model, role)
             process.checkpoints.save(progress.step)
             metrics = self._evaluate(process, progress.step)
             export(process.model, settings.model_dir, self._experiment.name, role)
@@ -220,6 +224,23 @@ def _check_same_start(step: int, settings: TrainingSettings) -> None:
             f"steps {steps.min()} to {steps.max()}): it is not the same directory on every node",
             "put --output_root on a file system every node of the job mounts",
         )
+
+
+def _check_same_weights(model: Any, role: ClusterRole | None) -> None:
+    """Says that every process holds the same weights at the end, from a checksum of each
+    one's: a data-parallel run's replicas must not drift apart."""
+    if role is None:
+        return
+    checksum = 0
+    for weights in model.get_weights():
+        checksum = zlib.crc32(np.ascontiguousarray(weights).tobytes(), checksum)
+    checksums = processes.gather([checksum])[:, 0]
+    if len(set(checksums.tolist())) != 1:
+        raise RuntimeError(
+            f"the {len(checksums)} processes ended with different weights (checksums "
+            f"{', '.join(f'{value:08x}' for value in checksums)})"
+        )
+    logging.info("the %d processes hold the same weights (checksum %08x)", len(checksums), checksum)
 
 
 def _batches(experiment: KerasExperiment, mode: str, params: Mapping[str, Any]) -> Any:
