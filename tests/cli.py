@@ -22,6 +22,10 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 PACED = REPOSITORY / "tests" / "fixtures" / "paced.py"
 # Its Keras twin (tests/fixtures/paced_keras.py), for the lifecycle tests of a Keras run.
 PACED_KERAS = REPOSITORY / "tests" / "fixtures" / "paced_keras.py"
+# And its Keras 3 twin, on JAX (tests/fixtures/paced_keras3.py).
+PACED_KERAS3 = REPOSITORY / "tests" / "fixtures" / "paced_keras3.py"
+# The Python of Keras 3 on JAX (make venv-keras3), which the tests marked keras3 start.
+KERAS3_PYTHON = REPOSITORY / ".venv-keras3" / "bin" / "python"
 
 
 def run_module(
@@ -30,10 +34,11 @@ def run_module(
     environ: dict[str, str] | None = None,
     python_flags: tuple[str, ...] = (),
     timeout: float = 120,
+    python: str | Path = sys.executable,
 ) -> subprocess.CompletedProcess[str]:
     """`python -m module arguments` with only `environ` (plus PATH) as its environment."""
     return subprocess.run(
-        [sys.executable, *python_flags, "-m", module, *arguments],
+        [str(python), *python_flags, "-m", module, *arguments],
         env={"PATH": os.environ["PATH"], **(environ or {})},
         capture_output=True,
         text=True,

@@ -3,13 +3,16 @@ cluster in one (one cluster; they check what jobs leave on its nodes) and the ot
 other, each lane one test at a time (tests bind the ports of the same captured SLURM steps; the
 cluster's nodes have network stacks of their own), run side by side by tests/lanes (`--lane`
 picks one) or as pytest-xdist's two workers (`-n 2 --dist loadgroup`); and the TensorFlow 2.16+
-tests (marked tf2) skipped, with the reason, where tf-keras is not installed."""
+tests (marked tf2) skipped, with the reason, where tf-keras is not installed, and the Keras 3
+ones (marked keras3) where .venv-keras3 is not made."""
 
 from __future__ import annotations
 
 import importlib.util
 
 import pytest
+
+from tests.cli import KERAS3_PYTHON
 
 pytest_plugins = ["tests.slurm_cluster"]
 
@@ -36,6 +39,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if left:
         config.hook.pytest_deselected(items=left)
         items[:] = kept
+    if not KERAS3_PYTHON.exists():
+        skip = pytest.mark.skip(reason="needs .venv-keras3 (Keras 3 on JAX): make venv-keras3")
+        for item in items:
+            if "keras3" in item.keywords:
+                item.add_marker(skip)
     if importlib.util.find_spec("tf_keras") is not None:
         return
     skip = pytest.mark.skip(

@@ -23,7 +23,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
-from typing import Callable
+from typing import Callable, NoReturn
 
 from absl import logging
 
@@ -131,6 +131,7 @@ class PeerWatch:
         # When each peer last answered (monotonic); None until it first does.
         self._last_answer: dict[str, float | None] = dict.fromkeys(self._addresses)
         self._stopped = threading.Event()
+        self._since = time.monotonic()
         self._thread = threading.Thread(target=self._watch, name="peer-watch", daemon=True)
         self._thread.start()
         _LIVE.add(self)
@@ -146,6 +147,23 @@ class PeerWatch:
         says which."""
         time.sleep(2 * self._interval + self._lost_after + _CONNECT_TIMEOUT_SECONDS)
 
+    def end_for_a_lost_peer(self, what_failed: str) -> NoReturn:
+        """For a task whose collective failed, as they do when a peer is gone: waits for the
+        watch to name the peer (naming it ends the process), then ends the process anyway, as
+        the peer lost is not one this task watches."""
+        logging.warning("%s; waiting for the watch to name who is gone", what_failed)
+        # Every peer had started: the collective ran with all of them before.
+        self.snap(started=True)
+        self.await_loss()
+        logging.error(
+            "a peer is gone, not one this task watches (%s); ending this task (exit %d)",
+            ", ".join(self.peers),
+            EXIT_PEER_LOST,
+        )
+        logging.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_PEER_LOST)
+
     @property
     def peers(self) -> list[str]:
         """The names of the peers watched, as given."""
@@ -156,23 +174,26 @@ class PeerWatch:
         any, and reports nothing more."""
         self._stopped.set()
 
-    def snap(self) -> None:
-        """Probes at once every watched peer that has answered before, and loses those whose
-        port refuses twice in a row: for a task just told to stop, whose peers are all still
-        at work unless one is dead (SLURM stops the step so when a task has failed)."""
+    def snap(self, *, started: bool = False) -> None:
+        """Probes at once every watched peer that has answered before (or each one, where all
+        are known to have `started`), and loses those whose port refuses twice in a row: for a
+        task just told to stop, whose peers are all still at work unless one is dead (SLURM
+        stops the step so when a task has failed)."""
         with self._lock:
             if self._stopped.is_set():
                 return
-            answered = [name for name in self._watched if self._last_answer[name] is not None]
+            answered = [
+                name for name in self._watched if started or self._last_answer[name] is not None
+            ]
         refused = [name for name in answered if _refuses(self._addresses[name])]
         if refused:
             time.sleep(SNAP_RECHECK_SECONDS)
         for name in refused:
             if _refuses(self._addresses[name]):
-                self._lose(name, time.monotonic() - (self._last_answer[name] or 0.0))
+                self._lose(name, time.monotonic() - (self._last_answer[name] or self._since))
 
     def _watch(self) -> None:
-        started = time.monotonic()
+        started = self._since
         last_answer = self._last_answer
         failing_since: dict[str, float] = {}
         while not self._stopped.wait(self._interval):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, NoReturn
+from typing import Any, Callable, NamedTuple
 
 import tensorflow as tf
 import tf_keras as keras
@@ -40,10 +40,10 @@ from tfconfig_slurm.backends.keras.model_dir import (
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.errors import EXIT_PEER_LOST, UsageError
+from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import preemption, reports, watchdog
 from tfconfig_slurm.process.experiment import KerasExperiment
-from tfconfig_slurm.process.lifecycle import Ending, exit_now
+from tfconfig_slurm.process.lifecycle import Ending
 from tfconfig_slurm.process.owner import owns_run
 from tfconfig_slurm.process.settings import TrainingSettings
 from tfconfig_slurm.process.throughput import Rates, Throughput
@@ -137,7 +137,9 @@ class KerasBackend(TrainingBackendBase):
         except _PEER_ERRORS as error:
             if trainer.peers is None:
                 raise
-            _lost_in_collective(error, trainer.peers)
+            trainer.peers.end_for_a_lost_peer(
+                f"the trainers' all-reduce failed ({type(error).__name__})"
+            )
 
     def _evaluate(self, trainer: _Trainer, step: int) -> dict[str, Any]:
         """The final checkpoint saved, and the model's metrics on the whole eval set."""
@@ -185,22 +187,6 @@ class _Trainer(NamedTuple):
             checkpoint, directory, role, settings.keep_checkpoint_max, restored=start, stop=stop
         )
         return cls(strategy, model, saver, writer, peers)
-
-
-def _lost_in_collective(error: tf.errors.OpError, peers: watchdog.PeerWatch) -> NoReturn:
-    """TensorFlow failed an all-reduce for a trainer gone: the watch names it and ends the
-    process, as with Estimator; unless the trainer lost is not one this task watches."""
-    logging.warning(
-        "the trainers' all-reduce failed (%s); waiting for the watch to name who is gone",
-        type(error).__name__,
-    )
-    peers.await_loss()
-    logging.error(
-        "a trainer is gone, not one this task watches (%s); ending this task (exit %d)",
-        ", ".join(peers.peers),
-        EXIT_PEER_LOST,
-    )
-    exit_now(EXIT_PEER_LOST)
 
 
 def _report(

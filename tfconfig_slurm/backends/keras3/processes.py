@@ -23,6 +23,9 @@ from jax.experimental import multihost_utils
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import InstallError
 
+# What a collective raises where a peer is gone (gloo: "Connection closed by peer").
+COLLECTIVE_ERRORS = (jax.errors.JaxRuntimeError,)
+
 
 def join(role: ClusterRole | None) -> None:
     """This process's place among the run's JAX processes (none for a single process), and
@@ -30,6 +33,10 @@ def join(role: ClusterRole | None) -> None:
     variable whose value differs between them)."""
     if role is None:
         return
+    # A process lost would otherwise end every other within a second or so, aborted by JAX's
+    # own client (`Terminating process because the JAX distributed service detected fatal
+    # errors`), before the watch (process/watchdog.py) could say which one was lost.
+    jax.config.update("jax_enable_recoverability", True)
     jax.distributed.initialize(
         coordinator_address=role.trainer_address(0),
         num_processes=role.trainers,

@@ -109,13 +109,21 @@ class Keras3Backend:
             checkpoints=process.checkpoints,
             agree=role is not None,
         )
-        if progress.step < settings.train_steps:
-            process.model.fit(
-                _batches(self._experiment, "train", settings.params),
-                epochs=1,
-                steps_per_epoch=settings.train_steps - progress.step,
-                callbacks=[progress],
-                verbose=0,
+        try:
+            if progress.step < settings.train_steps:
+                process.model.fit(
+                    _batches(self._experiment, "train", settings.params),
+                    epochs=1,
+                    steps_per_epoch=settings.train_steps - progress.step,
+                    callbacks=[progress],
+                    verbose=0,
+                )
+        except processes.COLLECTIVE_ERRORS as error:
+            if process.peers is None:
+                raise
+            # Quickly: JAX's own client ends the process about a second after a peer's loss.
+            process.peers.end_for_a_lost_peer(
+                f"the processes' collective failed ({type(error).__name__})"
             )
         # A stop agreed on at the last step is no stop: the run is done.
         stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
@@ -187,6 +195,8 @@ class _Process(NamedTuple):
         if role is not None and role.role != CHIEF:
             port.enter_context(answering.answering(role))
         processes.join(role)
+        # JAX's distributed service took SIGTERM as it started (its preemption notifier).
+        task.stop.listen_again()
         devices = keras.distribution.list_devices()
         if role is not None:
             keras.distribution.set_distribution(

@@ -1,0 +1,277 @@
+"""`python -m tfconfig_slurm.run --experiment mnist_keras3`: Keras 3 on JAX (.venv-keras3, no
+TensorFlow), in one process and as the processes of a local cluster and of a SLURM step, one
+mesh (keras.distribution.DataParallel): resumed to the step, every process ending with the same
+weights, stopped at one agreed step on a signal (and requeued by SLURM), a killed process
+named. The tests of a stop or a loss train tests/fixtures/paced_keras3.py, whose steps cost next
+to no CPU. Run from .venv-tf2's pytest, whose TensorFlow reads the event files."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.cli import (
+    KERAS3_PYTHON,
+    PACED_KERAS3,
+    REPOSITORY,
+    checkpoint_step,
+    ended_within,
+    read_logs,
+    run_module,
+    wait_until,
+)
+from tests.slurm_cluster import SlurmCluster, submit, warn_and_requeue
+from tests.test_keras import SUMMARY_KEYS, hparams_sessions
+from tests.test_local_cluster import alive, started_pids
+from tests.test_signals import ended
+
+pytestmark = pytest.mark.keras3
+
+RUN = "tfconfig_slurm.run"
+START_SECONDS = 180.0
+END_SECONDS = 60.0
+_SAME_WEIGHTS = re.compile(r"the (\d+) processes hold the same weights \(checksum ([0-9a-f]{8})\)")
+
+
+def train(
+    root: Path, *flags: str, experiment: str = "mnist_keras3", timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    return run_module(
+        RUN,
+        f"--experiment={experiment}",
+        f"--output_root={root}",
+        *flags,
+        timeout=timeout,
+        python=KERAS3_PYTHON,
+    )
+
+
+def start(root: Path, *flags: str) -> tuple[subprocess.Popen[str], Path]:
+    """The runtime on Keras 3 as a user starts it, its console to a file the test reads."""
+    console = root / "console.log"
+    process = subprocess.Popen(
+        [str(KERAS3_PYTHON), "-m", RUN, f"--output_root={root}", *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=console.open("w"),
+        cwd=REPOSITORY,
+        text=True,
+    )
+    return process, console
+
+
+def test_mnist_keras3_trains_in_one_process_and_resumes_to_the_step(tmp_path: Path) -> None:
+    first = train(
+        tmp_path, "--train_steps=40", "--save_checkpoints_steps=20", "--log_every_steps=10"
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    model_dir = tmp_path / "mnist_keras3"
+    assert checkpoint_step(model_dir) == 40
+    written = re.findall(r"checkpoint of step (\d+) written in \d+\.\d\d s", first.stderr)
+    assert written == ["20", "40"], first.stderr[-3000:]
+    assert "1 process and 1 device on JAX" in first.stderr
+    logged = re.search(r"step 30: loss (\d[\d.e-]*), [\d.]+ examples/s", first.stderr)
+    # Learnt by step 30: below a guess among 10 classes (ln 10 = 2.3).
+    assert logged and 0 < float(logged.group(1)) < 1.0, first.stderr[-3000:]
+    # JAX's own notes of the platforms it lacks, and Keras's warnings of the batches the
+    # runtime asks for as meant, are not the user's concern.
+    assert "Unable to initialize backend" not in first.stderr
+    assert "UserWarning" not in first.stderr
+
+    second = train(tmp_path, "--train_steps=80")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resuming from step 40" in second.stderr
+    assert "first step done (global step 41)" in second.stderr
+    summary = json.loads((model_dir / "summary.json").read_text())
+    assert set(summary) == SUMMARY_KEYS
+    assert summary["global_step"] == 80 and summary["layout"] == "single process"
+    # 0.97 after 80 steps here; chance is 0.1.
+    assert summary["eval"]["accuracy"] > 0.8, summary
+    state = json.loads((model_dir / "state.json").read_text())
+    assert (state["state"], state["global_step"]) == ("done", 80)
+    assert state["hparams"] == {"learning_rate": 0.001, "dropout": 0.5}
+    # TensorBoard: the scalars, the final evaluation under eval/, the HParams session once.
+    assert list((model_dir / "eval").glob("events.out.tfevents.*"))
+    assert hparams_sessions(model_dir) == [{"learning_rate": 0.001, "dropout": 0.5}]
+    # Checkpoints past --keep_checkpoint_max (5) are forgotten; none is half-written.
+    assert sorted(path.name for path in model_dir.glob("*ckpt-*")) == [
+        "ckpt-20.weights.h5",
+        "ckpt-40.weights.h5",
+        "ckpt-80.weights.h5",
+    ]
+    # Each run that trained to its end exported the model as one .keras file.
+    exports = sorted((model_dir / "export" / "mnist_keras3").glob("*/model.keras"))
+    assert len(exports) == 2
+    with zipfile.ZipFile(exports[-1]) as archive:
+        config = json.loads(archive.read("config.json"))
+    assert config["class_name"] == "Sequential"
+
+
+def test_a_local_cluster_trains_one_mesh_stops_on_sigterm_together_and_resumes(
+    tmp_path: Path,
+) -> None:
+    """--local_cluster=workers=1: two JAX processes, one mesh of 2 devices. SIGTERM to the
+    launcher stops both at one step with its checkpoint and leaves no process behind; a new
+    local cluster resumes there, and both end with the same weights."""
+    process, console = start(
+        tmp_path, f"--experiment={PACED_KERAS3}", "--train_steps=1000000",
+        "--log_every_steps=1", "--local_cluster=workers=1",
+    )  # fmt: skip
+    seen = wait_until(
+        lambda: len(re.findall(r"step \d+: loss", console.read_text())) >= 4, START_SECONDS
+    )
+    assert seen, console.read_text()[-3000:]
+    process.send_signal(signal.SIGTERM)
+    assert ended(process) == 128 + signal.SIGTERM
+    log = console.read_text()
+    pids = started_pids(log)
+    assert sorted(pids) == ["chief 0", "worker 0"]
+    assert wait_until(lambda: not [pid for pid in pids.values() if alive(pid)], 5.0)
+    assert re.search(r"\[chief 0\] .*starting at step 0; 2 processes and 2 devices on JAX", log)
+    stops = re.findall(r"\[(chief|worker) 0\] .*stopping on SIGTERM at global step (\d+)", log)
+    assert sorted(role for role, _ in stops) == ["chief", "worker"], log[-3000:]
+    assert stops[0][1] == stops[1][1]
+    stopped = int(stops[0][1])
+    model_dir = tmp_path / "paced_keras3"
+    assert checkpoint_step(model_dir) == stopped
+    state = json.loads((model_dir / "state.json").read_text())
+    assert (state["state"], state["signal"]) == ("stopped", "SIGTERM")
+
+    resumed = train(
+        tmp_path, "--local_cluster=workers=1", f"--train_steps={stopped + 10}",
+        experiment=str(PACED_KERAS3), timeout=240,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for role in ("chief", "worker"):
+        assert re.search(
+            rf"\[{role} 0\] .* resuming from step {stopped}; 2 processes", resumed.stderr
+        )
+        assert f"{role} 0 finished" in resumed.stderr
+    same = _SAME_WEIGHTS.findall(resumed.stderr)
+    assert len(same) == 2 and len(set(same)) == 1 and same[0][0] == "2", resumed.stderr[-3000:]
+    summary = json.loads((model_dir / "summary.json").read_text())
+    assert summary["global_step"] == stopped + 10
+    assert [trainer["role"] for trainer in summary["trainers"]] == ["chief", "worker"]
+    # 0.86 after 20 steps here; chance is 0.5.
+    assert summary["eval"]["accuracy"] > 0.75, summary
+    assert checkpoint_step(model_dir) == stopped + 10
+
+
+def test_a_keras3_experiment_without_jax_or_with_a_tensorflow_flag_is_one_line(
+    tmp_path: Path,
+) -> None:
+    """Where Keras 3 has no JAX (this pytest's own .venv-tf2), and where a flag sizes
+    TensorFlow's thread pools: one line each, exit 2, nothing written."""
+    no_jax = run_module(
+        RUN, "--experiment=mnist_keras3", f"--output_root={tmp_path}", "--train_steps=5"
+    )
+    assert no_jax.returncode == 2, no_jax.stderr[-3000:]
+    (line,) = no_jax.stderr.strip().splitlines()
+    assert "--experiment=mnist_keras3 (Keras 3)" in line and "needs JAX beside Keras 3." in line
+    assert "make venv-keras3" in line
+    threads = train(tmp_path, "--train_steps=5", "--intra_op_threads=2")
+    assert threads.returncode == 2, threads.stderr[-3000:]
+    (line,) = threads.stderr.strip().splitlines()
+    assert "--intra_op_threads" in line and "trains on JAX" in line
+    assert not list(tmp_path.iterdir())
+
+
+def srun_keras3(cluster: SlurmCluster, root: Path, *flags: str) -> subprocess.Popen[str]:
+    """paced_keras3 in a 2-node step of 2 tasks a node, one log per task in root/logs;
+    without --kill-on-bad-exit SLURM waits for every task, so only the runtime can end the
+    survivors of a fault."""
+    (root / "logs").mkdir()
+    return subprocess.Popen(
+        ["srun", "--nodes=2", "--ntasks-per-node=2", f"--output={root}/logs/%t.log",
+         str(KERAS3_PYTHON), "-m", RUN, f"--experiment={PACED_KERAS3}", f"--output_root={root}",
+         *flags],
+        env=cluster.environ(), cwd=REPOSITORY,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+@pytest.mark.slurm
+def test_two_nodes_of_two_tasks_train_mnist_keras3_to_the_same_weights(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """4 processes on 2 nodes, one mesh: gloo's collectives cross the nodes on each task's own
+    address (the nodes' hostnames resolve to loopback)."""
+    command = [
+        "srun", "--nodes=2", "--ntasks-per-node=2", "--label", str(KERAS3_PYTHON), "-m", RUN,
+        "--experiment=mnist_keras3", f"--output_root={tmp_path}", "--log_every_steps=20",
+        "--train_steps=60",
+    ]  # fmt: skip
+    done = slurm_cluster.run(command, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "chief 0 on node1" in done.stderr and "worker 2 on node2" in done.stderr
+    assert "4 processes and 4 devices on JAX" in done.stderr
+    same = _SAME_WEIGHTS.findall(done.stderr)
+    assert len(same) == 4 and len(set(same)) == 1 and same[0][0] == "4", done.stderr[-3000:]
+    model_dir = tmp_path / "mnist_keras3"
+    summary = json.loads((model_dir / "summary.json").read_text())
+    assert sorted(summary["layout"]) == ["chief", "worker"]
+    assert len(summary["trainers"]) == 4
+    # 60 steps of a global batch of 256: 0.97 here; chance is 0.1.
+    assert summary["eval"]["accuracy"] > 0.9, summary
+    assert checkpoint_step(model_dir) == 60
+    assert slurm_cluster.left_behind() == {}
+
+
+@pytest.mark.slurm
+def test_a_killed_keras3_process_ends_the_step_and_is_named(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    step = srun_keras3(slurm_cluster, tmp_path, "--train_steps=1000000", "--log_every_steps=1")
+    logs = tmp_path / "logs"
+    try:
+        assert wait_until(
+            lambda: len(re.findall(r"step \d+: loss", read_logs(logs))) >= 8, START_SECONDS
+        ), read_logs(logs)[-3000:]
+        os.kill(slurm_cluster.task_pid(3), signal.SIGKILL)
+        ended_within(step, END_SECONDS)
+    finally:
+        if step.poll() is None:
+            step.kill()
+    assert step.returncode != 0
+    named = re.findall(r"worker 2 at node2:\d+ has not answered for \d+ s", read_logs(logs))
+    assert named, read_logs(logs)[-3000:]
+    assert slurm_cluster.left_behind() == {}
+
+
+@pytest.mark.slurm
+def test_usr1_requeues_a_keras3_job_that_resumes_from_the_step_it_stopped_at(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """launch/train.sbatch with TFCONFIG_SLURM_PYTHON set to Keras 3's Python, 2 nodes of one
+    task, warned as `#SBATCH --signal=USR1@90` warns a job before its time limit."""
+    job = submit(
+        slurm_cluster, tmp_path, "preempted", f"--experiment={PACED_KERAS3}",
+        "--train_steps=200", sbatch_options=("--ntasks-per-node=1",),
+        environ={"TFCONFIG_SLURM_PYTHON": str(KERAS3_PYTHON)},
+    )  # fmt: skip
+    logs = tmp_path / "preempted" / "logs"
+    job_id, ended_job = warn_and_requeue(
+        slurm_cluster, job, logs, start_seconds=START_SECONDS, end_seconds=END_SECONDS,
+        training=r"step \d+: loss",
+    )  # fmt: skip
+    log = read_logs(logs)
+    assert (ended_job["JobState"], ended_job["ExitCode"], ended_job["Restarts"]) == (
+        "COMPLETED",
+        "0:0",
+        "1",
+    ), log[-3000:]
+    stopped_at = re.findall(r"stopping on SIGUSR1 at global step (\d+)", log)
+    assert len(stopped_at) == 2 and len(set(stopped_at)) == 1, log[-3000:]
+    assert f"requeued job {job_id} (restart 1 of at most 3)" in log
+    resumed = re.findall(r"(chief|worker) 0 on node\d .* resuming from step (\d+)", log)
+    assert sorted(resumed) == [("chief", stopped_at[0]), ("worker", stopped_at[0])]
+    model_dir = tmp_path / "preempted"
+    assert checkpoint_step(model_dir) == 200
+    summary = json.loads((model_dir / "summary.json").read_text())
+    assert summary["global_step"] == 200 and summary["eval"]["accuracy"] > 0.9, summary
