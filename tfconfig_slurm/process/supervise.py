@@ -59,9 +59,6 @@ _END_GRACE_SECONDS = 5.0
 # How often a ParameterServerStrategy worker's command that failed is started again: the
 # coordinator carries on with the others meanwhile, and uses it again once it is back.
 WORKER_RESTARTS = 3
-# How long a task that finished says so at most, should the peers that wait for it never
-# leave.
-_FINISHED_SECONDS = 60.0
 # How long a trainer that finished says so to parameter servers it never heard from: a probe
 # of each watcher's, and a margin.
 _UNSEEN_SECONDS = 1.5 * watchdog.PROBE_SECONDS
@@ -302,7 +299,7 @@ def _coordinate(role: ClusterRole, status: int) -> int:
     )
     with answering.answering(role) as answer:
         answer.append(watchdog.FINISHED)
-        _until_gone(role.named(PS))
+        watchdog.until_gone(role.named(PS))
     return 0
 
 
@@ -388,7 +385,7 @@ def _serve(
         waiting.update(watch_plan.paired_workers(role))
     with answering.answering(role) as answer:
         answer.append(watchdog.FINISHED)
-        _until_gone(waiting)
+        watchdog.until_gone(waiting)
     return 0
 
 
@@ -451,24 +448,10 @@ def say_finished(role: ClusterRole, lost: watchdog.OnLost) -> None:
         # finish before its parameter servers listen: their supervisors, which probe this
         # port every PROBE_SECONDS, have yet to hear FINISHED, and would otherwise wait for
         # this task as one still starting, then end as having lost it.
-        _until_gone(watch_plan.paired(role), unseen_for=_UNSEEN_SECONDS)
+        watchdog.until_gone(watch_plan.paired(role), unseen_for=_UNSEEN_SECONDS)
         parent = watch_plan.parent(role)
         if parent is not None:
             _until_finished_or_gone(parent)
-
-
-def _until_gone(peers: dict[str, str], *, unseen_for: float = 0.0) -> None:
-    """Returns once none of `peers` answers any more, or after _FINISHED_SECONDS; a peer not
-    yet seen to answer is waited for `unseen_for` seconds at most."""
-    started = time.monotonic()
-    unseen = set(peers.values())
-    while (now := time.monotonic()) < started + _FINISHED_SECONDS:
-        answering = set(filter(watchdog.answers, peers.values()))
-        unseen -= answering
-        if not answering and (not unseen or now >= started + unseen_for):
-            return
-        left = started + unseen_for - now
-        time.sleep(min(watchdog.PROBE_SECONDS, left) if left > 0 else watchdog.PROBE_SECONDS)
 
 
 def _until_finished_or_gone(address: str) -> None:

@@ -56,6 +56,10 @@ FAILED = b"tfconfig-slurm: failed..\n"
 OnLost = Callable[[str, str, float], None]
 OnFinished = Callable[[str], None]
 
+# How long a task waits at most for peers to leave (until_gone): a task that finished says
+# so, or a Keras 3 chief keeps the run's JAX service up, should they never leave.
+GONE_SECONDS = 60.0
+
 # A snap check (PeerWatch.snap) probes a peer twice this far apart: a port that refuses both
 # times is closed, not between a dropped packet and its retry.
 SNAP_RECHECK_SECONDS = 0.2
@@ -253,6 +257,20 @@ def _refuses(address: str) -> bool:
     except OSError:
         return False
     return False
+
+
+def until_gone(peers: Mapping[str, str], *, unseen_for: float = 0.0) -> None:
+    """Returns once none of `peers` answers any more, or after GONE_SECONDS; a peer not
+    yet seen to answer is waited for `unseen_for` seconds at most."""
+    started = time.monotonic()
+    unseen = set(peers.values())
+    while (now := time.monotonic()) < started + GONE_SECONDS:
+        answering = set(filter(answers, peers.values()))
+        unseen -= answering
+        if not answering and (not unseen or now >= started + unseen_for):
+            return
+        left = started + unseen_for - now
+        time.sleep(min(PROBE_SECONDS, left) if left > 0 else PROBE_SECONDS)
 
 
 def round_seconds(peers: int, probe_seconds: float = PROBE_SECONDS) -> float:

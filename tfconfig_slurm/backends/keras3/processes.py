@@ -23,6 +23,9 @@ from jax.experimental import multihost_utils
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import InstallError
 
+# JAX keeps 32-bit integers unless its x64 mode is on: gather sends each value as two halves.
+_HALF = 31
+_LOW = (1 << _HALF) - 1
 # What a collective raises where a peer is gone (gloo: "Connection closed by peer").
 COLLECTIVE_ERRORS = (jax.errors.JaxRuntimeError,)
 
@@ -75,18 +78,6 @@ def _collectives_on(host: str) -> None:
 def gather(values: list[int]) -> Any:
     """Every process's `values` (integers from 0 to 2**62), one row a process; in a single
     process, its own."""
-    # JAX keeps 32-bit integers unless its x64 mode is on: each value goes as two halves.
     halves = np.asarray([[value >> _HALF, value & _LOW] for value in values], np.int32)
     rows = np.asarray(multihost_utils.process_allgather(halves)).astype(np.int64)
     return rows[..., 0] << _HALF | rows[..., 1]
-
-
-_HALF = 31
-_LOW = (1 << _HALF) - 1
-
-
-def leave(role: ClusterRole | None) -> None:
-    """Leaves the run together with the others: JAX's shutdown waits for every process, so
-    that none fails the others' heartbeats by leaving first."""
-    if role is not None:
-        jax.distributed.shutdown()

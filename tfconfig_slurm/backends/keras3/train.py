@@ -38,7 +38,7 @@ from tfconfig_slurm.backends.keras3.model_dir import (
     write_eval_scalars,
 )
 from tfconfig_slurm.cluster import watch_plan
-from tfconfig_slurm.cluster.layout import CHIEF
+from tfconfig_slurm.cluster.layout import CHIEF, WORKER
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import answering, preemption, reports, watchdog
@@ -134,10 +134,10 @@ class Keras3Backend:
             metrics = self._evaluate(process, progress.step)
             export(process.model, settings.model_dir, self._experiment.name, role)
         # Before the reports: a process that has reported leaves, and is not lost.
-        process.leave()
+        process.stop_watching()
         if metrics is not None:
             self._report(progress, metrics, started)
-        processes.leave(role)
+        _end_together(role)
         return end(Ending(stopped_on))
 
     def _evaluate(self, process: _Process, step: int) -> dict[str, Any]:
@@ -184,6 +184,7 @@ class _Process(NamedTuple):
     # (processes, devices) of the run.
     shape: tuple[int, int]
     peers: watchdog.PeerWatch | None
+    # Open until the process ends, for the chief to see it gone (_end_together).
     port: contextlib.ExitStack
 
     @classmethod
@@ -214,13 +215,28 @@ class _Process(NamedTuple):
         shape = (role.trainers if role is not None else 1, len(devices))
         return cls(model, checkpoints, events, shape, peers, port)
 
-    def leave(self) -> None:
-        """Stops watching and answering: the others may now end."""
+    def stop_watching(self) -> None:
+        """Stops watching the others, which may now end; this process's port answers until
+        it ends (_end_together)."""
         if self.peers is not None:
             self.peers.stop()
-        self.port.close()
         if self.events is not None:
             self.events.close()
+
+
+def _end_together(role: ClusterRole | None) -> None:
+    """The chief, whose process holds the run's JAX service, ends last: the others' JAX
+    clients abort their process once the service is gone (`Terminating process because the
+    JAX distributed service detected fatal errors`), and jax.distributed.shutdown's barrier
+    holds no process back where a lost one may not end the others (processes.join). So the
+    chief waits until every other's port, closed by its end, no longer answers."""
+    if role is None or role.role != CHIEF:
+        return
+    others = role.named(WORKER)
+    watchdog.until_gone(others)
+    logging.info(
+        "the %d other process%s ended", len(others), " has" if len(others) == 1 else "es have"
+    )
 
 
 def _check_same_start(step: int, settings: TrainingSettings) -> None:
