@@ -6,7 +6,10 @@ from __future__ import annotations
 import contextlib
 import os
 
+import pytest
+
 from tests.cli import wait_until
+from tfconfig_slurm.process import versions
 from tfconfig_slurm.process.command_output import Relay
 
 TRACEBACK = b"""W0000 a log line of TensorFlow's
@@ -79,3 +82,33 @@ def test_a_line_not_yet_ended_is_passed_on_at_once() -> None:
         os.close(writer)
     relay.finish()
     assert relay.why_it_failed() == "epoch 1: 50%"
+
+
+FILTERED = b"""Traceback (most recent call last):
+  File "/home/me/script.py", line 30, in <module>
+    model.fit(dataset, epochs=1)
+  File "/site-packages/keras/src/utils/traceback_utils.py", line 122, in error_handler
+    raise e.with_traceback(filtered_tb) from None
+ValueError: Attempt to convert a value (PerReplica:{ 0: <tf.Tensor> }) to a Tensor.
+"""
+
+
+def said_keras_3_of_a_filtered_traceback() -> bool:
+    """Keras 3 filters its own frames out of a traceback, all but traceback_utils.py's."""
+    relay, _, writer = relayed(FILTERED)
+    os.close(writer)
+    relay.finish()
+    return relay.through_keras_3
+
+
+def test_a_filtered_traceback_through_keras_2_is_not_keras_3() -> None:
+    """The Estimator suite's keras is Keras 2 (2.15), which has a traceback_utils.py too."""
+    assert versions.installed().keras.startswith("2.")  # type: ignore[union-attr]
+    assert not said_keras_3_of_a_filtered_traceback()
+
+
+@pytest.mark.tf2
+def test_a_filtered_traceback_through_keras_3_is_keras_3() -> None:
+    """TensorFlow 2.16+'s keras is Keras 3: its one frame left is enough."""
+    assert versions.installed().keras.startswith("3.")  # type: ignore[union-attr]
+    assert said_keras_3_of_a_filtered_traceback()

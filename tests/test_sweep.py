@@ -291,9 +291,22 @@ def test_a_run_s_standing_in_one_line_as_a_job_s_out_ends(tmp_path: Path) -> Non
         f"{halted}: stopped at step 40 (time limit) with a checkpoint; run it again with the "
         f"same experiment id to resume; task logs in {halted}/logs\n"
     )
-    nothing = run_module("tfconfig_slurm.commands", "runs", f"--run={tmp_path}")
+    # A job refused before it trained leaves no run in its directory, the batch script's
+    # logs/ at most.
+    nothing = run_module("tfconfig_slurm.commands", "runs", f"--run={tmp_path / 'refused'}")
     assert nothing.returncode == 2
-    assert f"--run: is '{tmp_path}', which holds no run" in nothing.stderr
+    assert f"--run: is '{tmp_path / 'refused'}', which is no directory" in nothing.stderr
+    (tmp_path / "refused" / "logs").mkdir(parents=True)
+    nothing = run_module("tfconfig_slurm.commands", "runs", f"--run={tmp_path / 'refused'}")
+    assert nothing.returncode == 0, nothing.stderr
+    assert nothing.stdout == (
+        f"{tmp_path / 'refused'}: no run has started here, nothing was trained; task logs in "
+        f"{tmp_path / 'refused'}/logs\n"
+    )
+    failed = run_dir(tmp_path, "failed", {"state": "failed"}, None, 220)
+    assert run_module("tfconfig_slurm.commands", "runs", f"--run={failed}").stdout.startswith(
+        f"{failed}: failed (its latest checkpoint is at step 220); first to fail: "
+    )
 
 
 def test_the_runs_table_refuses_an_unknown_metric_and_a_missing_root(tmp_path: Path) -> None:

@@ -132,14 +132,20 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
         # Said from inside a batch script once its step is over: its own job is ending, not
         # a sign that the run still runs.
         jobs[own] = _ENDING
-    run = _readable_run(folder, jobs)
-    if run is None:
+    if not folder.is_dir():
         raise UsageError(
             "--run",
-            f"is {str(folder)!r}, which holds no run",
+            f"is {str(folder)!r}, which is no directory",
             f"give a run's model directory, as `{PROGRAM}` lists them under their output root",
         )
-    paths, step, state = run_dir.RunDir(folder), run["global_step"], run["state"]
+    run = _readable_run(folder, jobs)
+    paths = run_dir.RunDir(folder)
+    if run is None:
+        # A batch job refused before its step trained (its first lines say why).
+        return f"{folder}: no run has started here, nothing was trained; task logs in {paths.logs}"
+    step, state = run["global_step"], run["state"]
+    # How far a failed run got is lost with it: what is kept is its latest checkpoint.
+    kept = "no checkpoint" if step is None else f"its latest checkpoint is at step {step}"
     why = f" ({run['ended_by'] or run['stopped_by']})" if _why(run) else ""
     said = {
         "done": f"done at step {step}"
@@ -151,7 +157,7 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
         "from the checkpoint",
         "stopped": f"stopped at step {step}{why} with a checkpoint; run it again with the same "
         "experiment id to resume",
-        "failed": f"failed at step {step}; first to fail: {run['first_failure'] or 'not recorded'}",
+        "failed": f"failed ({kept}); first to fail: {run['first_failure'] or 'not recorded'}",
     }.get(state, f"{state} at step {step}")
     return f"{folder}: {said}; task logs in {paths.logs}"
 

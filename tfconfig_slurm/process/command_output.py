@@ -6,13 +6,20 @@ TensorFlow here.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
 
+from tfconfig_slurm.process import versions
+
 # A frame of a traceback through Keras 3's package: folders Keras 2's keras/src (tf.keras on
 # TensorFlow 2.15) and tf_keras/src do not have.
 _KERAS_3_FRAME = re.compile(r'File ".*[/\\]keras[/\\]src[/\\](trainers|ops|backend)[/\\]')
+# Any frame of the keras package: Keras 3 filters its own frames out of a traceback by
+# default, leaving only its traceback_utils.py, which Keras 2 has too. Where the keras
+# installed is 3, such a frame is Keras 3's.
+_KERAS_FRAME = re.compile(r'File ".*[/\\]keras[/\\]src[/\\]')
 _TRACEBACK = "Traceback (most recent call last):"
 # What one read takes at most: output passes on as it comes, a progress bar's \r included.
 _CHUNK = 1 << 16
@@ -75,7 +82,9 @@ class Relay:
             # The first unindented line after the frames: the exception, whose message may
             # run on over many lines (a PerReplica's repr), joined to it up to _WHY_CHARS.
             self._in_traceback, self._exception, self._message_goes_on = False, line, True
-        elif self._in_traceback and _KERAS_3_FRAME.search(line):
+        elif self._in_traceback and (
+            _KERAS_3_FRAME.search(line) or (_KERAS_FRAME.search(line) and _keras_is_3())
+        ):
             self._keras_3 = True
         elif self._message_goes_on and line.strip() and not _LOG_LINE.match(line):
             self._exception = f"{self._exception} {line.strip()}"
@@ -92,3 +101,10 @@ def _next_chunk(source: int) -> bytes:
         return os.read(source, _CHUNK)
     except OSError:
         return b""
+
+
+@functools.cache
+def _keras_is_3() -> bool:
+    """Whether the keras this Python has installed is Keras 3 (or later)."""
+    keras = versions.installed().keras
+    return keras is not None and keras.split(".")[0].isdigit() and int(keras.split(".")[0]) >= 3
