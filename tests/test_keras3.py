@@ -281,3 +281,58 @@ def test_usr1_requeues_a_keras3_job_that_resumes_from_the_step_it_stopped_at(
     assert checkpoint_step(model_dir) == 200
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["global_step"] == 200 and summary["eval"]["accuracy"] > 0.9, summary
+
+
+WITH_TFCONFIG = REPOSITORY / "launch" / "with-tfconfig"
+# A user's Keras 3 script, as Keras's distribution guide writes one.
+GUIDE = REPOSITORY / "tests" / "fixtures" / "keras3_guide.py"
+
+
+@pytest.mark.slurm
+def test_a_keras3_script_as_the_guide_writes_it_trains_under_with_tfconfig_on_two_nodes(
+    slurm_cluster: SlurmCluster,
+) -> None:
+    """keras.distribution.initialize() with no arguments, on 2 nodes x 2 tasks: one mesh of 4
+    devices, gloo across the nodes (whose hostnames resolve to loopback), the same weights in
+    every process, exit 0, nothing left behind."""
+    done = slurm_cluster.run(
+        ["srun", "--nodes=2", "--ntasks-per-node=2", "--label", str(WITH_TFCONFIG), "--keras3",
+         str(KERAS3_PYTHON), str(GUIDE)],
+        timeout=300, TFCONFIG_SLURM_PYTHON=str(KERAS3_PYTHON),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    sums = re.findall(r"process (\d) of 4 devices: weights sum (\S+)", done.stdout)
+    assert sorted(process for process, _ in sums) == ["0", "1", "2", "3"], done.stdout[-3000:]
+    assert len({total for _, total in sums}) == 1, sums
+    assert "chief 0: its command and the 3 trainers below it finished" in done.stderr
+    assert slurm_cluster.left_behind() == {}
+
+
+@pytest.mark.slurm
+def test_a_killed_process_of_a_keras3_script_ends_its_step_named(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    (tmp_path / "logs").mkdir()
+    step = subprocess.Popen(
+        ["srun", "--nodes=2", "--ntasks-per-node=2", f"--output={tmp_path}/logs/%t.log",
+         str(WITH_TFCONFIG), "--keras3", "--model_dir", str(tmp_path), str(KERAS3_PYTHON),
+         str(GUIDE)],
+        env=slurm_cluster.environ(
+            TFCONFIG_SLURM_PYTHON=str(KERAS3_PYTHON), PACED_SECONDS="0.05"
+        ),
+        cwd=REPOSITORY, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    logs = tmp_path / "logs"
+    try:
+        assert wait_until(
+            lambda: len(re.findall(r"batch \d+ done", read_logs(logs))) >= 20, START_SECONDS
+        ), read_logs(logs)[-3000:]
+        os.kill(slurm_cluster.task_pid(3, running=str(GUIDE)), signal.SIGKILL)
+        ended_within(step, END_SECONDS)
+    finally:
+        if step.poll() is None:
+            step.kill()
+    assert step.returncode != 0
+    first = json.loads(next((tmp_path / "failures").glob("*.json")).read_text())
+    assert first["line"].startswith("worker 2 on node2"), first
+    assert slurm_cluster.left_behind() == {}

@@ -186,6 +186,17 @@ class ClusterRole:
         """The address of the trainer `trainer_id` names (see trainer_id)."""
         return self.cluster[CHIEF][0] if trainer_id == 0 else self.cluster[WORKER][trainer_id - 1]
 
+    def keras_distribution(self) -> dict[str, str]:
+        """What keras.distribution.initialize() reads with no arguments for this trainer: the
+        trainers' addresses (the chief's first: JAX's coordination service listens there),
+        their number, and this one's place among them."""
+        addresses = [self.trainer_address(trainer) for trainer in range(self.trainers)]
+        return {
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES": ",".join(addresses),
+            "KERAS_DISTRIBUTION_NUM_PROCESSES": str(self.trainers),
+            "KERAS_DISTRIBUTION_PROCESS_ID": str(self.trainer_id),
+        }
+
     def jobs(self) -> dict[str, list[str]]:
         """The cluster as TF_CONFIG and tf.train.ClusterSpec take it: lists of addresses."""
         return {job: list(tasks) for job, tasks in self.cluster.items()}

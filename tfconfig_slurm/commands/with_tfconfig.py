@@ -17,21 +17,23 @@ refused, unless --override.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from absl import flags, logging
 
 from tfconfig_slurm.cluster import render
-from tfconfig_slurm.cluster.layout import EVALUATOR
+from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.commands import layout_flags
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import failure, network, place, supervise
+from tfconfig_slurm.process import answering, failure, network, place, supervise
 from tfconfig_slurm.process.owner import RunOwner, owns_run
 
 PROGRAM = "with-tfconfig"
@@ -57,7 +59,19 @@ WORKER_RESTARTS = flags.DEFINE_integer(
     "failed is started again on its port: the coordinator carries on without it meanwhile.",
     lower_bound=0,
 )
+KERAS3 = flags.DEFINE_boolean(
+    "keras3",
+    False,
+    "The command is a Keras 3 script on JAX (keras.distribution): the step is laid out as "
+    "with --all_reduce, one process a task (tfconfig-slurm --explain --all_reduce shows it); "
+    "each task gets KERAS_DISTRIBUTION_JOB_ADDRESSES, _NUM_PROCESSES and _PROCESS_ID, which "
+    "keras.distribution.initialize() reads with no arguments, KERAS_BACKEND=jax unless set, "
+    "and JAX's CPU collectives on the task's own address.",
+)
 flags.adopt_module_key_flags(layout_flags)
+# The one on PYTHONPATH for a --keras3 command (backends/keras3/boot/sitecustomize.py).
+_KERAS3_BOOT = "tfconfig_slurm.backends.keras3.boot"
+_GLOO_HOST = "TFCONFIG_SLURM_GLOO_HOST"
 
 
 def main(argv: Sequence[str]) -> int:
@@ -66,6 +80,8 @@ def main(argv: Sequence[str]) -> int:
         raise UsageError(
             "COMMAND", "missing: nothing to run", "srun launch/with-tfconfig python my_script.py"
         )
+    if KERAS3.value:
+        _keras3_layout()
     layout, rank = layout_flags.resolve_layout(os.environ)
     if rank is None:
         raise UsageError(
@@ -105,6 +121,7 @@ def main(argv: Sequence[str]) -> int:
         network.check_port_free(f"{task.role} {task.index}", task.address)
     environment = {**os.environ, **environment}
     role = ClusterRole.from_json(tf_config)
+    environment.update(_keras3_environment(role, environment) if KERAS3.value else {})
     owner = None
     if MODEL_DIR.value:
         model_dir = _made(Path(MODEL_DIR.value))
@@ -132,7 +149,46 @@ def main(argv: Sequence[str]) -> int:
         ) from None
     if owner is not None:
         owner.say("running", None)
-    return supervise.supervise(group, role, owner, WORKER_RESTARTS.value)
+    with _port_answered(role):
+        return supervise.supervise(group, role, owner, WORKER_RESTARTS.value)
+
+
+def _port_answered(role: ClusterRole) -> contextlib.AbstractContextManager[object]:
+    """Nothing of JAX's listens on a --keras3 worker's port (its service is on the chief's):
+    the supervisor answers there for the command's watchers. Another command's own server
+    does."""
+    if KERAS3.value and role.role != CHIEF:
+        return answering.answering(role)
+    return contextlib.nullcontext()
+
+
+def _keras3_layout() -> None:
+    """--keras3 lays the step out as --all_reduce does, refusing what would add other
+    tasks than the processes of one mesh."""
+    for name in ("ps_per_node", "coordinator", "evaluator", "roles"):
+        if flags.FLAGS[name].present:
+            raise UsageError(
+                f"--{name}",
+                "lays out other tasks than trainers, and --keras3 runs one JAX process a task, "
+                "all of them training",
+                f"leave --{name} out: --keras3 lays the step out as --all_reduce does",
+            )
+    flags.FLAGS["all_reduce"].value = True
+
+
+def _keras3_environment(role: ClusterRole, environment: Mapping[str, str]) -> dict[str, str]:
+    """A --keras3 command's own variables: keras.distribution's, its backend (unless set), and
+    the boot folder first on its PYTHONPATH, which puts JAX's CPU collectives on the task's
+    own address."""
+    boot = importlib.util.find_spec(_KERAS3_BOOT)
+    assert boot is not None and boot.origin is not None
+    path = [str(Path(boot.origin).parent), *filter(None, [environment.get("PYTHONPATH")])]
+    return {
+        **role.keras_distribution(),
+        "KERAS_BACKEND": environment.get("KERAS_BACKEND", "jax"),
+        _GLOO_HOST: role.address.rpartition(":")[0],
+        "PYTHONPATH": os.pathsep.join(path),
+    }
 
 
 def _made(model_dir: Path) -> Path:

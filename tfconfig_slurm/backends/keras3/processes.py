@@ -1,14 +1,6 @@
 """The JAX processes of a run as one: jax.distributed joined from the task's role, CPU
-collectives on the node's own address, one random seed, and the small agreements training
-needs (a stop, the checkpoint restored).
-
-JAX's public API leaves gloo, its CPU collectives, to advertise whatever the machine's
-hostname resolves to: 127.0.0.1 on hosts with Debian's `127.0.1.1 <hostname>` line and on the
-test cluster's nodes, where every connection between nodes was refused
-(../shared/reference/KERAS3_FACTS.md). The CPU backend is therefore made here, through JAX's
-own factory, with gloo told the address the layout gives this task. That uses JAX's internal
-modules (jax._src); a JAX that changes them is refused in one line at the start.
-"""
+collectives on the address the layout gives the task (gloo.py), one random seed, and the small
+agreements training needs (a stop, the checkpoint restored, the weights at the end)."""
 
 from __future__ import annotations
 
@@ -20,8 +12,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from tfconfig_slurm.backends.keras3 import gloo
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.errors import InstallError
 
 # JAX keeps 32-bit integers unless its x64 mode is on: gather sends each value as two halves.
 _HALF = 31
@@ -45,34 +37,12 @@ def join(role: ClusterRole | None) -> None:
         num_processes=role.trainers,
         process_id=role.trainer_id,
     )
-    _collectives_on(role.address.rpartition(":")[0])
+    gloo.on(role.address.rpartition(":")[0])
     # Not keras.utils.set_random_seed: it imports TensorFlow wherever one is installed, for
     # its seed too. Keras draws its default seeds from Python's random.
     seed = zlib.crc32((role.run_id or "").encode())
     random.seed(seed)
     np.random.seed(seed)
-
-
-def _collectives_on(host: str) -> None:
-    """JAX's CPU backend, made on first use, with gloo on `host` (see the module's note)."""
-    try:
-        from jax._src import distributed, xla_bridge  # noqa: PLC0415
-        from jax._src.lib import _jax  # noqa: PLC0415
-
-        make_client, register = xla_bridge.make_cpu_client, xla_bridge.register_backend_factory
-        make_gloo = _jax.make_gloo_tcp_collectives
-    except (ImportError, AttributeError) as error:
-        raise InstallError(
-            f"JAX {jax.__version__}",
-            f"lacks the internal function tfconfig-slurm gives gloo its address with ({error})",
-            "install a JAX release from 0.4.35 to 0.12 (pip install 'jax<0.13')",
-        ) from None
-
-    def cpu_client() -> Any:
-        gloo = make_gloo(distributed_client=distributed.global_state.client, hostname=host)
-        return make_client(collectives=gloo)
-
-    register("cpu", cpu_client, priority=0, fail_quietly=False)
 
 
 def gather(values: list[int]) -> Any:
