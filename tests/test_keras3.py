@@ -28,9 +28,12 @@ from tests.cli import (
     wait_until,
 )
 from tests.slurm_cluster import SlurmCluster, submit, warn_and_requeue
+from tests.slurm_envs import task_env
 from tests.test_keras import SUMMARY_KEYS, hparams_sessions
 from tests.test_local_cluster import alive, started_pids
 from tests.test_signals import ended
+from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step, render
+from tfconfig_slurm.cluster.role import ClusterRole
 
 pytestmark = pytest.mark.keras3
 
@@ -336,3 +339,41 @@ def test_a_killed_process_of_a_keras3_script_ends_its_step_named(
     first = json.loads(next((tmp_path / "failures").glob("*.json")).read_text())
     assert first["line"].startswith("worker 2 on node2"), first
     assert slurm_cluster.left_behind() == {}
+
+
+def test_keras_distribution_gives_keras_the_task_s_place_as_with_tfconfig_keras3_does() -> None:
+    """tfconfig_slurm.keras_distribution() in rank 3 of a 2 x 2 step: the values
+    with-tfconfig --keras3 sets, read from SLURM's variables as every entry point reads them."""
+    environ = task_env(["node1", "node2"], [2, 2], 3, gpus="0,1")
+    script = (
+        "import json, os, tfconfig_slurm; "
+        "print(json.dumps([tfconfig_slurm.keras_distribution(), "
+        "os.environ['CUDA_VISIBLE_DEVICES'], 'TF_CONFIG' in os.environ]))"
+    )
+    said = subprocess.run(
+        [str(KERAS3_PYTHON), "-c", script], env={"PATH": os.environ["PATH"], **environ},
+        capture_output=True, text=True, timeout=60, check=False, cwd=REPOSITORY,
+    )  # fmt: skip
+    assert said.returncode == 0, said.stderr[-3000:]
+    (addresses, processes, process), gpus, tf_config = json.loads(said.stdout)
+    layout = lay_out_step(read_slurm_step(environ), LayoutPolicy(all_reduce=True))
+    role = ClusterRole.from_json(render.task_environment(layout, 3)["TF_CONFIG"])
+    assert role.keras_distribution() == {
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES": addresses,
+        "KERAS_DISTRIBUTION_NUM_PROCESSES": str(processes),
+        "KERAS_DISTRIBUTION_PROCESS_ID": str(process),
+    }
+    assert addresses.split(",")[0].startswith("node1:") and (processes, process) == (4, 3)
+    # Its GPU of its node's two, by SLURM's id; no TF_CONFIG left behind for another framework
+    # to read.
+    assert (gpus, tf_config) == ("1", False)
+    one = "import tfconfig_slurm; print(tfconfig_slurm.keras_distribution())"
+    alone = subprocess.run(
+        [str(KERAS3_PYTHON), "-c", one],
+        env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=60,
+        check=False, cwd=REPOSITORY,
+    )  # fmt: skip
+    assert re.fullmatch(
+        r"KerasDistribution\(job_addresses='localhost:\d+', num_processes=1, process_id=0\)\n",
+        alone.stdout,
+    ), alone.stderr[-3000:]

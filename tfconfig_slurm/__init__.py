@@ -4,9 +4,10 @@
 step (it imports TensorFlow when first used; it is left out of `import *`, which would end
 a process without Estimator); `input_shard()` says which share of the data a trainer reads.
 `tfconfig_slurm.cluster_resolver(...)` is this task's tf.distribute cluster resolver, for a
-strategy (it imports TensorFlow). `tfconfig_slurm.cluster` turns a SLURM task's environment
-into its TF_CONFIG without importing TensorFlow; `python -m tfconfig_slurm.tfconfig` prints or
-explains it.
+strategy (it imports TensorFlow); `tfconfig_slurm.keras_distribution()` its Keras 3
+counterpart, the arguments of keras.distribution.initialize. `tfconfig_slurm.cluster` turns a
+SLURM task's environment into its TF_CONFIG without importing TensorFlow;
+`python -m tfconfig_slurm.tfconfig` prints or explains it.
 """
 
 from typing import Any
@@ -57,4 +58,10 @@ def __getattr__(name: str) -> Any:
         from tfconfig_slurm.backends.keras.resolver import cluster_resolver  # noqa: PLC0415
 
         return cluster_resolver
+    if name == "keras_distribution":
+        from tfconfig_slurm.backends.keras3.distribution import (  # noqa: PLC0415
+            keras_distribution,
+        )
+
+        return keras_distribution
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

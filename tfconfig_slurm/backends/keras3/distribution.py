@@ -1,0 +1,67 @@
+"""keras.distribution's three values for this SLURM task, for a Keras 3 script that runs
+under plain srun rather than with-tfconfig --keras3:
+
+  keras.distribution.initialize(*tfconfig_slurm.keras_distribution())
+
+The task's place comes from the one door every entry point takes (process/place.find), laid
+out as with --all_reduce: a TF_CONFIG made for this step (with-tfconfig's) wins; else the
+step's layout, with the TFCONFIG_SLURM_* variables. Sets CUDA_VISIBLE_DEVICES to the task's
+GPUs by SLURM's ids, and puts JAX's CPU collectives on the task's own address (gloo.py): call
+it before JAX first looks at its devices. Imports no Keras and no JAX but JAX's registry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections.abc import MutableMapping
+from typing import NamedTuple
+
+from tfconfig_slurm.backends.keras3 import gloo
+from tfconfig_slurm.process import network, place
+
+# How the layout's settings are named in an error about them.
+_SOURCE = "keras_distribution()"
+
+
+class KerasDistribution(NamedTuple):
+    """keras.distribution.initialize's arguments: the processes' addresses (the first is
+    JAX's coordination service, process 0's), their number, and this process's id."""
+
+    job_addresses: str
+    num_processes: int
+    process_id: int
+
+
+def keras_distribution(environ: MutableMapping[str, str] | None = None) -> KerasDistribution:
+    """This task's arguments for keras.distribution.initialize; a bad layout setting raises
+    UsageError naming it. Outside a job step of several tasks (and given no TF_CONFIG), the
+    one process's own: this machine's address, 1, 0."""
+    if environ is None:
+        environ = os.environ
+    given = environ.get("TF_CONFIG")
+    policy = dataclasses.replace(place.policy_from_environ(environ), all_reduce=True)
+    where = place.find(environ, policy, _SOURCE)
+    if given is None:
+        # No environment string carries the cluster, as with the tf.distribute resolver.
+        environ.pop("TF_CONFIG", None)
+    if where.role is None:
+        return KerasDistribution(f"localhost:{_free_port()}", 1, 0)
+    if where.role.trainer_id == 0:
+        # Where JAX's coordination service is to listen.
+        network.check_port_free(str(where.role.task_id), where.role.address)
+    values = where.role.keras_distribution()
+    gloo.on(where.role.address.rpartition(":")[0])
+    return KerasDistribution(
+        values["KERAS_DISTRIBUTION_JOB_ADDRESSES"],
+        int(values["KERAS_DISTRIBUTION_NUM_PROCESSES"]),
+        int(values["KERAS_DISTRIBUTION_PROCESS_ID"]),
+    )
+
+
+def _free_port() -> int:
+    """A port free on this machine now, for a single process's own coordination service."""
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return int(probe.getsockname()[1])
