@@ -150,7 +150,7 @@ def main(argv: Sequence[str]) -> int:
     if owner is not None:
         owner.say("running", None)
     with _port_answered(role):
-        return supervise.supervise(group, role, owner, WORKER_RESTARTS.value)
+        return supervise.supervise(group, role, owner, WORKER_RESTARTS.value, keras_3=KERAS3.value)
 
 
 def _port_answered(role: ClusterRole) -> contextlib.AbstractContextManager[object]:

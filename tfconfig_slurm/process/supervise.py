@@ -76,11 +76,15 @@ def supervise(
     role: ClusterRole,
     owner: RunOwner | None = None,
     restarts: int = WORKER_RESTARTS,
+    *,
+    keras_3: bool = False,
 ) -> int:
     """Runs the command started in `command` as `role`'s task to its end; the exit status to
     leave with. The run's `owner` (the chief, told its run directory) says in state.json how
     the command ended: done, stopped on a signal, or failed. A coordinator's worker whose
-    command fails starts it again, at most `restarts` times."""
+    command fails starts it again, at most `restarts` times. A `keras_3` command trains Keras 3
+    on JAX: a traceback through Keras 3 is no sign of the wrong Keras there."""
+    explained = functools.partial(_its_failure, keras_3=keras_3)
     (child,) = command.started
     stopped_by: list[signal.Signals] = []
 
@@ -132,9 +136,17 @@ def supervise(
             ending,
             restarts=restarts if role.role == WORKER else 0,
             stopped_by=stopped_by,
+            its_failure=explained,
         )
     ended = functools.partial(
-        _run_watched, command, role, lost, ending, owner=owner, stopped_by=stopped_by
+        _run_watched,
+        command,
+        role,
+        lost,
+        ending,
+        owner=owner,
+        stopped_by=stopped_by,
+        its_failure=explained,
     )
     if role.coordinator and role.role == CHIEF:
         return _coordinate(role, ended(role.named(PS)))
@@ -145,7 +157,7 @@ def supervise(
         return status
     status = children.exit_status(child.wait())
     if status != 0 and not stopped_by:
-        logging.error("%s: %s", role.task_id, _its_failure(command, child, role))
+        logging.error("%s: %s", role.task_id, explained(command, child, role))
     return status
 
 
@@ -215,7 +227,13 @@ def _after_command() -> None:
         signal.signal(signum, signal.SIG_DFL if signum in children.STOPPING else signal.SIG_IGN)
 
 
-def _its_failure(command: children.Group, child: children.Child, role: ClusterRole) -> str:
+# _its_failure, as one supervisor explains its command's failure.
+_Explain = Callable[[children.Group, children.Child, ClusterRole], str]
+
+
+def _its_failure(
+    command: children.Group, child: children.Child, role: ClusterRole, *, keras_3: bool
+) -> str:
     """Records the failure of this task's command, with the exception its stderr ended on,
     and says so in words: `its command failed: ValueError: ...`. A traceback through Keras 3,
     which none of the layouts trains, is said with what to run instead."""
@@ -224,13 +242,14 @@ def _its_failure(command: children.Group, child: children.Child, role: ClusterRo
         relay.finish()
     why = relay.why_it_failed() if relay is not None and child.returncode > 0 else ""
     failure.record_exit(child.returncode, why)
-    if relay is not None and relay.through_keras_3:
+    if relay is not None and relay.through_keras_3 and not keras_3:
         logging.error(
             "%s: its command's traceback runs through Keras 3 (import keras), which "
             "tf.distribute's MultiWorkerMirroredStrategy and ParameterServerStrategy do not "
             "train (keras-team/keras#20585). HINT: build the model with tf-keras: import "
             "tf_keras as keras (pip install tf-keras), or tf.keras with TF_USE_LEGACY_KERAS=1 "
-            "set before TensorFlow is imported",
+            "set before TensorFlow is imported; or train it on JAX: with-tfconfig --keras3 "
+            "(docs/keras3.md)",
             role.task_id,
         )
     return f"its command failed: {why}" if why else "its command failed"
@@ -265,6 +284,7 @@ def _run_watched(
     *,
     owner: RunOwner | None,
     stopped_by: list[signal.Signals],
+    its_failure: _Explain,
 ) -> int:
     """Runs a trainer's or coordinator's command while `watched` are watched; once it exits,
     the run's owner says how, and a failure is recorded and said on the task's port. The
@@ -282,7 +302,7 @@ def _run_watched(
         if stopped_by:
             _say_failed(role, f"its command stopped on {stopped_by[0].name}")
         else:
-            _say_failed(role, _its_failure(command, child, role))
+            _say_failed(role, its_failure(command, child, role))
     return status
 
 
@@ -311,6 +331,7 @@ def _serve(
     *,
     restarts: int,
     stopped_by: list[signal.Signals],
+    its_failure: _Explain,
 ) -> int:
     """A task that serves (a ps, a coordinator's worker) until its herald says FINISHED
     (watch_plan.herald), then ends its command, whose server.join() never returns. A ps also
@@ -369,7 +390,7 @@ def _serve(
                 _server_failure_hint(role, child.returncode),
             )
             _claim_the_end(ending)
-            _say_failed(role, _its_failure(command, child, role))
+            _say_failed(role, its_failure(command, child, role))
         return status
     logging.info(
         "%s: %s; ending its command (a server's join() never returns; %s said so)",

@@ -73,8 +73,8 @@ def built_model(experiment: KerasExperiment, params: Mapping[str, Any]) -> Any:
         raise UsageError(
             "--experiment",
             f"{experiment.name}'s build_model returned {what}",
-            "build a tf-keras model: import tf_keras as keras (Keras 3's multi-worker training "
-            "does not work)"
+            "build a tf-keras model: import tf_keras as keras (tf.distribute does not train "
+            "Keras 3); or import keras alone, and the experiment trains on JAX (docs/keras3.md)"
             if keras_3
             else "return the compiled tf_keras.Model",
         )
