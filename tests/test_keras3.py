@@ -23,6 +23,7 @@ from tests.cli import (
     REPOSITORY,
     checkpoint_step,
     ended_within,
+    free_port_block,
     read_logs,
     run_module,
     wait_until,
@@ -44,7 +45,11 @@ _SAME_WEIGHTS = re.compile(r"the (\d+) processes hold the same weights \(checksu
 
 
 def train(
-    root: Path, *flags: str, experiment: str = "mnist_keras3", timeout: float = 300
+    root: Path,
+    *flags: str,
+    experiment: str = "mnist_keras3",
+    timeout: float = 300,
+    environ: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     return run_module(
         RUN,
@@ -53,6 +58,7 @@ def train(
         *flags,
         timeout=timeout,
         python=KERAS3_PYTHON,
+        environ=environ,
     )
 
 
@@ -71,9 +77,12 @@ def start(root: Path, *flags: str) -> tuple[subprocess.Popen[str], Path]:
 
 def test_mnist_keras3_trains_in_one_process_and_resumes_to_the_step(tmp_path: Path) -> None:
     first = train(
-        tmp_path, "--train_steps=40", "--save_checkpoints_steps=20", "--log_every_steps=10"
-    )
+        tmp_path, "--train_steps=40", "--save_checkpoints_steps=20", "--log_every_steps=10",
+        environ={"KERAS_BACKEND": "torch"},
+    )  # fmt: skip
     assert first.returncode == 0, first.stderr[-3000:]
+    # The runtime chooses the backend of its own runs, and says so where another was set.
+    assert "KERAS_BACKEND=torch: a Keras 3 experiment trains on JAX here" in first.stderr
     model_dir = tmp_path / "mnist_keras3"
     assert checkpoint_step(model_dir) == 40
     written = re.findall(r"checkpoint of step (\d+) written in \d+\.\d\d s", first.stderr)
@@ -338,6 +347,8 @@ def test_a_killed_process_of_a_keras3_script_ends_its_step_named(
     assert step.returncode != 0
     first = json.loads(next((tmp_path / "failures").glob("*.json")).read_text())
     assert first["line"].startswith("worker 2 on node2"), first
+    # The others' tracebacks run through Keras 3, which is no mistake here.
+    assert "Keras 3" in read_logs(logs) and "build the model with tf-keras" not in read_logs(logs)
     assert slurm_cluster.left_behind() == {}
 
 
@@ -377,3 +388,94 @@ def test_keras_distribution_gives_keras_the_task_s_place_as_with_tfconfig_keras3
         r"KerasDistribution\(job_addresses='localhost:\d+', num_processes=1, process_id=0\)\n",
         alone.stdout,
     ), alone.stderr[-3000:]
+
+
+SHOW_KERAS = (
+    "import json, os; print(json.dumps({name: os.environ.get(name) for name in ("
+    "'KERAS_DISTRIBUTION_JOB_ADDRESSES', 'KERAS_DISTRIBUTION_NUM_PROCESSES', "
+    "'KERAS_DISTRIBUTION_PROCESS_ID', 'KERAS_BACKEND', 'TFCONFIG_SLURM_GLOO_HOST', "
+    "'PYTHONPATH')}))"
+)
+
+
+def with_tfconfig(*arguments: str, rank: int) -> subprocess.CompletedProcess[str]:
+    """launch/with-tfconfig in rank `rank` of a one-node step of 4 tasks on loopback."""
+    return subprocess.run(
+        [str(WITH_TFCONFIG), *arguments],
+        env={
+            "PATH": os.environ["PATH"],
+            "TFCONFIG_SLURM_PYTHON": str(KERAS3_PYTHON),
+            "PYTHONPATH": "/my/own",
+            **task_env(["localhost"], [4], rank),
+        },
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_with_tfconfig_keras3_gives_each_task_keras_distribution_s_variables() -> None:
+    """Rank 3, the last worker: its place among 4 processes, the chief's address first, JAX as
+    the backend, and the boot folder ahead of the user's own PYTHONPATH."""
+    shown = with_tfconfig("--keras3", str(KERAS3_PYTHON), "-c", SHOW_KERAS, rank=3)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    environ = json.loads(shown.stdout)
+    addresses = environ["KERAS_DISTRIBUTION_JOB_ADDRESSES"].split(",")
+    assert len(addresses) == 4 and all(a.startswith("localhost:") for a in addresses)
+    assert f"is worker 2 at {addresses[3]}" in shown.stderr
+    assert (
+        environ["KERAS_DISTRIBUTION_NUM_PROCESSES"],
+        environ["KERAS_DISTRIBUTION_PROCESS_ID"],
+    ) == ("4", "3")
+    assert (environ["KERAS_BACKEND"], environ["TFCONFIG_SLURM_GLOO_HOST"]) == ("jax", "localhost")
+    boot, own = environ["PYTHONPATH"].split(os.pathsep)
+    assert (Path(boot) / "sitecustomize.py").is_file() and own == "/my/own"
+
+
+def test_with_tfconfig_keras3_refuses_tasks_that_are_no_jax_process() -> None:
+    refused = with_tfconfig("--keras3", "--ps_per_node=1", "true", rank=0)
+    assert refused.returncode == 2
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith("with-tfconfig: --ps_per_node: lays out other tasks than trainers")
+
+
+def test_processes_that_restore_different_steps_refuse_in_one_line(tmp_path: Path) -> None:
+    """As where the nodes do not share --output_root: the chief finds a checkpoint, the worker
+    none. Trained on, their weights would differ."""
+    first = train(tmp_path / "shared", "--train_steps=10", experiment=str(PACED_KERAS3))
+    assert first.returncode == 0, first.stderr[-3000:]
+    base = free_port_block(2)
+    cluster = {"chief": [f"localhost:{base}"], "worker": [f"localhost:{base + 1}"]}
+    tasks = [
+        subprocess.Popen(
+            [
+                str(KERAS3_PYTHON),
+                "-m",
+                RUN,
+                f"--experiment={PACED_KERAS3}",
+                f"--output_root={tmp_path / root}",
+                "--train_steps=100",
+            ],
+            env={
+                **os.environ,
+                "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": kind, "index": 0}}),
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPOSITORY,
+        )
+        for kind, root in (("chief", "shared"), ("worker", "elsewhere"))
+    ]
+    try:
+        logs = [task.communicate(timeout=120)[1] for task in tasks]
+    finally:
+        for task in tasks:
+            task.kill()
+    assert [task.returncode for task in tasks] == [2, 2], logs
+    for log, root in zip(logs, ("shared", "elsewhere")):
+        assert log.splitlines()[-1] == (
+            f"tfconfig-slurm-run: --output_root: the processes restored different checkpoints "
+            f"of {tmp_path / root / 'paced_keras3'} (global steps 0 to 10): it is not the same "
+            "directory on every node. HINT: put --output_root on a file system every node of "
+            "the job mounts"
+        )
+    assert not (tmp_path / "elsewhere" / "paced_keras3" / "state.json").exists()

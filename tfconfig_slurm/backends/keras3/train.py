@@ -41,7 +41,7 @@ from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF, WORKER
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import answering, preemption, reports, watchdog
+from tfconfig_slurm.process import answering, history, preemption, reports, watchdog
 from tfconfig_slurm.process.experiment import KerasExperiment
 from tfconfig_slurm.process.lifecycle import Ending, Hparam, TaskRun
 from tfconfig_slurm.process.owner import owns_run
@@ -205,12 +205,14 @@ class _Process(NamedTuple):
                 keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
             )
         peers = watchdog.PeerWatch(watch_plan.neighbours(role)) if role is not None else None
+        if role is not None:
+            # Before any step of JAX's: a process restoring a checkpoint makes other
+            # collectives than one that finds none, which JAX takes for a mismatch.
+            _check_same_start(history.checkpoint_step(settings.model_dir) or 0, settings)
         model = built_model(experiment, settings.params)
         checkpoints = Checkpoints(
             model, settings.model_dir, role, settings.keep_checkpoint_max, stop=task.stop
         )
-        if role is not None:
-            _check_same_start(checkpoints.last, settings)
         events = Events(settings.model_dir) if owns_run(role) else None
         shape = (role.trainers if role is not None else 1, len(devices))
         return cls(model, checkpoints, events, shape, peers, port)
