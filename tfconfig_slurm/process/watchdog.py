@@ -259,12 +259,14 @@ def _refuses(address: str) -> bool:
     return False
 
 
-def until_gone(peers: Mapping[str, str], *, unseen_for: float = 0.0) -> None:
-    """Returns once none of `peers` answers any more, or after GONE_SECONDS; a peer not
+def until_gone(
+    peers: Mapping[str, str], *, unseen_for: float = 0.0, within: float = GONE_SECONDS
+) -> None:
+    """Returns once none of `peers` answers any more, or after `within` seconds; a peer not
     yet seen to answer is waited for `unseen_for` seconds at most."""
     started = time.monotonic()
     unseen = set(peers.values())
-    while (now := time.monotonic()) < started + GONE_SECONDS:
+    while (now := time.monotonic()) < started + within:
         answering = set(filter(answers, peers.values()))
         unseen -= answering
         if not answering and (not unseen or now >= started + unseen_for):

@@ -21,7 +21,7 @@ import logging as python_logging
 import time
 import warnings
 import zlib
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any, Callable, NamedTuple
 
 import keras
@@ -97,6 +97,10 @@ class Keras3Backend:
             events.hparams(hparams, trial_id)
 
     def train(self, end: Callable[[Ending], Any]) -> Any:
+        with _others_end_first(self._role):
+            return self._train(end)
+
+    def _train(self, end: Callable[[Ending], Any]) -> Any:
         process, settings, role = self._set_up(), self._settings, self._role
         started = time.monotonic()
         progress = _Progress(
@@ -198,6 +202,18 @@ class _Process(NamedTuple):
         processes.join(role)
         # JAX's distributed service took SIGTERM as it started (its preemption notifier).
         task.stop.listen_again()
+        with _others_end_first(role):
+            return cls._made(experiment, settings, task, port)
+
+    @classmethod
+    def _made(
+        cls,
+        experiment: KerasExperiment,
+        settings: TrainingSettings,
+        task: TaskRun,
+        port: contextlib.ExitStack,
+    ) -> _Process:
+        role = task.place.role
         devices = keras.distribution.list_devices()
         if role is not None:
             keras.distribution.set_distribution(
@@ -224,6 +240,24 @@ class _Process(NamedTuple):
             self.peers.stop()
         if self.events is not None:
             self.events.close()
+
+
+@contextlib.contextmanager
+def _others_end_first(role: ClusterRole | None) -> Iterator[None]:
+    """A chief whose process fails gives the others a few seconds to end first (they fail
+    of the same cause, most often), so that each says its own error rather than JAX's abort
+    of a process whose coordination service is gone (_end_together)."""
+    try:
+        yield
+    except BaseException:
+        if role is not None and role.role == CHIEF:
+            watchdog.until_gone(role.named(WORKER), within=_FAILING_SECONDS)
+        raise
+
+
+# How long a failing chief waits for the others to end: a process stuck in a collective with
+# it would wait for it forever.
+_FAILING_SECONDS = 5.0
 
 
 def _end_together(role: ClusterRole | None) -> None:
