@@ -359,14 +359,15 @@ def test_keras_distribution_gives_keras_the_task_s_place_as_with_tfconfig_keras3
     script = (
         "import json, os, tfconfig_slurm; "
         "print(json.dumps([tfconfig_slurm.keras_distribution(), "
-        "os.environ['CUDA_VISIBLE_DEVICES'], 'TF_CONFIG' in os.environ]))"
+        "os.environ['CUDA_VISIBLE_DEVICES'], 'TF_CONFIG' in os.environ, "
+        "os.environ['JAX_LOCAL_DEVICE_IDS']]))"
     )
     said = subprocess.run(
         [str(KERAS3_PYTHON), "-c", script], env={"PATH": os.environ["PATH"], **environ},
         capture_output=True, text=True, timeout=60, check=False, cwd=REPOSITORY,
     )  # fmt: skip
     assert said.returncode == 0, said.stderr[-3000:]
-    (addresses, processes, process), gpus, tf_config = json.loads(said.stdout)
+    (addresses, processes, process), gpus, tf_config, device_ids = json.loads(said.stdout)
     layout = lay_out_step(read_slurm_step(environ), LayoutPolicy(all_reduce=True))
     role = ClusterRole.from_json(render.task_environment(layout, 3)["TF_CONFIG"])
     assert role.keras_distribution() == {
@@ -378,6 +379,8 @@ def test_keras_distribution_gives_keras_the_task_s_place_as_with_tfconfig_keras3
     # Its GPU of its node's two, by SLURM's id; no TF_CONFIG left behind for another framework
     # to read.
     assert (gpus, tf_config) == ("1", False)
+    # JAX is told to use the one GPU it sees (its 0), not SLURM_LOCALID's 1.
+    assert device_ids == "0"
     one = "import tfconfig_slurm; print(tfconfig_slurm.keras_distribution())"
     alone = subprocess.run(
         [str(KERAS3_PYTHON), "-c", one],
@@ -394,7 +397,7 @@ SHOW_KERAS = (
     "import json, os; print(json.dumps({name: os.environ.get(name) for name in ("
     "'KERAS_DISTRIBUTION_JOB_ADDRESSES', 'KERAS_DISTRIBUTION_NUM_PROCESSES', "
     "'KERAS_DISTRIBUTION_PROCESS_ID', 'KERAS_BACKEND', 'TFCONFIG_SLURM_GLOO_HOST', "
-    "'PYTHONPATH')}))"
+    "'PYTHONPATH', 'JAX_LOCAL_DEVICE_IDS', 'JAX_ENABLE_PREEMPTION_SERVICE')}))"
 )
 
 
@@ -426,6 +429,11 @@ def test_with_tfconfig_keras3_gives_each_task_keras_distribution_s_variables() -
         environ["KERAS_DISTRIBUTION_PROCESS_ID"],
     ) == ("4", "3")
     assert (environ["KERAS_BACKEND"], environ["TFCONFIG_SLURM_GLOO_HOST"]) == ("jax", "localhost")
+    # Not JAX's reading of SLURM_LOCALID (3) as the GPU to use; nor its SIGTERM handler.
+    assert (environ["JAX_LOCAL_DEVICE_IDS"], environ["JAX_ENABLE_PREEMPTION_SERVICE"]) == (
+        "0",
+        "false",
+    )
     boot, own = environ["PYTHONPATH"].split(os.pathsep)
     assert (Path(boot) / "sitecustomize.py").is_file() and own == "/my/own"
 

@@ -18,7 +18,6 @@ refused, unless --override.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from absl import flags, logging
 
+from tfconfig_slurm.backends.keras3 import boot
 from tfconfig_slurm.cluster import render
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR
 from tfconfig_slurm.cluster.role import ClusterRole
@@ -69,9 +69,6 @@ KERAS3 = flags.DEFINE_boolean(
     "and JAX's CPU collectives on the task's own address.",
 )
 flags.adopt_module_key_flags(layout_flags)
-# The one on PYTHONPATH for a --keras3 command (backends/keras3/boot/sitecustomize.py).
-_KERAS3_BOOT = "tfconfig_slurm.backends.keras3.boot"
-_GLOO_HOST = "TFCONFIG_SLURM_GLOO_HOST"
 
 
 def main(argv: Sequence[str]) -> int:
@@ -177,16 +174,14 @@ def _keras3_layout() -> None:
 
 
 def _keras3_environment(role: ClusterRole, environment: Mapping[str, str]) -> dict[str, str]:
-    """A --keras3 command's own variables: keras.distribution's, its backend (unless set), and
-    the boot folder first on its PYTHONPATH, which puts JAX's CPU collectives on the task's
-    own address."""
-    boot = importlib.util.find_spec(_KERAS3_BOOT)
-    assert boot is not None and boot.origin is not None
-    path = [str(Path(boot.origin).parent), *filter(None, [environment.get("PYTHONPATH")])]
+    """A --keras3 command's own variables: keras.distribution's, its backend (unless set),
+    JAX's (backends/keras3/boot), and the boot folder first on its PYTHONPATH, which puts
+    JAX's CPU collectives on the task's own address."""
+    path = [str(boot.FOLDER), *filter(None, [environment.get("PYTHONPATH")])]
     return {
         **role.keras_distribution(),
+        **boot.jax_variables(role.address.rpartition(":")[0], environment["CUDA_VISIBLE_DEVICES"]),
         "KERAS_BACKEND": environment.get("KERAS_BACKEND", "jax"),
-        _GLOO_HOST: role.address.rpartition(":")[0],
         "PYTHONPATH": os.pathsep.join(path),
     }
 

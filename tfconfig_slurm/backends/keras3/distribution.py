@@ -6,8 +6,9 @@ under plain srun rather than with-tfconfig --keras3:
 The task's place comes from the one door every entry point takes (process/place.find), laid
 out as with --all_reduce: a TF_CONFIG made for this step (with-tfconfig's) wins; else the
 step's layout, with the TFCONFIG_SLURM_* variables. Sets CUDA_VISIBLE_DEVICES to the task's
-GPUs by SLURM's ids, and puts JAX's CPU collectives on the task's own address (gloo.py): call
-it before JAX first looks at its devices. Imports no Keras and no JAX but JAX's registry.
+GPUs by SLURM's ids and JAX's own variables as with-tfconfig --keras3 does (boot/__init__.py),
+and puts JAX's CPU collectives on the task's own address (gloo.py): call it before JAX is
+initialized. Imports no Keras and no JAX but JAX's registry.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import socket
 from collections.abc import MutableMapping
 from typing import NamedTuple
 
-from tfconfig_slurm.backends.keras3 import gloo
+from tfconfig_slurm.backends.keras3 import boot, gloo
 from tfconfig_slurm.process import network, place
 
 # How the layout's settings are named in an error about them.
@@ -52,7 +53,9 @@ def keras_distribution(environ: MutableMapping[str, str] | None = None) -> Keras
         # Where JAX's coordination service is to listen.
         network.check_port_free(str(where.role.task_id), where.role.address)
     values = where.role.keras_distribution()
-    gloo.on(where.role.address.rpartition(":")[0])
+    host = where.role.address.rpartition(":")[0]
+    environ.update(boot.jax_variables(host, environ.get("CUDA_VISIBLE_DEVICES", "")))
+    gloo.on(host)
     return KerasDistribution(
         values["KERAS_DISTRIBUTION_JOB_ADDRESSES"],
         int(values["KERAS_DISTRIBUTION_NUM_PROCESSES"]),

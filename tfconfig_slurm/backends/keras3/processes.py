@@ -32,10 +32,15 @@ def join(role: ClusterRole | None) -> None:
     # own client (`Terminating process because the JAX distributed service detected fatal
     # errors`), before the watch (process/watchdog.py) could say which one was lost.
     jax.config.update("jax_enable_recoverability", True)
+    # JAX's preemption notifier would take SIGTERM, which the runtime stops on.
+    jax.config.update("jax_enable_preemption_service", False)
     jax.distributed.initialize(
         coordinator_address=role.trainer_address(0),
         num_processes=role.trainers,
         process_id=role.trainer_id,
+        # Not JAX's SLURM detection, which would fill in what is not given: it takes
+        # SLURM_LOCALID for the one GPU to use, among the ones this task cannot see.
+        cluster_detection_method="deactivate",
     )
     gloo.on(role.address.rpartition(":")[0])
     # Not keras.utils.set_random_seed: it imports TensorFlow wherever one is installed, for

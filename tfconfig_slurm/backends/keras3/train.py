@@ -200,8 +200,6 @@ class _Process(NamedTuple):
         if role is not None and role.role != CHIEF:
             port.enter_context(answering.answering(role))
         processes.join(role)
-        # JAX's distributed service took SIGTERM as it started (its preemption notifier).
-        task.stop.listen_again()
         with _others_end_first(role):
             return cls._made(experiment, settings, task, port)
 
