@@ -487,3 +487,18 @@ def test_processes_that_restore_different_steps_refuse_in_one_line(tmp_path: Pat
             "the job mounts"
         )
     assert not (tmp_path / "elsewhere" / "paced_keras3" / "state.json").exists()
+
+
+def test_a_sweep_of_a_keras3_experiment_is_checked_against_its_hparams(tmp_path: Path) -> None:
+    """launch/sweep loads the experiment, on JAX, to check every line before it submits."""
+    (tmp_path / "lr.sweep").write_text("learning_rate=0.002\ndropout=0.3\nmomentum=0.9\n")
+    bad = subprocess.run(
+        [str(REPOSITORY / "launch" / "sweep"), "--dry_run", "lr.sweep",
+         "--experiment=mnist_keras3"],
+        env={"PATH": os.environ["PATH"], "TFCONFIG_SLURM_PYTHON": str(KERAS3_PYTHON)},
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2, bad.stderr[-3000:]
+    (line,) = bad.stderr.strip().splitlines()
+    assert "run 2 ('momentum=0.9')" in line
+    assert "'momentum', which the experiment's HPARAMS does not have" in line

@@ -455,24 +455,12 @@ def _keras(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
 
 def _keras3(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     """The Keras 3 experiment, and Keras 3 on JAX, as its backend."""
-    chosen = os.environ.get(_KERAS_BACKEND, "jax")
-    if chosen != "jax":
-        logging.warning(
-            "%s=%s: a Keras 3 experiment trains on JAX here, the one backend with a "
-            "multi-process path (keras.distribution)",
-            _KERAS_BACKEND,
-            chosen,
-        )
-    # Read by Keras as it is first imported, which the experiment does.
-    os.environ[_KERAS_BACKEND] = "jax"
+    experiment_lib.choose_jax(os.environ)
     experiment = experiment_lib.load_keras(EXPERIMENT.value or "")
     settings = _settings(task.model_dir, hparams, experiment)
     from tfconfig_slurm.backends.keras3.train import Keras3Backend  # noqa: PLC0415
 
     return Keras3Backend(experiment, settings, task)
-
-
-_KERAS_BACKEND = "KERAS_BACKEND"
 
 
 def _coordinator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:

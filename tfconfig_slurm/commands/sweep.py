@@ -208,8 +208,7 @@ def _checked_lines(sweep_file: Path) -> list[str]:
         )
     spec = runtime.EXPERIMENT.value or "mnist_deep"
     kind = experiment_lib.require_runtime(spec)
-    load = experiment_lib.load_keras if kind == experiment_lib.KERAS else experiment_lib.load
-    experiment = load(spec)
+    experiment = experiment_lib.load_for(kind, spec)
     for number, line in enumerate(lines):
         try:
             experiment_lib.with_overrides(

@@ -24,13 +24,16 @@ import importlib.util
 import inspect
 import math
 import numbers
+import os
 import sys
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, NoReturn
+
+from absl import logging
 
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import versions
@@ -225,6 +228,32 @@ def require_runtime(spec: str) -> str:
     else:
         versions.require_estimator(f"--experiment={spec} (Estimator)")
     return found
+
+
+def choose_jax(environ: MutableMapping[str, str]) -> None:
+    """Keras 3, which reads its backend as it is first imported, on JAX: the one backend with
+    a multi-process path (keras.distribution). Another backend set is said to be replaced."""
+    chosen = environ.get(KERAS_BACKEND, "jax")
+    if chosen != "jax":
+        logging.warning(
+            "%s=%s: a Keras 3 experiment trains on JAX here, the one backend with a "
+            "multi-process path (keras.distribution)",
+            KERAS_BACKEND,
+            chosen,
+        )
+    environ[KERAS_BACKEND] = "jax"
+
+
+KERAS_BACKEND = "KERAS_BACKEND"
+
+
+def load_for(kind: str, spec: str) -> Experiment | KerasExperiment:
+    """The experiment `spec` names, loaded as its kind is (a Keras 3 one on JAX)."""
+    if kind == ESTIMATOR:
+        return load(spec)
+    if kind == KERAS3:
+        choose_jax(os.environ)
+    return load_keras(spec)
 
 
 def load_keras(spec: str) -> KerasExperiment:
