@@ -414,7 +414,8 @@ def _allocated_gpus(environ: Mapping[str, str]) -> tuple[str, ...]:
             variable,
             f"is {value!r}: this task sees {len(gpus)} of its node's {on_node} GPUs "
             f"(SLURM_GPUS_ON_NODE={on_node}), so SLURM bound GPUs to each task "
-            "(--gpus-per-task) and a parameter server would hold one",
+            "(--gpus-per-task), where the layout gives each task of a node its GPUs itself, "
+            "from the node's",
             f"ask for GPUs per node and let the layout share them: #SBATCH --gres=gpu:{on_node} "
             "without --gpus-per-task",
         )
