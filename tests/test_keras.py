@@ -304,6 +304,8 @@ def test_a_local_coordinator_cluster_trains_evaluates_and_every_task_exits_0(
     assert len(sidecar) == evaluator, log[-3000:]
     for task in ("chief 0", "ps 0", "worker 0", "evaluator 0")[: 3 + evaluator]:
         assert f"{task} finished" in log, log[-3000:]
+    # The servers' TensorFlow start-up notes held back too, as every other task's are.
+    assert not re.search(r"\[(ps|worker) 0\] .*(oneDNN custom operations|cuInit)", log), log
     model_dir = tmp_path / Path(experiment).stem
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["global_step"] == summary["eval"]["global_step"] == 30

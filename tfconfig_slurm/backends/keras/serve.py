@@ -7,9 +7,10 @@ server of the task its TF_CONFIG names, serving the coordinator until its superv
 
 from __future__ import annotations
 
+import os
 import signal
 
-import tensorflow as tf
+from tfconfig_slurm.process import native_noise
 
 
 def main() -> None:
@@ -18,14 +19,19 @@ def main() -> None:
     # without.
     for warning in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(warning, signal.SIG_IGN)
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    server = tf.distribute.Server(
-        resolver.cluster_spec(),
-        job_name=resolver.task_type,
-        task_index=resolver.task_id,
-        protocol=resolver.rpc_layer or "grpc",
-        start=True,
-    )
+    # TensorFlow's start-up notes, as its import and the server's start write them, are held
+    # back as the runtime's other tasks hold them.
+    with native_noise.start_up_notes_held(bool(os.environ.get("CUDA_VISIBLE_DEVICES"))):
+        import tensorflow as tf  # noqa: PLC0415
+
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        server = tf.distribute.Server(
+            resolver.cluster_spec(),
+            job_name=resolver.task_type,
+            task_index=resolver.task_id,
+            protocol=resolver.rpc_layer or "grpc",
+            start=True,
+        )
     server.join()
 
 
