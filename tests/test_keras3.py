@@ -502,3 +502,40 @@ def test_a_sweep_of_a_keras3_experiment_is_checked_against_its_hparams(tmp_path:
     (line,) = bad.stderr.strip().splitlines()
     assert "run 2 ('momentum=0.9')" in line
     assert "'momentum', which the experiment's HPARAMS does not have" in line
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        (
+            "def build_model(params):\n"
+            "    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])\n"
+            "def dataset(mode, params):\n"
+            "    return paced_keras3.dataset(mode, params)\n",
+            "build_model returned a model that is not compiled. HINT: call model.compile(",
+        ),
+        (
+            "build_model = paced_keras3.build_model\n"
+            "def dataset(mode, params):\n"
+            "    return np.zeros((64, 8), np.float32), np.zeros(64, np.int32)\n",
+            "returned 'tuple', not batches that fit reads one at a time. HINT: return a "
+            "generator of (inputs, targets) batches",
+        ),
+    ],
+    ids=["uncompiled", "arrays"],
+)
+def test_what_a_keras3_experiment_cannot_train_is_one_line(
+    tmp_path: Path, source: str, said: str
+) -> None:
+    """Refused before a step, in one line, exit 2."""
+    mine = tmp_path / "mine.py"
+    mine.write_text(
+        "import keras\nimport numpy as np\n"
+        f"import importlib.util, sys\nsys.path.insert(0, {str(PACED_KERAS3.parent)!r})\n"
+        "import paced_keras3\nHPARAMS = paced_keras3.HPARAMS\n" + source
+    )
+    refused = train(tmp_path / "out", "--train_steps=5", experiment=str(mine))
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith("tfconfig-slurm-run: --experiment: mine") and said in last, last
+    assert "Traceback" not in refused.stderr

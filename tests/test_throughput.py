@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tfconfig_slurm.process.throughput import Throughput
+from tfconfig_slurm.process.throughput import LossSinceLastLine, Throughput
 
 
 @pytest.fixture
@@ -78,3 +78,15 @@ def test_a_run_too_short_has_no_mean(clock: list[float]) -> None:
     meter.step(5, examples=8, loss=None)
     assert meter.mean() is None
     assert meter.global_step == 5
+
+
+def test_a_line_says_the_mean_loss_of_the_steps_since_the_last_line() -> None:
+    """Keras's fit gives the running mean since the epoch began: losses 4, 2, 6, 2 come as
+    4, 3, 4, 3.5. A line after step 2 says 2 (step 1 is the first step's, left out as the
+    rates leave it out); the next, after step 4, the mean of 6 and 2."""
+    loss = LossSinceLastLine()
+    assert loss.mean(1, 4.0, 1) == 4.0
+    assert loss.mean(2, 3.0, 2) == 2.0
+    loss.said()
+    assert loss.mean(3, 4.0, 3) == 6.0
+    assert loss.mean(4, 3.5, 4) == 4.0

@@ -283,6 +283,18 @@ def load_keras(spec: str) -> KerasExperiment:
     )
 
 
+def check_compiled(experiment: KerasExperiment, model: Any) -> None:
+    """Refuses, in one line, a model that build_model returned uncompiled: its training has
+    no optimizer, and failed deep inside the framework (tf-keras: in TensorFlow's
+    checkpoint code)."""
+    if getattr(model, "optimizer", None) is None:
+        raise UsageError(
+            "--experiment",
+            f"{experiment.name}'s build_model returned a model that is not compiled",
+            "call model.compile(optimizer=..., loss=..., metrics=[...]) before returning it",
+        )
+
+
 def load(spec: str) -> Experiment:
     """Imports the experiment `spec` names and checks that it defines what the runtime needs."""
     name, path = locate(spec)

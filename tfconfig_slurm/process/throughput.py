@@ -112,3 +112,27 @@ class Throughput:
             (until.examples - since.examples) / seconds if self._counts_examples else None,
             (until.global_step - since.global_step) / seconds,
         )
+
+
+class LossSinceLastLine:
+    """The loss a progress line says, from Keras's fit, whose logs give the running mean of
+    the loss since the epoch began: the mean over the steps since the last line instead."""
+
+    def __init__(self) -> None:
+        # (global step, the running mean times the batches it covers) at the last line.
+        self._since: tuple[int, float] | None = None
+        self._latest = (0, 0.0)
+
+    def mean(self, step: int, running_mean: float, batches: int) -> float:
+        """The mean loss from the last line to global step `step`, where fit's running mean
+        over the epoch's `batches` batches so far is `running_mean`."""
+        total = running_mean * batches
+        since_step, since_total = self._since or (step - 1, 0.0)
+        if self._since is None:
+            self._since = (step, total)
+        self._latest = (step, total)
+        return (total - since_total) / max(step - since_step, 1)
+
+    def said(self) -> None:
+        """A line has said the latest mean: the next one starts from there."""
+        self._since = self._latest

@@ -23,7 +23,7 @@ from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import preemption
 from tfconfig_slurm.process.console import a_or_an
-from tfconfig_slurm.process.experiment import KerasExperiment
+from tfconfig_slurm.process.experiment import KerasExperiment, check_compiled
 from tfconfig_slurm.process.lifecycle import Hparam
 from tfconfig_slurm.process.run_dir import RunDir
 
@@ -78,12 +78,7 @@ def built_model(experiment: KerasExperiment, params: Mapping[str, Any]) -> Any:
             if keras_3
             else "return the compiled tf_keras.Model",
         )
-    if model.optimizer is None:
-        raise UsageError(
-            "--experiment",
-            f"{experiment.name}'s build_model returned a model that is not compiled",
-            "call model.compile(optimizer=..., loss=..., metrics=[...]) before returning it",
-        )
+    check_compiled(experiment, model)
     return model
 
 

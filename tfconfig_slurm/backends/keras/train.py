@@ -46,7 +46,7 @@ from tfconfig_slurm.process.experiment import KerasExperiment
 from tfconfig_slurm.process.lifecycle import Ending
 from tfconfig_slurm.process.owner import owns_run
 from tfconfig_slurm.process.settings import TrainingSettings
-from tfconfig_slurm.process.throughput import Rates, Throughput
+from tfconfig_slurm.process.throughput import LossSinceLastLine, Rates, Throughput
 
 # The trainers of a cluster agree on a stop this often: an all-reduce of a flag took 3.4 ms
 # here, a cost not worth paying every step; a stop waits at most this many steps.
@@ -307,22 +307,17 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         self.step = start_step
         self.stopped_on: str | None = None
         self._meter = Throughput(settings.log_every_steps)
-        # The loss logged is the mean over the steps since the last line: (global step, the
-        # running mean loss times the batches it covers) at that line.
-        self._loss_since: tuple[int, float] | None = None
+        self._loss = LossSinceLastLine()
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         # The one epoch's batch: right also when fit runs several steps a call.
         steps, self.step = self._start + batch + 1 - self.step, self._start + batch + 1
         # fit's logs are running means since the epoch began, summed over the replicas.
-        loss_total = float((logs or {}).get("loss", 0.0)) / self._replicas * (batch + 1)
-        since_step, since_total = self._loss_since or (self.step - 1, 0.0)
-        loss = (loss_total - since_total) / max(self.step - since_step, 1)
-        if self._loss_since is None:
-            self._loss_since = (self.step, loss_total)
+        running = float((logs or {}).get("loss", 0.0)) / self._replicas
+        loss = self._loss.mean(self.step, running, batch + 1)
         rates = self._meter.step(self.step, steps * self._examples_per_step, loss, steps=steps)
         if rates is not None:
-            self._loss_since = (self.step, loss_total)
+            self._loss.said()
             self._write(rates, loss)
         if self.step % self._save_every == 0:
             self._saver.save(self.step)

@@ -28,7 +28,7 @@ from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import history, preemption
 from tfconfig_slurm.process.console import a_or_an
-from tfconfig_slurm.process.experiment import KerasExperiment
+from tfconfig_slurm.process.experiment import KerasExperiment, check_compiled
 from tfconfig_slurm.process.lifecycle import Hparam
 from tfconfig_slurm.process.run_dir import RunDir
 
@@ -51,12 +51,7 @@ def built_model(experiment: KerasExperiment, params: Mapping[str, Any]) -> Any:
             "build it with import keras (Keras 3); a tf_keras model trains with the tf2 "
             "install (.venv-tf2)",
         )
-    if model.optimizer is None:
-        raise UsageError(
-            "--experiment",
-            f"{experiment.name}'s build_model returned a model that is not compiled",
-            "call model.compile(optimizer=..., loss=..., metrics=[...]) before returning it",
-        )
+    check_compiled(experiment, model)
     return model
 
 

@@ -46,7 +46,7 @@ from tfconfig_slurm.process.experiment import KerasExperiment
 from tfconfig_slurm.process.lifecycle import Ending, Hparam, TaskRun
 from tfconfig_slurm.process.owner import owns_run
 from tfconfig_slurm.process.settings import TrainingSettings
-from tfconfig_slurm.process.throughput import Rates, Throughput
+from tfconfig_slurm.process.throughput import LossSinceLastLine, Rates, Throughput
 
 # JAX says at INFO, through Python's logging, which platforms it did not find (a TPU, a proxy).
 python_logging.getLogger("jax._src.xla_bridge").setLevel(python_logging.WARNING)
@@ -349,21 +349,14 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         self.step = start_step
         self.stopped_on: str | None = None
         self._meter = Throughput(settings.log_every_steps)
-        # The loss logged is the mean over the steps since the last line: (global step, the
-        # running mean loss times the batches it covers) at that line.
-        self._loss_since: tuple[int, float] | None = None
+        self._loss = LossSinceLastLine()
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         self.step = self._start + batch + 1
-        # fit's loss is the running mean since the epoch began.
-        loss_total = float((logs or {}).get("loss", 0.0)) * (batch + 1)
-        since_step, since_total = self._loss_since or (self.step - 1, 0.0)
-        loss = (loss_total - since_total) / max(self.step - since_step, 1)
-        if self._loss_since is None:
-            self._loss_since = (self.step, loss_total)
+        loss = self._loss.mean(self.step, float((logs or {}).get("loss", 0.0)), batch + 1)
         rates = self._meter.step(self.step, self._examples_per_step, loss)
         if rates is not None:
-            self._loss_since = (self.step, loss_total)
+            self._loss.said()
             self._write(rates, loss)
         if self.step % self._save_every == 0:
             self._checkpoints.save(self.step)
