@@ -14,11 +14,11 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from absl import logging
 
-from tfconfig_slurm.cluster.layout import EVALUATOR
+from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR
 from tfconfig_slurm.cluster.role import ClusterRole, TaskId
 from tfconfig_slurm.process import failure, polling
 from tfconfig_slurm.process.run_dir import RunDir
@@ -103,6 +103,40 @@ def evaluator_result(model_dir: Path, run: Mapping[str, Any]) -> dict[str, Any] 
 
 def metric_text(metrics: Mapping[str, Any]) -> str:
     return ", ".join(f"{name} {float(value):.4g}" for name, value in sorted(metrics.items()))
+
+
+def report_trained(
+    model_dir: Path,
+    *,
+    name: str,
+    role: ClusterRole | None,
+    train_steps: int,
+    mean_examples_per_sec: float | None,
+    metrics: Mapping[str, Any],
+    started: float,
+    write_eval: Callable[[Path, Mapping[str, Any], int], None],
+) -> None:
+    """A trainer that trained to its end and evaluated (the Keras backends'): its throughput
+    report; and for the chief (or a single process), once every trainer's is in, the final
+    evaluation where TensorBoard shows it (`write_eval`) and summary.json. `started`: when
+    its training began (time.monotonic)."""
+    if role is not None:
+        run_marker = marker(role, train_steps)
+        write_trainer_report(model_dir, role, run_marker, mean_examples_per_sec)
+        if role.role != CHIEF:
+            return
+        trainers = trainer_reports(model_dir, role.trainers, run_marker)
+    else:
+        trainers = [{"role": CHIEF, "index": 0, "examples_per_sec": mean_examples_per_sec}]
+    write_eval(model_dir, metrics, int(metrics["global_step"]))
+    write_summary(
+        model_dir,
+        name=name,
+        metrics=metrics,
+        wall_time_s=time.monotonic() - started,
+        trainers=trainers,
+        layout=role.jobs() if role is not None else "single process",
+    )
 
 
 def write_summary(

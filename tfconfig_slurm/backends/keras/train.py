@@ -38,7 +38,6 @@ from tfconfig_slurm.backends.keras.model_dir import (
     write_eval_scalars,
 )
 from tfconfig_slurm.cluster import watch_plan
-from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import preemption, reports, watchdog
@@ -110,14 +109,15 @@ class KerasBackend(TrainingBackendBase):
             if trainer.peers is not None:
                 trainer.peers.stop()
             if metrics is not None:
-                _report(
+                reports.report_trained(
                     settings.model_dir,
-                    experiment=self._experiment,
-                    settings=settings,
+                    name=self._experiment.name,
                     role=role,
-                    progress=progress,
+                    train_steps=settings.train_steps,
+                    mean_examples_per_sec=progress.mean_examples_per_sec(),
                     metrics=metrics,
                     started=started,
+                    write_eval=write_eval_scalars,
                 )
             _end_together(role)
             return end(Ending(stopped_on))
@@ -187,38 +187,6 @@ class _Trainer(NamedTuple):
             checkpoint, directory, role, settings.keep_checkpoint_max, restored=start, stop=stop
         )
         return cls(strategy, model, saver, writer, peers)
-
-
-def _report(
-    directory: Path,
-    *,
-    experiment: KerasExperiment,
-    settings: TrainingSettings,
-    role: ClusterRole | None,
-    progress: _Progress,
-    metrics: Mapping[str, Any],
-    started: float,
-) -> None:
-    """This trainer's throughput report; the chief's summary.json from all of them and the
-    final evaluation, which TensorBoard also shows as the eval/ run."""
-    mean = progress.mean_examples_per_sec()
-    if role is not None:
-        run_marker = reports.marker(role, settings.train_steps)
-        reports.write_trainer_report(directory, role, run_marker, mean)
-        if role.role != CHIEF:
-            return
-        trainers = reports.trainer_reports(directory, role.trainers, run_marker)
-    else:
-        trainers = [{"role": CHIEF, "index": 0, "examples_per_sec": mean}]
-    write_eval_scalars(directory, metrics, progress.step)
-    reports.write_summary(
-        directory,
-        name=experiment.name,
-        metrics=metrics,
-        wall_time_s=time.monotonic() - started,
-        trainers=trainers,
-        layout=role.jobs() if role is not None else "single process",
-    )
 
 
 def _check_same_start(strategy: tf.distribute.Strategy, start: int, directory: Path) -> None:

@@ -140,7 +140,16 @@ class Keras3Backend:
         # Before the reports: a process that has reported leaves, and is not lost.
         process.stop_watching()
         if metrics is not None:
-            self._report(progress, metrics, started)
+            reports.report_trained(
+                settings.model_dir,
+                name=self._experiment.name,
+                role=role,
+                train_steps=settings.train_steps,
+                mean_examples_per_sec=progress.mean_examples_per_sec(),
+                metrics=metrics,
+                started=started,
+                write_eval=write_eval_scalars,
+            )
         _end_together(role)
         return end(Ending(stopped_on))
 
@@ -153,29 +162,6 @@ class Keras3Backend:
             verbose=0,
         )
         return {**{name: float(value) for name, value in metrics.items()}, "global_step": step}
-
-    def _report(self, progress: _Progress, metrics: Mapping[str, Any], started: float) -> None:
-        """This process's throughput report; the chief's summary.json from all of them and
-        the final evaluation, which TensorBoard also shows as the eval/ run."""
-        settings, role = self._settings, self._role
-        mean = progress.mean_examples_per_sec()
-        if role is not None:
-            run_marker = reports.marker(role, settings.train_steps)
-            reports.write_trainer_report(settings.model_dir, role, run_marker, mean)
-            if role.role != CHIEF:
-                return
-            trainers = reports.trainer_reports(settings.model_dir, role.trainers, run_marker)
-        else:
-            trainers = [{"role": CHIEF, "index": 0, "examples_per_sec": mean}]
-        write_eval_scalars(settings.model_dir, metrics, progress.step)
-        reports.write_summary(
-            settings.model_dir,
-            name=self._experiment.name,
-            metrics=metrics,
-            wall_time_s=time.monotonic() - started,
-            trainers=trainers,
-            layout=role.jobs() if role is not None else "single process",
-        )
 
 
 class _Process(NamedTuple):
