@@ -96,7 +96,7 @@ def test_mnist_keras3_trains_in_one_process_and_resumes_to_the_step(tmp_path: Pa
     assert "Unable to initialize backend" not in first.stderr
     assert "UserWarning" not in first.stderr
 
-    second = train(tmp_path, "--train_steps=80")
+    second = train(tmp_path, "--train_steps=80", "--keep_checkpoint_max=2")
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming from step 40" in second.stderr
     assert "first step done (global step 41)" in second.stderr
@@ -111,12 +111,17 @@ def test_mnist_keras3_trains_in_one_process_and_resumes_to_the_step(tmp_path: Pa
     # TensorBoard: the scalars, the final evaluation under eval/, the HParams session once.
     assert list((model_dir / "eval").glob("events.out.tfevents.*"))
     assert hparams_sessions(model_dir) == [{"learning_rate": 0.001, "dropout": 0.5}]
-    # Checkpoints past --keep_checkpoint_max (5) are forgotten; none is half-written.
+    # Checkpoints past --keep_checkpoint_max are forgotten, and the index names the ones
+    # kept; none is half-written.
     assert sorted(path.name for path in model_dir.glob("*ckpt-*")) == [
-        "ckpt-20.weights.h5",
         "ckpt-40.weights.h5",
         "ckpt-80.weights.h5",
     ]
+    assert (model_dir / "checkpoint").read_text() == (
+        'model_checkpoint_path: "ckpt-80.weights.h5"\n'
+        'all_model_checkpoint_paths: "ckpt-40.weights.h5"\n'
+        'all_model_checkpoint_paths: "ckpt-80.weights.h5"\n'
+    )
     # Each run that trained to its end exported the model as one .keras file.
     exports = sorted((model_dir / "export" / "mnist_keras3").glob("*/model.keras"))
     assert len(exports) == 2
@@ -521,8 +526,15 @@ def test_a_sweep_of_a_keras3_experiment_is_checked_against_its_hparams(tmp_path:
             "returned 'tuple', not batches that fit reads one at a time. HINT: return a "
             "generator of (inputs, targets) batches",
         ),
+        (
+            "build_model = paced_keras3.build_model\n"
+            "def dataset(mode, params):\n"
+            "    return paced_keras3.dataset('eval', params)\n",
+            "mine.dataset('train', params) ran out at global step 4, before --train_steps=5. "
+            "HINT: return endless training batches",
+        ),
     ],
-    ids=["uncompiled", "arrays"],
+    ids=["uncompiled", "arrays", "finite"],
 )
 def test_what_a_keras3_experiment_cannot_train_is_one_line(
     tmp_path: Path, source: str, said: str
@@ -539,3 +551,99 @@ def test_what_a_keras3_experiment_cannot_train_is_one_line(
     last = refused.stderr.strip().splitlines()[-1]
     assert last.startswith("tfconfig-slurm-run: --experiment: mine") and said in last, last
     assert "Traceback" not in refused.stderr
+
+
+def test_a_checkpoint_another_backend_wrote_is_one_line(tmp_path: Path) -> None:
+    """A model directory a tf-keras run left (its index names ckpt-10, no .weights.h5): not
+    a traceback from h5py."""
+    model_dir = tmp_path / "paced_keras3"
+    model_dir.mkdir()
+    (model_dir / "checkpoint").write_text('model_checkpoint_path: "ckpt-10"\n')
+    refused = train(tmp_path, "--train_steps=20", experiment=str(PACED_KERAS3))
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"tfconfig-slurm-run: --experiment_id: names {model_dir}, whose latest checkpoint "
+        "(step 10) is not a Keras 3 one (ckpt-10.weights.h5 is missing): another backend "
+        "trained it. HINT: train this experiment under another --experiment_id (or "
+        "--output_root)"
+    )
+
+
+def test_a_signal_to_one_process_stops_every_process_at_one_step(tmp_path: Path) -> None:
+    """SIGUSR1 reaches the worker only: the chief learns it at the next agreement, both save
+    the same step and exit 0 (no SLURM job to requeue), and the chief says the run stopped on
+    SIGUSR1, the signal that requeues."""
+    base = free_port_block(2)
+    cluster = {"chief": [f"localhost:{base}"], "worker": [f"localhost:{base + 1}"]}
+    tasks = [
+        subprocess.Popen(
+            [
+                str(KERAS3_PYTHON),
+                "-m",
+                RUN,
+                f"--experiment={PACED_KERAS3}",
+                f"--output_root={tmp_path}",
+                "--train_steps=100000",
+                "--log_every_steps=1",
+            ],
+            env={
+                **os.environ,
+                "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": kind, "index": 0}}),
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPOSITORY,
+        )
+        for kind in ("chief", "worker")
+    ]
+    try:
+        assert tasks[1].stderr is not None
+        early = []
+        for line in tasks[1].stderr:
+            early.append(line)
+            if "step 3: loss" in line:
+                break
+        tasks[1].send_signal(signal.SIGUSR1)
+        logs = [task.communicate(timeout=120)[1] for task in tasks]
+        logs[1] = "".join(early) + logs[1]
+    finally:
+        for task in tasks:
+            task.kill()
+    assert [task.returncode for task in tasks] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    steps = [re.search(r"stopping on (.+?) at global step (\d+)", log) for log in logs]
+    assert steps[0] and steps[1], logs
+    assert steps[0].group(1) == steps[1].group(1) == "SIGUSR1"
+    assert steps[0].group(2) == steps[1].group(2)
+    stopped = int(steps[0].group(2))
+    assert checkpoint_step(tmp_path / "paced_keras3") == stopped
+    state = json.loads((tmp_path / "paced_keras3" / "state.json").read_text())
+    stood = (state["state"], state["signal"], state["global_step"])
+    assert stood == ("stopped", "SIGUSR1", stopped)
+
+
+def test_with_tfconfig_keras3_runs_the_user_s_own_sitecustomize_once(tmp_path: Path) -> None:
+    """The boot folder's sitecustomize, first on the command's PYTHONPATH, hides the user's:
+    it runs it, once; and JAX's CPU backend, once JAX is imported, is the one with gloo on
+    the task's address."""
+    own = tmp_path / "own"
+    own.mkdir()
+    # Said with the process id keras.distribution reads: the command's, not the wrapper's
+    # own Pythons' (they have the user's PYTHONPATH too).
+    (own / "sitecustomize.py").write_text(
+        "import os\nprint('my sitecustomize ran in', "
+        "os.environ.get('KERAS_DISTRIBUTION_PROCESS_ID', 'the wrapper'), flush=True)\n"
+    )
+    script = (
+        "import jax\nfrom jax._src import xla_bridge\n"
+        "print(xla_bridge._backend_factories['cpu'].factory.__module__)\n"
+    )
+    ran = subprocess.run(
+        [str(WITH_TFCONFIG), "--keras3", str(KERAS3_PYTHON), "-c", script],
+        env={"PATH": os.environ["PATH"], "TFCONFIG_SLURM_PYTHON": str(KERAS3_PYTHON),
+             "PYTHONPATH": str(own), **task_env(["localhost"], [4], 3)},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    command = [line for line in ran.stdout.splitlines() if "the wrapper" not in line]
+    assert command == ["my sitecustomize ran in 3", "tfconfig_slurm.backends.keras3.gloo"]

@@ -65,10 +65,32 @@ def test_what_cannot_run_the_keras_runtime_is_named(found: Installed, problem: s
 
 
 @pytest.mark.parametrize(
+    ("found", "problem"),
+    [
+        (Installed((3, 12), None, None), "this Python 3.12 has no Keras"),
+        (Installed((3, 11), "2.15.1", None, None, "2.15.0"), "this Python 3.11 has Keras 2.15.0"),
+        (Installed((3, 12), None, None, None, "3.15.1"), "needs JAX beside Keras 3.15.1"),
+        (Installed((3, 12), None, None, None, "3.15.1", "0.4.35"), "has JAX 0.4.35, which lacks"),
+    ],
+)
+def test_what_cannot_run_the_keras_3_runtime_is_named(found: Installed, problem: str) -> None:
+    with pytest.raises(InstallError) as raised:
+        versions.require_keras3("--experiment=mnist_keras3 (Keras 3)", found)
+    assert problem in raised.value.problem
+    assert "make venv-keras3" in raised.value.hint and "'.[keras3]'" in raised.value.hint
+    versions.require_keras3("x", Installed((3, 12), None, None, None, "3.15.1", "0.12.0.1"))
+
+
+@pytest.mark.parametrize(
     ("source", "kind"),
     [
         ("def model_fn(features, labels, mode, params): ...\ndef input_fn(mode, params): ...\n",
          "Estimator"),
+        ("import keras\ndef build_model(params): ...\ndef dataset(mode, params): ...\n",
+         "Keras 3"),
+        ("from keras import layers\nfrom my_models import build_model, dataset\n", "Keras 3"),
+        ("import keras\nimport tf_keras\ndef build_model(params): ...\n", "Keras"),
+        ("import tf_keras as keras\ndef build_model(params): ...\n", "Keras"),
         ("def build_model(params): ...\ndef dataset(mode, params): ...\n", "Keras"),
         ("from my_models import build_model, dataset\n", "Keras"),
         ("build_model = make_builder()\n", "Keras"),
@@ -115,6 +137,7 @@ def test_literal_hparams_are_read_from_the_source_without_an_import(
 def test_the_shipped_experiments_kinds() -> None:
     assert experiment.kind("mnist_deep") == experiment.ESTIMATOR
     assert experiment.kind("mnist_keras") == experiment.KERAS
+    assert experiment.kind("mnist_keras3") == experiment.KERAS3
 
 
 def test_a_failed_parameter_server_s_hint_follows_the_tensorflow_installed() -> None:

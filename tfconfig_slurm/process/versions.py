@@ -42,6 +42,9 @@ _KERAS_INSTALL = (
 )
 
 
+# The oldest JAX the Keras 3 runtime runs on: it sets JAX's recoverable tasks, its local
+# device ids and no cluster detection, which JAX 0.4.35 lacked.
+OLDEST_JAX = (0, 12)
 _KERAS3_INSTALL = (
     "install the keras3 extra (keras3-gpu for GPUs), in the tfconfig-slurm checkout: make "
     "venv-keras3 (.venv-keras3), or pip install '.[keras3]' (Keras 3 and JAX; JAX's current "
@@ -125,6 +128,11 @@ def require_keras3(what: str, found: Installed | None = None) -> None:
         problem = f"needs Keras 3 with JAX, and this {python} has {has}"
     elif found.jax is None:
         problem = f"needs JAX beside Keras {found.keras} (the backend it trains on here)"
+    elif _major_minor(found.jax) < OLDEST_JAX:
+        problem = (
+            f"needs JAX {'.'.join(map(str, OLDEST_JAX))} or later, and this {python} has JAX "
+            f"{found.jax}, which lacks what the runtime sets"
+        )
     else:
         return
     raise InstallError(what, problem, _KERAS3_INSTALL)

@@ -36,14 +36,13 @@ from absl import logging
 from tfconfig_slurm.backends.keras.backend import TrainingBackendBase
 from tfconfig_slurm.backends.keras.data import experiment_dataset
 from tfconfig_slurm.backends.keras.model_dir import (
-    DEFAULT_CHECKPOINT_STEPS,
     Saver,
     restored,
     write_eval_scalars,
 )
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import preemption, reports
+from tfconfig_slurm.process import cadence, preemption, reports
 from tfconfig_slurm.process.experiment import KerasExperiment
 from tfconfig_slurm.process.lifecycle import Ending
 from tfconfig_slurm.process.settings import TrainingSettings
@@ -276,7 +275,7 @@ class _Epochs(keras.callbacks.Callback):  # type: ignore[misc]
         self.result: Any = None
         self._train_steps = settings.train_steps
         self._batch_size = settings.params["batch_size"]
-        self._save_every = settings.save_checkpoints_steps or DEFAULT_CHECKPOINT_STEPS
+        self._save_every = settings.save_checkpoints_steps or cadence.DEFAULT_CHECKPOINT_STEPS
         self._saver = coordinator.saver
         self._stop = stop
         self._writer = coordinator.writer
@@ -297,7 +296,7 @@ class _Epochs(keras.callbacks.Callback):  # type: ignore[misc]
                     tf.summary.scalar("examples_per_sec", rates.examples_per_sec)
                 tf.summary.scalar("global_steps_per_sec", rates.global_steps_per_sec)
             self._writer.flush()
-        if step // self._save_every > (step - steps) // self._save_every:
+        if cadence.passed(step - steps, step, self._save_every):
             self._saver.save(step)
         if self._stop.requested and self.stopped_on is None:
             self.stopped_on = self._stop.signal_name

@@ -27,8 +27,6 @@ from tfconfig_slurm.process.experiment import KerasExperiment, check_compiled
 from tfconfig_slurm.process.lifecycle import Hparam
 from tfconfig_slurm.process.run_dir import RunDir
 
-# Without --save_checkpoints_steps, a checkpoint this often (and at every stop and the end).
-DEFAULT_CHECKPOINT_STEPS = 1000
 _CHECKPOINT_NAME = "ckpt"
 # TensorFlow 2.16+ logs the time of each checkpoint's sharding at INFO through absl, among
 # the runtime's own lines.

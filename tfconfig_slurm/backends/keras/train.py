@@ -9,7 +9,7 @@ for the lifecycle of process/lifecycle.py.
 - Checkpoints are numbered by the global step (the optimizer's iterations), so a run resumes
   to the step. Every trainer saves, as the strategy's collectives require: the chief into the
   model directory, the others into a scratch directory of their own that they delete.
-- A stop signal (preemption.py) is agreed on: every STOP_CHECK_STEPS steps the trainers
+- A stop signal (preemption.py) is agreed on: every cadence.STOP_CHECK_STEPS steps the trainers
   all-reduce their flags, so that all save the same step, stop, and the chief requeues.
 - Each trainer watches its neighbours in the tree of trainers (watch_plan.py).
 - The chief logs the loss and examples/s, writes TensorBoard scalars (and eval/ ones) and
@@ -31,7 +31,6 @@ from tensorflow.python.eager import context
 from tfconfig_slurm.backends.keras.backend import TrainingBackendBase
 from tfconfig_slurm.backends.keras.data import eval_batches, experiment_dataset
 from tfconfig_slurm.backends.keras.model_dir import (
-    DEFAULT_CHECKPOINT_STEPS,
     Saver,
     export,
     restored,
@@ -40,16 +39,13 @@ from tfconfig_slurm.backends.keras.model_dir import (
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import preemption, reports, watchdog
+from tfconfig_slurm.process import cadence, preemption, reports, watchdog
 from tfconfig_slurm.process.experiment import KerasExperiment
 from tfconfig_slurm.process.lifecycle import Ending
 from tfconfig_slurm.process.owner import owns_run
 from tfconfig_slurm.process.settings import TrainingSettings
 from tfconfig_slurm.process.throughput import LossSinceLastLine, Rates, Throughput
 
-# The trainers of a cluster agree on a stop this often: an all-reduce of a flag took 3.4 ms
-# here, a cost not worth paying every step; a stop waits at most this many steps.
-STOP_CHECK_STEPS = 10
 # How long a trainer waits at the end for the others, before it leaves anyway.
 _END_BARRIER_MS = 120_000
 # What TensorFlow raises in a trainer whose peer is gone (a SIGKILLed worker's chief:
@@ -263,7 +259,7 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         self._start = start_step
         self._requeue_on = requeue_on
         self._replicas = strategy.num_replicas_in_sync
-        self._save_every = settings.save_checkpoints_steps or DEFAULT_CHECKPOINT_STEPS
+        self._save_every = settings.save_checkpoints_steps or cadence.DEFAULT_CHECKPOINT_STEPS
         self._examples_per_step = examples_per_step
         self._writer = writer
         self._stop = stop
@@ -279,7 +275,8 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         # The one epoch's batch: right also when fit runs several steps a call.
-        steps, self.step = self._start + batch + 1 - self.step, self._start + batch + 1
+        before, self.step = self.step, self._start + batch + 1
+        steps = self.step - before
         # fit's logs are running means since the epoch began, summed over the replicas.
         running = float((logs or {}).get("loss", 0.0)) / self._replicas
         loss = self._loss.mean(self.step, running, batch + 1)
@@ -287,9 +284,9 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         if rates is not None:
             self._loss.said()
             self._write(rates, loss)
-        if self.step % self._save_every == 0:
+        if cadence.passed(before, self.step, self._save_every):
             self._saver.save(self.step)
-        stopped_on = self._stop_agreed()
+        stopped_on = self._stop_agreed(before)
         if stopped_on:
             self.stopped_on = stopped_on
             logging.info("stopping on %s at global step %d", self.stopped_on, self.step)
@@ -305,22 +302,22 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
             tf.summary.scalar("global_steps_per_sec", rates.global_steps_per_sec)
         self._writer.flush()
 
-    def _stop_agreed(self) -> str:
+    def _stop_agreed(self, before: int) -> str:
         """The signal the trainers agreed to stop on, or "" to go on. Every trainer asks at the
         same steps, so all of them stop at the same one; a requeueing signal any of them got
         stands for all, so that the chief requeues even when only a worker was told."""
         own = self._stop.signal_name if self._stop.requested else ""
         if not self._agree:
             return own
-        if self.step % STOP_CHECK_STEPS:
+        if not cadence.passed(before, self.step, cadence.STOP_CHECK_STEPS):
             return ""
         votes = tf.constant([float(bool(own)), float(own in self._requeue_on)])
         total = self._stop_votes(votes)
         if not total[0]:
             return ""
-        if own:
-            return own
-        return min(self._requeue_on) if total[1] else "a peer's signal"
+        if total[1] and own not in self._requeue_on:
+            return min(self._requeue_on)
+        return own or "a peer's signal"
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         self._meter.end()

@@ -41,6 +41,8 @@ def keras_distribution(environ: MutableMapping[str, str] | None = None) -> Keras
     one process's own: this machine's address, 1, 0."""
     if environ is None:
         environ = os.environ
+    # Read by Keras as it is first imported, which comes after this call.
+    environ.setdefault("KERAS_BACKEND", "jax")
     given = environ.get("TF_CONFIG")
     policy = dataclasses.replace(place.policy_from_environ(environ), all_reduce=True)
     where = place.find(environ, policy, _SOURCE)

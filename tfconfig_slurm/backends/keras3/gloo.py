@@ -28,7 +28,8 @@ def on(host: str) -> None:
         raise InstallError(
             "JAX",
             f"lacks the internal function tfconfig-slurm gives gloo its address with ({error})",
-            "install a JAX release from 0.4.35 to 0.12 (pip install 'jax<0.13')",
+            "install JAX 0.12, the release tfconfig-slurm was tried with (pip install "
+            "'jax==0.12.*')",
         ) from None
 
     def cpu_client() -> Any:

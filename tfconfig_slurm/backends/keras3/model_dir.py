@@ -32,8 +32,6 @@ from tfconfig_slurm.process.experiment import KerasExperiment, check_compiled
 from tfconfig_slurm.process.lifecycle import Hparam
 from tfconfig_slurm.process.run_dir import RunDir
 
-# Without --save_checkpoints_steps, a checkpoint this often (and at every stop and the end).
-DEFAULT_CHECKPOINT_STEPS = 1000
 _CHECKPOINT = re.compile(r"ckpt-(\d+)\.weights\.h5")
 
 
@@ -74,9 +72,7 @@ class Checkpoints:
         self._stop = stop
         step = history.checkpoint_step(directory)
         if step is not None:
-            # The optimizer's variables exist only once built: restored with the weights.
-            model.optimizer.build(model.trainable_variables)
-            model.load_weights(directory / _name(step))
+            _restore(model, directory, step)
         # The step of the latest checkpoint (first the one restored, not to be written again).
         self.last = int(model.optimizer.iterations.numpy())
 
@@ -101,13 +97,17 @@ class Checkpoints:
 
     def _index(self, step: int) -> None:
         """Names the latest checkpoint as TensorFlow's index does (the one file the runs table
-        and a resume read), then forgets all but the last `keep`."""
+        and a resume read), then forgets all but the last `keep` up to it, and any past it (a
+        chief killed after writing one, before naming it, left it; the run went on from the
+        one named)."""
         steps = sorted(
             int(found[1])
             for found in map(_CHECKPOINT.fullmatch, os.listdir(self._directory))
             if found
         )
-        kept, forgotten = steps[-self._keep :], steps[: -self._keep]
+        upto = [each for each in steps if each <= step]
+        kept = upto[-self._keep :]
+        forgotten = [each for each in steps if each not in kept]
         index = RunDir(self._directory).checkpoint_index
         partial = index.with_name(f".{index.name}.partial")
         partial.write_text(
@@ -117,6 +117,30 @@ class Checkpoints:
         partial.replace(index)
         for each in forgotten:
             (self._directory / _name(each)).unlink(missing_ok=True)
+
+
+def _restore(model: Any, directory: Path, step: int) -> None:
+    """The model's weights and optimizer's state from the checkpoint of `step`, or one line
+    that says why they cannot be: a checkpoint of another backend, or of another model."""
+    path = directory / _name(step)
+    if not path.is_file():
+        raise UsageError(
+            "--experiment_id",
+            f"names {directory}, whose latest checkpoint (step {step}) is not a Keras 3 one "
+            f"({path.name} is missing): another backend trained it",
+            "train this experiment under another --experiment_id (or --output_root)",
+        )
+    # The optimizer's variables exist only once built: restored with the weights.
+    model.optimizer.build(model.trainable_variables)
+    try:
+        model.load_weights(path)
+    except ValueError as error:
+        raise UsageError(
+            "--experiment_id",
+            f"names {directory}, whose checkpoint of step {step} does not fit this model "
+            f"({str(error).splitlines()[0]})",
+            "train a changed model under another --experiment_id (or --output_root)",
+        ) from None
 
 
 def _name(step: int) -> str:

@@ -18,8 +18,22 @@ from tfconfig_slurm.cluster.role import ClusterRole
 # JAX keeps 32-bit integers unless its x64 mode is on: gather sends each value as two halves.
 _HALF = 31
 _LOW = (1 << _HALF) - 1
-# What a collective raises where a peer is gone (gloo: "Connection closed by peer").
+# What a collective raises where a peer is gone, among other failures of JAX's runtime.
 COLLECTIVE_ERRORS = (jax.errors.JaxRuntimeError,)
+# How those read where a peer is gone: gloo's "Connection closed by peer" (seen), a reset
+# connection, an unreachable peer.
+_LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "UNAVAILABLE")
+
+
+def lost_a_peer(error: Exception) -> bool:
+    """Whether a collective's `error` says a peer is gone (not this process's own failure, an
+    out-of-memory or a compiler's)."""
+    return any(words in str(error) for words in _LOST_PEER)
+
+
+def first_line(error: Exception) -> str:
+    """The error's type and its message's first line, for a log line."""
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
 def join(role: ClusterRole | None) -> None:

@@ -6,7 +6,7 @@ lifecycle of process/lifecycle.py.
   latest checkpoint and trains the steps left to --train_steps with model.fit, on the batches
   of the experiment's dataset("train", params) of this process (params["batch_size"] each:
   the global batch is that times the processes).
-- A stop signal (preemption.py) is agreed on: every STOP_CHECK_STEPS steps the processes
+- A stop signal (preemption.py) is agreed on: every cadence.STOP_CHECK_STEPS steps the processes
   gather their flags, so that all save the same step, stop, and the chief requeues.
 - Each process watches its neighbours in the tree of trainers (watch_plan.py), and answers on
   its own port for theirs (the chief's is JAX's coordination service).
@@ -30,7 +30,6 @@ from absl import logging
 
 from tfconfig_slurm.backends.keras3 import processes
 from tfconfig_slurm.backends.keras3.model_dir import (
-    DEFAULT_CHECKPOINT_STEPS,
     Checkpoints,
     Events,
     built_model,
@@ -41,7 +40,14 @@ from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF, WORKER
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import answering, history, preemption, reports, watchdog
+from tfconfig_slurm.process import (
+    answering,
+    cadence,
+    history,
+    preemption,
+    reports,
+    watchdog,
+)
 from tfconfig_slurm.process.experiment import KerasExperiment
 from tfconfig_slurm.process.lifecycle import Ending, Hparam, TaskRun
 from tfconfig_slurm.process.owner import owns_run
@@ -54,10 +60,6 @@ python_logging.getLogger("jax._src.xla_bridge").setLevel(python_logging.WARNING)
 # shuffled by fit; the eval set ends where evaluate reads it whole.
 warnings.filterwarnings("ignore", message="`shuffle=True` was passed", module="keras")
 warnings.filterwarnings("ignore", message="Your input ran out of data", module="keras")
-
-# The processes agree on a stop this often: a gather of two flags took 1-4 ms here, a cost
-# not worth paying every step; a stop waits at most this many steps.
-STOP_CHECK_STEPS = 10
 
 
 class Keras3Backend:
@@ -123,11 +125,17 @@ class Keras3Backend:
                     verbose=0,
                 )
         except processes.COLLECTIVE_ERRORS as error:
-            if process.peers is None:
+            if process.peers is None or not processes.lost_a_peer(error):
                 raise
-            # Quickly: JAX's own client ends the process about a second after a peer's loss.
             process.peers.end_for_a_lost_peer(
-                f"the processes' collective failed ({type(error).__name__})"
+                f"the processes' collective failed ({processes.first_line(error)})"
+            )
+        if progress.stopped_on is None and progress.step < settings.train_steps:
+            raise UsageError(
+                "--experiment",
+                f"{self._experiment.name}.dataset('train', params) ran out at global step "
+                f"{progress.step}, before --train_steps={settings.train_steps}",
+                "return endless training batches (e.g. loop over the data in a while True)",
             )
         # A stop agreed on at the last step is no stop: the run is done.
         stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
@@ -199,7 +207,7 @@ class _Process(NamedTuple):
     ) -> _Process:
         role = task.place.role
         devices = keras.distribution.list_devices()
-        if role is not None:
+        if role is not None or len(devices) > 1:
             keras.distribution.set_distribution(
                 # Each process feeds its own batches, which make one global batch.
                 keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
@@ -326,7 +334,7 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         super().__init__()
         self._start = start_step
         self._requeue_on = requeue_on
-        self._save_every = settings.save_checkpoints_steps or DEFAULT_CHECKPOINT_STEPS
+        self._save_every = settings.save_checkpoints_steps or cadence.DEFAULT_CHECKPOINT_STEPS
         self._examples_per_step = examples_per_step
         self._events = events
         self._stop = stop
@@ -338,15 +346,17 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         self._loss = LossSinceLastLine()
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
-        self.step = self._start + batch + 1
+        # The one epoch's batch: right also when fit runs several steps a call.
+        before, self.step = self.step, self._start + batch + 1
+        steps = self.step - before
         loss = self._loss.mean(self.step, float((logs or {}).get("loss", 0.0)), batch + 1)
-        rates = self._meter.step(self.step, self._examples_per_step, loss)
+        rates = self._meter.step(self.step, steps * self._examples_per_step, loss, steps=steps)
         if rates is not None:
             self._loss.said()
             self._write(rates, loss)
-        if self.step % self._save_every == 0:
+        if cadence.passed(before, self.step, self._save_every):
             self._checkpoints.save(self.step)
-        stopped_on = self._stop_agreed()
+        stopped_on = self._stop_agreed(before)
         if stopped_on:
             self.stopped_on = stopped_on
             logging.info("stopping on %s at global step %d", stopped_on, self.step)
@@ -361,21 +371,21 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
             scalars["examples_per_sec"] = rates.examples_per_sec
         self._events.scalars(scalars, self.step)
 
-    def _stop_agreed(self) -> str:
+    def _stop_agreed(self, before: int) -> str:
         """The signal the processes agreed to stop on, or "" to go on. Every process asks at
         the same steps, so all of them stop at the same one; a requeueing signal any of them
         got stands for all, so that the chief requeues even when only another was told."""
         own = self._stop.signal_name if self._stop.requested else ""
         if not self._agree:
             return own
-        if self.step % STOP_CHECK_STEPS:
+        if not cadence.passed(before, self.step, cadence.STOP_CHECK_STEPS):
             return ""
         votes = processes.gather([int(bool(own)), int(own in self._requeue_on)]).sum(axis=0)
         if not votes[0]:
             return ""
-        if own:
-            return own
-        return min(self._requeue_on) if votes[1] else "a peer's signal"
+        if votes[1] and own not in self._requeue_on:
+            return min(self._requeue_on)
+        return own or "a peer's signal"
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         self._meter.end()

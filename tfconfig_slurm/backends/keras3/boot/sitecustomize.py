@@ -49,7 +49,13 @@ class _AfterRegistry(importlib.abc.MetaPathFinder):
                     "the command with the Python tfconfig-slurm is installed in\n"
                 )
                 return
-            gloo.on(self._host)
+            from tfconfig_slurm.errors import TfconfigSlurmError  # noqa: PLC0415
+
+            try:
+                gloo.on(self._host)
+            except TfconfigSlurmError as error:
+                # Not a traceback through the script's own import of jax: one line.
+                sys.stderr.write(f"with-tfconfig --keras3: {error.one_line()}\n")
 
         loader.exec_module = load_then_place  # type: ignore[method-assign]
         return spec
@@ -64,6 +70,8 @@ def _run_the_hidden_one() -> None:
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
-if os.environ.get(HOST_VARIABLE):
-    sys.meta_path.insert(0, _AfterRegistry(os.environ[HOST_VARIABLE]))
-_run_the_hidden_one()
+# Only as Python's own sitecustomize: with-tfconfig imports this module for its names.
+if __name__ == "sitecustomize":
+    if os.environ.get(HOST_VARIABLE):
+        sys.meta_path.insert(0, _AfterRegistry(os.environ[HOST_VARIABLE]))
+    _run_the_hidden_one()
