@@ -640,3 +640,18 @@ def test_usr1_requeues_a_keras_job_that_resumes_from_the_step_it_stopped_at(
     assert checkpoint_step(model_dir) == PACED_STEPS
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["global_step"] == PACED_STEPS and summary["eval"]["accuracy"] > 0.9, summary
+
+
+def test_a_resume_with_another_learning_rate_trains_with_it(tmp_path: Path) -> None:
+    """The checkpoint holds the optimizer's rate too: the resumed run's follows --hparams."""
+    assert train(tmp_path, "--train_steps=10", experiment=str(PACED_KERAS)).returncode == 0
+    again = train(
+        tmp_path, "--train_steps=20", "--hparams=learning_rate=0.1", experiment=str(PACED_KERAS)
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    import tensorflow as tf  # noqa: PLC0415
+
+    saved = tf.train.load_checkpoint(str(tmp_path / "paced_keras"))
+    assert saved.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") == 20
+    rate = saved.get_tensor("optimizer/_learning_rate/.ATTRIBUTES/VARIABLE_VALUE")
+    assert rate == pytest.approx(0.1)

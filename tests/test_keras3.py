@@ -196,6 +196,11 @@ def test_a_keras3_experiment_without_jax_or_with_a_tensorflow_flag_is_one_line(
     assert threads.returncode == 2, threads.stderr[-3000:]
     (line,) = threads.stderr.strip().splitlines()
     assert "--intra_op_threads" in line and "trains on JAX" in line
+    coordinated = train(tmp_path, "--coordinator", "--local_cluster=ps=1,workers=1")
+    assert coordinated.returncode == 2, coordinated.stderr[-3000:]
+    (line,) = coordinated.stderr.strip().splitlines()
+    assert "--coordinator: lays the step out for ParameterServerStrategy" in line
+    assert "a Keras 3 experiment trains on JAX" in line
     assert not list(tmp_path.iterdir())
 
 
@@ -386,6 +391,21 @@ def test_keras_distribution_gives_keras_the_task_s_place_as_with_tfconfig_keras3
     assert (gpus, tf_config) == ("1", False)
     # JAX is told to use the one GPU it sees (its 0), not SLURM_LOCALID's 1.
     assert device_ids == "0"
+    late = subprocess.run(
+        [str(KERAS3_PYTHON), "-c", "import jax; jax.devices(); " + script],
+        env={"PATH": os.environ["PATH"], **environ},
+        capture_output=True, text=True, timeout=60, check=False, cwd=REPOSITORY,
+    )  # fmt: skip
+    assert late.returncode == 1
+    assert (
+        late.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            "tfconfig_slurm.keras_distribution(): was called after JAX made its backends, so its "
+            "CPU collectives can no longer be put on this task's address. HINT: call it first, "
+            "before anything uses Keras or JAX"
+        )
+    ), late.stderr[-3000:]
     one = "import tfconfig_slurm; print(tfconfig_slurm.keras_distribution())"
     alone = subprocess.run(
         [str(KERAS3_PYTHON), "-c", one],
@@ -647,3 +667,44 @@ def test_with_tfconfig_keras3_runs_the_user_s_own_sitecustomize_once(tmp_path: P
     assert ran.returncode == 0, ran.stderr[-3000:]
     command = [line for line in ran.stdout.splitlines() if "the wrapper" not in line]
     assert command == ["my sitecustomize ran in 3", "tfconfig_slurm.backends.keras3.gloo"]
+
+
+def test_a_resume_with_another_learning_rate_trains_with_it(tmp_path: Path) -> None:
+    """state.json says the hparams changed; the optimizer's own rate, which the checkpoint
+    holds too, follows them (in the checkpoint written after the resume)."""
+    first = train(tmp_path, "--train_steps=10", experiment=str(PACED_KERAS3))
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = train(
+        tmp_path, "--train_steps=20", "--hparams=learning_rate=0.1", experiment=str(PACED_KERAS3)
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "(learning_rate: 0.5 -> 0.1)" in again.stderr
+    import h5py  # type: ignore[import-untyped]  # noqa: PLC0415
+
+    with h5py.File(tmp_path / "paced_keras3" / "ckpt-20.weights.h5") as checkpoint:
+        # The optimizer's variables: its iterations, then its learning rate.
+        assert checkpoint["optimizer/vars/0"][()] == 20
+        assert checkpoint["optimizer/vars/1"][()] == pytest.approx(0.1)
+
+
+def test_a_single_process_told_to_stop_during_its_evaluation_stops(tmp_path: Path) -> None:
+    """An eval set that never ends (the docs ask for a finite one) holds the final evaluation;
+    SIGTERM ends it at its next batch, as a stop: state.json says so, the step's checkpoint
+    is kept, and a resume would evaluate again."""
+    mine = tmp_path / "endless.py"
+    mine.write_text(
+        "import keras\nimport sys\n"
+        f"sys.path.insert(0, {str(PACED_KERAS3.parent)!r})\n"
+        "import paced_keras3\nHPARAMS = paced_keras3.HPARAMS\n"
+        "build_model = paced_keras3.build_model\n"
+        "def dataset(mode, params):\n"
+        "    return paced_keras3.dataset('train', params)\n"
+    )
+    process, console = start(tmp_path, f"--experiment={mine}", "--train_steps=5")
+    seen = wait_until(lambda: "checkpoint of step 5 written" in console.read_text(), START_SECONDS)
+    assert seen, console.read_text()[-3000:]
+    process.send_signal(signal.SIGTERM)
+    assert ended(process) == 0, console.read_text()[-3000:]
+    assert "stopping on SIGTERM during the evaluation" in console.read_text()
+    state = json.loads((tmp_path / "endless" / "state.json").read_text())
+    assert (state["state"], state["signal"], state["global_step"]) == ("stopped", "SIGTERM", 5)

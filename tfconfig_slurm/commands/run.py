@@ -2,6 +2,7 @@
 
   python -m tfconfig_slurm.run --experiment mnist_deep     # Estimator, TensorFlow 2.15
   python -m tfconfig_slurm.run --experiment mnist_keras    # tf-keras, TensorFlow 2.16+
+  python -m tfconfig_slurm.run --experiment mnist_keras3   # Keras 3 on JAX (.venv-keras3)
   python -m tfconfig_slurm.run --experiment path/to/my_model.py --train_steps=5000 \\
       --hparams=learning_rate=0.0005 --output_root=/scratch/$USER/runs --experiment_id=lr5e-4
 
@@ -12,7 +13,8 @@ compiled model, and dataset(mode, params), the batches for mode "train" or "eval
 may define HPARAMS. Checkpoints, TensorBoard events, summary.json (and an Estimator's
 exported model) go to <output_root>/<experiment_id>; a run that finds a checkpoint there
 resumes from it. A Keras experiment trains all-reduce (MultiWorkerMirroredStrategy), or
-with --coordinator with parameter servers (ParameterServerStrategy).
+with --coordinator with parameter servers (ParameterServerStrategy); one that imports keras
+and not tf_keras is a Keras 3 one, and trains data-parallel on JAX, one process a task.
 
 Where it runs decides how it trains:
   - with TF_CONFIG set (by launch/with-tfconfig or --local_cluster): that task of the cluster;
@@ -252,6 +254,13 @@ def main(argv: Sequence[str]) -> int | None:
         hparams, default_id = _sweep_run(Path(SWEEP_FILE.value))
     directory = Path(output_root(), _experiment_id(default_id, swept=bool(SWEEP_FILE.value)))
     policy = layout_flags.step_policy()
+    if policy.coordinator and kind == experiment_lib.KERAS3:
+        raise UsageError(
+            "--coordinator",
+            "lays the step out for ParameterServerStrategy, which trains tf-keras models, and "
+            "a Keras 3 experiment trains on JAX, one process a task, all of them training",
+            "leave --coordinator out (docs/keras3.md)",
+        )
     if policy.coordinator and kind != experiment_lib.KERAS:
         raise lifecycle.coordinator_refused("--coordinator")
     is_keras = kind in (experiment_lib.KERAS, experiment_lib.KERAS3)

@@ -142,7 +142,7 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
     paths = run_dir.RunDir(folder)
     if run is None:
         # A batch job refused before its step trained (its first lines say why).
-        return f"{folder}: no run has started here, nothing was trained; task logs in {paths.logs}"
+        return f"{folder}: no run has started here, nothing was trained{_logs(paths)}"
     step, state = run["global_step"], run["state"]
     # How far a failed run got is lost with it: what is kept is its latest checkpoint.
     kept = "no checkpoint" if step is None else f"its latest checkpoint is at step {step}"
@@ -159,7 +159,12 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
         "experiment id to resume",
         "failed": f"failed ({kept}); first to fail: {run['first_failure'] or 'not recorded'}",
     }.get(state, f"{state} at step {step}")
-    return f"{folder}: {said}; task logs in {paths.logs}"
+    return f"{folder}: {said}{_logs(paths)}"
+
+
+def _logs(paths: run_dir.RunDir) -> str:
+    """Where the run's task logs are, where a batch script or a local cluster wrote them."""
+    return f"; task logs in {paths.logs}" if paths.logs.is_dir() else ""
 
 
 def _this_job(environ: Mapping[str, str]) -> str:

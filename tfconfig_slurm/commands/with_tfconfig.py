@@ -177,11 +177,18 @@ def _keras3_environment(role: ClusterRole, environment: Mapping[str, str]) -> di
     """A --keras3 command's own variables: keras.distribution's, its backend (unless set),
     JAX's (backends/keras3/boot), and the boot folder first on its PYTHONPATH, which puts
     JAX's CPU collectives on the task's own address."""
+    backend = environment.get("KERAS_BACKEND", "jax")
+    if backend != "jax":
+        logging.warning(
+            "KERAS_BACKEND=%s: kept, as it is set; keras.distribution runs across processes "
+            "on JAX only, so the command may fail. HINT: unset it, or export KERAS_BACKEND=jax",
+            backend,
+        )
     path = [str(boot.FOLDER), *filter(None, [environment.get("PYTHONPATH")])]
     return {
         **role.keras_distribution(),
         **boot.jax_variables(role.address.rpartition(":")[0], environment["CUDA_VISIBLE_DEVICES"]),
-        "KERAS_BACKEND": environment.get("KERAS_BACKEND", "jax"),
+        "KERAS_BACKEND": backend,
         "PYTHONPATH": os.pathsep.join(path),
     }
 

@@ -283,6 +283,17 @@ def load_keras(spec: str) -> KerasExperiment:
     )
 
 
+def keeping_learning_rate(optimizer: Any, restore: Callable[[], Any]) -> None:
+    """Runs `restore()` (a checkpoint into the model and its compiled `optimizer`), then gives
+    the optimizer back the learning rate it was compiled with, where that is a number: Keras
+    keeps the rate among the optimizer's variables, so a resume with another learning_rate
+    (--hparams, which state.json records) trained on with the old one."""
+    rate = optimizer.get_config().get("learning_rate")
+    restore()
+    if isinstance(rate, numbers.Real):
+        optimizer.learning_rate = float(rate)
+
+
 def check_compiled(experiment: KerasExperiment, model: Any) -> None:
     """Refuses, in one line, a model that build_model returned uncompiled: its training has
     no optimizer, and failed deep inside the framework (tf-keras: in TensorFlow's

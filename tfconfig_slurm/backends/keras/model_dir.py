@@ -23,7 +23,11 @@ from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import preemption
 from tfconfig_slurm.process.console import a_or_an
-from tfconfig_slurm.process.experiment import KerasExperiment, check_compiled
+from tfconfig_slurm.process.experiment import (
+    KerasExperiment,
+    check_compiled,
+    keeping_learning_rate,
+)
 from tfconfig_slurm.process.lifecycle import Hparam
 from tfconfig_slurm.process.run_dir import RunDir
 
@@ -48,7 +52,7 @@ def restored(
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
     latest = tf.train.latest_checkpoint(str(directory))
     if latest is not None:
-        checkpoint.restore(latest).expect_partial()
+        keeping_learning_rate(model.optimizer, lambda: checkpoint.restore(latest).expect_partial())
     step = int(model.optimizer.iterations.numpy())
     return model, checkpoint, step
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfconfig_slurm.errors import InstallError
+from tfconfig_slurm.errors import InstallError, UsageError
 
 
 def on(host: str) -> None:
@@ -31,6 +31,14 @@ def on(host: str) -> None:
             "install JAX 0.12, the release tfconfig-slurm was tried with (pip install "
             "'jax==0.12.*')",
         ) from None
+
+    if xla_bridge.backends_are_initialized():
+        raise UsageError(
+            "tfconfig_slurm.keras_distribution()",
+            "was called after JAX made its backends, so its CPU collectives can no longer be "
+            "put on this task's address",
+            "call it first, before anything uses Keras or JAX",
+        )
 
     def cpu_client() -> Any:
         if distributed.global_state.client is None:

@@ -28,7 +28,11 @@ from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import history, preemption
 from tfconfig_slurm.process.console import a_or_an
-from tfconfig_slurm.process.experiment import KerasExperiment, check_compiled
+from tfconfig_slurm.process.experiment import (
+    KerasExperiment,
+    check_compiled,
+    keeping_learning_rate,
+)
 from tfconfig_slurm.process.lifecycle import Hparam
 from tfconfig_slurm.process.run_dir import RunDir
 
@@ -133,7 +137,7 @@ def _restore(model: Any, directory: Path, step: int) -> None:
     # The optimizer's variables exist only once built: restored with the weights.
     model.optimizer.build(model.trainable_variables)
     try:
-        model.load_weights(path)
+        keeping_learning_rate(model.optimizer, lambda: model.load_weights(path))
     except ValueError as error:
         raise UsageError(
             "--experiment_id",

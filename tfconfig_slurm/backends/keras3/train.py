@@ -144,7 +144,10 @@ class Keras3Backend:
             _check_same_weights(process.model, role)
             process.checkpoints.save(progress.step)
             metrics = self._evaluate(process, progress.step)
-            export(process.model, settings.model_dir, self._experiment.name, role)
+            if metrics is None:
+                stopped_on = self._task.stop.signal_name
+            else:
+                export(process.model, settings.model_dir, self._experiment.name, role)
         # Before the reports: a process that has reported leaves, and is not lost.
         process.stop_watching()
         if metrics is not None:
@@ -161,14 +164,22 @@ class Keras3Backend:
         _end_together(role)
         return end(Ending(stopped_on))
 
-    def _evaluate(self, process: _Process, step: int) -> dict[str, Any]:
-        """The model's metrics on the whole eval set, which every process reads whole."""
+    def _evaluate(self, process: _Process, step: int) -> dict[str, Any] | None:
+        """The model's metrics on the whole eval set, which every process reads whole; None
+        where a single process was told to stop meanwhile (an eval set that never ends would
+        otherwise hold it until SLURM kills it). The processes of a cluster evaluate to the
+        end: one alone that stopped would leave the others in a collective."""
+        stop = _StopEvaluating(self._task.stop) if self._role is None else None
         metrics = process.model.evaluate(
             _batches(self._experiment, "eval", self._settings.params),
             steps=self._settings.eval_steps,
             return_dict=True,
             verbose=0,
+            callbacks=[stop] if stop else [],
         )
+        if stop is not None and stop.stopped:
+            logging.info("stopping on %s during the evaluation", self._task.stop.signal_name)
+            return None
         return {**{name: float(value) for name, value in metrics.items()}, "global_step": step}
 
 
@@ -313,6 +324,20 @@ def _batches(experiment: KerasExperiment, mode: str, params: Mapping[str, Any]) 
             "for 'train'), a keras.utils.PyDataset, or a tf.data.Dataset",
         )
     return batches
+
+
+class _StopEvaluating(keras.callbacks.Callback):  # type: ignore[misc]
+    """Ends an evaluation at its next batch once the process is told to stop."""
+
+    def __init__(self, stop: preemption.StopRequest) -> None:
+        super().__init__()
+        self._stop = stop
+        self.stopped = False
+
+    def on_test_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        if self._stop.requested:
+            self.stopped = True
+            self.model.stop_evaluating = True
 
 
 class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
