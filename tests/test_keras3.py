@@ -357,8 +357,8 @@ def test_a_killed_process_of_a_keras3_script_ends_its_step_named(
     assert step.returncode != 0
     first = json.loads(next((tmp_path / "failures").glob("*.json")).read_text())
     assert first["line"].startswith("worker 2 on node2"), first
-    # The others' tracebacks run through Keras 3, which is no mistake here.
-    assert "Keras 3" in read_logs(logs) and "build the model with tf-keras" not in read_logs(logs)
+    # The others' tracebacks, where they print one, run through Keras 3: no mistake here.
+    assert "build the model with tf-keras" not in read_logs(logs)
     assert slurm_cluster.left_behind() == {}
 
 
