@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tfconfig_slurm.cluster.layout import CHIEF
@@ -87,6 +87,19 @@ def _exists(path: Path) -> bool:
         return path.exists()
     except PermissionError:
         return True
+
+
+def check_same_start(model_dir: Path, steps: Sequence[int], who: str) -> None:
+    """Refuses, in one line, a cluster whose trainers (`who`) restored checkpoints of different
+    global `steps` (one each): where the nodes do not share the model directory, one finds
+    none where the chief restores one, and their weights would differ."""
+    if min(steps) != max(steps):
+        raise UsageError(
+            "--output_root",
+            f"the {who} restored different checkpoints of {model_dir} (global steps "
+            f"{min(steps)} to {max(steps)}): it is not the same directory on every node",
+            "put --output_root on a file system every node of the job mounts",
+        )
 
 
 def check_free(

@@ -38,8 +38,7 @@ from tfconfig_slurm.backends.keras.model_dir import (
 )
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import cadence, preemption, reports, watchdog
+from tfconfig_slurm.process import cadence, model_dir, preemption, reports, watchdog
 from tfconfig_slurm.process.experiment import KerasExperiment
 from tfconfig_slurm.process.lifecycle import Ending
 from tfconfig_slurm.process.owner import owns_run
@@ -191,13 +190,7 @@ def _check_same_start(strategy: tf.distribute.Strategy, start: int, directory: P
     train from other weights, and its steps would outlast the chief's, which hangs."""
     gather = _collective(strategy, lambda context, step: context.all_gather(step, axis=0))
     steps = gather(tf.constant([start], tf.int64))
-    if steps.min() != steps.max():
-        raise UsageError(
-            "--output_root",
-            f"the trainers restored different checkpoints of {directory} (global steps "
-            f"{steps.min()} to {steps.max()}): it is not the same directory on every node",
-            "put --output_root on a file system every node of the job mounts",
-        )
+    model_dir.check_same_start(directory, [int(step) for step in steps], "trainers")
 
 
 def _local_replicas(strategy: tf.distribute.Strategy, role: ClusterRole | None) -> int:

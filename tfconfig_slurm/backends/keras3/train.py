@@ -44,6 +44,7 @@ from tfconfig_slurm.process import (
     answering,
     cadence,
     history,
+    model_dir,
     preemption,
     reports,
     watchdog,
@@ -282,13 +283,7 @@ def _check_same_start(step: int, settings: TrainingSettings) -> None:
     """Every process must have restored the same checkpoint: where the nodes do not share the
     model directory, a process finds none where the chief restores one."""
     steps = processes.gather([step])[:, 0]
-    if steps.min() != steps.max():
-        raise UsageError(
-            "--output_root",
-            f"the processes restored different checkpoints of {settings.model_dir} (global "
-            f"steps {steps.min()} to {steps.max()}): it is not the same directory on every node",
-            "put --output_root on a file system every node of the job mounts",
-        )
+    model_dir.check_same_start(settings.model_dir, [int(each) for each in steps], "processes")
 
 
 def _check_same_weights(model: Any, role: ClusterRole | None) -> None:
