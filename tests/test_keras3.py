@@ -62,17 +62,33 @@ def train(
     )
 
 
-def start(root: Path, *flags: str) -> tuple[subprocess.Popen[str], Path]:
+def start(
+    root: Path, *flags: str, environ: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], Path]:
     """The runtime on Keras 3 as a user starts it, its console to a file the test reads."""
     console = root / "console.log"
     process = subprocess.Popen(
         [str(KERAS3_PYTHON), "-m", RUN, f"--output_root={root}", *flags],
+        env={**os.environ, **(environ or {})},
         stdout=subprocess.DEVNULL,
         stderr=console.open("w"),
         cwd=REPOSITORY,
         text=True,
     )
     return process, console
+
+
+def trainer(
+    root: Path, cluster: dict[str, list[str]], kind: str, *flags: str
+) -> subprocess.Popen[str]:
+    """A paced Keras 3 process, `kind` 0 of the cluster `cluster`, given its TF_CONFIG."""
+    return subprocess.Popen(
+        [str(KERAS3_PYTHON), "-m", RUN, f"--experiment={PACED_KERAS3}",
+         f"--output_root={root}", *flags],
+        env={**os.environ, "TF_CONFIG": json.dumps(
+            {"cluster": cluster, "task": {"type": kind, "index": 0}})},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPOSITORY,
+    )  # fmt: skip
 
 
 def test_mnist_keras3_trains_in_one_process_and_resumes_to_the_step(tmp_path: Path) -> None:
@@ -135,10 +151,13 @@ def test_a_local_cluster_trains_one_mesh_stops_on_sigterm_together_and_resumes(
 ) -> None:
     """--local_cluster=workers=1: two JAX processes, one mesh of 2 devices. SIGTERM to the
     launcher stops both at one step with its checkpoint and leaves no process behind; a new
-    local cluster resumes there, and both end with the same weights."""
+    local cluster resumes there, and both end with the same weights. Each process read its
+    own half of the examples."""
+    record = tmp_path / "read.txt"
     process, console = start(
         tmp_path, f"--experiment={PACED_KERAS3}", "--train_steps=1000000",
         "--log_every_steps=1", "--local_cluster=workers=1",
+        environ={"PACED_KERAS_RECORD": str(record)},
     )  # fmt: skip
     seen = wait_until(
         lambda: len(re.findall(r"step \d+: loss", console.read_text())) >= 4, START_SECONDS
@@ -159,6 +178,13 @@ def test_a_local_cluster_trains_one_mesh_stops_on_sigterm_together_and_resumes(
     assert checkpoint_step(model_dir) == stopped
     state = json.loads((model_dir / "state.json").read_text())
     assert (state["state"], state["signal"]) == ("stopped", "SIGTERM")
+    read: dict[str, set[int]] = {}
+    for line in record.read_text().splitlines():
+        index, example = line.split()
+        read.setdefault(index, set()).add(int(example))
+    # Trainer i of 2 reads examples i, i + 2, ...: two halves, all 256 between them (both
+    # read their whole first pass in the steps taken: 2 batches of 64 each).
+    assert read["0"] == set(range(0, 256, 2)) and read["1"] == set(range(1, 256, 2)), read
 
     resumed = train(
         tmp_path, "--local_cluster=workers=1", f"--train_steps={stopped + 10}",
@@ -478,24 +504,7 @@ def test_processes_that_restore_different_steps_refuse_in_one_line(tmp_path: Pat
     base = free_port_block(2)
     cluster = {"chief": [f"localhost:{base}"], "worker": [f"localhost:{base + 1}"]}
     tasks = [
-        subprocess.Popen(
-            [
-                str(KERAS3_PYTHON),
-                "-m",
-                RUN,
-                f"--experiment={PACED_KERAS3}",
-                f"--output_root={tmp_path / root}",
-                "--train_steps=100",
-            ],
-            env={
-                **os.environ,
-                "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": kind, "index": 0}}),
-            },
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPOSITORY,
-        )
+        trainer(tmp_path / root, cluster, kind, "--train_steps=100")
         for kind, root in (("chief", "shared"), ("worker", "elsewhere"))
     ]
     try:
@@ -596,25 +605,7 @@ def test_a_signal_to_one_process_stops_every_process_at_one_step(tmp_path: Path)
     base = free_port_block(2)
     cluster = {"chief": [f"localhost:{base}"], "worker": [f"localhost:{base + 1}"]}
     tasks = [
-        subprocess.Popen(
-            [
-                str(KERAS3_PYTHON),
-                "-m",
-                RUN,
-                f"--experiment={PACED_KERAS3}",
-                f"--output_root={tmp_path}",
-                "--train_steps=100000",
-                "--log_every_steps=1",
-            ],
-            env={
-                **os.environ,
-                "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": kind, "index": 0}}),
-            },
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPOSITORY,
-        )
+        trainer(tmp_path, cluster, kind, "--train_steps=100000", "--log_every_steps=1")
         for kind in ("chief", "worker")
     ]
     try:
