@@ -24,6 +24,7 @@ PACED = REPOSITORY / "tests" / "fixtures" / "paced.py"
 PACED_KERAS = REPOSITORY / "tests" / "fixtures" / "paced_keras.py"
 # And its Keras 3 twin, on JAX (tests/fixtures/paced_keras3.py).
 PACED_KERAS3 = REPOSITORY / "tests" / "fixtures" / "paced_keras3.py"
+SHARDED_KERAS3 = REPOSITORY / "tests" / "fixtures" / "sharded_keras3.py"
 # The Python of Keras 3 on JAX (make venv-keras3), which the tests marked keras3 start.
 KERAS3_PYTHON = REPOSITORY / ".venv-keras3" / "bin" / "python"
 

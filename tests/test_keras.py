@@ -427,6 +427,25 @@ def test_a_keras_experiment_whose_functions_take_other_arguments_is_refused_at_l
     assert not (tmp_path / "no_params").exists()
 
 
+def test_a_tf_keras_experiment_with_a_layout_map_is_refused_at_load(tmp_path: Path) -> None:
+    """A LayoutMap is Keras 3's: a tf-keras run would train data-parallel and not read it."""
+    experiment = tmp_path / "tf_keras_layout.py"
+    experiment.write_text(
+        "import tf_keras\n"
+        "from tfconfig_slurm.experiments.mnist_keras import build_model, dataset\n"
+        "def layout_map(devices, params):\n    pass\n"
+    )
+    result = run_module(RUN, f"--experiment={experiment}", f"--output_root={tmp_path}")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1] == (
+        "tfconfig-slurm-run: --experiment: tf_keras_layout defines layout_map, which is Keras "
+        "3's (ModelParallel on JAX): a tf-keras model trains data-parallel with tf.distribute. "
+        "HINT: build the model with import keras and train it in .venv-keras3, or remove "
+        "layout_map"
+    )
+    assert not (tmp_path / "tf_keras_layout").exists()
+
+
 @pytest.mark.parametrize(
     ("model", "problem"),
     [

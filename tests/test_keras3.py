@@ -15,12 +15,14 @@ import subprocess
 import zipfile
 from pathlib import Path
 
+import h5py  # type: ignore[import-untyped]
 import pytest
 
 from tests.cli import (
     KERAS3_PYTHON,
     PACED_KERAS3,
     REPOSITORY,
+    SHARDED_KERAS3,
     checkpoint_step,
     ended_within,
     free_port_block,
@@ -187,7 +189,7 @@ def test_a_local_cluster_trains_one_mesh_stops_on_sigterm_together_and_resumes(
     assert read["0"] == set(range(0, 256, 2)) and read["1"] == set(range(1, 256, 2)), read
 
     resumed = train(
-        tmp_path, "--local_cluster=workers=1", f"--train_steps={stopped + 10}",
+        tmp_path, "--local_cluster=workers=1", f"--train_steps={stopped + 30}",
         experiment=str(PACED_KERAS3), timeout=240,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -199,11 +201,67 @@ def test_a_local_cluster_trains_one_mesh_stops_on_sigterm_together_and_resumes(
     same = _SAME_WEIGHTS.findall(resumed.stderr)
     assert len(same) == 2 and len(set(same)) == 1 and same[0][0] == "2", resumed.stderr[-3000:]
     summary = json.loads((model_dir / "summary.json").read_text())
-    assert summary["global_step"] == stopped + 10
+    assert summary["global_step"] == stopped + 30
     assert [trainer["role"] for trainer in summary["trainers"]] == ["chief", "worker"]
-    # 0.86 after 20 steps here; chance is 0.5.
+    # 0.74-0.86 after 20 steps here, by the run's seed; 40 steps learn the examples; chance is 0.5.
     assert summary["eval"]["accuracy"] > 0.75, summary
-    assert checkpoint_step(model_dir) == stopped + 10
+    assert checkpoint_step(model_dir) == stopped + 30
+
+
+def test_an_experiment_s_layout_map_trains_model_parallel_and_resumes_on_another_mesh(
+    tmp_path: Path,
+) -> None:
+    """sharded_keras3's layout_map on 4 processes: a mesh of 2 replicas of 2 model shards,
+    each process holding half of the hidden layer; the two processes of a replica read the
+    same share of the data, the two replicas disjoint halves. The checkpoint holds the layer
+    whole, and 2 processes (one replica of 2 shards) resume from it to the step."""
+    record = tmp_path / "read.txt"
+    first = train(
+        tmp_path, "--local_cluster=workers=3", "--train_steps=20", experiment=str(SHARDED_KERAS3),
+        environ={"PACED_KERAS_RECORD": str(record)},
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    starts = re.findall(
+        r"\[(chief|worker) (\d)\] .*starting at step 0; 4 processes and 4 devices on JAX, "
+        r"ModelParallel on a mesh of batch 2 x model 2; data share (\d) of 2",
+        first.stderr,
+    )
+    assert sorted(starts) == [
+        ("chief", "0", "1"), ("worker", "0", "1"), ("worker", "1", "2"), ("worker", "2", "2")
+    ], first.stderr[-3000:]  # fmt: skip
+    lines = record.read_text().splitlines()
+    # Each process of a replica read the same examples of its half in its first pass.
+    assert sorted(lines) == sorted(
+        f"{index} {example}" for index in (0, 1) for example in range(index, 256, 2) for _ in "ab"
+    )
+    model_dir = tmp_path / "sharded_keras3"
+    assert checkpoint_step(model_dir) == 20
+    with h5py.File(model_dir / "ckpt-20.weights.h5") as saved:
+        kernels = sorted(
+            saved[name].shape for name in ("layers/dense/vars/0", "layers/dense_1/vars/0")
+        )
+    assert kernels == [(8, 16), (16, 2)]
+
+    resumed = train(
+        tmp_path, "--local_cluster=workers=1", "--train_steps=30",
+        experiment=str(SHARDED_KERAS3),
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert len(re.findall(
+        r"resuming from step 20; 2 processes and 2 devices on JAX, ModelParallel on a mesh of "
+        r"batch 1 x model 2; data share 1 of 1", resumed.stderr,
+    )) == 2, resumed.stderr[-3000:]  # fmt: skip
+    summary = json.loads((model_dir / "summary.json").read_text())
+    assert summary["global_step"] == 30
+    # 0.99 after 30 steps here; chance is 0.5.
+    assert summary["eval"]["accuracy"] > 0.75, summary
+    exported = sorted((model_dir / "export" / "sharded_keras3").glob("*/model.keras"))[-1]
+    with (
+        zipfile.ZipFile(exported) as archive,
+        archive.open("model.weights.h5") as weights,
+        h5py.File(weights) as saved,
+    ):
+        assert saved["layers/dense/vars/0"].shape == (8, 16)
 
 
 def test_a_keras3_experiment_without_jax_or_with_a_tensorflow_flag_is_one_line(
@@ -562,8 +620,19 @@ def test_a_sweep_of_a_keras3_experiment_is_checked_against_its_hparams(tmp_path:
             "mine.dataset('train', params) ran out at global step 4, before --train_steps=5. "
             "HINT: return endless training batches",
         ),
+        (
+            "from paced_keras3 import build_model, dataset\n"
+            "def layout_map(devices, params):\n"
+            "    return {'dense/kernel': (None, 'model')}\n",
+            "mine.layout_map(devices, params) returned 'dict', not a "
+            "keras.distribution.LayoutMap. HINT: return keras.distribution.LayoutMap(",
+        ),
+        (
+            "from paced_keras3 import build_model, dataset\nlayout_map = {}\n",
+            "defines layout_map, but not as a function. HINT: define layout_map(devices, params)",
+        ),
     ],
-    ids=["uncompiled", "arrays", "finite"],
+    ids=["uncompiled", "arrays", "finite", "layout-map-dict", "layout-map-no-function"],
 )
 def test_what_a_keras3_experiment_cannot_train_is_one_line(
     tmp_path: Path, source: str, said: str
@@ -580,6 +649,28 @@ def test_what_a_keras3_experiment_cannot_train_is_one_line(
     last = refused.stderr.strip().splitlines()[-1]
     assert last.startswith("tfconfig-slurm-run: --experiment: mine") and said in last, last
     assert "Traceback" not in refused.stderr
+
+
+def test_a_layout_map_whose_mesh_leaves_out_devices_is_one_line(tmp_path: Path) -> None:
+    """One process of 2 devices (XLA's host platform split in two), a mesh of the first."""
+    mine = tmp_path / "mine.py"
+    mine.write_text(
+        "import keras\n"
+        "from tests.fixtures.sharded_keras3 import HPARAMS, build_model, dataset\n"
+        "def layout_map(devices, params):\n"
+        "    mesh = keras.distribution.DeviceMesh((1, 1), ['batch', 'model'], devices[:1])\n"
+        "    return keras.distribution.LayoutMap(mesh)\n"
+    )
+    refused = train(
+        tmp_path / "out", "--train_steps=5", experiment=str(mine),
+        environ={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "tfconfig-slurm-run: --experiment: mine.layout_map's mesh holds 1 of the run's 2 "
+        "devices. HINT: build its DeviceMesh of every device layout_map is given, e.g. shape "
+        "(2 // model_shards, model_shards)"
+    )
 
 
 def test_a_checkpoint_another_backend_wrote_is_one_line(tmp_path: Path) -> None:
@@ -670,8 +761,6 @@ def test_a_resume_with_another_learning_rate_trains_with_it(tmp_path: Path) -> N
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "(learning_rate: 0.5 -> 0.1)" in again.stderr
-    import h5py  # type: ignore[import-untyped]  # noqa: PLC0415
-
     with h5py.File(tmp_path / "paced_keras3" / "ckpt-20.weights.h5") as checkpoint:
         # The optimizer's variables: its iterations, then its learning rate.
         assert checkpoint["optimizer/vars/0"][()] == 20

@@ -8,7 +8,8 @@ one of two kinds, told apart by its source before it is imported:
   optionally `serving_input_receiver_fn` (exported at the end).
 - Keras (TensorFlow 2.16+, tf-keras): it defines `build_model(params)`, which returns the
   compiled model, and `dataset(mode, params)`, which returns the batches for mode "train"
-  (this trainer's shard, repeated) or "eval".
+  (this trainer's shard, repeated) or "eval". A Keras 3 one (it imports `keras`) may define
+  `layout_map(devices, params)`, the keras.distribution.LayoutMap to train ModelParallel with.
 Either may define `HPARAMS`, a dict of defaults that `--hparams` may override, and
 `check_hparams(hparams)`, which raises ValueError, saying why, for values it cannot train with
 (each task calls it as it loads the experiment, before it trains, and refuses the run in one
@@ -124,6 +125,9 @@ class KerasExperiment:
     dataset: Callable[[str, Mapping[str, Any]], Any]
     hparams: Mapping[str, Any]
     check_hparams: HparamsCheck | None
+    # Keras 3's: the LayoutMap of the given devices (the run's, in process order) to shard the
+    # variables by; None to train data-parallel.
+    layout_map: Callable[[list[Any], Mapping[str, Any]], Any] | None = None
 
 
 def kind(spec: str) -> str:
@@ -273,6 +277,9 @@ def load_keras(spec: str) -> KerasExperiment:
         )
     _check_call(module, "build_model", "build_model(params)", {})
     _check_call(module, "dataset", "dataset(mode, params)", "train", {})
+    layout_map = getattr(module, "layout_map", None)
+    if layout_map is not None:
+        _check_layout_map(spec, module)
     return KerasExperiment(
         name=name,
         spec=spec,
@@ -280,7 +287,29 @@ def load_keras(spec: str) -> KerasExperiment:
         dataset=functions["dataset"],  # type: ignore[arg-type]
         hparams=_hparams(module),
         check_hparams=_check_hparams(module),
+        layout_map=layout_map,
     )
+
+
+def _check_layout_map(spec: str, module: ModuleType) -> None:
+    """Refuses, in one line, a layout_map that the run would not call as it means to: one not
+    callable as layout_map(devices, params), or one of a tf-keras experiment, whose
+    tf.distribute strategies have no LayoutMap (a tf-keras run would train data-parallel and
+    leave it unread)."""
+    if not callable(module.layout_map):
+        raise UsageError(
+            "--experiment",
+            f"{_named(module)} ({_source(module)}) defines layout_map, but not as a function",
+            "define layout_map(devices, params), returning a keras.distribution.LayoutMap",
+        )
+    _check_call(module, "layout_map", "layout_map(devices, params)", [], {})
+    if kind(spec) != KERAS3:
+        raise UsageError(
+            "--experiment",
+            f"{_named(module)} defines layout_map, which is Keras 3's (ModelParallel on JAX): "
+            "a tf-keras model trains data-parallel with tf.distribute",
+            "build the model with import keras and train it in .venv-keras3, or remove layout_map",
+        )
 
 
 def keeping_learning_rate(optimizer: Any, restore: Callable[[], Any]) -> None:

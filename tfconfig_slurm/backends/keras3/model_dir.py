@@ -4,21 +4,25 @@ from the latest, the scalars and hparams for TensorBoard (its own event writer: 
 TensorFlow), and the exported `.keras` model.
 
 Every process takes part in a save, as JAX's arrays span them all: the chief (or a single
-process) writes into the model directory, the others into scratch files they delete.
+process) writes into the model directory, the others into scratch files they delete. A
+variable sharded across processes (ModelParallel) is gathered whole for it (whole()).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import jax
 import keras
 from absl import logging
+from jax.experimental import multihost_utils
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.hparams import summary_v2 as hparams_summary
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
@@ -86,17 +90,18 @@ class Checkpoints:
         started = time.monotonic()
         # Mid-fit, the JAX trainer keeps the variables' values off the model until asked.
         self._model.jax_state_sync()
-        if self._writes:
-            # Written whole, then named: a process killed mid-write leaves no checkpoint that
-            # a resume would take for the latest.
-            path = self._directory / _name(step)
-            partial = path.with_name(f".{path.name}.partial.weights.h5")
-            self._model.save_weights(partial)
-            partial.replace(path)
-            self._index(step)
-            self._stop.checkpoint_written(step, time.monotonic() - started)
-        else:
-            _into_scratch(self._model.save_weights, ".weights.h5")
+        with whole(self._model):
+            if self._writes:
+                # Written whole, then named: a process killed mid-write leaves no checkpoint
+                # that a resume would take for the latest.
+                path = self._directory / _name(step)
+                partial = path.with_name(f".{path.name}.partial.weights.h5")
+                self._model.save_weights(partial)
+                partial.replace(path)
+                self._index(step)
+                self._stop.checkpoint_written(step, time.monotonic() - started)
+            else:
+                _into_scratch(self._model.save_weights, ".weights.h5")
         self.last = step
 
     def _index(self, step: int) -> None:
@@ -121,6 +126,26 @@ class Checkpoints:
         partial.replace(index)
         for each in forgotten:
             (self._directory / _name(each)).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def whole(model: Any) -> Iterator[None]:
+    """Every variable of the model and of its optimizer whole in every process while Keras
+    reads them (to save, or get_weights): Keras reads each as a numpy array, which JAX refuses
+    for an array that spans processes. Each sharded one's value is gathered (a collective:
+    every process enters this) and stands in for it meanwhile, as Keras's Variable keeps its
+    array in _value, which nothing public replaces without laying it out again."""
+    gathered: list[tuple[Any, Any]] = []
+    for variable in [*model.variables, *model.optimizer.variables]:
+        value = variable.value
+        if isinstance(value, jax.Array) and not value.is_fully_replicated:
+            gathered.append((variable, variable._value))
+            variable._value = multihost_utils.process_allgather(value, tiled=True)
+    try:
+        yield
+    finally:
+        for variable, value in reversed(gathered):
+            variable._value = value
 
 
 def _restore(model: Any, directory: Path, step: int) -> None:
@@ -165,11 +190,13 @@ def export(model: Any, directory: Path, name: str, role: ClusterRole | None) -> 
     """The trained model as one `.keras` file, in export/<name>/<timestamp>/model.keras (as an
     Estimator exports into timestamped folders)."""
     if role is not None and role.role != CHIEF:
-        _into_scratch(model.save, ".keras")
+        with whole(model):
+            _into_scratch(model.save, ".keras")
         return
     folder = RunDir(directory).export(name) / str(int(time.time()))
     folder.mkdir(parents=True, exist_ok=True)
-    model.save(folder / "model.keras")
+    with whole(model):
+        model.save(folder / "model.keras")
     logging.info("exported the model to %s", folder / "model.keras")
 
 

@@ -1,11 +1,11 @@
-"""The Keras 3 backend, on JAX: one process, or one of a run's processes trained
-data-parallel (keras.distribution.DataParallel over every process's devices), for the
-lifecycle of process/lifecycle.py.
+"""The Keras 3 backend, on JAX: one process, or one of a run's processes trained as one mesh
+(keras.distribution.DataParallel over every process's devices, or ModelParallel by the
+experiment's LayoutMap: mesh.py), for the lifecycle of process/lifecycle.py.
 
 - Every process builds the model under the distribution, restores the model directory's
   latest checkpoint and trains the steps left to --train_steps with model.fit, on the batches
-  of the experiment's dataset("train", params) of this process (params["batch_size"] each:
-  the global batch is that times the processes).
+  of the experiment's dataset("train", params) of this process's share of the data
+  (params["batch_size"] each: the global batch is that times the shares).
 - A stop signal (preemption.py) is agreed on: every cadence.STOP_CHECK_STEPS steps the processes
   gather their flags, so that all save the same step, stop, and the chief requeues.
 - Each process watches its neighbours in the tree of trainers (watch_plan.py), and answers on
@@ -28,12 +28,13 @@ import keras
 import numpy as np
 from absl import logging
 
-from tfconfig_slurm.backends.keras3 import processes
+from tfconfig_slurm.backends.keras3 import mesh, processes
 from tfconfig_slurm.backends.keras3.model_dir import (
     Checkpoints,
     Events,
     built_model,
     export,
+    whole,
     write_eval_scalars,
 )
 from tfconfig_slurm.cluster import watch_plan
@@ -88,10 +89,17 @@ class Keras3Backend:
         return self._set_up().checkpoints.last
 
     def start_details(self) -> tuple[str, ...]:
-        processes_, devices = self._set_up().shape
-        return (
+        process = self._set_up()
+        processes_, devices = process.shape
+        shape = (
             f"{processes_} process{'' if processes_ == 1 else 'es'} and {devices} "
-            f"device{'' if devices == 1 else 's'} on JAX",
+            f"device{'' if devices == 1 else 's'} on JAX"
+        )
+        if not process.mesh.described:
+            return (shape,)
+        return (
+            f"{shape}, {process.mesh.described}",
+            f"data share {process.mesh.data_share + 1} of {process.mesh.data_shares}",
         )
 
     def write_hparams(self, hparams: Mapping[str, Hparam], trial_id: str) -> None:
@@ -119,7 +127,7 @@ class Keras3Backend:
         try:
             if progress.step < settings.train_steps:
                 process.model.fit(
-                    _batches(self._experiment, "train", settings.params),
+                    _batches(self._experiment, "train", process.params),
                     epochs=1,
                     steps_per_epoch=settings.train_steps - progress.step,
                     callbacks=[progress],
@@ -191,6 +199,9 @@ class _Process(NamedTuple):
     model: Any
     checkpoints: Checkpoints
     events: Events | None
+    mesh: mesh.Mesh
+    # The experiment's params, with this process's share of the training data.
+    params: Mapping[str, Any]
     # (processes, devices) of the run.
     shape: tuple[int, int]
     peers: watchdog.PeerWatch | None
@@ -218,24 +229,25 @@ class _Process(NamedTuple):
         port: contextlib.ExitStack,
     ) -> _Process:
         role = task.place.role
-        devices = keras.distribution.list_devices()
-        if role is not None or len(devices) > 1:
-            keras.distribution.set_distribution(
-                # Each process feeds its own batches, which make one global batch.
-                keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
-            )
+        processes_ = role.trainers if role is not None else 1
+        mesh_ = mesh.set_up(experiment, settings.params, processes_)
+        params = {
+            **settings.params,
+            "num_trainers": mesh_.data_shares,
+            "trainer_index": mesh_.data_share,
+        }
         peers = watchdog.PeerWatch(watch_plan.neighbours(role)) if role is not None else None
         if role is not None:
             # Before any step of JAX's: a process restoring a checkpoint makes other
             # collectives than one that finds none, which JAX takes for a mismatch.
             _check_same_start(history.checkpoint_step(settings.model_dir) or 0, settings)
-        model = built_model(experiment, settings.params)
+        model = built_model(experiment, params)
         checkpoints = Checkpoints(
             model, settings.model_dir, role, settings.keep_checkpoint_max, stop=task.stop
         )
         events = Events(settings.model_dir) if owns_run(role) else None
-        shape = (role.trainers if role is not None else 1, len(devices))
-        return cls(model, checkpoints, events, shape, peers, port)
+        shape = (processes_, len(keras.distribution.list_devices()))
+        return cls(model, checkpoints, events, mesh_, params, shape, peers, port)
 
     def stop_watching(self) -> None:
         """Stops watching the others, which may now end; this process's port answers until
@@ -292,7 +304,9 @@ def _check_same_weights(model: Any, role: ClusterRole | None) -> None:
     if role is None:
         return
     checksum = 0
-    for weights in model.get_weights():
+    with whole(model):
+        arrays = model.get_weights()
+    for weights in arrays:
         checksum = zlib.crc32(np.ascontiguousarray(weights).tobytes(), checksum)
     checksums = processes.gather([checksum])[:, 0]
     if len(set(checksums.tolist())) != 1:
