@@ -4,8 +4,10 @@ node, the layout tools and the runs table stay fast, and run where TensorFlow is
 from __future__ import annotations
 
 import pkgutil
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +40,15 @@ def test_imports_no_tensorflow(module: str) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_one_module_ends_a_process_at_once() -> None:
+    """os._exit, which skips every writer's flush, is called in process/exits.py only, after
+    it flushed the logs and said why."""
+    package = Path(cluster.__file__).parents[1]
+    calling = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if re.search(r"\bos\._exit\(", path.read_text())
+    )
+    assert calling == ["process/exits.py"]

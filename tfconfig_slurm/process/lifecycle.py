@@ -10,8 +10,6 @@ TensorFlow here: the backend is made only once the start checks have passed.
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -28,6 +26,7 @@ from tfconfig_slurm.errors import EXIT_PEER_LOST, TfconfigSlurmError, UsageError
 from tfconfig_slurm.process import (
     claim,
     continuation,
+    exits,
     failure,
     model_dir,
     network,
@@ -285,7 +284,7 @@ class _End:
                     self.task.stop_policy,
                     self.task.model_dir,
                 )
-            exit_now(status)
+            exits.end_now(status, f"stopped on {ending.stopped_on}")
         if self.owner is not None:
             self.owner.say("done", step)
         if role is not None:
@@ -294,7 +293,7 @@ class _End:
             self.held.release()
         if self.returns and (role is None or role.role != PS):
             return ending.result
-        exit_now(0)
+        exits.end_now(0, "done")
 
 
 def _end_if_failed_while_stopping(task: TaskRun, run_id: str) -> None:
@@ -314,7 +313,7 @@ def _end_if_failed_while_stopping(task: TaskRun, run_id: str) -> None:
                 first.line(),
                 EXIT_PEER_LOST,
             )
-            exit_now(EXIT_PEER_LOST)
+            exits.end_now(EXIT_PEER_LOST, f"the run failed: {first.line()}")
         time.sleep(FAILURE_POLL_SECONDS)
 
 
@@ -363,16 +362,3 @@ def _check_layout(layout: str, place: Place) -> None:
             "servers, and a Keras experiment trains with a chief and workers only",
             "lay the step out with --all_reduce (with-tfconfig --all_reduce), or unset TF_CONFIG",
         )
-
-
-def exit_now(status: int) -> NoReturn:
-    """Ends this finished process with `status` at once, once its logs are out.
-
-    Shutting down an interpreter that imported TensorFlow took 0.6-1.7 s here, the largest
-    part of a cluster's teardown, and a ps's gRPC server cannot be stopped anyway; nothing of
-    that shutdown is work the process still owes. A backend flushes its own writers first.
-    """
-    logging.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)

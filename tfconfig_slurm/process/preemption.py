@@ -19,7 +19,6 @@ No TensorFlow here.
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import threading
@@ -32,7 +31,7 @@ from absl import logging
 
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import EXIT_NOT_REQUEUED, UsageError
-from tfconfig_slurm.process import continuation, slurm_commands
+from tfconfig_slurm.process import continuation, exits, slurm_commands
 
 
 def parse_signal(name: str) -> signal.Signals | None:
@@ -144,8 +143,7 @@ def _interrupted(times: int) -> None:
         )
         return
     logging.error("SIGINT again: ending at once, without a checkpoint (exit 130)")
-    logging.flush()
-    os._exit(128 + signal.SIGINT)
+    exits.end_now(128 + signal.SIGINT, "SIGINT again")
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import signal
 import subprocess
 import threading
@@ -41,7 +40,7 @@ from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import EXIT_PEER_LOST
-from tfconfig_slurm.process import answering, children, failure, versions, watchdog
+from tfconfig_slurm.process import answering, children, exits, failure, versions, watchdog
 from tfconfig_slurm.process.owner import RunOwner
 
 # The signals a supervisor passes on to its command.
@@ -121,7 +120,7 @@ def supervise(
         # Its own watchers may never have heard from it (its command died before listening):
         # they learn it at once, as from a failed command.
         _say_failed(role, f"it ends, as {name} is lost")
-        os._exit(EXIT_PEER_LOST)
+        exits.end_now(EXIT_PEER_LOST, f"{name} is lost")
 
     # Taken by the one thread that ends this task for a failure: a watch that saw a peer lost
     # (then the main thread, back from the killed command, leaves the end to it), or the main

@@ -16,7 +16,6 @@ No TensorFlow here: only sockets and a thread.
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 import threading
@@ -28,7 +27,7 @@ from typing import Callable, NoReturn
 from absl import logging
 
 from tfconfig_slurm.errors import EXIT_PEER_LOST
-from tfconfig_slurm.process import failure
+from tfconfig_slurm.process import exits, failure
 
 # A peer is lost after refusing or timing out for this long in a row. Short, as refusals
 # come only from a closed port; long enough to ride out a dropped packet.
@@ -69,7 +68,7 @@ def exit_on_lost(name: str, address: str, silent_for: float) -> None:
     """Reports the lost peer (report_lost) and ends this process at once: it may be hung
     inside TensorFlow, where nothing but an exit reaches it."""
     report_lost(name, address, silent_for)
-    os._exit(EXIT_PEER_LOST)
+    exits.end_now(EXIT_PEER_LOST, f"{name} is lost")
 
 
 def report_lost(name: str, address: str, silent_for: float) -> None:
@@ -164,9 +163,7 @@ class PeerWatch:
             ", ".join(self.peers),
             EXIT_PEER_LOST,
         )
-        logging.flush()
-        sys.stderr.flush()
-        os._exit(EXIT_PEER_LOST)
+        exits.end_now(EXIT_PEER_LOST, "a peer is gone")
 
     @property
     def peers(self) -> list[str]:

@@ -25,6 +25,7 @@ from tfconfig_slurm.errors import TfconfigSlurmError, UsageError
 from tfconfig_slurm.process import (
     claim,
     console,
+    exits,
     lifecycle,
     local_cluster,
     model_dir,
@@ -141,7 +142,7 @@ def _run(
             naming=_NAMING,
             environ=os.environ,
         )
-        lifecycle.exit_now(status)
+        exits.end_now(status, "the local cluster ended")
     policy = layout or place.policy_from_environ(os.environ)
     try:
         where = place.find(

@@ -219,7 +219,7 @@ class _FinishInside(keras.callbacks.Callback):  # type: ignore[misc]
     """Ends the run from fit's last callback, before fit returns: leaving fit deletes its
     input iterator, and TensorFlow 2.21 waits out its tf.data autotuner's sleep to do that
     (up to a minute: 36-53 s seen between the last step and the evaluation). The CLI's
-    lifecycle ends the process there with os._exit, which deletes nothing."""
+    lifecycle ends the process there (process/exits.py), which deletes nothing."""
 
     def __init__(self, finish: Callable[[], Any]) -> None:
         super().__init__()
