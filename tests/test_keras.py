@@ -427,6 +427,23 @@ def test_a_keras_experiment_whose_functions_take_other_arguments_is_refused_at_l
     assert not (tmp_path / "no_params").exists()
 
 
+def test_a_keras_experiment_that_does_not_parse_is_its_syntax_error_not_an_install_hint(
+    tmp_path: Path,
+) -> None:
+    """Its kind cannot be read from source that does not parse: it was taken for an
+    Estimator experiment, and the refusal said to install TensorFlow 2.15 (a newcomer's)."""
+    experiment = tmp_path / "unclosed.py"
+    experiment.write_text("import keras\ndef build_model(params):\n    return keras.Sequential((\n")
+    result = run_module(RUN, f"--experiment={experiment}", f"--output_root={tmp_path}")
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(
+        f"tfconfig-slurm-run: --experiment: importing {experiment} failed at {experiment}:3: "
+        "SyntaxError: '(' was never closed"
+    ), line
+    assert not (tmp_path / "unclosed").exists()
+
+
 def test_a_tf_keras_experiment_with_a_layout_map_is_refused_at_load(tmp_path: Path) -> None:
     """A LayoutMap is Keras 3's: a tf-keras run would train data-parallel and not read it."""
     experiment = tmp_path / "tf_keras_layout.py"

@@ -193,14 +193,20 @@ def _names_hparams_elsewhere(tree: ast.Module) -> bool:
 
 
 def _syntax(spec: str) -> ast.Module | None:
-    """The experiment module's syntax tree, or None where its source cannot be read."""
+    """The experiment module's syntax tree, or None where its source cannot be read. A syntax
+    error is refused here, as importing it would be: the kind read from a module that does
+    not parse would be taken for Estimator's, and the error for the wrong install."""
     _, path = locate(spec)
     if path is None:
         found = importlib.util.find_spec(spec)
         path = Path(found.origin) if found is not None and found.origin else None
+    if path is None:
+        return None
     try:
-        return ast.parse(path.read_bytes()) if path is not None else None
-    except (OSError, SyntaxError, ValueError):
+        return ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError as error:
+        raise _import_failed(spec, path, error) from None
+    except (OSError, ValueError):
         return None
 
 
@@ -399,11 +405,15 @@ def _import(spec: str, name: str, path: Path | None) -> ModuleType:
         module_spec.loader.exec_module(module)
         return module
     except Exception as error:
-        raise UsageError(
-            "--experiment",
-            f"importing {path or spec} failed at {_where(error)}: {type(error).__name__}: {error}",
-            "fix the module; run python on it alone to see the whole traceback",
-        ) from None
+        raise _import_failed(spec, path, error) from None
+
+
+def _import_failed(spec: str, path: Path | None, error: Exception) -> UsageError:
+    return UsageError(
+        "--experiment",
+        f"importing {path or spec} failed at {_where(error)}: {type(error).__name__}: {error}",
+        "fix the module; run python on it alone to see the whole traceback",
+    )
 
 
 def _where(error: Exception) -> str:
