@@ -651,6 +651,26 @@ def test_what_a_keras3_experiment_cannot_train_is_one_line(
     assert "Traceback" not in refused.stderr
 
 
+def test_a_single_process_that_failed_says_why_in_the_runs_table(tmp_path: Path) -> None:
+    """A single process records no failure of a task: the error its run failed with is the
+    reason the runs table gives, and no checkpoint is claimed where none was written."""
+    mine = tmp_path / "mine.py"
+    mine.write_text(
+        "import keras\n"
+        "from tests.fixtures.paced_keras3 import HPARAMS, build_model, dataset as endless\n"
+        "def dataset(mode, params):\n"
+        "    return endless('eval', params)\n"
+    )
+    failed = train(tmp_path / "out", "--train_steps=50", experiment=str(mine))
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    said = run_module("tfconfig_slurm.commands", "runs", f"--run={tmp_path / 'out' / 'mine'}")
+    assert said.stdout.strip() == (
+        f"{tmp_path / 'out' / 'mine'}: failed (no checkpoint); first to fail: --experiment: "
+        "mine.dataset('train', params) ran out at global step 4, before --train_steps=50. "
+        "HINT: return endless training batches (e.g. loop over the data in a while True)"
+    ), said.stdout + said.stderr
+
+
 def test_a_layout_map_whose_mesh_leaves_out_devices_is_one_line(tmp_path: Path) -> None:
     """One process of 2 devices (XLA's host platform split in two), a mesh of the first."""
     mine = tmp_path / "mine.py"

@@ -145,7 +145,10 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
         return f"{folder}: no run has started here, nothing was trained{_logs(paths)}"
     step, state = run["global_step"], run["state"]
     # How far a failed run got is lost with it: what is kept is its latest checkpoint.
-    kept = "no checkpoint" if step is None else f"its latest checkpoint is at step {step}"
+    checkpoint = history.checkpoint_step(folder)
+    kept = (
+        "no checkpoint" if checkpoint is None else f"its latest checkpoint is at step {checkpoint}"
+    )
     why = f" ({run['ended_by'] or run['stopped_by']})" if _why(run) else ""
     said = {
         "done": f"done at step {step}"
@@ -306,10 +309,12 @@ def _continued(folder: Path, state: Mapping[str, Any]) -> continuation.Continued
 
 def _first_failure(first: failure.Failure | None, state: Mapping[str, Any]) -> str | None:
     """The line of `first`, the newest failure recorded, if it came since the run's last
-    attempt started."""
+    attempt started; else the error the run's owner said it failed with (a single process
+    records no failure of a task)."""
     attempts = state.get("attempts") or [{}]
     if first is None or first.time < attempts[-1].get("started", 0.0):
-        return None
+        error = state.get("error") if state.get("state") == "failed" else None
+        return str(error) if error else None
     return first.line()
 
 

@@ -82,7 +82,7 @@ def recording_errors() -> Iterator[None]:
     except Exception as error:
         attached = _TASK.attached
         if attached is not None:
-            text = _one_line(f"{type(error).__name__}: {error}")
+            text = describe(error)
             status = USAGE_EXIT_CODE if isinstance(error, TfconfigSlurmError) else 1
             task = str(attached.role.task_id)
             _record(attached, Failure(task, attached.node, text, status, None, time.time()))
@@ -136,6 +136,14 @@ def _record(attached: _Attached, failure: Failure) -> None:
             pass
         finally:
             os.unlink(stream.name)
+
+
+def describe(error: BaseException) -> str:
+    """An error as its one line of a failure: its type and its text, or ours as the task
+    said it (the setting, what was wrong, the hint)."""
+    if isinstance(error, TfconfigSlurmError):
+        return _one_line(error.one_line())
+    return _one_line(f"{type(error).__name__}: {error}")
 
 
 def _one_line(text: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import reports
+from tfconfig_slurm.process import failure, reports
 
 
 def owns_run(role: ClusterRole | None) -> bool:
@@ -69,11 +69,12 @@ class RunOwner:
 
     @contextmanager
     def failing_on_error(self, global_step: Callable[[], int | None]) -> Iterator[None]:
-        """Says "failed", at the step `global_step()` gives then, if the block raises."""
+        """Says "failed", at the step `global_step()` gives then, with the error, if the block
+        raises: the runs table's reason where no task recorded a failure (a single process)."""
         try:
             yield
-        except BaseException:
-            self.say("failed", global_step())
+        except BaseException as error:
+            self.say("failed", global_step(), error=failure.describe(error))
             raise
 
     def hparams_for_tensorboard(self) -> dict[str, bool | int | float | str]:
