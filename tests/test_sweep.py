@@ -17,6 +17,7 @@ import pytest
 
 from tests.cli import REPOSITORY, run_module
 from tests.slurm_cluster import SlurmCluster
+from tests.slurm_envs import task_env
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import claim
 from tfconfig_slurm.process.claim import Holder
@@ -391,3 +392,41 @@ def test_the_runs_table_says_how_slurm_ended_a_job_the_run_could_not_say(tmp_pat
         ("stopped", "cancelled"),
         ("failed", None),
     ]
+
+
+def test_a_job_refused_at_its_start_is_in_the_runs_table_with_its_reason(tmp_path: Path) -> None:
+    """Task 0 of job 57's step refuses its layout (4 tasks a node, 2 GPUs): where its batch
+    script made the run's folder (its logs), the table lists the job as refused and says why,
+    and --run, the .out's last line, says it; a refusal where a run is comes under the table,
+    until the run's next attempt."""
+    root = tmp_path / "out"
+    (root / "mnist_deep" / "logs").mkdir(parents=True)
+    environ = task_env(["node1", "node2"], [4, 4], 0, gpus="0,1", job_id=57)
+    refused = run_module(
+        "tfconfig_slurm.run", "--experiment=mnist_deep", f"--output_root={root}", environ=environ
+    )
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    (line,) = refused.stderr.strip().splitlines()
+    reason = line.removeprefix("tfconfig-slurm-run: ")
+    assert "GPUs" in reason, line
+    table = run_module("tfconfig_slurm.commands", "runs", str(root))
+    assert table.returncode == 0, table.stderr
+    rows = table.stdout.splitlines()
+    assert rows[1].split()[:3] == ["mnist_deep", "refused", "-"] and " 57 " in rows[1], rows
+    assert rows[2] == f"mnist_deep: job 57 was refused at its start: {reason}"
+    standing = run_module("tfconfig_slurm.commands", "runs", f"--run={root / 'mnist_deep'}")
+    assert standing.stdout.strip() == (
+        f"{root / 'mnist_deep'}: job 57 was refused at its start, nothing was trained: "
+        f"{reason}; task logs in {root / 'mnist_deep' / 'logs'}"
+    )
+
+    # A run whose attempt began before the refusal keeps its line, the refusal under it.
+    earlier = {"state": "done", "job_id": "56", "attempts": [{"started": time.time() - 60}]}
+    (root / "mnist_deep" / "state.json").write_text(json.dumps(earlier))
+    rows = run_module("tfconfig_slurm.commands", "runs", str(root)).stdout.splitlines()
+    assert rows[1].split()[:2] == ["mnist_deep", "done"], rows
+    assert rows[2] == f"mnist_deep: job 57 was refused at its start: {reason}"
+    later = earlier | {"attempts": [{"started": time.time() + 1}]}
+    (root / "mnist_deep" / "state.json").write_text(json.dumps(later))
+    rows = run_module("tfconfig_slurm.commands", "runs", str(root)).stdout.splitlines()
+    assert len(rows) == 2, rows

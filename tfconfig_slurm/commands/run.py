@@ -57,6 +57,7 @@ from tfconfig_slurm.process import (
     native_noise,
     place,
     preemption,
+    refusal,
     run_dir,
     supervise,
 )
@@ -253,6 +254,31 @@ def main(argv: Sequence[str]) -> int | None:
     if SWEEP_FILE.value:
         hparams, default_id = _sweep_run(Path(SWEEP_FILE.value))
     directory = Path(output_root(), _experiment_id(default_id, swept=bool(SWEEP_FILE.value)))
+    with refusal.recording(directory, os.environ):
+        return _start(
+            spec,
+            kind,
+            hparams=hparams,
+            directory=directory,
+            stop=stop,
+            preempt=preempt,
+            requeue_on=requeue_on,
+        )
+
+
+def _start(
+    spec: str,
+    kind: str,
+    *,
+    hparams: str,
+    directory: Path,
+    stop: preemption.StopRequest,
+    preempt: signal.Signals | None,
+    requeue_on: set[str],
+) -> int | None:
+    """The task's layout and place checked, then its run (or a local cluster's, or the model
+    directory printed for a batch script); a refusal of its input is recorded for the runs
+    table where it comes before the run starts (process/refusal.py)."""
     policy = layout_flags.step_policy()
     if policy.coordinator and kind == experiment_lib.KERAS3:
         raise UsageError(

@@ -9,7 +9,9 @@ what it wrote (state.json, summary.json) and, where squeue is there, from SLURM:
 failed (a run that ended without saying so: killed, its node lost, or an error); stopped (on a
 signal, with a checkpoint; it resumes when run again); requeued (stopped, and its job waits in
 the queue to resume); continued (stopped, and the job it goes on in waits: JOB shows `31 ->
-35`); unreadable (its state.json or summary.json is not what the runtime writes). Beside
+35`); refused (no run began: a batch job was refused at its start, and why is said under
+the table, as for a job refused where a run is: process/refusal.py); unreadable (its
+state.json or summary.json is not what the runtime writes). Beside
 the state, why: the time limit or the signal that stopped a run, and, for a few
 minutes after its job ended, SLURM's word where the run could not say (cancelled, node
 failure, out of memory). --sort orders by a final metric, best first (the lowest for a loss or
@@ -38,6 +40,7 @@ from tfconfig_slurm.process import (
     failure,
     history,
     polling,
+    refusal,
     reports,
     run_dir,
 )
@@ -141,8 +144,13 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
     run = _readable_run(folder, jobs)
     paths = run_dir.RunDir(folder)
     if run is None:
-        # A batch job refused before its step trained (its first lines say why).
+        # A batch job refused before it could say why here (its first lines say it).
         return f"{folder}: no run has started here, nothing was trained{_logs(paths)}"
+    if run["state"] == _REFUSED:
+        return (
+            f"{folder}: job {run['job_id']} was refused at its start, nothing was trained: "
+            f"{run['refused']['line']}{_logs(paths)}"
+        )
     step, state = run["global_step"], run["state"]
     # How far a failed run got is lost with it: what is kept is its latest checkpoint.
     checkpoint = history.checkpoint_step(folder)
@@ -202,7 +210,7 @@ def _readable_run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any
         "experiment_id": folder.name,
         "state": "unreadable",
         **dict.fromkeys(("global_step", "examples_per_sec", "job_id", "continued_as")),
-        **dict.fromkeys(("first_failure", "stopped_by", "ended_by", "updated")),
+        **dict.fromkeys(("first_failure", "stopped_by", "ended_by", "updated", "refused")),
         "eval": {},
         "hparams": {},
     }
@@ -215,8 +223,9 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     summary = reports.read_summary(folder)
     step = history.checkpoint_step(folder)
     first = failure.latest(folder)
+    refused = refusal.read(folder)
     if not state and not paths.checkpoint_index.exists() and first is None:
-        return None
+        return None if refused is None else _refused_only(folder, refused)
     # A trainer that took no step (a resume with nothing left to train) has no speed to add.
     speeds = [
         speed
@@ -249,7 +258,36 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         "updated": max(
             _modified(path) for path in (paths.state, paths.summary, paths.checkpoint_index)
         ),
+        # A job refused at its start since the run's last attempt began (the directory was
+        # held by another job, say).
+        "refused": refused._asdict()
+        if refused is not None and refused.time > _last_attempt_started(state)
+        else None,
     }
+
+
+# The state of a directory where no run started, only a job refused at its start.
+_REFUSED = "refused"
+
+
+def _refused_only(folder: Path, refused: refusal.Refusal) -> dict[str, Any]:
+    """The line of a directory where a job was refused at its start, and no run began."""
+    return {
+        "experiment_id": folder.name,
+        "state": _REFUSED,
+        **dict.fromkeys(("global_step", "examples_per_sec", "continued_as", "first_failure")),
+        **dict.fromkeys(("stopped_by", "ended_by")),
+        "job_id": refused.job_id,
+        "updated": refused.time,
+        "refused": refused._asdict(),
+        "eval": {},
+        "hparams": {},
+    }
+
+
+def _last_attempt_started(state: Mapping[str, Any]) -> float:
+    attempts = state.get("attempts") or [{}]
+    return float(attempts[-1].get("started", 0.0))
 
 
 def _state(
@@ -301,8 +339,7 @@ def _requeued_since(state: Mapping[str, Any]) -> bool:
 def _continued(folder: Path, state: Mapping[str, Any]) -> continuation.Continued | None:
     """The job the run went on in, if it did since its last attempt started."""
     continued = continuation.read(folder)
-    attempts = state.get("attempts") or [{}]
-    if continued is None or continued.time < attempts[-1].get("started", 0.0):
+    if continued is None or continued.time < _last_attempt_started(state):
         return None
     return continued
 
@@ -311,8 +348,7 @@ def _first_failure(first: failure.Failure | None, state: Mapping[str, Any]) -> s
     """The line of `first`, the newest failure recorded, if it came since the run's last
     attempt started; else the error the run's owner said it failed with (a single process
     records no failure of a task)."""
-    attempts = state.get("attempts") or [{}]
-    if first is None or first.time < attempts[-1].get("started", 0.0):
+    if first is None or first.time < _last_attempt_started(state):
         error = state.get("error") if state.get("state") == "failed" else None
         return str(error) if error else None
     return first.line()
@@ -376,6 +412,12 @@ def _table(runs: list[dict[str, Any]]) -> str:
         f"{run['experiment_id']}: first to fail: {run['first_failure']}"
         for run in runs
         if run["first_failure"]
+    ]
+    lines += [
+        f"{run['experiment_id']}: job {run['refused']['job_id']} was refused at its start: "
+        f"{run['refused']['line']}"
+        for run in runs
+        if run["refused"]
     ]
     return "\n".join(lines) + "\n"
 

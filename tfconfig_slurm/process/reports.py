@@ -181,15 +181,16 @@ def write_summary(
 
 def read_state(model_dir: Path) -> dict[str, Any]:
     """What state.json says; {} when there is none (or it cannot be read)."""
-    return _read_json(RunDir(model_dir).state)
+    return read_json(RunDir(model_dir).state)
 
 
 def read_summary(model_dir: Path) -> dict[str, Any]:
     """What summary.json says; {} when there is none (or it cannot be read)."""
-    return _read_json(RunDir(model_dir).summary)
+    return read_json(RunDir(model_dir).summary)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """What the JSON object in `path` says; {} when there is none (or it cannot be read)."""
     try:
         value: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -1,0 +1,63 @@
+"""A batch job refused at its start, kept in the run directory it was to train: refused.json
+(the job, when, and the one line it was refused with), which `tfconfig-slurm runs` shows until
+a later attempt of the run starts. Only the .out of such a job said why before, and a job that
+trained nothing left no run of its own for the table to list.
+
+Written only inside a SLURM job, and only into a directory that exists (its batch script made
+its logs there, or another run holds it): at a terminal the line is said there, and bad input
+makes no directory. A refusal before the model directory is known (a flag) stays in the .out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import NamedTuple
+
+from tfconfig_slurm.cluster.step import read_slurm_job
+from tfconfig_slurm.errors import TfconfigSlurmError
+from tfconfig_slurm.process import reports
+from tfconfig_slurm.process.run_dir import RunDir
+
+
+class Refusal(NamedTuple):
+    """A job refused at its start: SLURM's name of it (41, or 41_3 in an array), when, why."""
+
+    job_id: str
+    time: float
+    line: str
+
+
+@contextlib.contextmanager
+def recording(directory: Path, environ: Mapping[str, str]) -> Iterator[None]:
+    """Within the block (a task's start checks), our refusal of its input is recorded in
+    `directory` where this process is a SLURM job's, and passed on."""
+    try:
+        yield
+    except TfconfigSlurmError as error:
+        job = read_slurm_job(environ)
+        if job is not None and directory.is_dir() and not _started(directory, job.name):
+            with contextlib.suppress(OSError):
+                reports.write_json_atomically(
+                    RunDir(directory).refusal,
+                    Refusal(job.name, time.time(), error.one_line())._asdict(),
+                )
+        raise
+
+
+def _started(directory: Path, job: str) -> bool:
+    """Whether the job `job` started an attempt of the run in `directory`: then what ended it
+    is a failure of its run (failure.py), not a refusal at its start."""
+    attempts = reports.read_state(directory).get("attempts") or [{}]
+    return bool(attempts[-1].get("job_id") == job)
+
+
+def read(directory: Path) -> Refusal | None:
+    """The latest job refused at its start in `directory`, if one was and it can be read."""
+    state = reports.read_json(RunDir(directory).refusal)
+    try:
+        return Refusal(str(state["job_id"]), float(state["time"]), str(state["line"]))
+    except (KeyError, TypeError, ValueError):
+        return None
