@@ -227,7 +227,7 @@ def test_a_run_already_at_its_steps_says_there_is_nothing_to_train(
     assert "so it keeps the hparams it was trained with; dropout=0.1 would apply" in result.stderr
     assert re.search(
         r"the checkpoint in \S+ is at global step 20, and training ends at step 20: nothing to "
-        "train; the checkpoint is evaluated and reported",
+        "train; the checkpoint is evaluated and reported. HINT: raise --train_steps to train on",
         result.stderr,
     ), result.stderr[-3000:]
     summary = json.loads((model_dir / "summary.json").read_text())

@@ -193,11 +193,12 @@ def _train(
     if step is not None and step >= trainer.train_steps:
         logging.warning(
             "the checkpoint in %s is at global step %d, and training ends at step %d: nothing "
-            "to train; the checkpoint is evaluated and reported. HINT: raise the steps to "
-            "train (--train_steps, or TrainSpec's max_steps) to train on",
+            "to train; the checkpoint is evaluated and reported. HINT: raise %s to train on",
             task.model_dir,
             step,
             trainer.train_steps,
+            # The Python API's steps are its TrainSpec's.
+            "the TrainSpec's max_steps" if returns else "--train_steps",
         )
     end = _End(task, trainer, held, None, returns, limit)
     if not owns_run(role):
