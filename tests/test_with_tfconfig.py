@@ -649,3 +649,36 @@ def test_a_coordinator_s_worker_told_to_stop_does_not_start_its_command_again() 
     finally:
         _, logs = ended(step, 0)
     assert "starting it again" not in logs
+
+
+def test_keras3_in_an_environment_without_jax_is_one_line() -> None:
+    """The command is this environment's Python, which has Keras 2 and no JAX (TensorFlow
+    2.15's): the script would fail in every task with a traceback of keras.distribution."""
+    python = Path(sys.executable)
+    refused = subprocess.run(
+        [WRAPPER, "--keras3", "python", "-c", "import keras; keras.distribution"],
+        env={
+            "PATH": f"{python.parent}:{os.environ['PATH']}",
+            "TFCONFIG_SLURM_PYTHON": str(python),
+            **task_env(["localhost"], [2], 0),
+        },
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    needs = f"needs Keras 3 with JAX, and this Python {sys.version_info[0]}.{sys.version_info[1]}"
+    assert refused.stderr.startswith(f"with-tfconfig: --keras3: {needs} has Keras 2"), (
+        refused.stderr
+    )
+    assert refused.stderr.count("\n") == 1 and "make venv-keras3" in refused.stderr
+    # The same from the call a script under plain srun makes, not JAX's missing module.
+    called = subprocess.run(
+        [sys.executable, "-c", "import tfconfig_slurm; tfconfig_slurm.keras_distribution()"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (
+        called.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"tfconfig_slurm.errors.InstallError: keras_distribution(): {needs} has Keras 2"
+        )
+    ), called.stderr

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.commands import layout_flags
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import answering, failure, network, place, supervise
+from tfconfig_slurm.process import answering, failure, network, place, supervise, versions
 from tfconfig_slurm.process.owner import RunOwner, owns_run
 
 PROGRAM = "with-tfconfig"
@@ -113,6 +114,9 @@ def main(argv: Sequence[str]) -> int:
             "is not a program on PATH nor an executable file",
             "give the command as you would run it in the task, e.g. python my_script.py",
         )
+    if KERAS3.value and _this_environment_s_python(program):
+        # Else the script fails in Keras or JAX, in a traceback on every task.
+        versions.require_keras3("--keras3")
     task = layout.task(rank)
     if task.role != EVALUATOR:
         network.check_port_free(f"{task.role} {task.index}", task.address)
@@ -157,6 +161,13 @@ def _port_answered(role: ClusterRole) -> contextlib.AbstractContextManager[objec
     if KERAS3.value and role.role != CHIEF:
         return answering.answering(role)
     return contextlib.nullcontext()
+
+
+def _this_environment_s_python(program: str) -> bool:
+    """Whether `program` is a Python of the environment this command runs in (its bin
+    folder's), whose packages are then the command's."""
+    path = Path(program).absolute()
+    return path.name.startswith("python") and path.parent == Path(sys.executable).absolute().parent
 
 
 def _keras3_layout() -> None:

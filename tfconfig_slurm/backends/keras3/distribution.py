@@ -20,7 +20,7 @@ from collections.abc import MutableMapping
 from typing import NamedTuple
 
 from tfconfig_slurm.backends.keras3 import boot, gloo
-from tfconfig_slurm.process import network, place
+from tfconfig_slurm.process import network, place, versions
 
 # How the layout's settings are named in an error about them.
 _SOURCE = "keras_distribution()"
@@ -39,6 +39,7 @@ def keras_distribution(environ: MutableMapping[str, str] | None = None) -> Keras
     """This task's arguments for keras.distribution.initialize; a bad layout setting raises
     UsageError naming it. Outside a job step of several tasks (and given no TF_CONFIG), the
     one process's own: this machine's address, 1, 0."""
+    versions.require_keras3(_SOURCE)
     if environ is None:
         environ = os.environ
     # Read by Keras as it is first imported, which comes after this call.
