@@ -682,3 +682,48 @@ def test_keras3_in_an_environment_without_jax_is_one_line() -> None:
             f"tfconfig_slurm.errors.InstallError: keras_distribution(): {needs} has Keras 2"
         )
     ), called.stderr
+
+
+def test_a_model_dir_held_by_another_job_s_script_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Job 71's script trains in --model_dir; job 72's, started meanwhile with the same one,
+    is refused before its command runs (they had shared one state.json: a newcomer's), and
+    starts once job 71's has ended and freed it."""
+    run, base = tmp_path / "run", free_port_block(2)
+
+    def job(port: int, *command: str) -> list[str]:
+        return [WRAPPER, "--all_reduce", f"--port_base={port}", f"--model_dir={run}", *command]
+
+    def environ(job_id: int) -> dict[str, str]:
+        return {
+            "PATH": os.environ["PATH"],
+            "TFCONFIG_SLURM_PYTHON": sys.executable,
+            **task_env(["localhost"], [1], 0, job_id=job_id),
+        }
+
+    first = subprocess.Popen(
+        job(base, sys.executable, "-c", "import time; time.sleep(4)"),
+        env=environ(71), stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert wait_until((run / "state.json").exists, 30.0)
+        second = subprocess.run(
+            job(base + 1, "touch", str(tmp_path / "ran")),
+            env=environ(72), capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert second.returncode == 2, second.stderr
+        (line,) = second.stderr.strip().splitlines()
+        assert line.startswith(
+            f"with-tfconfig: --model_dir: {run} is held by another run, SLURM job 71"
+        ), line
+        assert "HINT: give this run a --model_dir of its own" in line, line
+        assert not (tmp_path / "ran").exists()
+        assert first.wait(timeout=60) == 0, first.stderr and first.stderr.read()
+    finally:
+        first.kill()
+    again = subprocess.run(
+        job(base + 1, "touch", str(tmp_path / "ran")),
+        env=environ(72), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "ran").exists()
+    assert json.loads((run / "state.json").read_text())["job_id"] == "72"

@@ -34,7 +34,16 @@ from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.commands import layout_flags
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import answering, failure, network, place, supervise, versions
+from tfconfig_slurm.process import (
+    answering,
+    claim,
+    failure,
+    model_dir,
+    network,
+    place,
+    supervise,
+    versions,
+)
 from tfconfig_slurm.process.owner import RunOwner, owns_run
 
 PROGRAM = "with-tfconfig"
@@ -123,12 +132,7 @@ def main(argv: Sequence[str]) -> int:
     environment = {**os.environ, **environment}
     role = ClusterRole.from_json(tf_config)
     environment.update(_keras3_environment(role, environment) if KERAS3.value else {})
-    owner = None
-    if MODEL_DIR.value:
-        model_dir = _made(Path(MODEL_DIR.value))
-        failure.attach(model_dir, role, task.node)
-        if owns_run(role):
-            owner = _owner(model_dir, command, role)
+    owner, held = _run_held(command, role, task.node) if MODEL_DIR.value else (None, None)
     logging.info(
         "rank %d on %s is %s %d at %s with GPUs [%s]; running %s",
         rank,
@@ -150,8 +154,14 @@ def main(argv: Sequence[str]) -> int:
         ) from None
     if owner is not None:
         owner.say("running", None)
-    with _port_answered(role):
-        return supervise.supervise(group, role, owner, WORKER_RESTARTS.value, keras_3=KERAS3.value)
+    try:
+        with _port_answered(role):
+            return supervise.supervise(
+                group, role, owner, WORKER_RESTARTS.value, keras_3=KERAS3.value
+            )
+    finally:
+        if held is not None:
+            held.release()
 
 
 def _port_answered(role: ClusterRole) -> contextlib.AbstractContextManager[object]:
@@ -204,23 +214,44 @@ def _keras3_environment(role: ClusterRole, environment: Mapping[str, str]) -> di
     }
 
 
-def _made(model_dir: Path) -> Path:
+def _run_held(
+    command: Sequence[str], role: ClusterRole, node: str
+) -> tuple[RunOwner | None, claim.Claim | None]:
+    """--model_dir made and held, as the runtime holds its own: two jobs' scripts would resume
+    each other's checkpoints, and their state.json would be one. Failures are recorded there,
+    and the chief says in it how the run goes."""
+    directory = _made(Path(MODEL_DIR.value or ""))
+    held = model_dir.hold(directory, role, _NAMING, os.environ)
+    failure.attach(directory, role, node)
+    return (_owner(directory, command, role) if owns_run(role) else None), held
+
+
+# How --model_dir is named in a refusal of a directory another run holds.
+_NAMING = claim.Naming(
+    "--model_dir",
+    "--model_dir=/scratch/$USER/runs/lr5e-4",
+    "--model_dir",
+    "give this run a --model_dir of its own",
+)
+
+
+def _made(directory: Path) -> Path:
     try:
-        model_dir.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UsageError(
             "--model_dir",
-            f"{str(model_dir)!r} cannot be made a directory ({error.strerror})",
+            f"{str(directory)!r} cannot be made a directory ({error.strerror})",
             "name the directory your script trains in",
         ) from None
-    return model_dir
+    return directory
 
 
-def _owner(model_dir: Path, command: Sequence[str], role: ClusterRole) -> RunOwner:
+def _owner(directory: Path, command: Sequence[str], role: ClusterRole) -> RunOwner:
     """The chief's account of the run in state.json: the script it runs is its experiment."""
     script = next((word for word in command[1:] if word.endswith(".py")), command[0])
     job = read_slurm_job(os.environ)
-    return RunOwner(model_dir, Path(script).name, {}, role, job.name if job else None)
+    return RunOwner(directory, Path(script).name, {}, role, job.name if job else None)
 
 
 def run() -> None:
