@@ -165,6 +165,12 @@ def test_a_local_cluster_trains_one_mesh_stops_on_sigterm_together_and_resumes(
         lambda: len(re.findall(r"step \d+: loss", console.read_text())) >= 4, START_SECONDS
     )
     assert seen, console.read_text()[-3000:]
+    # While it trains, the runs table gives the step the chief last logged, not its
+    # checkpoint's (none yet).
+    listed = json.loads(
+        run_module("tfconfig_slurm.commands", "runs", str(tmp_path), "--json").stdout
+    )
+    assert [(run["state"], run["global_step"] >= 3) for run in listed] == [("running", True)]
     process.send_signal(signal.SIGTERM)
     assert ended(process) == 128 + signal.SIGTERM
     log = console.read_text()

@@ -216,6 +216,15 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
     run_dir(tmp_path, "b-done", done | {"hparams": {"learning_rate": 0.002}}, better, 50)
     running = run_dir(tmp_path, "c-running", {"state": "running", "hparams": hparams}, None, 20)
     claim.claim(running, claim.this_holder({}))
+    # It logged step 35 since its checkpoint of step 20: the step it is at.
+    (running / "progress.json").write_text(json.dumps({"global_step": 35, "time": time.time()}))
+    # A stopped run's step is its checkpoint's, whatever it logged.
+    stopped_early = run_dir(
+        tmp_path, "e-stopped", {"state": "stopped", "signal": "SIGUSR1"}, None, 40
+    )
+    (stopped_early / "progress.json").write_text(
+        json.dumps({"global_step": 47, "time": time.time()})
+    )
     dead = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True)
     failed = run_dir(tmp_path, "d-failed", {"state": "running", "hparams": hparams}, None, 30)
     claim.claim(failed, Holder(job=None, host=os.uname().nodename, pid=int(dead.stdout)))
@@ -227,7 +236,6 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
     unlocked = run_dir(tmp_path, "d-unlocked", {"state": "running", "hparams": hparams}, None, 5)
     (unlocked / "failures").mkdir()
     (unlocked / "failures" / "local.json").write_text(json.dumps(first | {"task": "ps 0"}))
-    run_dir(tmp_path, "e-stopped", {"state": "stopped", "signal": "SIGUSR1"}, None, 40)
     stopped = {"state": "stopped", "signal": "SIGUSR1", "why": "time limit", "job_id": "41",
                "attempts": [{"started": time.time() - 60}]}  # fmt: skip
     continued = run_dir(tmp_path, "f-continued", stopped, None, 60)
@@ -240,7 +248,7 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
     assert [(run["experiment_id"], run["state"], run["global_step"]) for run in runs] == [
         ("b-done", "done", 50),
         ("a-done", "done", 50),
-        ("c-running", "running", 20),
+        ("c-running", "running", 35),
         ("d-failed", "failed", 30),
         ("d-unlocked", "failed", 5),
         ("e-stopped", "stopped", 40),

@@ -237,10 +237,13 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     said = _state(folder, state, summary, jobs, failed=failed_line is not None, continued=continued)
     # SLURM's word for how the run's job ended, while squeue still lists it.
     slurm_said = _ENDED.get((jobs or {}).get(str(state.get("job_id")), ""))
+    kept = step if step is not None else state.get("global_step")
+    # A running run's step: the one its owner last logged, else its latest checkpoint's.
+    logged = _logged_step(paths, state) if said == "running" else None
     return {
         "experiment_id": folder.name,
         "state": said,
-        "global_step": step if step is not None else state.get("global_step"),
+        "global_step": kept if logged is None else logged,
         "eval": summary.get("eval", {}) if state.get("state", "done") == "done" else {},
         "examples_per_sec": round(sum(speeds), 1) if speeds else None,
         "hparams": state.get("hparams", {}),
@@ -283,6 +286,16 @@ def _refused_only(folder: Path, refused: refusal.Refusal) -> dict[str, Any]:
         "eval": {},
         "hparams": {},
     }
+
+
+def _logged_step(paths: run_dir.RunDir, state: Mapping[str, Any]) -> int | None:
+    """The global step a running run's owner last logged in this attempt, None before its
+    first line: ahead of its latest checkpoint's by up to a checkpoint interval."""
+    progress = reports.read_json(paths.progress)
+    step = progress.get("global_step")
+    if not isinstance(step, int) or progress.get("time", 0.0) < _last_attempt_started(state):
+        return None
+    return step
 
 
 def _last_attempt_started(state: Mapping[str, Any]) -> float:

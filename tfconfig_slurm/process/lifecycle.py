@@ -31,11 +31,13 @@ from tfconfig_slurm.process import (
     model_dir,
     network,
     preemption,
+    throughput,
     time_limit,
     watchdog,
 )
 from tfconfig_slurm.process.owner import RunOwner, owns_run
 from tfconfig_slurm.process.place import Place
+from tfconfig_slurm.process.run_dir import RunDir
 
 # How a backend's cluster is laid out: trainers with parameter servers (Estimator), or trainers
 # that all-reduce their gradients, a chief and workers only (Keras).
@@ -228,6 +230,7 @@ def _train(
             ", ".join(f"{name}: {then!r} -> {now!r}" for name, (then, now) in changed.items()),
         )
     owner.say("running", step)
+    throughput.report_progress_to(RunDir(task.model_dir).progress)
     with owner.failing_on_error(trainer.checkpoint_step):
         if first:
             trainer.write_hparams(owner.hparams_for_tensorboard(), task.model_dir.name)

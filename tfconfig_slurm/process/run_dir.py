@@ -54,6 +54,8 @@ class RunDir:
     failures = _Entry("failures")
     # The job the run went on in, where its own could not requeue (process/continuation.py).
     continuation = _Entry("continued.json")
+    # The global step the run's owner last logged, while it trains (process/throughput.py).
+    progress = _Entry("progress.json")
     # The latest job refused at its start (process/refusal.py).
     refusal = _Entry("refused.json")
     # TensorFlow's own file naming the latest checkpoint.

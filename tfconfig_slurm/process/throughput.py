@@ -8,14 +8,22 @@ A line comes each time the global step passes a multiple of --log_every_steps, s
 cluster's trainers log at the same global steps whether they take every step (all-reduce) or
 share them (parameter servers). The means leave the first step out: it includes building the
 model and the session. No TensorFlow here: a backend hands in what a step did.
+
+The run's owner (the chief, a single process) also keeps the global step of its latest line in
+the run directory's progress.json (report_progress_to), for the runs table while it trains: a
+checkpoint's step lags by up to its interval (Estimator's: 10 minutes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from pathlib import Path
 from typing import NamedTuple
 
 from absl import logging
+
+from tfconfig_slurm.process import reports
 
 
 class Mark(NamedTuple):
@@ -32,6 +40,20 @@ class Rates(NamedTuple):
 
     examples_per_sec: float | None
     global_steps_per_sec: float
+
+
+class _Progress:
+    """Where this process keeps its progress: one file a process, set once it owns a run."""
+
+    path: Path | None = None
+
+
+_PROGRESS = _Progress()
+
+
+def report_progress_to(path: Path) -> None:
+    """From now on every progress line's global step is kept in `path` too."""
+    _PROGRESS.path = path
 
 
 class Throughput:
@@ -77,6 +99,12 @@ class Throughput:
             rates.global_steps_per_sec,
         )
         self._window = mark
+        if _PROGRESS.path is not None:
+            # Training goes on where the file cannot be written (a full disk, say).
+            with contextlib.suppress(OSError):
+                reports.write_json_atomically(
+                    _PROGRESS.path, {"global_step": global_step, "time": time.time()}
+                )
         return rates
 
     def end(self) -> Rates | None:
