@@ -106,6 +106,7 @@ def test_mnist_keras3_trains_in_one_process_and_resumes_to_the_step(tmp_path: Pa
     written = re.findall(r"checkpoint of step (\d+) written in \d+\.\d\d s", first.stderr)
     assert written == ["20", "40"], first.stderr[-3000:]
     assert "1 process and 1 device on JAX" in first.stderr
+    assert "evaluating the model of step 40 on the whole eval set" in first.stderr
     logged = re.search(r"step 30: loss (\d[\d.e-]*), [\d.]+ examples/s", first.stderr)
     # Learnt by step 30: below a guess among 10 classes (ln 10 = 2.3).
     assert logged and 0 < float(logged.group(1)) < 1.0, first.stderr[-3000:]

@@ -101,6 +101,16 @@ def evaluator_result(model_dir: Path, run: Mapping[str, Any]) -> dict[str, Any] 
     return None
 
 
+def say_evaluating(step: int, eval_steps: int | None) -> None:
+    """The line before a Keras run's final evaluation, which reads the eval set to its end
+    (or --eval_steps batches): an eval set that never ends shows where the run waits."""
+    logging.info(
+        "evaluating the model of step %d on %s",
+        step,
+        "the whole eval set" if eval_steps is None else f"{eval_steps} batches of the eval set",
+    )
+
+
 def metric_text(metrics: Mapping[str, Any]) -> str:
     return ", ".join(f"{name} {float(value):.4g}" for name, value in sorted(metrics.items()))
 

@@ -139,6 +139,7 @@ class KerasBackend(TrainingBackendBase):
     def _evaluate(self, trainer: _Trainer, step: int) -> dict[str, Any]:
         """The final checkpoint saved, and the model's metrics on the whole eval set."""
         trainer.saver.save(step)
+        reports.say_evaluating(step, self._settings.eval_steps)
         metrics = trainer.model.evaluate(
             eval_batches(self._experiment, self._settings.params),
             steps=self._settings.eval_steps,

@@ -179,6 +179,7 @@ class Keras3Backend:
         otherwise hold it until SLURM kills it). The processes of a cluster evaluate to the
         end: one alone that stopped would leave the others in a collective."""
         stop = _StopEvaluating(self._task.stop) if self._role is None else None
+        reports.say_evaluating(step, self._settings.eval_steps)
         metrics = process.model.evaluate(
             _batches(self._experiment, "eval", self._settings.params),
             steps=self._settings.eval_steps,
