@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli import run_module, wait_until
+from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import claim
 from tfconfig_slurm.process.claim import Holder
@@ -36,20 +37,22 @@ def test_a_second_run_is_refused_naming_the_holder(
 ) -> None:
     claim.claim(tmp_path / "run", Holder(job=None, host=HOST, pid=other_process.pid))
     with pytest.raises(UsageError) as raised:
-        claim.claim(tmp_path / "run", claim.this_holder({}))
+        claim.claim(tmp_path / "run", claim.this_holder(None))
     assert raised.value.culprit == "--experiment_id"
     assert f"held by another run, process {other_process.pid} on {HOST}" in raised.value.problem
     assert "give this run its own --experiment_id" in raised.value.hint
 
 
 def test_the_tasks_of_a_job_and_its_requeued_run_share_it(tmp_path: Path) -> None:
-    first = claim.claim(tmp_path, claim.this_holder({"SLURM_JOB_ID": "77"}))
-    again = claim.this_holder({"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1"})
+    first = claim.claim(tmp_path, claim.this_holder(read_slurm_job({"SLURM_JOB_ID": "77"})))
+    again = claim.this_holder(read_slurm_job({"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1"}))
     assert claim.claim(tmp_path, Holder(job="77", host="node2", pid=1)).holder.job == "77"
     assert claim.claim(tmp_path, again).lock == first.lock
     # An array task is its own job: the array's other tasks are other runs.
     array_task = claim.this_holder(
-        {"SLURM_JOB_ID": "78", "SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "1"}
+        read_slurm_job(
+            {"SLURM_JOB_ID": "78", "SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "1"}
+        )
     )
     assert array_task.job == "77_1"
 
@@ -62,17 +65,17 @@ def test_a_lock_whose_process_ended_is_taken_over(tmp_path: Path) -> None:
         text=True,
     )
     claim.claim(tmp_path, Holder(job=None, host=HOST, pid=int(ended.stdout)))
-    mine = claim.claim(tmp_path, claim.this_holder({}))
+    mine = claim.claim(tmp_path, claim.this_holder(None))
     assert json.loads(mine.lock.read_text())["pid"] == os.getpid()
 
 
 def test_a_lock_from_another_host_is_held_until_it_is_stale(tmp_path: Path) -> None:
     claim.claim(tmp_path, Holder(job=None, host="node9", pid=1))
     with pytest.raises(UsageError, match="process 1 on node9"):
-        claim.claim(tmp_path, claim.this_holder({}))
+        claim.claim(tmp_path, claim.this_holder(None))
     long_ago = time.time() - claim.STALE_SECONDS - 1
     os.utime(RunDir(tmp_path).lock, (long_ago, long_ago))
-    claim.claim(tmp_path, claim.this_holder({}))
+    claim.claim(tmp_path, claim.this_holder(None))
 
 
 def test_a_job_slurm_cannot_be_asked_about_is_held_until_stale(
@@ -81,12 +84,12 @@ def test_a_job_slurm_cannot_be_asked_about_is_held_until_stale(
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # no squeue
     claim.claim(tmp_path, Holder(job="77", host="node1", pid=1))
     with pytest.raises(UsageError, match="SLURM job 77"):
-        claim.claim(tmp_path, claim.this_holder({"SLURM_JOB_ID": "78"}))
+        claim.claim(tmp_path, claim.this_holder(read_slurm_job({"SLURM_JOB_ID": "78"})))
 
 
 def test_renewal_and_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(claim, "RENEW_SECONDS", 0.05)
-    held = claim.claim(tmp_path, claim.this_holder({}))
+    held = claim.claim(tmp_path, claim.this_holder(None))
     long_ago = time.time() - 1000
     os.utime(held.lock, (long_ago, long_ago))
     held.renew()
@@ -105,11 +108,11 @@ def test_a_file_system_without_hard_links_still_takes_one_run(
     held = claim.claim(tmp_path, Holder(job=None, host=HOST, pid=other_process.pid))
     assert json.loads(held.lock.read_text())["pid"] == other_process.pid
     with pytest.raises(UsageError, match=f"process {other_process.pid} on"):
-        claim.claim(tmp_path, claim.this_holder({}))
+        claim.claim(tmp_path, claim.this_holder(None))
 
 
 def test_release_leaves_a_lock_another_run_took_over(tmp_path: Path) -> None:
-    held = claim.claim(tmp_path, claim.this_holder({}))
+    held = claim.claim(tmp_path, claim.this_holder(None))
     (RunDir(tmp_path).lock).write_text(json.dumps({"job": "9", "host": "n", "pid": 1}))
     held.release()
     assert (RunDir(tmp_path).lock).exists()

@@ -678,6 +678,26 @@ def test_a_single_process_that_failed_says_why_in_the_runs_table(tmp_path: Path)
     ), said.stdout + said.stderr
 
 
+def test_a_task_reads_slurm_s_environment_once(tmp_path: Path) -> None:
+    """The one task of a SLURM step, trained to its end: its job read once at the door, its
+    step once where its place is found, and nothing below them reads either again (the
+    lock, the time limit, the requeue check, the run's owner take the job handed down)."""
+    reads = tmp_path / "reads.txt"
+    environ = {
+        **task_env(["localhost"], [1], 0, job_id=91),
+        "SLURM_READS": str(reads),
+        "PYTHONPATH": str(REPOSITORY),
+        "PACED_KERAS_PACE_MICROSECONDS": "0",
+    }
+    ran = run_module(
+        "tests.fixtures.count_slurm_reads", f"--experiment={PACED_KERAS3}",
+        f"--output_root={tmp_path}", "--train_steps=5", environ=environ, python=KERAS3_PYTHON,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "done at step 5" in ran.stderr
+    assert reads.read_text().splitlines() == ["read_slurm_job", "read_slurm_step"]
+
+
 def test_a_layout_map_whose_mesh_leaves_out_devices_is_one_line(tmp_path: Path) -> None:
     """One process of 2 devices (XLA's host platform split in two), a mesh of the first."""
     mine = tmp_path / "mine.py"

@@ -45,6 +45,7 @@ def task(model_dir: Path) -> lifecycle.TaskRun:
         stop=preemption.StopRequest(),
         stop_policy=preemption.StopPolicy((), 3),
         environ={},
+        job=None,
     )
 
 

@@ -215,7 +215,7 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
               "trainers": [{"examples_per_sec": 0.0}]}  # fmt: skip
     run_dir(tmp_path, "b-done", done | {"hparams": {"learning_rate": 0.002}}, better, 50)
     running = run_dir(tmp_path, "c-running", {"state": "running", "hparams": hparams}, None, 20)
-    claim.claim(running, claim.this_holder({}))
+    claim.claim(running, claim.this_holder(None))
     # It logged step 35 since its checkpoint of step 20: the step it is at.
     (running / "progress.json").write_text(json.dumps({"global_step": 35, "time": time.time()}))
     # A stopped run's step is its checkpoint's, whatever it logged.

@@ -43,7 +43,7 @@ from absl import flags, logging
 from tfconfig_slurm.cluster import LayoutPolicy
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, TRAINERS
 from tfconfig_slurm.cluster.role import input_shard
-from tfconfig_slurm.cluster.step import read_slurm_job
+from tfconfig_slurm.cluster.step import SlurmJob, read_slurm_job
 from tfconfig_slurm.commands import layout_flags
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
@@ -250,14 +250,17 @@ def main(argv: Sequence[str]) -> int | None:
     # Checked before TensorFlow is imported, so that bad input fails at once.
     name, _ = experiment_lib.locate(spec)
     kind = experiment_lib.require_runtime(spec)
-    hparams, default_id = HPARAMS.value, _default_id(name)
+    # SLURM's job, read here once for the task's whole life (its step: place.find).
+    job = read_slurm_job(os.environ)
+    hparams, default_id = HPARAMS.value, _default_id(name, job)
     if SWEEP_FILE.value:
-        hparams, default_id = _sweep_run(Path(SWEEP_FILE.value))
+        hparams, default_id = _sweep_run(Path(SWEEP_FILE.value), job)
     directory = Path(output_root(), _experiment_id(default_id, swept=bool(SWEEP_FILE.value)))
-    with refusal.recording(directory, os.environ):
+    with refusal.recording(directory, job):
         return _start(
             spec,
             kind,
+            job=job,
             hparams=hparams,
             directory=directory,
             stop=stop,
@@ -270,6 +273,7 @@ def _start(
     spec: str,
     kind: str,
     *,
+    job: SlurmJob | None,
     hparams: str,
     directory: Path,
     stop: preemption.StopRequest,
@@ -313,7 +317,7 @@ def _start(
     if PRINT_MODEL_DIR.value:
         # A directory another live run holds stops a batch script here, in one line, not in
         # every task of its step.
-        model_dir.check_free(directory, None, named, os.environ)
+        model_dir.check_free(directory, None, named, job)
         sys.stdout.write(f"{directory}\n")
         # On stderr, which a batch script's .out holds: which run a job is about to carry on.
         sys.stderr.write(f"{history.before_start(directory, TRAIN_STEPS.value)}\n")
@@ -328,6 +332,7 @@ def _start(
             program=PROGRAM,
             naming=named,
             environ=os.environ,
+            job=job,
             coordinator=policy.coordinator,
         )
     # A task's Ctrl-C (a local cluster's launcher passes SIGTERM on instead): Python's own
@@ -349,6 +354,7 @@ def _start(
             time_limit_margin=TIME_LIMIT_MARGIN.value,
         ),
         environ=os.environ,
+        job=job,
     )
     if policy.coordinator:
         return _coordinated(task, hparams)
@@ -596,9 +602,8 @@ def _keras_layout(policy: LayoutPolicy, kind: str) -> LayoutPolicy:
     return dataclasses.replace(policy, all_reduce=True)
 
 
-def _sweep_run(sweep_file: Path) -> tuple[str, str]:
+def _sweep_run(sweep_file: Path, job: SlurmJob | None) -> tuple[str, str]:
     """This job array task's line of the sweep file after --hparams, and its default id."""
-    job = read_slurm_job(os.environ)
     if job is None or job.array_task_id is None:
         raise UsageError(
             "--sweep_file",
@@ -641,10 +646,9 @@ def _experiment_id(default_id: str, *, swept: bool) -> str:
     return given
 
 
-def _default_id(experiment: str) -> str:
+def _default_id(experiment: str, job: SlurmJob | None) -> str:
     """The experiment's name, and in a job array the array task's index after it, so that the
     array's tasks train into directories of their own."""
-    job = read_slurm_job(os.environ)
     if job is not None and job.array_task_id is not None:
         return f"{experiment}-{job.array_task_id}"
     return experiment

@@ -221,9 +221,14 @@ def _run_held(
     each other's checkpoints, and their state.json would be one. Failures are recorded there,
     and the chief says in it how the run goes."""
     directory = _made(Path(MODEL_DIR.value or ""))
-    held = model_dir.hold(directory, role, _NAMING, os.environ)
+    job = read_slurm_job(os.environ)
+    held = model_dir.hold(directory, role, _NAMING, job)
     failure.attach(directory, role, node)
-    return (_owner(directory, command, role) if owns_run(role) else None), held
+    if not owns_run(role):
+        return None, held
+    # The script it runs is its experiment.
+    script = next((word for word in command[1:] if word.endswith(".py")), command[0])
+    return RunOwner(directory, Path(script).name, {}, role, job.name if job else None), held
 
 
 # How --model_dir is named in a refusal of a directory another run holds.
@@ -245,13 +250,6 @@ def _made(directory: Path) -> Path:
             "name the directory your script trains in",
         ) from None
     return directory
-
-
-def _owner(directory: Path, command: Sequence[str], role: ClusterRole) -> RunOwner:
-    """The chief's account of the run in state.json: the script it runs is its experiment."""
-    script = next((word for word in command[1:] if word.endswith(".py")), command[0])
-    job = read_slurm_job(os.environ)
-    return RunOwner(directory, Path(script).name, {}, role, job.name if job else None)
 
 
 def run() -> None:

@@ -23,12 +23,11 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tfconfig_slurm.cluster.step import SlurmJob, read_slurm_job
+from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import slurm_commands
 from tfconfig_slurm.process.run_dir import RunDir
@@ -61,9 +60,9 @@ class Holder:
         return (self.host, self.pid) == (other.host, other.pid)
 
 
-def this_holder(environ: Mapping[str, str]) -> Holder:
-    """The holder this process claims a model directory as."""
-    job: SlurmJob | None = read_slurm_job(environ)
+def this_holder(job: SlurmJob | None) -> Holder:
+    """The holder this process claims a model directory as, in the SLURM job `job` (None
+    outside SLURM)."""
     return Holder(job=job.name if job else None, host=socket.gethostname(), pid=os.getpid())
 
 

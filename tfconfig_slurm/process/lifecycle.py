@@ -21,7 +21,7 @@ from absl import logging
 
 from tfconfig_slurm.cluster.layout import PS, TRAINERS
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.cluster.step import read_slurm_job
+from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import EXIT_PEER_LOST, TfconfigSlurmError, UsageError
 from tfconfig_slurm.process import (
     claim,
@@ -97,6 +97,9 @@ class TaskRun:
     stop: preemption.StopRequest
     stop_policy: preemption.StopPolicy
     environ: Mapping[str, str]
+    # The SLURM job the edge read from `environ` at its start (None outside SLURM): nothing
+    # below it reads SLURM's variables again.
+    job: SlurmJob | None
 
 
 def run(task: TaskRun, layout: str, backend: Callable[[], Backend]) -> Any:
@@ -120,9 +123,9 @@ def _run(task: TaskRun, layout: str, backend: Callable[[], Backend], *, returns:
     _check_layout(layout, task.place)
     if role is not None:
         network.check_task(role)
-    model_dir.check_free(task.model_dir, role, task.naming, task.environ)
+    model_dir.check_free(task.model_dir, role, task.naming, task.job)
     trainer = backend()
-    held = model_dir.hold(task.model_dir, role, task.naming, task.environ)
+    held = model_dir.hold(task.model_dir, role, task.naming, task.job)
     failure.attach(task.model_dir, role, task.place.node)
     if role is not None and role.run_id is not None:
         threading.Thread(
@@ -149,8 +152,7 @@ def _keep_time_limit(task: TaskRun) -> time_limit.TimeLimit | None:
     the run's owner follows the limit too, to say that the run stopped for it. Not in a local
     cluster: its tasks may run where scancel reaches none of them (a batch script's own
     python), and one task stopping alone would fail the others."""
-    policy, role = task.stop_policy, task.place.role
-    job = read_slurm_job(task.environ)
+    policy, role, job = task.stop_policy, task.place.role, task.job
     if job is None or not policy.time_limit_signal or policy.time_limit_margin <= 0:
         return None
     if role is not None and role.in_local_cluster:
@@ -169,7 +171,7 @@ def _keep_time_limit(task: TaskRun) -> time_limit.TimeLimit | None:
 def _say_how_a_stop_goes_on(task: TaskRun) -> None:
     """The task that requeues the job says at start, from a thread (slurmctld may be slow),
     where the job may not requeue itself (process/continuation.py)."""
-    job, role = read_slurm_job(task.environ), task.place.role
+    job, role = task.job, task.place.role
     if job is None or not task.stop_policy.requeue_on or not _requeues(role):
         return
     if role is not None and role.in_local_cluster:
@@ -205,9 +207,12 @@ def _train(
     end = _End(task, trainer, held, None, returns, limit)
     if not owns_run(role):
         return _trained(trainer, end)
-    job = read_slurm_job(task.environ)
     owner = RunOwner(
-        task.model_dir, trainer.experiment, trainer.hparams, role, job.name if job else None
+        task.model_dir,
+        trainer.experiment,
+        trainer.hparams,
+        role,
+        task.job.name if task.job else None,
     )
     first = owner.first_start()
     changed = owner.changed_hparams()

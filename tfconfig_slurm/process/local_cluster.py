@@ -38,6 +38,7 @@ from absl import logging
 
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
 from tfconfig_slurm.cluster.role import LOCAL_RUN_PREFIX, ClusterRole
+from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import USAGE_EXIT_CODE, UsageError
 from tfconfig_slurm.process import children, claim, failure
 from tfconfig_slurm.process.run_dir import RunDir
@@ -148,6 +149,7 @@ def run(
     program: str,
     naming: claim.Naming,
     environ: Mapping[str, str],
+    job: SlurmJob | None,
     coordinator: bool = False,
 ) -> int:
     """Runs the cluster of `command` to the end; the exit status is 0 only if every task's is.
@@ -157,12 +159,12 @@ def run(
     directory for its tasks, which do not claim it; `naming` says how the user names it, in
     the error that another run holds it. `program` starts the one line a
     task writes when it refuses its input (cli.fail). Each task runs in `environ`, with its
-    own TF_CONFIG.
+    own TF_CONFIG; the launcher holds the directory as a process of the SLURM job `job`.
     """
     crowded = crowding(counts, len(os.sched_getaffinity(0)))
     if crowded:
         logging.warning("%s", crowded)
-    held = claim.claim(model_dir, claim.this_holder(environ), naming)
+    held = claim.claim(model_dir, claim.this_holder(job), naming)
     held.renew()
     try:
         return _run(counts, model_dir, command, program, environ, coordinator=coordinator)

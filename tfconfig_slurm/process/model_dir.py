@@ -6,11 +6,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import claim
 
@@ -106,11 +107,11 @@ def check_free(
     model_dir: Path,
     role: ClusterRole | None,
     naming: claim.Naming,
-    environ: Mapping[str, str],
+    job: SlurmJob | None,
 ) -> None:
     """Refuses (UsageError) a model directory that another live run holds, making nothing:
     `hold`'s refusal, said before the backend loads."""
-    holder = _holder(role, environ)
+    holder = _holder(role, job)
     if holder is not None:
         claim.check(model_dir, holder, naming)
 
@@ -119,12 +120,12 @@ def hold(
     model_dir: Path,
     role: ClusterRole | None,
     naming: claim.Naming,
-    environ: Mapping[str, str],
+    job: SlurmJob | None,
 ) -> claim.Claim | None:
-    """Holds the model directory for this run, as the task whose environment is `environ`;
-    returns the claim this task keeps renewed and releases at the end: the chief's, or a
-    single process's. Creates the directory."""
-    holder = _holder(role, environ)
+    """Holds the model directory for this run, as this task of the SLURM job `job` (None
+    outside SLURM); returns the claim this task keeps renewed and releases at the end: the
+    chief's, or a single process's. Creates the directory."""
+    holder = _holder(role, job)
     if holder is None:
         model_dir.mkdir(parents=True, exist_ok=True)
         return None
@@ -135,13 +136,13 @@ def hold(
     return held
 
 
-def _holder(role: ClusterRole | None, environ: Mapping[str, str]) -> claim.Holder | None:
+def _holder(role: ClusterRole | None, job: SlurmJob | None) -> claim.Holder | None:
     """Who this task holds the model directory as; None for a task that holds none: a
     --local_cluster's (its launcher holds it for them), and outside SLURM any but the chief,
     which alone can tell its own run from another."""
     if role is not None and role.in_local_cluster:
         return None
-    holder = claim.this_holder(environ)
+    holder = claim.this_holder(job)
     if role is not None and role.role != CHIEF and holder.job is None:
         return None
     return holder

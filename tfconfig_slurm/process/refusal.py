@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from tfconfig_slurm.cluster.step import read_slurm_job
+from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import TfconfigSlurmError
 from tfconfig_slurm.process import reports
 from tfconfig_slurm.process.run_dir import RunDir
@@ -31,13 +31,12 @@ class Refusal(NamedTuple):
 
 
 @contextlib.contextmanager
-def recording(directory: Path, environ: Mapping[str, str]) -> Iterator[None]:
+def recording(directory: Path, job: SlurmJob | None) -> Iterator[None]:
     """Within the block (a task's start checks), our refusal of its input is recorded in
-    `directory` where this process is a SLURM job's, and passed on."""
+    `directory` where this process is one of the SLURM job `job`'s, and passed on."""
     try:
         yield
     except TfconfigSlurmError as error:
-        job = read_slurm_job(environ)
         if job is not None and directory.is_dir() and not _started(directory, job.name):
             with contextlib.suppress(OSError):
                 reports.write_json_atomically(

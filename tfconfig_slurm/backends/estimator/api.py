@@ -21,6 +21,7 @@ from tensorflow.python.eager import context
 
 from tfconfig_slurm.backends.estimator import train, trainer
 from tfconfig_slurm.cluster import LayoutPolicy
+from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import TfconfigSlurmError, UsageError
 from tfconfig_slurm.process import (
     claim,
@@ -130,6 +131,8 @@ def _run(
         )
     directory = Path(estimator.model_dir)
     model_dir.check_writable(directory, _NAMING)
+    # SLURM's job, read here once for the task's whole life (its step: place.find).
+    job = read_slurm_job(os.environ)
     counts = os.environ.pop(LOCAL_CLUSTER, "")
     if counts:
         # Python 3.10 keeps the command line exactly as it was given (python -m ... too).
@@ -141,6 +144,7 @@ def _run(
             program=program,
             naming=_NAMING,
             environ=os.environ,
+            job=job,
         )
         exits.end_now(status, "the local cluster ended")
     policy = layout or place.policy_from_environ(os.environ)
@@ -174,6 +178,7 @@ def _run(
         stop=stop,
         stop_policy=_STOP_POLICY,
         environ=os.environ,
+        job=job,
     )
     result: trainer.Result | None = lifecycle.run(
         task,
