@@ -6,6 +6,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -392,3 +394,27 @@ def test_a_cluster_far_larger_than_the_machine_warns() -> None:
     assert local_cluster.crowding({"ps": 1, "worker": 2, "evaluator": 0}, cpus=2) == ""
     warning = local_cluster.crowding({"ps": 1, "worker": 200, "evaluator": 0}, cpus=2)
     assert warning.startswith("the local cluster has 202 tasks for this machine's 2 CPUs")
+
+
+def test_each_task_of_a_local_cluster_takes_the_threads_explain_gives(cluster_run) -> None:  # type: ignore[no-untyped-def]
+    """A chief, two workers and a ps on this machine's CPUs, as the table of one node of 4
+    tasks with those CPUs says."""
+    cpus = len(os.sched_getaffinity(0))
+    taken = dict(
+        re.findall(
+            r"\[(\w+ \d)\] .*TensorFlow's threads: (\d+ inside an op, \d+ between ops)",
+            cluster_run[1],
+        )
+    )
+    planned = subprocess.run(
+        [sys.executable, "-m", "tfconfig_slurm.commands", "--explain", "--nodelist=localhost",
+         "--ntasks_per_node=4", f"--cpus_per_node={cpus}", "--json"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    explained = {
+        f"{task['role']} {task['index']}": (
+            f"{task['intra_op_threads']} inside an op, {task['inter_op_threads']} between ops"
+        )
+        for task in json.loads(planned.stdout)
+    }
+    assert taken == explained, (taken, explained)

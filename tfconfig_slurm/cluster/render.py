@@ -8,6 +8,7 @@ import shlex
 from typing import Any
 
 from tfconfig_slurm.cluster import role
+from tfconfig_slurm.cluster import threads as threads_lib
 from tfconfig_slurm.cluster.layout import (
     CHIEF,
     EVALUATOR,
@@ -18,6 +19,7 @@ from tfconfig_slurm.cluster.layout import (
     counted,
 )
 from tfconfig_slurm.cluster.step import STEP_GPUS, step_gpus_value
+from tfconfig_slurm.cluster.threads import Threads
 
 EXPLAIN_KEYS = ("rank", "node", "local_id", "role", "index", "address", "gpus")
 
@@ -64,11 +66,22 @@ def export_lines(layout: ClusterLayout, rank: int) -> str:
 
 
 def explain_records(layout: ClusterLayout) -> list[dict[str, Any]]:
-    """One JSON object per task, by rank."""
+    """One JSON object per task, by rank; with the threads its TensorFlow is given where the
+    node's CPUs are known."""
+    threads = _threads(layout)
     return [
-        {key: getattr(task, key) for key in EXPLAIN_KEYS} | {"gpus": list(task.gpus)}
-        for task in layout.tasks
-    ]
+        {key: getattr(task, key) for key in EXPLAIN_KEYS}
+        | {"gpus": list(task.gpus)}
+        | ({"intra_op_threads": threads[rank][0], "inter_op_threads": threads[rank][1]}
+           if threads else {})
+        for rank, task in enumerate(layout.tasks)
+    ]  # fmt: skip
+
+
+def _threads(layout: ClusterLayout) -> list[Threads]:
+    """Every task's threads, where the node's CPUs are known (in a job, or --cpus_per_node)."""
+    cpus = layout.shape.cpus_on_node
+    return threads_lib.for_layout(layout, cpus) if cpus else []
 
 
 def summary_line(layout: ClusterLayout) -> str:
@@ -127,7 +140,11 @@ def idle_gpus_warning(layout: ClusterLayout) -> str | None:
 
 def explain_table(layout: ClusterLayout) -> str:
     """A table of every task, one line each, under a one-line summary of the layout."""
-    header = ("rank", "node", "local", "role", "index", "address:port", "gpus")
+    threads = _threads(layout)
+    # Threads as intra+inter: inside an op, and ops at once.
+    header = ("rank", "node", "local", "role", "index", "address:port", "gpus") + (
+        ("threads",) if threads else ()
+    )
     rows = [
         (
             str(task.rank),
@@ -138,7 +155,8 @@ def explain_table(layout: ClusterLayout) -> str:
             task.address,
             ",".join(task.gpus) or "-",
         )
-        for task in layout.tasks
+        + ((str(threads[rank]),) if threads else ())
+        for rank, task in enumerate(layout.tasks)
     ]
     widths = [max(len(row[column]) for row in [header, *rows]) for column in range(len(header))]
     lines = [summary_line(layout)]
@@ -146,6 +164,12 @@ def explain_table(layout: ClusterLayout) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
         for row in [header, *rows]
     )
+    if threads:
+        lines.append(
+            f"(threads: TensorFlow's inside an op + between ops, the node's "
+            f"{layout.shape.cpus_on_node} CPUs shared out by role; --intra_op_threads and "
+            "--inter_op_threads set them)"
+        )
     warning = idle_gpus_warning(layout)
     if warning:
         lines.append(f"(warning: {warning})")

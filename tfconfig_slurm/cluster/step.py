@@ -44,6 +44,10 @@ SOURCES: Mapping[str, tuple[str, ...]] = {
     # requeue (process/continuation.py sets it in the next job).
     "continuation": (CONTINUATION,),
     "distribution": ("SLURM_DISTRIBUTION",),
+    # The CPUs the job has on the node (its tasks share them where SLURM binds none), and how
+    # SLURM bound this task to CPUs, if it did (cluster/threads.py).
+    "cpus_on_node": ("SLURM_CPUS_ON_NODE",),
+    "cpu_bind_type": ("SLURM_CPU_BIND_TYPE",),
     "gpus": ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"),
     "gpus_on_node": ("SLURM_GPUS_ON_NODE",),
     "gpus_allocated": ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE"),
@@ -91,6 +95,8 @@ class StepShape:
     # component, the CPU nodes that run the parameter servers while the others train; the
     # GPUs above are then those of the other components' nodes. Empty for any other step.
     server_nodes: tuple[int, ...] = ()
+    # The CPUs the job has on each node, where SLURM says (or a plan gives) it.
+    cpus_on_node: int | None = None
 
     @property
     def num_tasks(self) -> int:
@@ -114,6 +120,8 @@ class SlurmStep:
     node_name: str | None
     array_job_id: int | None
     array_task_id: int | None
+    # Whether SLURM bound this task to CPUs of its own (--cpu-bind other than none).
+    own_cpus: bool = False
 
 
 @dataclass(frozen=True)
@@ -219,6 +227,7 @@ def read_slurm_step(environ: Mapping[str, str]) -> SlurmStep:
             step_id=job_and_step[1],
             restart_count=_optional_whole_number(environ, "restart_count") or 0,
             server_nodes=_first_component_nodes(environ, nodes),
+            cpus_on_node=_optional_whole_number(environ, "cpus_on_node"),
         ),
         rank=rank,
         node_index=node_index,
@@ -226,7 +235,14 @@ def read_slurm_step(environ: Mapping[str, str]) -> SlurmStep:
         node_name=node_name[1] if node_name else None,
         array_job_id=_optional_whole_number(environ, "array_job_id"),
         array_task_id=_optional_whole_number(environ, "array_task_id"),
+        own_cpus=_bound(environ),
     )
+
+
+def _bound(environ: Mapping[str, str]) -> bool:
+    """Whether SLURM bound this task to CPUs: SLURM_CPU_BIND_TYPE names a binding, not none."""
+    found = _lookup(environ, "cpu_bind_type")
+    return found is not None and found[1].strip() not in ("", "none", "none,")
 
 
 def _lookup(environ: Mapping[str, str], field: str) -> tuple[str, str] | None:

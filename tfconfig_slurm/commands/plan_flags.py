@@ -26,6 +26,13 @@ NTASKS_PER_NODE = flags.DEFINE_integer(
 GPUS_PER_NODE = flags.DEFINE_integer(
     "gpus_per_node", 0, "With --nodelist: GPUs on each node, as #SBATCH --gres=gpu:N."
 )
+CPUS_PER_NODE = flags.DEFINE_integer(
+    "cpus_per_node",
+    None,
+    "With --nodelist: CPUs the job has on each node (SLURM_CPUS_ON_NODE), to show the "
+    "threads each task's TensorFlow is given for its role and its node's share of them.",
+    lower_bound=1,
+)
 CPU_NODELIST = flags.DEFINE_string(
     "cpu_nodelist",
     None,
@@ -108,6 +115,7 @@ def planned_shape(policy: LayoutPolicy) -> StepShape:
         job_id=0,
         step_id=0,
         server_nodes=tuple(range(len(cpu_nodes))),
+        cpus_on_node=CPUS_PER_NODE.value,
     )
 
 

@@ -41,9 +41,11 @@ from typing import Callable, TypeVar
 from absl import flags, logging
 
 from tfconfig_slurm.cluster import LayoutPolicy
+from tfconfig_slurm.cluster import threads as threads_lib
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, TRAINERS
 from tfconfig_slurm.cluster.role import input_shard
 from tfconfig_slurm.cluster.step import SlurmJob, read_slurm_job
+from tfconfig_slurm.cluster.threads import Threads
 from tfconfig_slurm.commands import layout_flags
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
@@ -158,12 +160,17 @@ KEEP_CHECKPOINT_MAX = flags.DEFINE_integer(
     "keep_checkpoint_max", 5, "Checkpoints kept in the model directory.", lower_bound=1
 )
 INTRA_OP_THREADS = flags.DEFINE_integer(
-    "intra_op_threads", 0, "Threads inside one op (0: TensorFlow picks).", lower_bound=0
+    "intra_op_threads",
+    None,
+    "Threads inside one op. Default, in a cluster: sized by the task's role and its node's "
+    "share of the CPUs it may run on (tfconfig-slurm --explain shows each task's); in one "
+    "process, and with 0: TensorFlow picks (every CPU).",
+    lower_bound=0,
 )
 INTER_OP_THREADS = flags.DEFINE_integer(
     "inter_op_threads",
-    0,
-    "Ops run at once (0: TensorFlow picks). With 1, a trainer in a cluster sends its "
+    None,
+    "Ops run at once; default as --intra_op_threads. With 1, a trainer in a cluster sends its "
     "gradients to the ps only once its whole backward pass is done; 2 lets them overlap.",
     lower_bound=0,
 )
@@ -448,10 +455,15 @@ def _coordinated(task: lifecycle.TaskRun, hparams: str) -> int:
     return supervise.supervise(group, role, None, supervise.WORKER_RESTARTS)
 
 
+# Threads TensorFlow picks itself: every CPU.
+_TENSORFLOW_S = Threads(0, 0)
+
+
 def _settings(
     directory: Path,
     hparams: str,
     experiment: experiment_lib.Experiment | experiment_lib.KerasExperiment,
+    threads: Threads = _TENSORFLOW_S,
 ) -> TrainingSettings:
     """The flags' settings, with the experiment's hparams overridden by `hparams` and passed
     by its check_hparams."""
@@ -470,8 +482,8 @@ def _settings(
         save_checkpoints_steps=SAVE_CHECKPOINTS_STEPS.value,
         save_checkpoints_secs=SAVE_CHECKPOINTS_SECS.value,
         keep_checkpoint_max=KEEP_CHECKPOINT_MAX.value,
-        intra_op_threads=INTRA_OP_THREADS.value,
-        inter_op_threads=INTER_OP_THREADS.value,
+        intra_op_threads=threads.intra_op,
+        inter_op_threads=threads.inter_op,
         gpu_memory_growth=GPU_MEMORY_GROWTH.value,
         gpu_memory_fraction=GPU_MEMORY_FRACTION.value,
         log_every_steps=LOG_EVERY_STEPS.value,
@@ -538,14 +550,41 @@ def _loaded(
     """The experiment and the run's settings, with TensorFlow loaded (the experiment imports
     it), its thread pools held and its devices looked at, its start-up notes held back
     (process/native_noise.py)."""
+    threads = _threads(task.place)
     with native_noise.start_up_notes_held(bool(task.place.gpu_ids)):
         experiment = load(EXPERIMENT.value or "")
-        settings = _settings(task.model_dir, hparams, experiment)
+        settings = _settings(task.model_dir, hparams, experiment, threads)
         from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
 
-        tf_process.hold_threads(INTRA_OP_THREADS.value, INTER_OP_THREADS.value)
+        tf_process.hold_threads(threads.intra_op, threads.inter_op)
         tf_process.look_at_devices()
     return experiment, settings
+
+
+def _threads(where: place.Place) -> Threads:
+    """The task's TensorFlow threads: each flag where given (0: TensorFlow's own), else sized
+    by its role and its node's share of the CPUs its process may run on (cluster/threads.py);
+    TensorFlow's own in a single process. Said in a line where any is set."""
+    cpus = len(os.sched_getaffinity(0))
+    sized = (
+        _TENSORFLOW_S
+        if where.role is None
+        else threads_lib.for_role(where.role, cpus, own_cpus=where.own_cpus)
+    )
+    given = Threads(
+        sized.intra_op if INTRA_OP_THREADS.value is None else INTRA_OP_THREADS.value,
+        sized.inter_op if INTER_OP_THREADS.value is None else INTER_OP_THREADS.value,
+    )
+    if any(given):
+        logging.info(
+            "TensorFlow's threads: %d inside an op, %d between ops (%s)",
+            *given,
+            "as the flags say"
+            if given != sized
+            else f"sized for a {where.role.role if where.role else 'task'} on "
+            f"{'its own' if where.own_cpus else 'the node'}'s {cpus} CPUs",
+        )
+    return given
 
 
 def _keras_layout(policy: LayoutPolicy, kind: str) -> LayoutPolicy:

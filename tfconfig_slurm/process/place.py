@@ -48,6 +48,8 @@ class Place(NamedTuple):
     gpus: str
     # Which setting chose the layout, for an error about it: "TF_CONFIG" when it was given.
     layout_source: str
+    # Whether SLURM bound this task to CPUs of its own, which it then shares with no task.
+    own_cpus: bool = False
 
     @property
     def gpu_ids(self) -> tuple[str, ...] | None:
@@ -117,7 +119,7 @@ def find(environ: MutableMapping[str, str], policy: LayoutPolicy, policy_source:
     environ.update(environment)
     role = ClusterRole.from_json(environment["TF_CONFIG"])
     gpus = environment["CUDA_VISIBLE_DEVICES"]
-    return Place(role, layout.task(step.rank).node, gpus, policy_source)
+    return Place(role, layout.task(step.rank).node, gpus, policy_source, step.own_cpus)
 
 
 def given_tf_config(environ: Mapping[str, str], shape: StepShape | None) -> str | None:
