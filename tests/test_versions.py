@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tfconfig_slurm.errors import InstallError
+from tfconfig_slurm.errors import InstallError, UsageError
 from tfconfig_slurm.process import experiment, supervise, versions
 from tfconfig_slurm.process.versions import Installed
 
@@ -98,7 +98,6 @@ def test_what_cannot_run_the_keras_3_runtime_is_named(found: Installed, problem:
          "Keras"),
         ("build_model: object = None\n", "Keras"),
         ("def helper():\n    def build_model(): ...\n", "Estimator"),
-        ("def model_fn(:\n", "Estimator"),
     ],
 )  # fmt: skip
 def test_an_experiment_s_kind_is_read_from_its_source(
@@ -122,7 +121,6 @@ def test_an_experiment_s_kind_is_read_from_its_source(
         ('HPARAMS = {"a": 1}\nglobals()["HPARAMS"] = {}\n', None),
         # Not hashable: the import's error to give, not a traceback here.
         ("HPARAMS = {[1]: 2}\n", None),
-        ("def model_fn(:\n", None),
         ("", None),
     ],
 )
@@ -132,6 +130,17 @@ def test_literal_hparams_are_read_from_the_source_without_an_import(
     path = tmp_path / "mine.py"
     path.write_text(source)
     assert experiment.literal_hparams(str(path)) == hparams
+
+
+def test_a_module_that_does_not_parse_is_its_syntax_error_not_a_kind(tmp_path: Path) -> None:
+    """Not Estimator's kind by default: the wrong install would be named for a typo."""
+    path = tmp_path / "mine.py"
+    path.write_text("def model_fn(:\n")
+    for read in (experiment.kind, experiment.literal_hparams):
+        with pytest.raises(UsageError) as refused:
+            read(str(path))
+        assert refused.value.culprit == "--experiment"
+        assert f"failed at {path}:1: SyntaxError" in refused.value.problem
 
 
 def test_the_shipped_experiments_kinds() -> None:
