@@ -1,10 +1,12 @@
 """The runtime against the stock job, side by side in one run: `python -m tfconfig_slurm.run`
 and a stock `tf.estimator.train_and_evaluate` script with a hand-made TF_CONFIG (below), both
 training mnist_deep's model_fn and input_fn with the same params (batch 64), the same
-checkpoint and summary intervals and TensorFlow's default threads, in three layouts on this
-machine: one process; 1 trainer + 1 ps; 2 trainers + 1 ps (ours as --local_cluster, the stock
-job as processes this script starts, its ps killed once the chief has exited: a stock ps never
-returns from server.join()).
+checkpoint and summary intervals, in four layouts on this machine: one process; 1 trainer +
+1 ps; 2 trainers + 1 ps; 5 trainers + 1 ps, a node oversubscribed on purpose (ours as
+--local_cluster, the stock job as processes this script starts, its ps killed once the chief
+has exited: a stock ps never returns from server.join()). The stock job keeps TensorFlow's
+default threads (every CPU, in every process); ours sizes each task's by its role and the
+node's share of CPUs (cluster/threads.py), as it does by default.
 
 Two measures of a layout's examples/s, each side's and the ratio ours / stock; runs alternate:
 - whole runs: 64 x (LONG - SHORT) / (t_LONG - t_SHORT), from the medians of the whole runs'
@@ -82,7 +84,12 @@ tf.estimator.train_and_evaluate(
 """
 
 # Each layout: (parameter servers, workers beside the chief); None: one process.
-LAYOUTS = {"one process": None, "1 trainer + ps": (1, 0), "2 trainers + ps": (1, 1)}
+LAYOUTS = {
+    "one process": None,
+    "1 trainer + ps": (1, 0),
+    "2 trainers + ps": (1, 1),
+    "5 trainers + ps": (1, 4),
+}
 
 
 class Run(NamedTuple):

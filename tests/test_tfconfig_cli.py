@@ -60,9 +60,8 @@ def test_explain_inside_a_step() -> None:
     ]  # fmt: skip
     assert lines[3].split()[:5] == ["1", "node1", "1", "chief", "0"]
     assert lines[3].split()[6] == "0"
-    # SLURM's 3 CPUs of the node, shared by its 2 trainers, and 1 inside an op for its ps,
-    # which serves 2 of the 6 trainers.
-    assert [lines[row].split()[-1] for row in (2, 3, 4)] == ["1+2", "1+1", "1+1"]
+    # SLURM's 3 CPUs of the node, shared by its 2 trainers; its ps keeps them all.
+    assert [lines[row].split()[-1] for row in (2, 3, 4)] == ["3+3", "1+1", "1+1"]
     # One copy for the step: only rank 0 prints it.
     other = run_module(TFCONFIG, "--explain", environ=captured("block_3x3_gres2", "task-4"))
     assert other.returncode == 0, other.stderr

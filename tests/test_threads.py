@@ -18,9 +18,9 @@ from tfconfig_slurm.cluster.threads import Threads
 @pytest.mark.parametrize(
     ("role", "cpus", "trainers_on_node", "expected"),
     [
-        # 2 trainers and a ps on 2 cores: 1 each, the ps 1 inside an op.
+        # 2 trainers and a ps on 2 cores: 1 each, the ps every CPU, as TensorFlow gives it.
         ("chief", 2, 2, Threads(1, 1)),
-        ("ps", 2, 2, Threads(1, 2)),
+        ("ps", 2, 2, Threads(2, 2)),
         # A trainer alone with a ps keeps every CPU, as TensorFlow would give it.
         ("worker", 2, 1, Threads(2, 2)),
         # 8 GPUs' trainers on 64 CPUs.
@@ -33,13 +33,7 @@ from tfconfig_slurm.cluster.threads import Threads
 def test_a_task_s_threads_follow_its_role_and_its_node_s_share(
     role: str, cpus: int, trainers_on_node: int, expected: Threads
 ) -> None:
-    sized = threads.sized(role, cpus=cpus, trainers_on_node=trainers_on_node, trainers=2, servers=1)
-    assert sized == expected
-
-
-def test_a_ps_serves_its_trainers_at_once_up_to_its_cpus() -> None:
-    assert threads.sized("ps", cpus=16, trainers_on_node=0, trainers=12, servers=2) == (1, 6)
-    assert threads.sized("ps", cpus=4, trainers_on_node=0, trainers=12, servers=2) == (1, 4)
+    assert threads.sized(role, cpus=cpus, trainers_on_node=trainers_on_node) == expected
 
 
 @pytest.mark.parametrize(
@@ -86,8 +80,8 @@ def test_explain_shows_each_task_s_threads_from_the_node_s_cpus() -> None:
     rows = [line.split() for line in planned.stdout.splitlines()[1:8]]
     assert rows[0][-1] == "threads"
     assert [(row[3], row[-1]) for row in rows[1:]] == [
-        ("ps", "1+2"), ("chief", "8+8"), ("worker", "8+8"),
-        ("ps", "1+2"), ("worker", "8+8"), ("worker", "8+8"),
+        ("ps", "16+16"), ("chief", "8+8"), ("worker", "8+8"),
+        ("ps", "16+16"), ("worker", "8+8"), ("worker", "8+8"),
     ]  # fmt: skip
     # In a job step, from SLURM's CPUs on the node.
     environ = {"PATH": os.environ["PATH"], **task_env(["node1"], [3], 0), "SLURM_CPUS_ON_NODE": "4"}
@@ -96,5 +90,5 @@ def test_explain_shows_each_task_s_threads_from_the_node_s_cpus() -> None:
         env=environ, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert [line.split()[-1] for line in in_step.stdout.splitlines()[2:5]] == [
-        "1+2", "2+2", "2+2"
+        "4+4", "2+2", "2+2"
     ]  # fmt: skip

@@ -1,16 +1,14 @@
 """Each task's TensorFlow thread pools, sized by its role and its node's share of CPUs.
 
 TensorFlow sizes a process's pools to every CPU it may run on, so a node that runs a parameter
-server and two trainers runs three processes that each think they own every core: on 2 cores,
-2 trainers + a ps trained about 1.1x faster held to 1 thread each (bench/RESULTS.md, "threads").
-A flat share is wrong too (1 trainer + a ps trained slower held to 1+1 than with its default),
-so the CPUs are shared out by role:
+server and two trainers runs two trainers that each think they own every core. The trainers
+share them out; the others keep what their work needs:
 
 - a trainer (chief or worker): the CPUs over the trainers that share them, inside an op and
   between ops alike (TensorFlow's own default gives both every CPU);
-- a parameter server: 1 thread inside an op (its ops are small: reads and updates of
-  variables), and between ops as many as the trainers it serves, whose requests come at once,
-  up to its CPUs;
+- a parameter server: every CPU, as TensorFlow gives it: its ops (reads and updates of the
+  variables) run while trainers wait for them, and held to 1 inside an op, 1 trainer and a ps
+  on 2 cores trained 3% slower than the stock job (bench/RESULTS.md, "threads");
 - an evaluator: 1 and 1, as it evaluates a checkpoint now and then beside the training.
 
 Where SLURM bound the task to CPUs of its own, they are its alone, not shared. Pure: the
@@ -19,7 +17,6 @@ counts come in (for_role, for_layout), nothing is read here.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import NamedTuple
 
@@ -37,17 +34,15 @@ class Threads(NamedTuple):
         return f"{self.intra_op}+{self.inter_op}"
 
 
-def sized(role: str, *, cpus: int, trainers_on_node: int, trainers: int, servers: int) -> Threads:
+def sized(role: str, *, cpus: int, trainers_on_node: int) -> Threads:
     """The threads of a task of `role` that may run on `cpus` CPUs, which the node's
-    `trainers_on_node` trainers share (1 where the task's CPUs are its own), in a cluster of
-    `trainers` trainers and `servers` parameter servers."""
+    `trainers_on_node` trainers share (1 where the task's CPUs are its own)."""
     cpus = max(1, cpus)
     if role in (CHIEF, WORKER):
         share = max(1, cpus // max(1, trainers_on_node))
         return Threads(share, share)
     if role == PS:
-        served = math.ceil(trainers / max(1, servers))
-        return Threads(1, max(1, min(cpus, served)))
+        return Threads(cpus, cpus)
     if role == EVALUATOR:
         return Threads(1, 1)
     raise ValueError(f"no threads for a task of role {role!r}")
@@ -60,29 +55,14 @@ def for_role(role: ClusterRole, cpus: int, *, own_cpus: bool) -> Threads:
     on_node = sum(
         _host(address) == host for job in (CHIEF, WORKER) for address in role.cluster.get(job, ())
     )
-    return sized(
-        role.role,
-        cpus=cpus,
-        trainers_on_node=1 if own_cpus else on_node,
-        trainers=role.trainers,
-        servers=role.ps_count,
-    )
+    return sized(role.role, cpus=cpus, trainers_on_node=1 if own_cpus else on_node)
 
 
 def for_layout(layout: ClusterLayout, cpus: int) -> list[Threads]:
     """Every task's threads, by rank, where each node's tasks share its `cpus` CPUs."""
     on_node = Counter(task.node for task in layout.tasks if task.role in (CHIEF, WORKER))
-    trainers = sum(on_node.values())
-    servers = sum(task.role == PS for task in layout.tasks)
     return [
-        sized(
-            task.role,
-            cpus=cpus,
-            trainers_on_node=on_node[task.node],
-            trainers=trainers,
-            servers=servers,
-        )
-        for task in layout.tasks
+        sized(task.role, cpus=cpus, trainers_on_node=on_node[task.node]) for task in layout.tasks
     ]
 
 
