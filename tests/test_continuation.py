@@ -13,7 +13,7 @@ import pytest
 from tests.cli import REPOSITORY, wait_until
 from tests.slurm_cluster import SlurmCluster
 from tfconfig_slurm import errors
-from tfconfig_slurm.cluster.step import CONTINUATION
+from tfconfig_slurm.cluster.step import CONTINUATION, read_slurm_job
 from tfconfig_slurm.process import continuation, preemption
 
 # A running job of the test cluster, from `scontrol show job` (its script's path made
@@ -289,8 +289,9 @@ def test_a_requeue_already_done_is_not_submitted_again_as_a_new_job(
         assert requeued.returncode == 0, requeued.stderr
         monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
         with caplog.at_level(logging.INFO):
+            environ = {"SLURM_JOB_ID": job, "SLURM_RESTART_COUNT": "0"}
             status = preemption.requeue(
-                {"SLURM_JOB_ID": job, "SLURM_RESTART_COUNT": "0"}, 3, "SIGUSR1", tmp_path / "run"
+                environ, read_slurm_job(environ), 3, "SIGUSR1", tmp_path / "run"
             )
         listed = slurm_cluster.run(["squeue", "--noheader", "--format=%i"]).stdout.split()
     finally:
@@ -316,7 +317,10 @@ def test_a_requeue_that_fails_where_slurm_may_requeue_submits_no_second_job(
     try:
         monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
         with caplog.at_level(logging.INFO):
-            status = preemption.requeue({"SLURM_JOB_ID": held_job}, 3, "SIGUSR1", tmp_path / "run")
+            environ = {"SLURM_JOB_ID": held_job}
+            status = preemption.requeue(
+                environ, read_slurm_job(environ), 3, "SIGUSR1", tmp_path / "run"
+            )
         listed = slurm_cluster.run(["squeue", "--noheader", "--format=%i"]).stdout.split()
     finally:
         slurm_cluster.run(["scancel", held_job])

@@ -52,3 +52,25 @@ def test_one_module_ends_a_process_at_once() -> None:
         if re.search(r"\bos\._exit\(", path.read_text())
     )
     assert calling == ["process/exits.py"]
+
+
+def test_slurm_s_environment_is_read_only_at_the_doors() -> None:
+    """The core reads SLURM's variables (cluster/step.py); the commands, the Python API and
+    place.find (the step, for every door that finds a task's place) call it. Nothing else
+    reads them again: the process machinery takes the job it is handed (TaskRun.job)."""
+    package = Path(cluster.__file__).parents[1]
+    reading = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if re.search(r"\bread_slurm_(job|step)\(", path.read_text())
+    )
+    assert reading == [
+        "backends/estimator/api.py",
+        "cluster/step.py",
+        "commands/layout_flags.py",
+        "commands/run.py",
+        "commands/runs.py",
+        "commands/task_config.py",
+        "commands/with_tfconfig.py",
+        "process/place.py",
+    ]

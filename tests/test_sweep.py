@@ -434,6 +434,27 @@ def test_a_job_refused_at_its_start_is_in_the_runs_table_with_its_reason(tmp_pat
     rows = run_module("tfconfig_slurm.commands", "runs", str(root)).stdout.splitlines()
     assert rows[1].split()[:2] == ["mnist_deep", "done"], rows
     assert rows[2] == f"mnist_deep: job 57 was refused at its start: {reason}"
+    # Job 57's own .out ends with its refusal, not with the other job's run.
+    own = run_module(
+        "tfconfig_slurm.commands", "runs", f"--run={root / 'mnist_deep'}",
+        environ={"SLURM_JOB_ID": "57"},
+    )  # fmt: skip
+    assert f"job 57 was refused at its start, nothing was trained: {reason}" in own.stdout
+    # A requeued job keeps its id: its new attempt's refusal is one, where the same attempt
+    # that ran the run would have failed, not been refused.
+    refusal = root / "mnist_deep" / "refused.json"
+    for restart, recorded in (("0", False), ("1", True)):
+        refusal.unlink(missing_ok=True)
+        attempt = {"job_id": "57", "restart": 0, "started": time.time() - 30}
+        (root / "mnist_deep" / "state.json").write_text(
+            json.dumps({"state": "stopped", "job_id": "57", "attempts": [attempt]})
+        )
+        again = run_module(
+            "tfconfig_slurm.run", "--experiment=mnist_deep", f"--output_root={root}",
+            environ=environ | {"SLURM_RESTART_COUNT": restart},
+        )  # fmt: skip
+        assert again.returncode == 2 and refusal.exists() == recorded, restart
+    (root / "mnist_deep" / "state.json").write_text(json.dumps(earlier))
     later = earlier | {"attempts": [{"started": time.time() + 1}]}
     (root / "mnist_deep" / "state.json").write_text(json.dumps(later))
     rows = run_module("tfconfig_slurm.commands", "runs", str(root)).stdout.splitlines()

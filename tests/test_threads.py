@@ -27,7 +27,7 @@ from tfconfig_slurm.cluster.threads import Threads
         ("worker", 64, 8, Threads(8, 8)),
         # More trainers than CPUs: one each, not none.
         ("worker", 2, 5, Threads(1, 1)),
-        ("evaluator", 16, 2, Threads(1, 1)),
+        ("evaluator", 16, 2, Threads(16, 16)),
     ],
 )
 def test_a_task_s_threads_follow_its_role_and_its_node_s_share(
@@ -60,6 +60,18 @@ def test_what_explain_says_of_every_task_is_what_the_task_takes(
         layout = lay_out_step(own, policy)
         role = ClusterRole.from_tf_config(render.tf_config(layout, rank))
         assert threads.for_role(role, 16, own_cpus=False) == explained[rank], rank
+
+
+def test_parameter_server_strategy_s_coordinator_is_no_trainer() -> None:
+    """In a --coordinator layout the workers share the node; the coordinator, which trains
+    nothing, keeps every CPU, as a ps does."""
+    step = read_slurm_step(task_env(["node1", "node2"], [3, 3], 0))
+    layout = lay_out_step(step, LayoutPolicy(coordinator=True))
+    sized = threads.for_layout(layout, 8)
+    assert [(task.role, str(each)) for task, each in zip(layout.tasks, sized)] == [
+        ("ps", "8+8"), ("chief", "8+8"), ("worker", "8+8"),
+        ("ps", "8+8"), ("worker", "4+4"), ("worker", "4+4"),
+    ]  # fmt: skip
 
 
 def test_a_task_slurm_bound_to_cpus_of_its_own_shares_them_with_none() -> None:

@@ -727,3 +727,22 @@ def test_a_model_dir_held_by_another_job_s_script_is_refused_in_one_line(tmp_pat
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "ran").exists()
     assert json.loads((run / "state.json").read_text())["job_id"] == "72"
+    # A run stopped (scancel, a requeue) keeps the directory for its job's next attempt.
+    stopped = subprocess.Popen(
+        job(base, sys.executable, "-c", "import time; time.sleep(60)"),
+        env=environ(73), stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        assert wait_until(
+            lambda: json.loads((run / "state.json").read_text()).get("job_id") == "73", 30.0
+        )
+        stopped.send_signal(signal.SIGTERM)
+        assert stopped.wait(timeout=60) != 0
+    finally:
+        stopped.kill()
+    assert json.loads((run / "state.json").read_text())["state"] == "stopped"
+    later = subprocess.run(
+        job(base + 1, "true"), env=environ(74), capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert later.returncode == 2 and "held by another run, SLURM job 73" in later.stderr

@@ -166,7 +166,7 @@ def explain_table(layout: ClusterLayout) -> str:
     )
     if threads:
         lines.append(
-            f"(threads: TensorFlow's inside an op + between ops, the node's "
+            f"(threads: the runtime's TensorFlow tasks', inside an op + between ops, the node's "
             f"{layout.shape.cpus_on_node} CPUs shared out by role; --intra_op_threads and "
             "--inter_op_threads set them)"
         )

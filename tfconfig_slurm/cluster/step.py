@@ -240,9 +240,12 @@ def read_slurm_step(environ: Mapping[str, str]) -> SlurmStep:
 
 
 def _bound(environ: Mapping[str, str]) -> bool:
-    """Whether SLURM bound this task to CPUs: SLURM_CPU_BIND_TYPE names a binding, not none."""
+    """Whether SLURM bound this task to CPUs of its own: SLURM_CPU_BIND_TYPE names a binding
+    by core, thread or rank. One by socket or locality domain gives several tasks the same
+    CPUs, as does none."""
     found = _lookup(environ, "cpu_bind_type")
-    return found is not None and found[1].strip() not in ("", "none", "none,")
+    kinds = found[1].lower() if found else ""
+    return any(kind in kinds for kind in ("cores", "threads", "rank", "map_cpu", "mask_cpu"))
 
 
 def _lookup(environ: Mapping[str, str], field: str) -> tuple[str, str] | None:

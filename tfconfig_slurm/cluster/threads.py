@@ -9,7 +9,10 @@ share them out; the others keep what their work needs:
 - a parameter server: every CPU, as TensorFlow gives it: its ops (reads and updates of the
   variables) run while trainers wait for them, and held to 1 inside an op, 1 trainer and a ps
   on 2 cores trained 3% slower than the stock job (bench/RESULTS.md, "threads");
-- an evaluator: 1 and 1, as it evaluates a checkpoint now and then beside the training.
+- an evaluator, and ParameterServerStrategy's coordinator (the chief of a --coordinator
+  layout, which trains nothing itself: its workers are the trainers): every CPU, as a
+  parameter server. An Estimator run's evaluator computes its final metrics, which one
+  thread would slow on a CPU node; between checkpoints it waits.
 
 Where SLURM bound the task to CPUs of its own, they are its alone, not shared. Pure: the
 counts come in (for_role, for_layout), nothing is read here.
@@ -34,17 +37,16 @@ class Threads(NamedTuple):
         return f"{self.intra_op}+{self.inter_op}"
 
 
-def sized(role: str, *, cpus: int, trainers_on_node: int) -> Threads:
+def sized(role: str, *, cpus: int, trainers_on_node: int, coordinator: bool = False) -> Threads:
     """The threads of a task of `role` that may run on `cpus` CPUs, which the node's
-    `trainers_on_node` trainers share (1 where the task's CPUs are its own)."""
+    `trainers_on_node` trainers share (1 where the task's CPUs are its own), in a layout for
+    ParameterServerStrategy where `coordinator`."""
     cpus = max(1, cpus)
-    if role in (CHIEF, WORKER):
+    if role in _trainers(coordinator):
         share = max(1, cpus // max(1, trainers_on_node))
         return Threads(share, share)
-    if role == PS:
+    if role in (PS, CHIEF, EVALUATOR):
         return Threads(cpus, cpus)
-    if role == EVALUATOR:
-        return Threads(1, 1)
     raise ValueError(f"no threads for a task of role {role!r}")
 
 
@@ -53,17 +55,36 @@ def for_role(role: ClusterRole, cpus: int, *, own_cpus: bool) -> Threads:
     `own_cpus`, else shared with the trainers whose addresses are on its host."""
     host = _host(role.address)
     on_node = sum(
-        _host(address) == host for job in (CHIEF, WORKER) for address in role.cluster.get(job, ())
+        _host(address) == host
+        for job in _trainers(role.coordinator)
+        for address in role.cluster.get(job, ())
     )
-    return sized(role.role, cpus=cpus, trainers_on_node=1 if own_cpus else on_node)
+    return sized(
+        role.role,
+        cpus=cpus,
+        trainers_on_node=1 if own_cpus else on_node,
+        coordinator=role.coordinator,
+    )
 
 
 def for_layout(layout: ClusterLayout, cpus: int) -> list[Threads]:
     """Every task's threads, by rank, where each node's tasks share its `cpus` CPUs."""
-    on_node = Counter(task.node for task in layout.tasks if task.role in (CHIEF, WORKER))
+    trainers = _trainers(layout.coordinator)
+    on_node = Counter(task.node for task in layout.tasks if task.role in trainers)
     return [
-        sized(task.role, cpus=cpus, trainers_on_node=on_node[task.node]) for task in layout.tasks
+        sized(
+            task.role,
+            cpus=cpus,
+            trainers_on_node=on_node[task.node],
+            coordinator=layout.coordinator,
+        )
+        for task in layout.tasks
     ]
+
+
+def _trainers(coordinator: bool) -> tuple[str, ...]:
+    """The roles that train: ParameterServerStrategy's coordinator trains nothing itself."""
+    return (WORKER,) if coordinator else (CHIEF, WORKER)
 
 
 def _host(address: str) -> str:

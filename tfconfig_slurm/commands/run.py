@@ -444,8 +444,11 @@ def _coordinated(task: lifecycle.TaskRun, hparams: str) -> int:
     command = (
         [sys.executable, "-m", "tfconfig_slurm.run", *sys.argv[1:]]
         if again
-        else [sys.executable, "-m", "tfconfig_slurm.backends.keras.serve"]
-    )
+        else [
+            sys.executable, "-m", "tfconfig_slurm.backends.keras.serve",
+            *map(str, _threads(task.place)),
+        ]
+    )  # fmt: skip
     # Every task of the strategy's cluster fails a call to a lost peer at once, rather than
     # waiting for it (TensorFlow's tutorial).
     environ = {**os.environ, "GRPC_FAIL_FAST": "use_caller", _COORDINATING: marker}

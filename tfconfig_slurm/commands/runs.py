@@ -146,10 +146,11 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
     if run is None:
         # A batch job refused before it could say why here (its first lines say it).
         return f"{folder}: no run has started here, nothing was trained{_logs(paths)}"
-    if run["state"] == _REFUSED:
+    # This batch job's own refusal, where no run began or where another job's run is.
+    if run["state"] == _REFUSED or (run["refused"] and run["refused"]["job_id"] == own):
         return (
-            f"{folder}: job {run['job_id']} was refused at its start, nothing was trained: "
-            f"{run['refused']['line']}{_logs(paths)}"
+            f"{folder}: job {run['refused']['job_id']} was refused at its start, nothing was "
+            f"trained: {run['refused']['line']}{_logs(paths)}"
         )
     step, state = run["global_step"], run["state"]
     # How far a failed run got is lost with it: what is kept is its latest checkpoint.

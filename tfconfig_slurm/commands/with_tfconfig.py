@@ -154,14 +154,16 @@ def main(argv: Sequence[str]) -> int:
         ) from None
     if owner is not None:
         owner.say("running", None)
-    try:
-        with _port_answered(role):
-            return supervise.supervise(
-                group, role, owner, WORKER_RESTARTS.value, keras_3=KERAS3.value
-            )
-    finally:
-        if held is not None:
-            held.release()
+    with _port_answered(role):
+        status = supervise.supervise(
+            group, role, owner, WORKER_RESTARTS.value, keras_3=KERAS3.value
+        )
+    # A run done frees its directory. One stopped (for a requeue) or failed keeps it for its
+    # job, as the runtime keeps its own: another job takes it over only once the lock has
+    # gone stale, this process no longer renewing it.
+    if held is not None and status == 0:
+        held.release()
+    return status
 
 
 def _port_answered(role: ClusterRole) -> contextlib.AbstractContextManager[object]:
@@ -228,7 +230,15 @@ def _run_held(
         return None, held
     # The script it runs is its experiment.
     script = next((word for word in command[1:] if word.endswith(".py")), command[0])
-    return RunOwner(directory, Path(script).name, {}, role, job.name if job else None), held
+    owner = RunOwner(
+        directory,
+        Path(script).name,
+        {},
+        role,
+        job.name if job else None,
+        job.restart_count if job else 0,
+    )
+    return owner, held
 
 
 # How --model_dir is named in a refusal of a directory another run holds.

@@ -213,6 +213,7 @@ def _train(
         trainer.hparams,
         role,
         task.job.name if task.job else None,
+        task.job.restart_count if task.job else 0,
     )
     first = owner.first_start()
     changed = owner.changed_hparams()
@@ -289,6 +290,7 @@ class _End:
             if _requeues(role):
                 status = preemption.after_stop(
                     self.task.environ,
+                    self.task.job,
                     ending.stopped_on,
                     self.task.stop_policy,
                     self.task.model_dir,

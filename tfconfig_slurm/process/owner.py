@@ -31,6 +31,8 @@ class RunOwner:
     role: ClusterRole | None
     # The SLURM job (123, or 123_4 for an array task); None outside SLURM.
     job_id: str | None
+    # How often SLURM requeued the job before this attempt (a requeued job keeps its id).
+    restart: int = 0
 
     def first_start(self) -> bool:
         """Whether no attempt of this run has started before (read before saying "running")."""
@@ -63,6 +65,7 @@ class RunOwner:
             hparams=self.hparams,
             role=self.role,
             job_id=self.job_id,
+            restart=self.restart,
             global_step=global_step,
             **fields,
         )

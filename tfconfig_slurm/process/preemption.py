@@ -29,7 +29,7 @@ from types import FrameType
 
 from absl import logging
 
-from tfconfig_slurm.cluster.step import read_slurm_job
+from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import EXIT_NOT_REQUEUED, UsageError
 from tfconfig_slurm.process import continuation, exits, slurm_commands
 
@@ -160,16 +160,18 @@ class StopPolicy:
 
 def after_stop(
     environ: Mapping[str, str],
+    job: SlurmJob | None,
     stopped_on: str,
     policy: StopPolicy,
     model_dir: Path,
 ) -> int:
-    """What a task that stopped on a signal does last: requeues the job when the signal is one
-    of the policy's `requeue_on` (or has it go on in a new job, process/continuation.py), else
-    says how to resume; the exit status this task should end with."""
+    """What a task of the SLURM job `job` (None outside SLURM), run in `environ`, does last
+    once it stopped on a signal: requeues the job when the signal is one of the policy's
+    `requeue_on` (or has it go on in a new job, process/continuation.py), else says how to
+    resume; the exit status this task should end with."""
     if stopped_on in policy.requeue_on:
-        return requeue(environ, policy.max_requeues, stopped_on, model_dir)
-    if read_slurm_job(environ) is None:
+        return requeue(environ, job, policy.max_requeues, stopped_on, model_dir)
+    if job is None:
         logging.info(
             "stopped on %s with a checkpoint of every step taken: %s",
             stopped_on,
@@ -190,10 +192,16 @@ def _resume(model_dir: Path) -> str:
     return f"run again with the same model directory, {model_dir}, to resume"
 
 
-def requeue(environ: Mapping[str, str], max_requeues: int, stopped_on: str, model_dir: Path) -> int:
-    """Puts this SLURM job back in the queue, or where SLURM refuses, submits it again to go
-    on after it; the exit status this task should end with."""
-    job = read_slurm_job(environ)
+def requeue(
+    environ: Mapping[str, str],
+    job: SlurmJob | None,
+    max_requeues: int,
+    stopped_on: str,
+    model_dir: Path,
+) -> int:
+    """Puts the SLURM job `job` back in the queue, or where SLURM refuses, submits it again
+    (from `environ`, this task's) to go on after it; the exit status this task should end
+    with."""
     if job is None:
         logging.warning(
             "stopped on %s outside a SLURM job: nothing to requeue; %s",

@@ -37,7 +37,7 @@ def recording(directory: Path, job: SlurmJob | None) -> Iterator[None]:
     try:
         yield
     except TfconfigSlurmError as error:
-        if job is not None and directory.is_dir() and not _started(directory, job.name):
+        if job is not None and directory.is_dir() and not _started(directory, job):
             with contextlib.suppress(OSError):
                 reports.write_json_atomically(
                     RunDir(directory).refusal,
@@ -46,11 +46,12 @@ def recording(directory: Path, job: SlurmJob | None) -> Iterator[None]:
         raise
 
 
-def _started(directory: Path, job: str) -> bool:
-    """Whether the job `job` started an attempt of the run in `directory`: then what ended it
-    is a failure of its run (failure.py), not a refusal at its start."""
-    attempts = reports.read_state(directory).get("attempts") or [{}]
-    return bool(attempts[-1].get("job_id") == job)
+def _started(directory: Path, job: SlurmJob) -> bool:
+    """Whether this attempt of the job `job` (a requeued job keeps its id) started the run in
+    `directory`: then what ended it is a failure of its run (failure.py), not a refusal at
+    its start."""
+    last = (reports.read_state(directory).get("attempts") or [{}])[-1]
+    return bool(last.get("job_id") == job.name and last.get("restart", 0) == job.restart_count)
 
 
 def read(directory: Path) -> Refusal | None:

@@ -217,16 +217,18 @@ def write_state(
     role: ClusterRole | None,
     job_id: str | None,
     global_step: int | None,
+    restart: int = 0,
     **fields: Any,
 ) -> None:
     """Records what the run is doing, for its owner (the chief, a single process): "running",
     then "done", "stopped" (on a signal, with the step) or "failed", with the experiment, its
-    hparams, the SLURM job `job_id` and the run id; earlier fields are kept."""
+    hparams, the SLURM job `job_id` (each attempt with its `restart`, how often SLURM requeued
+    the job before it) and the run id; earlier fields are kept."""
     current = read_state(model_dir)
     if state == "running":
         # A new attempt: what an earlier one said of its end no longer holds; what each
         # attempt trained with is kept, for a resume that changed the hparams.
-        attempt = {"hparams": dict(hparams), "job_id": job_id}
+        attempt = {"hparams": dict(hparams), "job_id": job_id, "restart": restart}
         current = {
             "started": current.get("started", time.time()),
             "attempts": [*current.get("attempts", []), {**attempt, "started": time.time()}],

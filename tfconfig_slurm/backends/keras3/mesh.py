@@ -20,10 +20,9 @@ from tfconfig_slurm.process.experiment import KerasExperiment
 
 
 class Mesh(NamedTuple):
-    """The distribution set for the run (None for one process on one device), this process's
-    share of the training data, and the mesh in words for the start line."""
+    """This process's share of the training data under the distribution set for the run, and
+    the mesh in words for the start line ("" for one process on one device)."""
 
-    distribution: Any
     data_share: int
     data_shares: int
     described: str
@@ -34,7 +33,7 @@ def set_up(experiment: KerasExperiment, params: Mapping[str, Any], processes: in
     devices = keras.distribution.list_devices()
     if experiment.layout_map is None:
         if processes == 1 and len(devices) == 1:
-            return Mesh(None, 0, 1, "")
+            return Mesh(0, 1, "")
         # Each process feeds its own batches, which make one global batch.
         distribution = keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
     else:
@@ -44,7 +43,6 @@ def set_up(experiment: KerasExperiment, params: Mapping[str, Any], processes: in
     mesh = distribution.device_mesh
     axes = " x ".join(f"{name} {size}" for name, size in zip(mesh.axis_names, mesh.shape))
     return Mesh(
-        distribution,
         distribution.data_shard_id,
         shares,
         f"{type(distribution).__name__} on a mesh of {axes}",

@@ -136,12 +136,13 @@ def whole(model: Any) -> Iterator[None]:
     every process enters this) and stands in for it meanwhile, as Keras's Variable keeps its
     array in _value, which nothing public replaces without laying it out again."""
     gathered: list[tuple[Any, Any]] = []
-    for variable in [*model.variables, *model.optimizer.variables]:
-        value = variable.value
-        if isinstance(value, jax.Array) and not value.is_fully_replicated:
-            gathered.append((variable, variable._value))
-            variable._value = multihost_utils.process_allgather(value, tiled=True)
     try:
+        for variable in [*model.variables, *model.optimizer.variables]:
+            value = variable.value
+            if isinstance(value, jax.Array) and not value.is_fully_replicated:
+                whole_value = multihost_utils.process_allgather(value, tiled=True)
+                gathered.append((variable, variable._value))
+                variable._value = whole_value
         yield
     finally:
         for variable, value in reversed(gathered):
