@@ -441,14 +441,14 @@ def _coordinated(task: lifecycle.TaskRun, hparams: str) -> int:
     again = role.role in (CHIEF, EVALUATOR)
     if again and os.environ.get(_COORDINATING) == marker:
         lifecycle.run_to_exit(task, lifecycle.COORDINATOR, partial(_coordinator, task, hparams))
+    threads, said = _threads(task.place)
+    if said and not again:
+        logging.info("%s", said)
     command = (
         [sys.executable, "-m", "tfconfig_slurm.run", *sys.argv[1:]]
         if again
-        else [
-            sys.executable, "-m", "tfconfig_slurm.backends.keras.serve",
-            *map(str, _threads(task.place)),
-        ]
-    )  # fmt: skip
+        else [sys.executable, "-m", "tfconfig_slurm.backends.keras.serve", *map(str, threads)]
+    )
     # Every task of the strategy's cluster fails a call to a lost peer at once, rather than
     # waiting for it (TensorFlow's tutorial).
     environ = {**os.environ, "GRPC_FAIL_FAST": "use_caller", _COORDINATING: marker}
@@ -553,10 +553,12 @@ def _loaded(
     """The experiment and the run's settings, with TensorFlow loaded (the experiment imports
     it), its thread pools held and its devices looked at, its start-up notes held back
     (process/native_noise.py)."""
-    threads = _threads(task.place)
     with native_noise.start_up_notes_held(bool(task.place.gpu_ids)):
         experiment = load(EXPERIMENT.value or "")
+        threads, said = _threads(task.place)
         settings = _settings(task.model_dir, hparams, experiment, threads)
+        if said:
+            logging.info("%s", said)
         from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
 
         tf_process.hold_threads(threads.intra_op, threads.inter_op)
@@ -564,10 +566,11 @@ def _loaded(
     return experiment, settings
 
 
-def _threads(where: place.Place) -> Threads:
+def _threads(where: place.Place) -> tuple[Threads, str]:
     """The task's TensorFlow threads: each flag where given (0: TensorFlow's own), else sized
     by its role and its node's share of the CPUs its process may run on (cluster/threads.py);
-    TensorFlow's own in a single process. Said in a line where any is set."""
+    TensorFlow's own in a single process. With the line that says them ("" where none is
+    set), for the caller to log once its input has passed: a refusal stays one line."""
     cpus = len(os.sched_getaffinity(0))
     sized = (
         _TENSORFLOW_S
@@ -578,16 +581,16 @@ def _threads(where: place.Place) -> Threads:
         sized.intra_op if INTRA_OP_THREADS.value is None else INTRA_OP_THREADS.value,
         sized.inter_op if INTER_OP_THREADS.value is None else INTER_OP_THREADS.value,
     )
-    if any(given):
-        logging.info(
-            "TensorFlow's threads: %d inside an op, %d between ops (%s)",
-            *given,
-            "as the flags say"
-            if given != sized
-            else f"sized for a {where.role.role if where.role else 'task'} on "
-            f"{'its own' if where.own_cpus else 'the node'}'s {cpus} CPUs",
-        )
-    return given
+    why = (
+        "as the flags say"
+        if given != sized
+        else f"sized for a {where.role.role if where.role else 'task'} on "
+        f"{'its own' if where.own_cpus else 'the node'}'s {cpus} CPUs"
+    )
+    said = (
+        f"TensorFlow's threads: {given.intra_op} inside an op, {given.inter_op} between ops ({why})"
+    )
+    return given, said if any(given) else ""
 
 
 def _keras_layout(policy: LayoutPolicy, kind: str) -> LayoutPolicy:
