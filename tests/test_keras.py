@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -159,23 +160,25 @@ def start(root: Path, tf_config: dict[str, object], *flags: str) -> subprocess.P
     )  # fmt: skip
 
 
-def test_two_trainers_stop_together_on_one_s_signal_with_the_step_saved(tmp_path: Path) -> None:
-    """SIGUSR1 reaches the worker only: the chief learns it at the next agreement, both save
-    the same step and exit 0, and the chief says the run stopped on SIGUSR1 (the signal that
-    requeues); a run started again resumes from that step."""
+def stopped_together_by_the_worker(
+    tmp_path: Path,
+    start_task: Callable[[str, dict[str, list[str]]], subprocess.Popen[str]],
+    experiment: str,
+    after: str,
+) -> int:
+    """A chief and a worker of `experiment` on loopback, each started by
+    `start_task(kind, cluster)`; SIGUSR1 to the worker only once its log says `after` (the
+    others' lines, a few a second, wait in their pipe): both stop at one step, exit 0, save
+    it, and the chief's state.json says the run stopped there on SIGUSR1. Returns the step."""
     base = free_port_block(2)
     cluster = {"chief": [f"localhost:{base}"], "worker": [f"localhost:{base + 1}"]}
-    tasks = [
-        start(tmp_path, {"cluster": cluster, "task": {"type": kind, "index": 0}})
-        for kind in ("chief", "worker")
-    ]
+    tasks = [start_task(kind, cluster) for kind in ("chief", "worker")]
     try:
-        # Signalled once it trains (the others' lines, a few a second, wait in their pipe).
         assert tasks[1].stderr is not None
         early = []
         for line in tasks[1].stderr:
             early.append(line)
-            if "first step done" in line:
+            if after in line:
                 break
         tasks[1].send_signal(signal.SIGUSR1)
         logs = [task.communicate(timeout=120)[1] for task in tasks]
@@ -188,8 +191,8 @@ def test_two_trainers_stop_together_on_one_s_signal_with_the_step_saved(tmp_path
     assert steps[0] and steps[1], logs
     assert steps[0].group(1) == steps[1].group(1) == "SIGUSR1"
     stopped = int(steps[0].group(2))
-    assert int(steps[1].group(2)) == stopped and stopped % 10 == 0
-    model_dir = tmp_path / "paced_keras"
+    assert int(steps[1].group(2)) == stopped
+    model_dir = tmp_path / experiment
     assert checkpoint_step(model_dir) == stopped
     state = json.loads((model_dir / "state.json").read_text())
     assert (state["state"], state["signal"], state["global_step"]) == (
@@ -197,21 +200,44 @@ def test_two_trainers_stop_together_on_one_s_signal_with_the_step_saved(tmp_path
         "SIGUSR1",
         stopped,
     )
+    return stopped
+
+
+def test_two_trainers_stop_together_on_one_s_signal_with_the_step_saved(tmp_path: Path) -> None:
+    """SIGUSR1 reaches the worker only: the chief learns it at the next agreement, both save
+    the same step and exit 0, and the chief says the run stopped on SIGUSR1 (the signal that
+    requeues); a run started again resumes from that step."""
+    stopped = stopped_together_by_the_worker(
+        tmp_path,
+        lambda kind, cluster: start(
+            tmp_path, {"cluster": cluster, "task": {"type": kind, "index": 0}}
+        ),
+        "paced_keras",
+        after="first step done",
+    )
+    # The trainers agree every cadence.STOP_CHECK_STEPS steps.
+    assert stopped % 10 == 0
+    model_dir = tmp_path / "paced_keras"
     resumed = train(tmp_path, f"--train_steps={stopped + 5}", experiment=str(PACED_KERAS))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from step {stopped}" in resumed.stderr
     assert checkpoint_step(model_dir) == stopped + 5
 
 
-def test_trainers_that_restore_different_steps_refuse_in_one_line(tmp_path: Path) -> None:
-    """As where the nodes do not share --output_root: the chief finds a checkpoint, the worker
-    none. Trained on, their replicas would differ and the worker's last steps would hang."""
-    first = train(tmp_path / "shared", "--train_steps=10", experiment=str(PACED_KERAS))
-    assert first.returncode == 0, first.stderr[-3000:]
+def assert_different_starts_refused(
+    tmp_path: Path,
+    start_task: Callable[[Path, dict[str, list[str]], str], subprocess.Popen[str]],
+    experiment: str,
+    who: str,
+) -> None:
+    """A chief whose --output_root (tmp_path/shared) holds a checkpoint of step 10 of
+    `experiment`, and a worker whose (tmp_path/elsewhere) holds none, each started by
+    `start_task(root, cluster, kind)`: both refuse in one line, exit 2, naming their own
+    directory, and the worker's run does not begin."""
     base = free_port_block(2)
     cluster = {"chief": [f"localhost:{base}"], "worker": [f"localhost:{base + 1}"]}
     tasks = [
-        start(tmp_path / root, {"cluster": cluster, "task": {"type": kind, "index": 0}})
+        start_task(tmp_path / root, cluster, kind)
         for kind, root in (("chief", "shared"), ("worker", "elsewhere"))
     ]
     try:
@@ -222,12 +248,27 @@ def test_trainers_that_restore_different_steps_refuse_in_one_line(tmp_path: Path
     assert [task.returncode for task in tasks] == [2, 2], logs
     for log, root in zip(logs, ("shared", "elsewhere")):
         assert log.splitlines()[-1] == (
-            f"tfconfig-slurm-run: --output_root: the trainers restored different checkpoints "
-            f"of {tmp_path / root / 'paced_keras'} (global steps 0 to 10): it is not the same "
+            f"tfconfig-slurm-run: --output_root: the {who} restored different checkpoints "
+            f"of {tmp_path / root / experiment} (global steps 0 to 10): it is not the same "
             "directory on every node. HINT: put --output_root on a file system every node of "
             "the job mounts"
         )
-    assert not (tmp_path / "elsewhere" / "paced_keras" / "state.json").exists()
+    assert not (tmp_path / "elsewhere" / experiment / "state.json").exists()
+
+
+def test_trainers_that_restore_different_steps_refuse_in_one_line(tmp_path: Path) -> None:
+    """As where the nodes do not share --output_root: the chief finds a checkpoint, the worker
+    none. Trained on, their replicas would differ and the worker's last steps would hang."""
+    first = train(tmp_path / "shared", "--train_steps=10", experiment=str(PACED_KERAS))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert_different_starts_refused(
+        tmp_path,
+        lambda root, cluster, kind: start(
+            root, {"cluster": cluster, "task": {"type": kind, "index": 0}}
+        ),
+        "paced_keras",
+        "trainers",
+    )
 
 
 def test_a_local_cluster_trains_all_reduce_stops_on_sigterm_and_resumes(tmp_path: Path) -> None:

@@ -25,14 +25,18 @@ from tests.cli import (
     SHARDED_KERAS3,
     checkpoint_step,
     ended_within,
-    free_port_block,
     read_logs,
     run_module,
     wait_until,
 )
 from tests.slurm_cluster import SlurmCluster, submit, warn_and_requeue
 from tests.slurm_envs import task_env
-from tests.test_keras import SUMMARY_KEYS, hparams_sessions
+from tests.test_keras import (
+    SUMMARY_KEYS,
+    assert_different_starts_refused,
+    hparams_sessions,
+    stopped_together_by_the_worker,
+)
 from tests.test_local_cluster import alive, started_pids
 from tests.test_signals import ended
 from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step, render
@@ -566,26 +570,12 @@ def test_processes_that_restore_different_steps_refuse_in_one_line(tmp_path: Pat
     none. Trained on, their weights would differ."""
     first = train(tmp_path / "shared", "--train_steps=10", experiment=str(PACED_KERAS3))
     assert first.returncode == 0, first.stderr[-3000:]
-    base = free_port_block(2)
-    cluster = {"chief": [f"localhost:{base}"], "worker": [f"localhost:{base + 1}"]}
-    tasks = [
-        trainer(tmp_path / root, cluster, kind, "--train_steps=100")
-        for kind, root in (("chief", "shared"), ("worker", "elsewhere"))
-    ]
-    try:
-        logs = [task.communicate(timeout=120)[1] for task in tasks]
-    finally:
-        for task in tasks:
-            task.kill()
-    assert [task.returncode for task in tasks] == [2, 2], logs
-    for log, root in zip(logs, ("shared", "elsewhere")):
-        assert log.splitlines()[-1] == (
-            f"tfconfig-slurm-run: --output_root: the processes restored different checkpoints "
-            f"of {tmp_path / root / 'paced_keras3'} (global steps 0 to 10): it is not the same "
-            "directory on every node. HINT: put --output_root on a file system every node of "
-            "the job mounts"
-        )
-    assert not (tmp_path / "elsewhere" / "paced_keras3" / "state.json").exists()
+    assert_different_starts_refused(
+        tmp_path,
+        lambda root, cluster, kind: trainer(root, cluster, kind, "--train_steps=100"),
+        "paced_keras3",
+        "processes",
+    )
 
 
 def test_a_sweep_of_a_keras3_experiment_is_checked_against_its_hparams(tmp_path: Path) -> None:
@@ -740,35 +730,14 @@ def test_a_signal_to_one_process_stops_every_process_at_one_step(tmp_path: Path)
     """SIGUSR1 reaches the worker only: the chief learns it at the next agreement, both save
     the same step and exit 0 (no SLURM job to requeue), and the chief says the run stopped on
     SIGUSR1, the signal that requeues."""
-    base = free_port_block(2)
-    cluster = {"chief": [f"localhost:{base}"], "worker": [f"localhost:{base + 1}"]}
-    tasks = [
-        trainer(tmp_path, cluster, kind, "--train_steps=100000", "--log_every_steps=1")
-        for kind in ("chief", "worker")
-    ]
-    try:
-        assert tasks[1].stderr is not None
-        early = []
-        for line in tasks[1].stderr:
-            early.append(line)
-            if "step 3: loss" in line:
-                break
-        tasks[1].send_signal(signal.SIGUSR1)
-        logs = [task.communicate(timeout=120)[1] for task in tasks]
-        logs[1] = "".join(early) + logs[1]
-    finally:
-        for task in tasks:
-            task.kill()
-    assert [task.returncode for task in tasks] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
-    steps = [re.search(r"stopping on (.+?) at global step (\d+)", log) for log in logs]
-    assert steps[0] and steps[1], logs
-    assert steps[0].group(1) == steps[1].group(1) == "SIGUSR1"
-    assert steps[0].group(2) == steps[1].group(2)
-    stopped = int(steps[0].group(2))
-    assert checkpoint_step(tmp_path / "paced_keras3") == stopped
-    state = json.loads((tmp_path / "paced_keras3" / "state.json").read_text())
-    stood = (state["state"], state["signal"], state["global_step"])
-    assert stood == ("stopped", "SIGUSR1", stopped)
+    stopped_together_by_the_worker(
+        tmp_path,
+        lambda kind, cluster: trainer(
+            tmp_path, cluster, kind, "--train_steps=100000", "--log_every_steps=1"
+        ),
+        "paced_keras3",
+        after="step 3: loss",
+    )
 
 
 def test_with_tfconfig_keras3_runs_the_user_s_own_sitecustomize_once(tmp_path: Path) -> None:

@@ -300,8 +300,7 @@ def _logged_step(paths: run_dir.RunDir, state: Mapping[str, Any]) -> int | None:
 
 
 def _last_attempt_started(state: Mapping[str, Any]) -> float:
-    attempts = state.get("attempts") or [{}]
-    return float(attempts[-1].get("started", 0.0))
+    return float(reports.last_attempt(state).get("started", 0.0))
 
 
 def _state(

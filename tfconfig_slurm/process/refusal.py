@@ -50,7 +50,7 @@ def _started(directory: Path, job: SlurmJob) -> bool:
     """Whether this attempt of the job `job` (a requeued job keeps its id) started the run in
     `directory`: then what ended it is a failure of its run (failure.py), not a refusal at
     its start."""
-    last = (reports.read_state(directory).get("attempts") or [{}])[-1]
+    last = reports.last_attempt(reports.read_state(directory))
     return bool(last.get("job_id") == job.name and last.get("restart", 0) == job.restart_count)
 
 

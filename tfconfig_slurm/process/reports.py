@@ -199,6 +199,14 @@ def read_summary(model_dir: Path) -> dict[str, Any]:
     return read_json(RunDir(model_dir).summary)
 
 
+def last_attempt(state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The latest attempt write_state recorded in `state` (its job, restart, start); {} before
+    the first."""
+    attempts = state.get("attempts") or [{}]
+    last: Mapping[str, Any] = attempts[-1]
+    return last
+
+
 def read_json(path: Path) -> dict[str, Any]:
     """What the JSON object in `path` says; {} when there is none (or it cannot be read)."""
     try:

@@ -20,9 +20,11 @@ from tfconfig_slurm.process.experiment import KerasExperiment
 
 
 class Mesh(NamedTuple):
-    """This process's share of the training data under the distribution set for the run, and
-    the mesh in words for the start line ("" for one process on one device)."""
+    """The run's devices (every process's), this process's share of the training data under
+    the distribution set for the run, and the mesh in words for the start line ("" for one
+    process on one device)."""
 
+    devices: int
     data_share: int
     data_shares: int
     described: str
@@ -33,7 +35,7 @@ def set_up(experiment: KerasExperiment, params: Mapping[str, Any], processes: in
     devices = keras.distribution.list_devices()
     if experiment.layout_map is None:
         if processes == 1 and len(devices) == 1:
-            return Mesh(0, 1, "")
+            return Mesh(1, 0, 1, "")
         # Each process feeds its own batches, which make one global batch.
         distribution = keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
     else:
@@ -43,6 +45,7 @@ def set_up(experiment: KerasExperiment, params: Mapping[str, Any], processes: in
     mesh = distribution.device_mesh
     axes = " x ".join(f"{name} {size}" for name, size in zip(mesh.axis_names, mesh.shape))
     return Mesh(
+        len(devices),
         distribution.data_shard_id,
         shares,
         f"{type(distribution).__name__} on a mesh of {axes}",

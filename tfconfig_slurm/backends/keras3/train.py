@@ -247,7 +247,7 @@ class _Process(NamedTuple):
             model, settings.model_dir, role, settings.keep_checkpoint_max, stop=task.stop
         )
         events = Events(settings.model_dir) if owns_run(role) else None
-        shape = (processes_, len(keras.distribution.list_devices()))
+        shape = (processes_, mesh_.devices)
         return cls(model, checkpoints, events, mesh_, params, shape, peers, port)
 
     def stop_watching(self) -> None:
