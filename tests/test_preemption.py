@@ -73,6 +73,31 @@ def test_a_stop_is_seen_while_the_main_thread_is_inside_c_code() -> None:
     assert float(seconds) < 1.5, child.stdout
 
 
+# The signal comes while the main thread holds the request's own lock, as it does inside
+# Event.set when a second signal interrupts the handler of the first (scancel and a task's
+# supervisor each pass on SLURM's warning): a handler that set the event there waited for
+# itself for ever.
+INSIDE_THE_LOCK = """
+import os, signal
+from tfconfig_slurm.process import preemption
+
+stop = preemption.StopRequest()
+stop.listen(signal.SIGUSR2)
+with stop._event._cond:
+    os.kill(os.getpid(), signal.SIGUSR2)
+    noted = stop.requested
+print(noted, stop.wait(10), stop.signal_name)
+"""
+
+
+def test_a_signal_inside_the_requests_own_lock_does_not_hang_the_task() -> None:
+    child = subprocess.run(
+        [sys.executable, "-c", INSIDE_THE_LOCK],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    assert child.stdout.split() == ["True", "True", "SIGUSR2"], child.stdout
+
+
 @pytest.mark.parametrize(
     "counts",
     [{"SLURM_RESTART_COUNT": "3"}, {"SLURM_RESTART_COUNT": "1", CONTINUATION: "2"}],

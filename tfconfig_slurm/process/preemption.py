@@ -62,6 +62,10 @@ class StopRequest:
     not know it was told to stop until that call returned, if ever. So the signals also
     reach a thread at once, through the interpreter's wakeup file descriptor, which its C
     handler writes each signal to.
+
+    The handler itself only notes the signal, and the thread sets the event: a handler runs
+    between two bytecodes of the main thread, which may be inside that event's own lock (a
+    coordinator told twice, by scancel and by its supervisor, hung for good in Event.set).
     """
 
     def __init__(self) -> None:
@@ -69,6 +73,7 @@ class StopRequest:
         self._signums: list[signal.Signals] = []
         self._wakeups: socket.socket | None = None
         self.signal_name = ""
+        self._noted = False
         # The longest this task took to write a checkpoint: a stop before the time limit
         # must leave it time for one more (process/time_limit.py). A float is read whole.
         self.longest_checkpoint = 0.0
@@ -106,25 +111,30 @@ class StopRequest:
 
     def ask(self, name: str) -> None:
         """Asks this task to stop, as the signal `name` does (process/time_limit.py)."""
-        # The first signal names the stop.
-        if not self._event.is_set():
-            self.signal_name = name
+        self._note(name)
         self._event.set()
+
+    def _note(self, name: str) -> None:
+        # The first signal names the stop. No lock: the signal handler calls it.
+        if not self._noted:
+            self.signal_name = name
+            self._noted = True
 
     def listen_again(self) -> None:
         """Takes the signals back from whatever took them since (MultiWorkerMirroredStrategy
         installs its own SIGTERM handler, which only logs)."""
 
         def handler(number: int, frame: FrameType | None) -> None:
-            # Only a flag: the handler may run in the middle of anything.
-            self.ask(signal.Signals(number).name)
+            # Only a flag: the handler may run in the middle of anything, even another
+            # Event.set; the signals thread sets the event.
+            self._note(signal.Signals(number).name)
 
         for signum in self._signums:
             signal.signal(signum, handler)
 
     @property
     def requested(self) -> bool:
-        return self._event.is_set()
+        return self._noted
 
     def wait(self, seconds: float | None = None) -> bool:
         """Returns once this task is told to stop (for a thread that acts on it), or after
