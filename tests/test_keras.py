@@ -345,6 +345,13 @@ def test_a_local_coordinator_cluster_trains_evaluates_and_every_task_exits_0(
     assert len(sidecar) == evaluator, log[-3000:]
     for task in ("chief 0", "ps 0", "worker 0", "evaluator 0")[: 3 + evaluator]:
         assert f"{task} finished" in log, log[-3000:]
+    # The servers' threads sized as every task's are (cluster/threads.py): on this machine's
+    # CPUs, one worker a node keeps them all, as the ps does.
+    cpus = len(os.sched_getaffinity(0))
+    for task in ("ps 0", "worker 0"):
+        assert re.search(
+            rf"\[{task}\] .*TensorFlow's threads: {cpus} inside an op, {cpus} between ops", log
+        ), log[-3000:]
     # The servers' TensorFlow start-up notes held back too, as every other task's are.
     assert not re.search(r"\[(ps|worker) 0\] .*(oneDNN custom operations|cuInit)", log), log
     model_dir = tmp_path / Path(experiment).stem

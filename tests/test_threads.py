@@ -62,15 +62,15 @@ def test_what_explain_says_of_every_task_is_what_the_task_takes(
         assert threads.for_role(role, 16, own_cpus=False) == explained[rank], rank
 
 
-def test_a_parameter_server_strategy_layout_keeps_tensorflow_s_threads() -> None:
-    """No task of a --coordinator layout has its threads set: its servers run TensorFlow's
-    own pools (cluster/threads.py says why)."""
+def test_parameter_server_strategy_s_coordinator_is_no_trainer() -> None:
+    """In a --coordinator layout the workers share the node; the coordinator, which trains
+    nothing, keeps every CPU, as a ps does."""
     step = read_slurm_step(task_env(["node1", "node2"], [3, 3], 0))
     layout = lay_out_step(step, LayoutPolicy(coordinator=True))
     sized = threads.for_layout(layout, 8)
     assert [(task.role, str(each)) for task, each in zip(layout.tasks, sized)] == [
-        ("ps", "-"), ("chief", "-"), ("worker", "-"),
-        ("ps", "-"), ("worker", "-"), ("worker", "-"),
+        ("ps", "8+8"), ("chief", "8+8"), ("worker", "8+8"),
+        ("ps", "8+8"), ("worker", "4+4"), ("worker", "4+4"),
     ]  # fmt: skip
 
 

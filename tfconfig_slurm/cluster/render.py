@@ -167,8 +167,8 @@ def explain_table(layout: ClusterLayout) -> str:
     if threads:
         lines.append(
             f"(threads: the runtime's TensorFlow tasks', inside an op + between ops, the node's "
-            f"{layout.shape.cpus_on_node} CPUs shared out by role, - TensorFlow's own; "
-            "--intra_op_threads and --inter_op_threads set them)"
+            f"{layout.shape.cpus_on_node} CPUs shared out by role; --intra_op_threads and "
+            "--inter_op_threads set them)"
         )
     warning = idle_gpus_warning(layout)
     if warning:

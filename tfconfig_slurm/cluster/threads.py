@@ -9,13 +9,10 @@ share them out; the others keep what their work needs:
 - a parameter server: every CPU, as TensorFlow gives it: its ops (reads and updates of the
   variables) run while trainers wait for them, and held to 1 inside an op, 1 trainer and a ps
   on 2 cores trained 3% slower than the stock job (bench/RESULTS.md, "threads");
-- an evaluator: every CPU, as a parameter server. An Estimator run's evaluator computes its
-  final metrics, which one thread would slow on a CPU node; between checkpoints it waits.
-- every task of a ParameterServerStrategy layout (--coordinator): none set, TensorFlow's own
-  (shown "-"), as before sizing: with its servers sized, the test cluster's USR1 requeue of a
-  coordinator job failed in 2 of 3 CI runs. That intermittent stop was seen once before
-  sizing, and once by hand after this was undone, so sizing is not shown to cause it, nor
-  shown safe.
+- an evaluator, and ParameterServerStrategy's coordinator (the chief of a --coordinator
+  layout, which trains nothing itself: its workers are the trainers): every CPU, as a
+  parameter server. An Estimator run's evaluator computes its final metrics, which one
+  thread would slow on a CPU node; between checkpoints it waits.
 
 Where SLURM bound the task to CPUs of its own, they are its alone, not shared. Pure: the
 counts come in (for_role, for_layout), nothing is read here.
@@ -37,8 +34,7 @@ class Threads(NamedTuple):
     inter_op: int
 
     def __str__(self) -> str:
-        # 0 is TensorFlow's own choice.
-        return f"{self.intra_op}+{self.inter_op}" if any(self) else "-"
+        return f"{self.intra_op}+{self.inter_op}"
 
 
 def sized(role: str, *, cpus: int, trainers_on_node: int, coordinator: bool = False) -> Threads:
@@ -46,12 +42,10 @@ def sized(role: str, *, cpus: int, trainers_on_node: int, coordinator: bool = Fa
     `trainers_on_node` trainers share (1 where the task's CPUs are its own), in a layout for
     ParameterServerStrategy where `coordinator`."""
     cpus = max(1, cpus)
-    if coordinator:
-        return Threads(0, 0)
-    if role in (CHIEF, WORKER):
+    if role in _trainers(coordinator):
         share = max(1, cpus // max(1, trainers_on_node))
         return Threads(share, share)
-    if role in (PS, EVALUATOR):
+    if role in (PS, CHIEF, EVALUATOR):
         return Threads(cpus, cpus)
     raise ValueError(f"no threads for a task of role {role!r}")
 
@@ -61,7 +55,9 @@ def for_role(role: ClusterRole, cpus: int, *, own_cpus: bool) -> Threads:
     `own_cpus`, else shared with the trainers whose addresses are on its host."""
     host = _host(role.address)
     on_node = sum(
-        _host(address) == host for job in (CHIEF, WORKER) for address in role.cluster.get(job, ())
+        _host(address) == host
+        for job in _trainers(role.coordinator)
+        for address in role.cluster.get(job, ())
     )
     return sized(
         role.role,
@@ -73,7 +69,8 @@ def for_role(role: ClusterRole, cpus: int, *, own_cpus: bool) -> Threads:
 
 def for_layout(layout: ClusterLayout, cpus: int) -> list[Threads]:
     """Every task's threads, by rank, where each node's tasks share its `cpus` CPUs."""
-    on_node = Counter(task.node for task in layout.tasks if task.role in (CHIEF, WORKER))
+    trainers = _trainers(layout.coordinator)
+    on_node = Counter(task.node for task in layout.tasks if task.role in trainers)
     return [
         sized(
             task.role,
@@ -83,6 +80,11 @@ def for_layout(layout: ClusterLayout, cpus: int) -> list[Threads]:
         )
         for task in layout.tasks
     ]
+
+
+def _trainers(coordinator: bool) -> tuple[str, ...]:
+    """The roles that train: ParameterServerStrategy's coordinator trains nothing itself."""
+    return (WORKER,) if coordinator else (CHIEF, WORKER)
 
 
 def _host(address: str) -> str:

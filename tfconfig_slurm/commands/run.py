@@ -441,10 +441,13 @@ def _coordinated(task: lifecycle.TaskRun, hparams: str) -> int:
     again = role.role in (CHIEF, EVALUATOR)
     if again and os.environ.get(_COORDINATING) == marker:
         lifecycle.run_to_exit(task, lifecycle.COORDINATOR, partial(_coordinator, task, hparams))
+    threads, said = _threads(task.place)
+    if said and not again:
+        logging.info("%s", said)
     command = (
         [sys.executable, "-m", "tfconfig_slurm.run", *sys.argv[1:]]
         if again
-        else [sys.executable, "-m", "tfconfig_slurm.backends.keras.serve"]
+        else [sys.executable, "-m", "tfconfig_slurm.backends.keras.serve", *map(str, threads)]
     )
     # Every task of the strategy's cluster fails a call to a lost peer at once, rather than
     # waiting for it (TensorFlow's tutorial).

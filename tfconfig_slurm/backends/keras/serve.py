@@ -1,14 +1,16 @@
 """A ParameterServerStrategy cluster's parameter server or worker, for the runtime: the gRPC
-server of the task its TF_CONFIG names, serving the coordinator until its supervisor ends it
-(a started server cannot be stopped, and join() never returns; process/supervise.py).
+server of the task its TF_CONFIG names, with its thread pools as the runtime sized them
+(cluster/threads.py; 0: TensorFlow's own), serving the coordinator until its supervisor ends
+it (a started server cannot be stopped, and join() never returns; process/supervise.py).
 
-  python -m tfconfig_slurm.backends.keras.serve
+  python -m tfconfig_slurm.backends.keras.serve INTRA_OP_THREADS INTER_OP_THREADS
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 
 from tfconfig_slurm.process import native_noise
 
@@ -24,12 +26,19 @@ def main() -> None:
     with native_noise.start_up_notes_held(bool(os.environ.get("CUDA_VISIBLE_DEVICES"))):
         import tensorflow as tf  # noqa: PLC0415
 
+        from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
+
+        intra_op, inter_op = (int(count) for count in sys.argv[1:3])
+        tf_process.hold_threads(intra_op, inter_op)
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         server = tf.distribute.Server(
             resolver.cluster_spec(),
             job_name=resolver.task_type,
             task_index=resolver.task_id,
             protocol=resolver.rpc_layer or "grpc",
+            config=tf.compat.v1.ConfigProto(
+                intra_op_parallelism_threads=intra_op, inter_op_parallelism_threads=inter_op
+            ),
             start=True,
         )
     server.join()
