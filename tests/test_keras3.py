@@ -712,7 +712,7 @@ def test_a_layout_map_whose_mesh_leaves_out_devices_is_one_line(tmp_path: Path) 
 
 def test_a_checkpoint_another_backend_wrote_is_one_line(tmp_path: Path) -> None:
     """A model directory a tf-keras run left (its index names ckpt-10, no .weights.h5): not
-    a traceback from h5py."""
+    a traceback from h5py (history.check_resumable, as every backend)."""
     model_dir = tmp_path / "paced_keras3"
     model_dir.mkdir()
     (model_dir / "checkpoint").write_text('model_checkpoint_path: "ckpt-10"\n')
@@ -720,9 +720,8 @@ def test_a_checkpoint_another_backend_wrote_is_one_line(tmp_path: Path) -> None:
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert refused.stderr.strip().splitlines()[-1] == (
         f"tfconfig-slurm-run: --experiment_id: names {model_dir}, whose latest checkpoint "
-        "(step 10) is not a Keras 3 one (ckpt-10.weights.h5 is missing): another backend "
-        "trained it. HINT: train this experiment under another --experiment_id (or "
-        "--output_root)"
+        "(ckpt-10) is tf-keras's, not Keras 3's: another backend trained it. HINT: give this "
+        "run its own --experiment_id (or EXPERIMENT_ID)"
     )
 
 

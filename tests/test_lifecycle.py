@@ -10,7 +10,8 @@ from typing import Any, Callable
 
 import pytest
 
-from tfconfig_slurm.process import claim, lifecycle, preemption
+from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process import claim, history, lifecycle, preemption
 from tfconfig_slurm.process.place import Place
 
 
@@ -56,12 +57,52 @@ def state(model_dir: Path) -> str:
 def test_a_backend_that_ends_its_task_returns_its_result_and_the_run_is_done(
     tmp_path: Path,
 ) -> None:
-    result = lifecycle.run(task(tmp_path), lifecycle.PARAMETER_SERVERS, lambda: Backend(ends=True))
+    result = lifecycle.run(task(tmp_path), lifecycle.ESTIMATOR, lambda: Backend(ends=True))
     assert result == "trained" and state(tmp_path) == "done"
 
 
 def test_a_backend_that_returns_without_ending_fails_the_run_and_says_so(tmp_path: Path) -> None:
     """It used to leave state.json at "running" and the task's exit 0."""
     with pytest.raises(lifecycle.BackendError, match="returned from its training without"):
-        lifecycle.run(task(tmp_path), lifecycle.PARAMETER_SERVERS, lambda: Backend(ends=False))
+        lifecycle.run(task(tmp_path), lifecycle.ESTIMATOR, lambda: Backend(ends=False))
     assert state(tmp_path) == "failed"
+
+
+@pytest.mark.parametrize(
+    ("index", "refusal"),
+    [
+        (
+            'model_checkpoint_path: "ckpt-40"\n',
+            "whose latest checkpoint (ckpt-40) is tf-keras's, not Estimator's: another "
+            "backend trained it",
+        ),
+        (
+            'model_checkpoint_path: "/old/place/ckpt-7.weights.h5"\n',
+            "whose latest checkpoint (ckpt-7.weights.h5) is Keras 3's, not Estimator's",
+        ),
+        ("", "names no checkpoint (empty or garbled"),
+    ],
+    ids=["tf-keras", "keras-3", "empty-index"],
+)
+def test_a_directory_the_backend_cannot_resume_is_refused_untouched(
+    tmp_path: Path, index: str, refusal: str
+) -> None:
+    """Restored as it stands, a tf-keras model found nothing in an Estimator's checkpoint,
+    started at step 0 and wrote over its index; an empty index was a traceback."""
+    (tmp_path / "checkpoint").write_text(index)
+    with pytest.raises(UsageError) as refused:
+        lifecycle.run(task(tmp_path), lifecycle.ESTIMATOR, lambda: Backend(ends=True))
+    assert refused.value.culprit == "--experiment_id"
+    assert f"names {tmp_path}, " in refused.value.problem and refusal in refused.value.problem
+    assert "give this run its own --experiment_id" in refused.value.hint
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint"]
+    assert (tmp_path / "checkpoint").read_text() == index
+
+
+def test_a_directory_of_the_backends_own_checkpoints_resumes(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-40"\n')
+    assert history.latest_checkpoint(tmp_path) == history.Checkpoint(
+        "model.ckpt-40", 40, history.ESTIMATOR
+    )
+    result = lifecycle.run(task(tmp_path), lifecycle.ESTIMATOR, lambda: Backend(ends=True))
+    assert result == "trained" and state(tmp_path) == "done"

@@ -70,6 +70,9 @@ def test_sigterm_checkpoints_every_step_and_sigquit_shows_stacks(tmp_path: Path)
     assert f"run again with the same model directory, {tmp_path / 'paced'}, to resume" in log
     assert "not requeueing the job" not in log
     assert checkpoint_step(tmp_path / "paced") == stopped
+    # Evaluated as Estimator does after a checkpoint; exported and summed up only at the end.
+    assert (tmp_path / "paced" / "eval").is_dir()
+    assert not any((tmp_path / "paced" / name).exists() for name in ("export", "summary.json"))
 
     resumed = subprocess.run(
         [

@@ -72,7 +72,7 @@ EXPERIMENT = flags.DEFINE_string(
     "experiment",
     None,
     "The experiment: a name (NAME.py in ./experiments, else one that ships with the "
-    "package: mnist_deep), a file path, or a module path.",
+    "package: mnist_deep, mnist_keras, mnist_keras3), a file path, or a module path.",
 )
 # Their defaults come from the environment when the command runs (output_root,
 # experiment_id), not when this module is imported.
@@ -366,10 +366,10 @@ def _start(
     if policy.coordinator:
         return _coordinated(task, hparams)
     if kind == experiment_lib.KERAS:
-        lifecycle.run_to_exit(task, lifecycle.ALL_REDUCE, partial(_keras, task, hparams))
+        lifecycle.run_to_exit(task, lifecycle.TF_KERAS, partial(_keras, task, hparams))
     if kind == experiment_lib.KERAS3:
-        lifecycle.run_to_exit(task, lifecycle.ALL_REDUCE, partial(_keras3, task, hparams))
-    lifecycle.run_to_exit(task, lifecycle.PARAMETER_SERVERS, partial(_estimator, task, hparams))
+        lifecycle.run_to_exit(task, lifecycle.KERAS_3, partial(_keras3, task, hparams))
+    lifecycle.run_to_exit(task, lifecycle.ESTIMATOR, partial(_estimator, task, hparams))
 
 
 def _checked_experiment() -> str:
@@ -440,7 +440,9 @@ def _coordinated(task: lifecycle.TaskRun, hparams: str) -> int:
     # serve.
     again = role.role in (CHIEF, EVALUATOR)
     if again and os.environ.get(_COORDINATING) == marker:
-        lifecycle.run_to_exit(task, lifecycle.COORDINATOR, partial(_coordinator, task, hparams))
+        lifecycle.run_to_exit(
+            task, lifecycle.TF_KERAS_COORDINATOR, partial(_coordinator, task, hparams)
+        )
     threads, said = _threads(task.place)
     if said and not again:
         logging.info("%s", said)
@@ -641,8 +643,9 @@ def _keras_layout(policy: LayoutPolicy, kind: str) -> LayoutPolicy:
         raise UsageError(
             culprit,
             "asks for parameter servers or an evaluator, and a Keras experiment trains "
-            "all-reduce (MultiWorkerMirroredStrategy), with a chief and workers only",
-            "leave it out: a Keras experiment's step is laid out as --all_reduce",
+            "all-reduce, with a chief and workers only",
+            "leave it out: a Keras experiment's step is laid out as --all_reduce; a tf-keras "
+            "one trains with parameter servers under --coordinator (ParameterServerStrategy)",
         )
     return dataclasses.replace(policy, all_reduce=True)
 

@@ -30,7 +30,7 @@ from absl import flags
 from tfconfig_slurm.commands import run as runtime
 from tfconfig_slurm.commands.cli import flag_error, run_cli
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import model_dir
+from tfconfig_slurm.process import model_dir, native_noise
 from tfconfig_slurm.process.run_dir import SWEEPS
 
 PROGRAM = "sweep"
@@ -208,7 +208,9 @@ def _checked_lines(sweep_file: Path) -> list[str]:
         )
     spec = runtime.EXPERIMENT.value or "mnist_deep"
     kind = experiment_lib.require_runtime(spec)
-    experiment = experiment_lib.load_for(kind, spec)
+    # An experiment that imports TensorFlow 2.16+ would write its start-up notes here.
+    with native_noise.start_up_notes_held(gpus_asked=False):
+        experiment = experiment_lib.load_for(kind, spec)
     for number, line in enumerate(lines):
         try:
             experiment_lib.with_overrides(

@@ -9,25 +9,78 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import NamedTuple
 
+from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import reports
+from tfconfig_slurm.process.claim import Naming
 from tfconfig_slurm.process.run_dir import RunDir
 
-# TensorFlow's `checkpoint` file: `model_checkpoint_path: "model.ckpt-600"` (Estimator) or
-# `"ckpt-600"` (the Keras backends).
-# Estimator's model.ckpt-N, tf-keras's ckpt-N, Keras 3's ckpt-N.weights.h5.
-_LATEST = re.compile(r'^model_checkpoint_path: "(?:.*/)?(?:model\.)?ckpt-(\d+)[."]', re.M)
+# Whose checkpoints a directory holds, by the names each backend gives them in TensorFlow's
+# `checkpoint` index (`model_checkpoint_path: "model.ckpt-600"`).
+ESTIMATOR = "Estimator's"  # model.ckpt-N
+TF_KERAS = "tf-keras's"  # ckpt-N
+KERAS_3 = "Keras 3's"  # ckpt-N.weights.h5
+_LATEST = re.compile(
+    r'^model_checkpoint_path: "(?:.*/)?(?P<name>(?P<estimator>model\.)?ckpt-(?P<step>\d+)'
+    r'(?P<keras_3>\.weights\.h5)?)"',
+    re.M,
+)
 
 
-def checkpoint_step(model_dir: Path) -> int | None:
-    """The step of the directory's latest checkpoint, as TensorFlow's index names it; None
-    where there is none."""
+class Checkpoint(NamedTuple):
+    """The latest checkpoint of a directory, as its index names it."""
+
+    name: str
+    step: int
+    # ESTIMATOR, TF_KERAS or KERAS_3.
+    written_by: str
+
+
+def latest_checkpoint(model_dir: Path) -> Checkpoint | None:
+    """The directory's latest checkpoint, as TensorFlow's index names it; None where there is
+    none, or the index names none that a backend of ours writes."""
     try:
         latest = _LATEST.search(RunDir(model_dir).checkpoint_index.read_text())
     except (OSError, ValueError):
         # Not there, unreadable, or not text: no checkpoint TensorFlow could resume from.
         return None
-    return int(latest.group(1)) if latest else None
+    if latest is None:
+        return None
+    written_by = ESTIMATOR if latest["estimator"] else KERAS_3 if latest["keras_3"] else TF_KERAS
+    return Checkpoint(latest["name"], int(latest["step"]), written_by)
+
+
+def checkpoint_step(model_dir: Path) -> int | None:
+    """The step of the directory's latest checkpoint; None where there is none."""
+    latest = latest_checkpoint(model_dir)
+    return None if latest is None else latest.step
+
+
+def check_resumable(model_dir: Path, writes: str, naming: Naming) -> None:
+    """Refuses, in one line, a directory a backend that `writes` its checkpoints cannot resume:
+    one whose latest checkpoint another backend wrote (restored as it stands, a tf-keras model
+    found nothing of an Estimator's, started at step 0 and wrote over its index), or whose
+    index names none (TensorFlow's traceback otherwise)."""
+    index = RunDir(model_dir).checkpoint_index
+    if not index.exists():
+        return
+    latest = latest_checkpoint(model_dir)
+    if latest is None:
+        raise UsageError(
+            naming.run,
+            f"names {model_dir}, whose checkpoint index {index} names no checkpoint (empty or "
+            "garbled: a disk that filled while it was written?)",
+            f"write its first line again, as model_checkpoint_path: \"<the latest checkpoint's "
+            f'name>", to resume; or {naming.run_fix}',
+        )
+    if latest.written_by != writes:
+        raise UsageError(
+            naming.run,
+            f"names {model_dir}, whose latest checkpoint ({latest.name}) is {latest.written_by}, "
+            f"not {writes}: another backend trained it",
+            naming.run_fix,
+        )
 
 
 def before_start(model_dir: Path, train_steps: int) -> str:

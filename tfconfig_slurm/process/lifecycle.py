@@ -28,6 +28,7 @@ from tfconfig_slurm.process import (
     continuation,
     exits,
     failure,
+    history,
     model_dir,
     network,
     preemption,
@@ -45,6 +46,20 @@ PARAMETER_SERVERS = "parameter servers"
 ALL_REDUCE = "all-reduce"
 # ParameterServerStrategy's: the coordinator trains, the parameter servers and workers serve.
 COORDINATOR = "coordinator"
+
+
+class BackendKind(NamedTuple):
+    """What the lifecycle checks of a backend before it is made (and TensorFlow loaded): the
+    layout it trains in, and whose checkpoints it writes and resumes."""
+
+    layout: str
+    checkpoints: str
+
+
+ESTIMATOR = BackendKind(PARAMETER_SERVERS, history.ESTIMATOR)
+TF_KERAS = BackendKind(ALL_REDUCE, history.TF_KERAS)
+TF_KERAS_COORDINATOR = BackendKind(COORDINATOR, history.TF_KERAS)
+KERAS_3 = BackendKind(ALL_REDUCE, history.KERAS_3)
 
 Hparam = Union[bool, int, float, str]
 # How often a task told to stop looks for the run's failure record: a stat of the run
@@ -102,28 +117,29 @@ class TaskRun:
     job: SlurmJob | None
 
 
-def run(task: TaskRun, layout: str, backend: Callable[[], Backend]) -> Any:
-    """Runs this task to its end with the backend `backend()` makes, which trains as `layout`
-    (PARAMETER_SERVERS or ALL_REDUCE), and returns the backend's result (the Python API); a
+def run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) -> Any:
+    """Runs this task to its end with the backend `backend()` makes, of `kind` (ESTIMATOR,
+    TF_KERAS, TF_KERAS_COORDINATOR, KERAS_3), and returns the backend's result (the Python API); a
     parameter server and a task told to stop end the process instead. Bad input raises
     UsageError before anything is made."""
-    return _run(task, layout, backend, returns=True)
+    return _run(task, kind, backend, returns=True)
 
 
-def run_to_exit(task: TaskRun, layout: str, backend: Callable[[], Backend]) -> NoReturn:
+def run_to_exit(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) -> NoReturn:
     """As `run`, for the CLI: every task ends the process where its training ends (a Keras
     trainer inside fit's last callback, before fit tears its input down)."""
-    _run(task, layout, backend, returns=False)
+    _run(task, kind, backend, returns=False)
     # Every end of a task ends the process; _trained refuses a backend that called none.
     raise AssertionError("unreachable")
 
 
-def _run(task: TaskRun, layout: str, backend: Callable[[], Backend], *, returns: bool) -> Any:
+def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, returns: bool) -> Any:
     role = task.place.role
-    _check_layout(layout, task.place)
+    _check_layout(kind.layout, task.place)
     if role is not None:
         network.check_task(role)
     model_dir.check_free(task.model_dir, role, task.naming, task.job)
+    history.check_resumable(task.model_dir, kind.checkpoints, task.naming)
     trainer = backend()
     held = model_dir.hold(task.model_dir, role, task.naming, task.job)
     failure.attach(task.model_dir, role, task.place.node)

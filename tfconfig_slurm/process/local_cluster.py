@@ -111,8 +111,8 @@ def parse(
         if counts[PS] or counts[EVALUATOR]:
             raise UsageError(
                 culprit,
-                f"is {spec!r}: a Keras experiment trains all-reduce "
-                "(MultiWorkerMirroredStrategy), with a chief and workers only",
+                f"is {spec!r}: a Keras experiment trains all-reduce, with a chief and workers "
+                "only, unless a tf-keras one trains with --coordinator (ParameterServerStrategy)",
                 hint,
             )
         return counts

@@ -33,13 +33,16 @@ _NO_DRIVER = re.compile(
 def start_up_notes_held(gpus_asked: bool) -> Iterator[None]:
     """Within the block, everything written to file descriptor 2 is held; after it, it is
     written there less TensorFlow's start-up notes, and, where no GPU was asked for (`gpus_
-    asked`), less its lines about a missing GPU driver, said once in words instead."""
+    asked`), less its lines about a missing GPU driver, said once in words instead where the
+    block ended well (bad input refused there stays one line)."""
     sys.stderr.flush()
     saved = os.dup(2)
+    ended_well = False
     with tempfile.TemporaryFile() as held:
         os.dup2(held.fileno(), 2)
         try:
             yield
+            ended_well = True
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
@@ -52,5 +55,5 @@ def start_up_notes_held(gpus_asked: bool) -> Iterator[None]:
                 kept = [line for line in kept if not _NO_DRIVER.match(line)]
             with os.fdopen(os.dup(2), "wb") as stderr:
                 stderr.writelines(kept)
-            if no_driver and not gpus_asked:
+            if no_driver and not gpus_asked and ended_well:
                 logging.info("no GPU driver on this machine: TensorFlow trains on its CPUs")

@@ -182,7 +182,7 @@ def _run(
     )
     result: trainer.Result | None = lifecycle.run(
         task,
-        lifecycle.PARAMETER_SERVERS,
+        lifecycle.ESTIMATOR,
         lambda: train.EstimatorBackend(training, where.role, stop),
     )
     return result

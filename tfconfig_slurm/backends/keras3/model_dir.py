@@ -151,14 +151,15 @@ def whole(model: Any) -> Iterator[None]:
 
 def _restore(model: Any, directory: Path, step: int) -> None:
     """The model's weights and optimizer's state from the checkpoint of `step`, or one line
-    that says why they cannot be: a checkpoint of another backend, or of another model."""
+    that says why they cannot be: a checkpoint that is gone, or of another model (one of
+    another backend is refused before: history.check_resumable)."""
     path = directory / _name(step)
     if not path.is_file():
         raise UsageError(
             "--experiment_id",
-            f"names {directory}, whose latest checkpoint (step {step}) is not a Keras 3 one "
-            f"({path.name} is missing): another backend trained it",
-            "train this experiment under another --experiment_id (or --output_root)",
+            f"names {directory}, whose latest checkpoint ({path.name}) is missing",
+            "bring it back to resume; or train this experiment under another --experiment_id "
+            "(or --output_root)",
         )
     # The optimizer's variables exist only once built: restored with the weights.
     model.optimizer.build(model.trainable_variables)
