@@ -116,7 +116,8 @@ bench: venvs
 	$(BIN)/python bench/keras_vs_estimator.py --keras_python $(BIN_TF2)/python
 	$(BIN)/python bench/accuracy.py --keras_python $(BIN_TF2)/python
 	$(VENV_KERAS3)/bin/python -m compileall -q tfconfig_slurm
-	$(VENV_KERAS3)/bin/python bench/keras3.py
+	$(VENV_KERAS3)/bin/python bench/keras_peers.py --flavor keras3
+	$(BIN_TF2)/python bench/keras_peers.py --flavor tf-keras
 
 # Each fault 5 times on the test cluster (root), about 11 minutes.
 bench-faults: $(STAMP)

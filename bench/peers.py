@@ -33,7 +33,6 @@ import json
 import os
 import re
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import NamedTuple
+
+from runtime import free_ports
 
 BATCH = 64
 # Past the longest run: neither side checkpoints while training, only at its end.
@@ -127,7 +128,7 @@ def ours(layout: tuple[int, int] | None, steps: int, root: Path) -> Run:
 def stock(layout: tuple[int, int] | None, steps: int, root: Path, script: Path) -> Run:
     command = [sys.executable, str(script), str(root / "model"), str(steps)]
     servers, workers = layout or (0, 0)
-    ports = _free_ports(1 + servers + workers)
+    ports = free_ports(1 + servers + workers)
     addresses = [f"localhost:{port}" for port in ports]
     cluster = {"chief": addresses[:1], "ps": addresses[1 : 1 + servers]}
     if workers:
@@ -197,16 +198,6 @@ def _steady(rates: list[str]) -> float | None:
 
 def _env(**extra: str) -> dict[str, str]:
     return {"PATH": os.environ["PATH"], "TF_CPP_MIN_LOG_LEVEL": "2", **extra}
-
-
-def _free_ports(count: int) -> list[int]:
-    holders = [socket.socket() for _ in range(count)]
-    for holder in holders:
-        holder.bind(("127.0.0.1", 0))
-    ports = [holder.getsockname()[1] for holder in holders]
-    for holder in holders:
-        holder.close()
-    return ports
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ import datetime
 import json
 import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -137,6 +138,17 @@ def busy_while_training(meter: CpuMeter, log: str) -> float:
 
 def global_examples_per_sec(*summaries: dict[str, Any]) -> float:
     return float(sum(t["examples_per_sec"] for summary in summaries for t in summary["trainers"]))
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` ports free on localhost now."""
+    holders = [socket.socket() for _ in range(count)]
+    for holder in holders:
+        holder.bind(("127.0.0.1", 0))
+    ports = [holder.getsockname()[1] for holder in holders]
+    for holder in holders:
+        holder.close()
+    return ports
 
 
 def import_seconds(at_once: int) -> float:

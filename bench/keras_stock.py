@@ -1,0 +1,71 @@
+"""The stock tf-keras job bench/keras_peers.py measures the runtime against: mnist_keras's model
+and data in a plain script, as TensorFlow's multi-worker tutorial writes it:
+MultiWorkerMirroredStrategy over the cluster of the TF_CONFIG it is given (without one, a single
+process on the default strategy), each worker reading its own share of the data, TensorFlow's
+default threads. Prints one JSON line: the process's examples/s from its second step to its
+last, and the processes.
+
+  TF_CONFIG=... python bench/keras_stock.py STEPS BATCH_SIZE
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import tensorflow as tf
+import tf_keras as keras
+
+from tfconfig_slurm.experiments import mnist_keras
+
+steps, batch_size = int(sys.argv[1]), int(sys.argv[2])
+cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+processes = len(cluster.get("chief", [])) + len(cluster.get("worker", [])) or 1
+strategy = (
+    tf.distribute.MultiWorkerMirroredStrategy() if processes > 1 else tf.distribute.get_strategy()
+)
+params: dict[str, Any] = {**mnist_keras.HPARAMS, "batch_size": batch_size, "data_dir": None}
+
+
+def batches(context: tf.distribute.InputContext) -> tf.data.Dataset:
+    share = {
+        **params,
+        "num_trainers": context.num_input_pipelines,
+        "trainer_index": context.input_pipeline_id,
+    }
+    return mnist_keras.dataset("train", share).repeat()
+
+
+class Timed(keras.callbacks.Callback):  # type: ignore[misc]
+    """When each step ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ends: list[float] = []
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.ends.append(time.monotonic())
+
+
+with strategy.scope():
+    model = mnist_keras.build_model(params)
+timed = Timed()
+model.fit(
+    strategy.distribute_datasets_from_function(batches),
+    epochs=1,
+    steps_per_epoch=steps,
+    callbacks=[timed],
+    verbose=0,
+)
+seconds = timed.ends[-1] - timed.ends[0]
+print(
+    json.dumps(
+        {"examples_per_sec": (len(timed.ends) - 1) * batch_size / seconds, "processes": processes}
+    ),
+    flush=True,
+)
