@@ -16,7 +16,7 @@ import pytest
 from tests.cli import run_module, wait_until
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import claim
+from tfconfig_slurm.process import claim, timing
 from tfconfig_slurm.process.claim import Holder
 from tfconfig_slurm.process.run_dir import RunDir
 
@@ -73,7 +73,7 @@ def test_a_lock_from_another_host_is_held_until_it_is_stale(tmp_path: Path) -> N
     claim.claim(tmp_path, Holder(job=None, host="node9", pid=1))
     with pytest.raises(UsageError, match="process 1 on node9"):
         claim.claim(tmp_path, claim.this_holder(None))
-    long_ago = time.time() - claim.STALE_SECONDS - 1
+    long_ago = time.time() - timing.STALE_SECONDS - 1
     os.utime(RunDir(tmp_path).lock, (long_ago, long_ago))
     claim.claim(tmp_path, claim.this_holder(None))
 
@@ -88,7 +88,7 @@ def test_a_job_slurm_cannot_be_asked_about_is_held_until_stale(
 
 
 def test_renewal_and_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(claim, "RENEW_SECONDS", 0.05)
+    monkeypatch.setattr(timing, "RENEW_SECONDS", 0.05)
     held = claim.claim(tmp_path, claim.this_holder(None))
     long_ago = time.time() - 1000
     os.utime(held.lock, (long_ago, long_ago))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tfconfig_slurm.process import reports
+from tfconfig_slurm.process import reports, timing
 
 RUN = {"run": "41.0.0", "train_steps": 200}
 
@@ -19,7 +19,7 @@ RUN = {"run": "41.0.0", "train_steps": 200}
 @pytest.fixture(autouse=True)
 def _short_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     # Long enough that a test returning by its end would say "none within 20 s".
-    monkeypatch.setattr(reports, "_EVALUATOR_WAIT_SECONDS", 20.0)
+    monkeypatch.setattr(timing, "EVALUATOR_WAIT_SECONDS", 20.0)
 
 
 def test_the_evaluator_s_metrics_of_this_run_are_taken(tmp_path: Path) -> None:

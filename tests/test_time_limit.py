@@ -12,7 +12,7 @@ import pytest
 
 from tests.cli import wait_until
 from tfconfig_slurm.cluster.step import SlurmJob
-from tfconfig_slurm.process import slurm_commands, time_limit
+from tfconfig_slurm.process import slurm_commands, time_limit, timing
 from tfconfig_slurm.process.preemption import StopRequest
 
 JOB = SlurmJob(job_id=77, array_job_id=None, array_task_id=None, restart_count=0)
@@ -93,7 +93,7 @@ def test_a_squeue_that_fails_at_start_is_asked_again_and_said_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """slurmctld busy as the job starts: the limit is still kept once squeue answers."""
-    monkeypatch.setattr(time_limit, "RETRY_SECONDS", 0.05)
+    monkeypatch.setattr(timing, "LIMIT_RETRY_SECONDS", 0.05)
     caplog.set_level(logging.INFO)
     stop, asked = StopRequest(), Answers(FAILED, FAILED, FAILED, 4.0)
     time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=asked)
@@ -107,7 +107,7 @@ def test_a_squeue_that_fails_at_start_is_asked_again_and_said_once(
 def test_a_squeue_that_keeps_failing_is_asked_ever_less_often(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(time_limit, "RETRY_SECONDS", 0.2)
+    monkeypatch.setattr(timing, "LIMIT_RETRY_SECONDS", 0.2)
     stop, asked = StopRequest(), Answers(FAILED)
     limit = time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=asked)
     # Asked at 0, 0.2, 0.6, 1.4 and 3.0 s: 4 or 5 times in 3 s, where every 0.2 s is 15.
@@ -131,8 +131,8 @@ def test_the_last_look_comes_even_after_a_poll_just_before_its_window(
 ) -> None:
     """The regular poll (here at 1.5 s) lands just before the last look's window (from 2 s,
     the stop at 3 s): the last look still comes, and sees the limit raised."""
-    monkeypatch.setattr(time_limit, "POLL_SECONDS", 1.5)
-    monkeypatch.setattr(time_limit, "FINAL_LOOK_SECONDS", 1.0)
+    monkeypatch.setattr(timing, "LIMIT_POLL_SECONDS", 1.5)
+    monkeypatch.setattr(timing, "FINAL_LOOK_SECONDS", 1.0)
     caplog.set_level(logging.INFO)
     stop, asked = StopRequest(), Answers(6.0, 4.5, 100.0)
     time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=asked)

@@ -22,7 +22,8 @@ from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step
 from tfconfig_slurm.cluster.render import tf_config_json
 from tfconfig_slurm.commands.with_tfconfig import MAX_ENVIRONMENT_STRING
 from tfconfig_slurm.errors import EXIT_PEER_LOST
-from tfconfig_slurm.process.watchdog import PROBE_SECONDS, WAITING, answers
+from tfconfig_slurm.process import timing
+from tfconfig_slurm.process.watchdog import WAITING, answers
 
 WRAPPER = str(REPOSITORY / "launch" / "with-tfconfig")
 # Prints what the command saw: its TF_CONFIG, its GPUs and its own arguments.
@@ -395,7 +396,7 @@ def test_a_step_told_to_stop_leaves_each_trainer_its_own_stop(
         # Every task's port answering; then three probe rounds, so that each watcher has seen its
         # peers (one never seen is waited for as one still starting, for 10 minutes).
         assert wait_until(lambda: all(answers(f"localhost:{base + at}") for at in range(4)), 30.0)
-        time.sleep(3 * PROBE_SECONDS)
+        time.sleep(3 * timing.PROBE_SECONDS)
         for process in step:
             process.terminate()
         for process in step[2:]:

@@ -7,8 +7,8 @@ id). The run that starts first writes `<model dir>/run.lock`, naming its holder:
 its host and process. A run that finds another live holder there stops at start. A holder is
 gone, and its lock taken over, when SLURM says its job has ended (a requeued job waiting in
 the queue has not), when its process on this host has ended, or, where neither can be
-asked, when its lock has not been renewed for STALE_SECONDS: the holder renews it every
-RENEW_SECONDS while it trains, and removes it at the end (not when it requeues itself).
+asked, when its lock has not been renewed for timing.STALE_SECONDS: the holder renews it every
+timing.RENEW_SECONDS while it trains, and removes it at the end (not when it requeues itself).
 
 No TensorFlow here.
 """
@@ -29,15 +29,8 @@ from typing import Any, NamedTuple
 
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import slurm_commands
+from tfconfig_slurm.process import slurm_commands, timing
 from tfconfig_slurm.process.run_dir import RunDir
-
-RENEW_SECONDS = 10.0
-STALE_SECONDS = 90.0
-# After taking over a lock, how long to wait before reading it back: two runs that found the
-# same stale lock both replace it, and the one whose lock is still there afterwards holds it.
-_SETTLE_SECONDS = 0.5
-_SQUEUE_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -75,10 +68,10 @@ class Claim:
         self._stopped = threading.Event()
 
     def renew(self) -> None:
-        """Renews the lock every RENEW_SECONDS from a daemon thread, until release()."""
+        """Renews the lock every timing.RENEW_SECONDS from a daemon thread, until release()."""
 
         def keep() -> None:
-            while not self._stopped.wait(RENEW_SECONDS):
+            while not self._stopped.wait(timing.RENEW_SECONDS):
                 with contextlib.suppress(OSError):
                     os.utime(self.lock)
 
@@ -131,7 +124,7 @@ def claim(model_dir: Path, holder: Holder, naming: Naming = CLI_NAMING) -> Claim
         _refuse(model_dir, naming, *current)
     # Gone, or unreadable (a lock cut short by a full disk): take it over.
     _write(lock, holder, replace=True)
-    time.sleep(_SETTLE_SECONDS)
+    time.sleep(timing.SETTLE_SECONDS)
     current = _read(lock)
     if current is not None and not current[0].same_run(holder):
         _refuse(model_dir, naming, *current)
@@ -160,7 +153,7 @@ def _refuse(model_dir: Path, naming: Naming, holder: Holder, age: float) -> None
         f"{age:.0f} s ago); two runs in one model directory would resume each other's "
         "checkpoints",
         f"{naming.run_fix}, or wait for that run to end; a lock whose run is gone is taken "
-        f"over, at the latest {STALE_SECONDS:.0f} s after it was last renewed",
+        f"over, at the latest {timing.STALE_SECONDS:.0f} s after it was last renewed",
     )
 
 
@@ -223,7 +216,7 @@ def _gone(holder: Holder, age: float) -> bool:
         except PermissionError:
             return False
         return False
-    return age > STALE_SECONDS
+    return age > timing.STALE_SECONDS
 
 
 # A job in these states may still train into the directory: a requeued job waits in the queue
@@ -245,7 +238,7 @@ _LIVE_STATES = {
 
 def squeue(*arguments: str) -> subprocess.CompletedProcess[str] | None:
     """`squeue --noheader ARGUMENTS`; None where squeue cannot be run."""
-    return slurm_commands.run(["squeue", "--noheader", *arguments], _SQUEUE_SECONDS)
+    return slurm_commands.run(["squeue", "--noheader", *arguments], timing.SQUEUE_SECONDS)
 
 
 def _job_ended(job: str) -> bool | None:

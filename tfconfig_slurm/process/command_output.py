@@ -11,7 +11,7 @@ import os
 import re
 import threading
 
-from tfconfig_slurm.process import versions
+from tfconfig_slurm.process import timing, versions
 
 # A frame of a traceback through Keras 3's package: folders Keras 2's keras/src (tf.keras on
 # TensorFlow 2.15) and tf_keras/src do not have.
@@ -23,8 +23,6 @@ _KERAS_FRAME = re.compile(r'File ".*[/\\]keras[/\\]src[/\\]')
 _TRACEBACK = "Traceback (most recent call last):"
 # What one read takes at most: output passes on as it comes, a progress bar's \r included.
 _CHUNK = 1 << 16
-# How long the end of a command's output is waited for once it has exited.
-_FINISH_SECONDS = 5.0
 # An exception's message running on over lines is read up to this many characters.
 _WHY_CHARS = 300
 # A line of TensorFlow's C++ log (or absl's): not a message's next line.
@@ -49,7 +47,7 @@ class Relay:
         self._thread = threading.Thread(target=self._copy, name="stderr", daemon=True)
         self._thread.start()
 
-    def finish(self, seconds: float = _FINISH_SECONDS) -> None:
+    def finish(self, seconds: float = timing.OUTPUT_FINISH_SECONDS) -> None:
         """Waits, at most `seconds`, for the command's output to end (a process it started
         may hold its stderr open), so that all of it is passed on and read."""
         self._thread.join(timeout=seconds)

@@ -34,6 +34,7 @@ from tfconfig_slurm.process import (
     preemption,
     throughput,
     time_limit,
+    timing,
     watchdog,
 )
 from tfconfig_slurm.process.owner import RunOwner, owns_run
@@ -62,9 +63,6 @@ TF_KERAS_COORDINATOR = BackendKind(COORDINATOR, history.TF_KERAS)
 KERAS_3 = BackendKind(ALL_REDUCE, history.KERAS_3)
 
 Hparam = Union[bool, int, float, str]
-# How often a task told to stop looks for the run's failure record: a stat of the run
-# directory, for the few seconds a stop takes.
-FAILURE_POLL_SECONDS = 0.25
 
 
 class Ending(NamedTuple):
@@ -328,7 +326,7 @@ def _end_if_failed_while_stopping(task: TaskRun, run_id: str) -> None:
     save. SLURM stops a step so (SIGTERM) when a task failed, and the others would otherwise
     stop gracefully beside it until their watchdogs, one after another, found it lost. A
     peer's port that refuses at the signal is a dead peer (watchdog.snap_all), and the first
-    task to record a failure ends the rest within FAILURE_POLL_SECONDS."""
+    task to record a failure ends the rest within timing.FAILURE_POLL_SECONDS."""
     task.stop.wait()
     watchdog.snap_all()
     while True:
@@ -341,7 +339,7 @@ def _end_if_failed_while_stopping(task: TaskRun, run_id: str) -> None:
                 EXIT_PEER_LOST,
             )
             exits.end_now(EXIT_PEER_LOST, f"the run failed: {first.line()}")
-        time.sleep(FAILURE_POLL_SECONDS)
+        time.sleep(timing.FAILURE_POLL_SECONDS)
 
 
 def _requeues(role: ClusterRole | None) -> bool:

@@ -40,17 +40,12 @@ from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
 from tfconfig_slurm.cluster.role import LOCAL_RUN_PREFIX, ClusterRole
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import USAGE_EXIT_CODE, UsageError
-from tfconfig_slurm.process import children, claim, failure
+from tfconfig_slurm.process import children, claim, failure, timing
 from tfconfig_slurm.process.run_dir import RunDir
 
 _COUNTS = {"ps": PS, "workers": WORKER, "evaluator": EVALUATOR}
-# How long a task that is told to stop gets before it is killed: when another task failed,
-# and when the launcher was told to stop (time for the chief's checkpoint, within SLURM's
-# default KillWait of 30 s should the launcher itself run in a job).
-_STOP_GRACE_SECONDS = 5.0
 # More tasks than this a CPU only share it: a cluster that size warns as it starts.
 TASKS_PER_CPU = 4
-_SIGNALLED_GRACE_SECONDS = 25.0
 
 
 class _Signalled(Exception):  # noqa: N818  (a signal, not an error)
@@ -237,9 +232,9 @@ def _run(
                 "%s: stopping every task; trainers stop at the next step with a checkpoint "
                 "(tasks still running in %.0f s are killed)",
                 stopped_by.name,
-                _SIGNALLED_GRACE_SECONDS,
+                timing.LOCAL_STOP_GRACE_SECONDS,
             )
-            group.stop(_SIGNALLED_GRACE_SECONDS)
+            group.stop(timing.LOCAL_STOP_GRACE_SECONDS)
         finally:
             # Every line a task wrote, its last error included, reaches log and console.
             for _, copier in started.values():
@@ -322,7 +317,7 @@ def _supervise(group: children.Group, tasks: dict[LocalTask, children.Child]) ->
                 continue
             del running[task]
             if status != 0:
-                group.stop(_STOP_GRACE_SECONDS)
+                group.stop(timing.LOCAL_FAILED_GRACE_SECONDS)
                 return task
             logging.info("%s %d finished", task.role, task.index)
         time.sleep(0.1)

@@ -6,13 +6,16 @@ from __future__ import annotations
 import time
 from typing import Callable, TypeVar
 
-POLL_SECONDS = 0.1
+from tfconfig_slurm.process import timing
 
 _T = TypeVar("_T")
 
 
 def poll(
-    read: Callable[[], _T], done: Callable[[_T], bool], seconds: float, every: float = POLL_SECONDS
+    read: Callable[[], _T],
+    done: Callable[[_T], bool],
+    seconds: float,
+    every: float = timing.POLL_SECONDS,
 ) -> _T:
     """Reads every `every` seconds until `done` holds or `seconds` pass; returns the last
     value read."""

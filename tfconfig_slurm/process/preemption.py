@@ -145,7 +145,7 @@ class StopRequest:
 def _interrupted(times: int) -> None:
     """Ctrl-C at a terminal: the first stops at the next step, with its checkpoint, as any stop
     signal; the second ends the process at once, where a task waits for a peer that never
-    started (up to watchdog.START_SECONDS) or a step that takes long."""
+    started (up to timing.START_SECONDS) or a step that takes long."""
     if times == 1:
         logging.warning(
             "SIGINT: stopping at the next step, with a checkpoint; Ctrl-C again ends the "

@@ -20,13 +20,9 @@ from absl import logging
 
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR
 from tfconfig_slurm.cluster.role import ClusterRole, TaskId
-from tfconfig_slurm.process import failure, polling
+from tfconfig_slurm.process import failure, polling, timing
 from tfconfig_slurm.process.run_dir import RunDir
 
-# How long the chief waits for the other trainers' throughput reports for summary.json.
-_REPORT_WAIT_SECONDS = 30.0
-# How long the chief waits for them: the evaluator may be busy with an earlier checkpoint.
-_EVALUATOR_WAIT_SECONDS = 600.0
 _EVALUATOR = str(TaskId(EVALUATOR, 0))
 
 
@@ -58,7 +54,9 @@ def trainer_reports(model_dir: Path, trainers: int, run: Mapping[str, Any]) -> l
         reports = [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
         return [report for report in reports if _of_run(report, run)]
 
-    return polling.poll(current, lambda reports: len(reports) >= trainers, _REPORT_WAIT_SECONDS)
+    return polling.poll(
+        current, lambda reports: len(reports) >= trainers, timing.REPORT_WAIT_SECONDS
+    )
 
 
 def write_evaluator_result(
@@ -78,7 +76,7 @@ def evaluator_result(model_dir: Path, run: Mapping[str, Any]) -> dict[str, Any] 
     """The metrics this run's evaluator wrote: of the first checkpoint at or past the final
     step, which asynchronous workers may have left a step or two before the chief's very
     last one. None, said why, where it gave none: it gave up on the final checkpoint, or its
-    failure is recorded for this run (within seconds, not _EVALUATOR_WAIT_SECONDS), or it
+    failure is recorded for this run (within seconds, not timing.EVALUATOR_WAIT_SECONDS), or it
     took longer than that; the chief then evaluates the checkpoint itself."""
     path = RunDir(model_dir).evaluator_result
 
@@ -90,13 +88,13 @@ def evaluator_result(model_dir: Path, run: Mapping[str, Any]) -> dict[str, Any] 
         first = failure.read(model_dir, run["run"]) if run.get("run") else None
         return f"it failed: {first.line()}" if first and first.task == _EVALUATOR else None
 
-    final = polling.poll(result, lambda value: value is not None, _EVALUATOR_WAIT_SECONDS)
+    final = polling.poll(result, lambda value: value is not None, timing.EVALUATOR_WAIT_SECONDS)
     if isinstance(final, dict):
         return final
     logging.warning(
         "the evaluator gave no result for step %d (%s); evaluating the final checkpoint here",
         run["train_steps"],
-        final or f"none within {_EVALUATOR_WAIT_SECONDS:.0f} s",
+        final or f"none within {timing.EVALUATOR_WAIT_SECONDS:.0f} s",
     )
     return None
 

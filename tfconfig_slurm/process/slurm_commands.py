@@ -6,13 +6,12 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Mapping, Sequence
 
-# slurmctld can be slow to answer when busy; a command that takes longer is given up on.
-COMMAND_SECONDS = 60.0
+from tfconfig_slurm.process import timing
 
 
 def run(
     command: Sequence[str],
-    seconds: float = COMMAND_SECONDS,
+    seconds: float = timing.SLURM_COMMAND_SECONDS,
     environ: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str] | None:
     """Runs the command (in `environ`, else this process's environment), its output
@@ -30,7 +29,7 @@ def run(
         return None
 
 
-def failure(command: Sequence[str], seconds: float = COMMAND_SECONDS) -> str:
+def failure(command: Sequence[str], seconds: float = timing.SLURM_COMMAND_SECONDS) -> str:
     """Runs the command; "" when it succeeded, else what went wrong."""
     result = run(command, seconds)
     if result is None:

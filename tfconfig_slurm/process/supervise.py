@@ -10,7 +10,7 @@ child dies with the supervisor (children.py), so no task outlives its srun. Arou
   servers (all-reduce training), a trainer its neighbours in the tree of trainers. A watched
   task that stops answering ends the watcher, by name, with exit status 3 (watchdog.py);
   but a task told to stop (scancel signals every task of the step) first gives its command
-  _STOP_GRACE_SECONDS to finish its own stop, unless the run has recorded a failure.
+  timing.STOP_GRACE_SECONDS to finish its own stop, unless the run has recorded a failure.
 - When a trainer's command exits 0, the trainer answers on its own port, free again: alive
   (WAITING) until the trainers below it in the tree of trainers have finished, then
   FINISHED, until its parameter servers have gone and its parent has seen it.
@@ -40,27 +40,14 @@ from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import EXIT_PEER_LOST
-from tfconfig_slurm.process import answering, children, exits, failure, versions, watchdog
+from tfconfig_slurm.process import answering, children, exits, failure, timing, versions, watchdog
 from tfconfig_slurm.process.owner import RunOwner
 
 # The signals a supervisor passes on to its command.
 FORWARDED = children.STOPPING + children.PASSED_ON
-# How long a command told to stop may take to finish its stop (a checkpoint) while its peers
-# go quiet, stopping too, before it is killed as for a lost peer: within SLURM's default
-# KillWait (30 s), after which SLURM kills every process of the step itself.
-_STOP_GRACE_SECONDS = 20.0
-# How long a task waits, once a peer said its command failed, for its own to fail of the same
-# cause before it ends for the peer: the first line it logs then names the right culprit.
-_OWN_FAILURE_SECONDS = 2.0
-# How long a parameter server's command, once every trainer has finished, has to end on
-# SIGTERM before it is killed.
-_END_GRACE_SECONDS = 5.0
 # How often a ParameterServerStrategy worker's command that failed is started again: the
 # coordinator carries on with the others meanwhile, and uses it again once it is back.
 WORKER_RESTARTS = 3
-# How long a trainer that finished says so to parameter servers it never heard from: a probe
-# of each watcher's, and a margin.
-_UNSEEN_SECONDS = 1.5 * watchdog.PROBE_SECONDS
 
 
 def command_group() -> children.Group:
@@ -110,7 +97,7 @@ def supervise(
         # Its port is free once it is gone, and its last output passed on.
         for started in command.started:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                started.wait(timeout=_END_GRACE_SECONDS)
+                started.wait(timeout=timing.END_GRACE_SECONDS)
             relay = command.relay(started)
             if relay is not None:
                 relay.finish(1.0)
@@ -162,7 +149,7 @@ def supervise(
 
 def _stops_meanwhile(command: children.Group, role: ClusterRole, name: str) -> bool:
     """For a task told to stop whose peer `name` went quiet: whether its command, still
-    running, finishes its stop within _STOP_GRACE_SECONDS (its peers stop too: no failure),
+    running, finishes its stop within timing.STOP_GRACE_SECONDS (its peers stop too: no failure),
     unless the run has recorded a failure meanwhile."""
     child = command.started[-1]
     if child.returncode is not None or failure.run_failed():
@@ -171,17 +158,17 @@ def _stops_meanwhile(command: children.Group, role: ClusterRole, name: str) -> b
         "%s: %s went quiet while this task stops; its command has %.0f s to finish its stop",
         role.task_id,
         name,
-        _STOP_GRACE_SECONDS,
+        timing.STOP_GRACE_SECONDS,
     )
-    _wait_for_end(child, _STOP_GRACE_SECONDS, unless=failure.run_failed)
+    _wait_for_end(child, timing.STOP_GRACE_SECONDS, unless=failure.run_failed)
     return child.returncode is not None
 
 
 def _fails_itself(command: children.Group) -> bool:
     """Whether this task's command, still running as a peer said its own failed, fails too
-    within _OWN_FAILURE_SECONDS; the main thread then says so."""
+    within timing.OWN_FAILURE_SECONDS; the main thread then says so."""
     child = command.started[-1]
-    _wait_for_end(child, _OWN_FAILURE_SECONDS)
+    _wait_for_end(child, timing.OWN_FAILURE_SECONDS)
     return child.returncode not in (None, 0)
 
 
@@ -195,7 +182,7 @@ def _wait_for_end(
     deadline = time.monotonic() + seconds
     while child.returncode is None and time.monotonic() < deadline and not unless():
         with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=max(0.0, min(watchdog.PROBE_SECONDS, deadline - time.monotonic())))
+            child.wait(timeout=max(0.0, min(timing.PROBE_SECONDS, deadline - time.monotonic())))
 
 
 def _say_how_it_ended(owner: RunOwner, status: int, stopped_by: list[signal.Signals]) -> None:
@@ -261,7 +248,7 @@ def _say_failed(role: ClusterRole, why: str = "its command failed") -> None:
     if sum(map(len, role.cluster.values())) == 1 and not role.has_evaluator:
         logging.error("%s %d: %s; exiting", role.role, role.index, why)
         return
-    seconds = 2 * watchdog.round_seconds(max(role.ps_count, 1)) + watchdog.LOST_AFTER_SECONDS
+    seconds = 2 * watchdog.round_seconds(max(role.ps_count, 1)) + timing.LOST_AFTER_SECONDS
     logging.error(
         "%s %d: %s; saying so on its port for %.0f s, then exiting",
         role.role,
@@ -397,7 +384,7 @@ def _serve(
         "the coordinator finished" if role.coordinator else "every trainer finished",
         next(iter(herald)),
     )
-    command.stop(_END_GRACE_SECONDS)
+    command.stop(timing.END_GRACE_SECONDS)
     # The other parameter servers learn it from ps 0, and a coordinator's workers from their
     # paired parameter servers; each watches its own meanwhile.
     waiting = watch_plan.other_servers(role) if role.role == PS and role.index == 0 else {}
@@ -468,7 +455,7 @@ def say_finished(role: ClusterRole, lost: watchdog.OnLost) -> None:
         # finish before its parameter servers listen: their supervisors, which probe this
         # port every PROBE_SECONDS, have yet to hear FINISHED, and would otherwise wait for
         # this task as one still starting, then end as having lost it.
-        watchdog.until_gone(watch_plan.paired(role), unseen_for=_UNSEEN_SECONDS)
+        watchdog.until_gone(watch_plan.paired(role), unseen_for=timing.UNSEEN_SECONDS)
         parent = watch_plan.parent(role)
         if parent is not None:
             _until_finished_or_gone(parent)
@@ -476,7 +463,7 @@ def say_finished(role: ClusterRole, lost: watchdog.OnLost) -> None:
 
 def _until_finished_or_gone(address: str) -> None:
     """Returns once the task at `address` says FINISHED, or has not answered for
-    watchdog.LOST_AFTER_SECONDS (lost: its own watchers end the step)."""
+    timing.LOST_AFTER_SECONDS (lost: its own watchers end the step)."""
     silent_since = None
     while True:
         finished = watchdog.says_finished(address)
@@ -485,8 +472,8 @@ def _until_finished_or_gone(address: str) -> None:
         now = time.monotonic()
         if finished is None:
             silent_since = silent_since or now
-            if now - silent_since >= watchdog.LOST_AFTER_SECONDS:
+            if now - silent_since >= timing.LOST_AFTER_SECONDS:
                 return
         else:
             silent_since = None
-        time.sleep(watchdog.PROBE_SECONDS)
+        time.sleep(timing.PROBE_SECONDS)

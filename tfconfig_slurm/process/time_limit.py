@@ -2,7 +2,7 @@
 
 Without `#SBATCH --signal=USR1@90` a time limit sends SIGTERM, then SIGKILL 30 s later, and
 nothing requeues the job. So the task that requeues the job (process/lifecycle.py) asks SLURM
-how long the job has left (`squeue --format=%L`, again every POLL_SECONDS: `scontrol update
+how long the job has left (`squeue --format=%L`, again every minute: `scontrol update
 TimeLimit=` moves it), and `margin` seconds before the limit sends the preempt signal to every
 task of the job (`scancel --signal=USR1 JOB`) and to itself: the run stops at the next step
 with a checkpoint and the job requeues itself, exactly as on the warning signal, and
@@ -14,10 +14,10 @@ checkpoints: where twice the longest it took for one is more than the margin, th
 margin, and it stops the job itself when the other task would be late.
 
 A squeue that fails at start (slurmctld busy or restarting) is asked again, ever less often,
-up to once a POLL_SECONDS, until it answers. The stop never waits on slurmctld: the checkpoint
-is what must fit in the margin. squeue is asked a last time FINAL_LOOK_SECONDS before the stop,
-given only until the stop to answer, and at the stop this task stops first and only then tells
-the job (scancel).
+up to once a minute, until it answers. The stop never waits on slurmctld: the checkpoint is
+what must fit in the margin. squeue is asked a last time shortly before the stop (the times
+are in process/timing.py), given only until the stop to answer, and at the stop this task
+stops first and only then tells the job (scancel).
 
 No TensorFlow here.
 """
@@ -32,21 +32,11 @@ from typing import Callable, NamedTuple, Union
 from absl import logging
 
 from tfconfig_slurm.cluster.step import SlurmJob
-from tfconfig_slurm.process import slurm_commands
+from tfconfig_slurm.process import slurm_commands, timing
 from tfconfig_slurm.process.preemption import StopRequest
 
-POLL_SECONDS = 60.0
-# The first wait before squeue is asked again after a failure; doubled each time, up to
-# POLL_SECONDS.
-RETRY_SECONDS = 5.0
-# squeue is asked once more this long before the stop: a limit raised late moves it.
-FINAL_LOOK_SECONDS = 15.0
-# How often the stop's time is looked at again: a checkpoint may have made the margin larger.
-_LOOK_SECONDS = 5.0
 # A stop must leave time for the final checkpoint: twice the longest one, as writes vary.
 _CHECKPOINTS_IN_MARGIN = 2.0
-# A limit that moved by less than this did not move: squeue's own rounding.
-_MOVED_SECONDS = 5.0
 # squeue's %L: [days-][hours:]minutes:seconds.
 _TIME_LEFT = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)")
 
@@ -72,7 +62,7 @@ def parse_time_left(text: str) -> float | None:
     return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
 
 
-def time_left(job: str, seconds: float = slurm_commands.COMMAND_SECONDS) -> float | NoLimit:
+def time_left(job: str, seconds: float = timing.SLURM_COMMAND_SECONDS) -> float | NoLimit:
     """Seconds until `job`'s time limit, or why it cannot be known (squeue given `seconds`)."""
     shown = slurm_commands.run(["squeue", "--noheader", f"--jobs={job}", "--format=%L"], seconds)
     if shown is None:
@@ -125,7 +115,10 @@ class TimeLimit:
     def due(self) -> bool:
         """Whether the stop before the limit is due (the run stops for the time limit)."""
         deadline = self.deadline
-        return deadline is not None and time.time() >= deadline - self._margin() - _MOVED_SECONDS
+        return (
+            deadline is not None
+            and time.time() >= deadline - self._margin() - timing.LIMIT_MOVED_SECONDS
+        )
 
     def _margin(self) -> float:
         """The margin, or the time for this task's checkpoints, where that is more."""
@@ -174,17 +167,22 @@ class TimeLimit:
                 if self._acts or margin > self.margin:
                     self._stop_the_job(deadline - time.time())
                 return
-            # The limit may move (scontrol update TimeLimit=): asked again every POLL_SECONDS,
-            # and once shortly before the stop, which does not wait for the answer.
-            # Any answer within FINAL_LOOK_SECONDS of the stop is its last look; one before
-            # it, however recent, is not.
-            in_final = time.time() >= stop_at - FINAL_LOOK_SECONDS
-            if (in_final and last_look != stop_at) or time.monotonic() - asked >= POLL_SECONDS:
-                seconds = min(slurm_commands.COMMAND_SECONDS, max(1.0, stop_at - time.time()))
+            # The limit may move (scontrol update TimeLimit=): asked again every
+            # LIMIT_POLL_SECONDS, and once shortly before the stop, which does not wait for the
+            # answer. Any answer within FINAL_LOOK_SECONDS of the stop is its last look; one
+            # before it, however recent, is not.
+            in_final = time.time() >= stop_at - timing.FINAL_LOOK_SECONDS
+            if (
+                in_final and last_look != stop_at
+            ) or time.monotonic() - asked >= timing.LIMIT_POLL_SECONDS:
+                seconds = min(timing.SLURM_COMMAND_SECONDS, max(1.0, stop_at - time.time()))
                 left, asked = self._ask(job, seconds), time.monotonic()
                 if in_final:
                     last_look = stop_at
-                if isinstance(left, float) and abs(time.time() + left - deadline) > _MOVED_SECONDS:
+                if (
+                    isinstance(left, float)
+                    and abs(time.time() + left - deadline) > timing.LIMIT_MOVED_SECONDS
+                ):
                     self.deadline = deadline = time.time() + left
                     self._say(
                         "job %s's time limit moved to %s: this run now stops at %s",
@@ -193,30 +191,30 @@ class TimeLimit:
                         _clock(deadline - margin),
                     )
                 continue
-            wake = stop_at - FINAL_LOOK_SECONDS if last_look != stop_at else stop_at
-            poll = asked + POLL_SECONDS - time.monotonic()
-            if self.stop.wait(max(0.0, min(_LOOK_SECONDS, poll, wake - time.time()))):
+            wake = stop_at - timing.FINAL_LOOK_SECONDS if last_look != stop_at else stop_at
+            poll = asked + timing.LIMIT_POLL_SECONDS - time.monotonic()
+            if self.stop.wait(max(0.0, min(timing.LIMIT_LOOK_SECONDS, poll, wake - time.time()))):
                 return
 
     def _first_answer(self) -> float | NoLimit:
         """squeue's first answer that says something: while squeue fails, it is asked again,
         ever less often, and that is said once."""
-        job, wait = self.job.name, RETRY_SECONDS
-        left = self._ask(job, slurm_commands.COMMAND_SECONDS)
+        job, wait = self.job.name, timing.LIMIT_RETRY_SECONDS
+        left = self._ask(job, timing.SLURM_COMMAND_SECONDS)
         if isinstance(left, NoLimit) and left.again:
             self._say(
                 "job %s: its time limit cannot be read yet (%s); asking squeue again, at "
                 "least every %.0f s, and until then the run stops early only on %s",
                 job,
                 left.why,
-                POLL_SECONDS,
+                timing.LIMIT_POLL_SECONDS,
                 self.signal_name,
             )
         while isinstance(left, NoLimit) and left.again:
             if self.stop.wait(wait):
                 return left
-            wait = min(2 * wait, POLL_SECONDS)
-            left = self._ask(job, slurm_commands.COMMAND_SECONDS)
+            wait = min(2 * wait, timing.LIMIT_POLL_SECONDS)
+            left = self._ask(job, timing.SLURM_COMMAND_SECONDS)
         return left
 
     def _say(self, message: str, *arguments: object) -> None:

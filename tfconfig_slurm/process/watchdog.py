@@ -27,20 +27,7 @@ from typing import Callable, NoReturn
 from absl import logging
 
 from tfconfig_slurm.errors import EXIT_PEER_LOST
-from tfconfig_slurm.process import exits, failure
-
-# A peer is lost after refusing or timing out for this long in a row. Short, as refusals
-# come only from a closed port; long enough to ride out a dropped packet.
-LOST_AFTER_SECONDS = 3.0
-# How long a peer that never answered yet may take to start (TensorFlow's import alone took
-# 3-5 s here; on a cluster's shared file system, much longer).
-START_SECONDS = 600.0
-# Each peer is probed at most every PROBE_SECONDS, and a watcher makes at most
-# PROBES_PER_SECOND probes, so that a ps watched by thousands of trainers is not flooded.
-PROBE_SECONDS = 1.0
-PROBES_PER_SECOND = 50.0
-_CONNECT_TIMEOUT_SECONDS = 1.0
-_READ_TIMEOUT_SECONDS = 0.25
+from tfconfig_slurm.process import exits, failure, timing
 
 # What a trainer supervised by with-tfconfig answers on its port once its command has
 # finished (supervise.py): it did not crash. A gRPC server answers with its own first frame.
@@ -54,14 +41,6 @@ FAILED = b"tfconfig-slurm: failed..\n"
 
 OnLost = Callable[[str, str, float], None]
 OnFinished = Callable[[str], None]
-
-# How long a task waits at most for peers to leave (until_gone): a task that finished says
-# so, or a Keras 3 chief keeps the run's JAX service up, should they never leave.
-GONE_SECONDS = 60.0
-
-# A snap check (PeerWatch.snap) probes a peer twice this far apart: a port that refuses both
-# times is closed, not between a dropped packet and its retry.
-SNAP_RECHECK_SECONDS = 0.2
 
 
 def exit_on_lost(name: str, address: str, silent_for: float) -> None:
@@ -118,9 +97,9 @@ class PeerWatch:
         peers: Mapping[str, str],
         on_lost: OnLost = exit_on_lost,
         *,
-        lost_after: float = LOST_AFTER_SECONDS,
-        start_seconds: float = START_SECONDS,
-        probe_seconds: float = PROBE_SECONDS,
+        lost_after: float = timing.LOST_AFTER_SECONDS,
+        start_seconds: float = timing.START_SECONDS,
+        probe_seconds: float = timing.PROBE_SECONDS,
         on_finished: OnFinished | None = None,
     ) -> None:
         self._addresses = dict(peers)
@@ -148,7 +127,7 @@ class PeerWatch:
         """Waits as long as the watch may take to name a peer that has just gone (naming it
         ends the process): for a task that TensorFlow told a peer failed, so that the log
         says which."""
-        time.sleep(2 * self._interval + self._lost_after + _CONNECT_TIMEOUT_SECONDS)
+        time.sleep(2 * self._interval + self._lost_after + timing.CONNECT_TIMEOUT_SECONDS)
 
     def end_for_a_lost_peer(self, what_failed: str) -> NoReturn:
         """For a task whose collective failed, as they do when a peer is gone: waits for the
@@ -188,7 +167,7 @@ class PeerWatch:
             ]
         refused = [name for name in answered if _refuses(self._addresses[name])]
         if refused:
-            time.sleep(SNAP_RECHECK_SECONDS)
+            time.sleep(timing.SNAP_RECHECK_SECONDS)
         for name in refused:
             if _refuses(self._addresses[name]):
                 self._lose(name, time.monotonic() - (self._last_answer[name] or self._since))
@@ -248,7 +227,7 @@ def _refuses(address: str) -> bool:
     """Whether `address`'s host refuses a connection: it is up, and nothing listens there."""
     host, _, port = address.rpartition(":")
     try:
-        socket.create_connection((host, int(port)), timeout=_CONNECT_TIMEOUT_SECONDS).close()
+        socket.create_connection((host, int(port)), timeout=timing.CONNECT_TIMEOUT_SECONDS).close()
     except ConnectionRefusedError:
         return True
     except OSError:
@@ -257,7 +236,7 @@ def _refuses(address: str) -> bool:
 
 
 def until_gone(
-    peers: Mapping[str, str], *, unseen_for: float = 0.0, within: float = GONE_SECONDS
+    peers: Mapping[str, str], *, unseen_for: float = 0.0, within: float = timing.GONE_SECONDS
 ) -> None:
     """Returns once none of `peers` answers any more, or after `within` seconds; a peer not
     yet seen to answer is waited for `unseen_for` seconds at most."""
@@ -269,12 +248,12 @@ def until_gone(
         if not answering and (not unseen or now >= started + unseen_for):
             return
         left = started + unseen_for - now
-        time.sleep(min(PROBE_SECONDS, left) if left > 0 else PROBE_SECONDS)
+        time.sleep(min(timing.PROBE_SECONDS, left) if left > 0 else timing.PROBE_SECONDS)
 
 
-def round_seconds(peers: int, probe_seconds: float = PROBE_SECONDS) -> float:
+def round_seconds(peers: int, probe_seconds: float = timing.PROBE_SECONDS) -> float:
     """How often a watcher of `peers` peers probes each of them."""
-    return max(probe_seconds, peers / PROBES_PER_SECOND)
+    return max(probe_seconds, peers / timing.PROBES_PER_SECOND)
 
 
 def answers(address: str) -> bool:
@@ -293,14 +272,16 @@ def _probe(address: str, *, read: bool) -> bytes | None:
     for none soon: a listener that accepted is alive whatever it says)."""
     host, _, port = address.rpartition(":")
     try:
-        connection = socket.create_connection((host, int(port)), timeout=_CONNECT_TIMEOUT_SECONDS)
+        connection = socket.create_connection(
+            (host, int(port)), timeout=timing.CONNECT_TIMEOUT_SECONDS
+        )
     except OSError:
         return None
     with connection:
         if not read:
             return b""
         # A gRPC server sends its first frame at once, and a wrapper its answer.
-        connection.settimeout(_READ_TIMEOUT_SECONDS)
+        connection.settimeout(timing.READ_TIMEOUT_SECONDS)
         try:
             return connection.recv(len(FINISHED))
         except OSError:

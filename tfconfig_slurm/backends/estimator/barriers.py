@@ -23,13 +23,7 @@ from typing import Any, Callable
 import tensorflow as tf
 from absl import logging
 
-from tfconfig_slurm.process import polling, preemption
-
-# How long a chief told to stop waits for the workers to stop before it checkpoints anyway.
-PREEMPT_WAIT_SECONDS = 30.0
-# A ps that exits the instant the last token arrives can catch a trainer still closing the
-# session that sent it, which then retries for seconds; a short grace avoids it (measured here).
-STOP_GRACE_SECONDS = 1.0
+from tfconfig_slurm.process import polling, preemption, timing
 
 OnToken = Callable[[int], None]
 
@@ -79,7 +73,7 @@ def _drain(
         while len(tokens) < count:
             ready = min(int(session.run(size)), count - len(tokens))
             if not ready:
-                time.sleep(polling.POLL_SECONDS)
+                time.sleep(timing.POLL_SECONDS)
                 continue
             for token in session.run(take, {available: ready}):
                 tokens.append(int(token))
@@ -102,7 +96,7 @@ def serve_until_trainers_finish(
         trainers,
         ", ".join(map(str, finished)),
     )
-    time.sleep(STOP_GRACE_SECONDS)
+    time.sleep(timing.PS_EXIT_GRACE_SECONDS)
     return finished
 
 
@@ -171,7 +165,7 @@ class PreemptionHook(tf.compat.v1.train.SessionRunHook):
     """Stops this trainer at the first step boundary after a stop request.
 
     It first runs the RELEASE_PEERS ops. In a cluster each worker then says so on a queue on
-    the first ps, and the chief stops only once every worker has (or PREEMPT_WAIT_SECONDS
+    the first ps, and the chief stops only once every worker has (or timing.PREEMPT_WAIT_SECONDS
     passed): the final checkpoint, which Estimator writes as the chief stops, then holds every
     step any trainer took.
     """
@@ -207,14 +201,14 @@ class PreemptionHook(tf.compat.v1.train.SessionRunHook):
             stopped = polling.poll(
                 lambda: int(session.run(self._count_stopped)),
                 lambda count: count >= workers,
-                PREEMPT_WAIT_SECONDS,
+                timing.PREEMPT_WAIT_SECONDS,
             )
             if stopped < workers:
                 logging.warning(
                     "only %d of %d workers stopped within %.0f s; checkpointing without them",
                     stopped,
                     workers,
-                    PREEMPT_WAIT_SECONDS,
+                    timing.PREEMPT_WAIT_SECONDS,
                 )
         # Unnamed, as the Keras backend's line: the task's name is the log's (srun --label,
         # a local cluster's prefix), and a trainer's number is not its role's index.

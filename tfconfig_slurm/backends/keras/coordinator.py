@@ -42,7 +42,7 @@ from tfconfig_slurm.backends.keras.model_dir import (
 )
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import cadence, preemption, reports
+from tfconfig_slurm.process import cadence, preemption, reports, timing
 from tfconfig_slurm.process.experiment import KerasExperiment
 from tfconfig_slurm.process.lifecycle import Ending
 from tfconfig_slurm.process.settings import TrainingSettings
@@ -50,9 +50,6 @@ from tfconfig_slurm.process.throughput import Throughput
 
 # A variable smaller than this stays whole on one parameter server.
 _MIN_SHARD_BYTES = 256 << 10
-# The final evaluation's process, on the whole eval set, is given this long: a hang there
-# would hold the run (and its parameter servers) for ever.
-_EVALUATE_SECONDS = 3600.0
 
 
 class CoordinatorBackend(TrainingBackendBase):
@@ -140,7 +137,7 @@ class CoordinatorBackend(TrainingBackendBase):
 
 
 def run_evaluation(
-    command: list[str], environ: Mapping[str, str], seconds: float = _EVALUATE_SECONDS
+    command: list[str], environ: Mapping[str, str], seconds: float = timing.EVALUATE_SECONDS
 ) -> dict[str, float]:
     """The metrics an evaluation process prints as its last line of output; EvaluationError,
     with the end of its stderr, where it fails, hangs past `seconds`, or prints none."""

@@ -30,12 +30,8 @@ from tfconfig_slurm.backends.keras.model_dir import (
     write_scalars,
 )
 from tfconfig_slurm.cluster.layout import CHIEF
-from tfconfig_slurm.process import reports, watchdog
+from tfconfig_slurm.process import reports, timing, watchdog
 from tfconfig_slurm.process.lifecycle import Ending
-
-# How long the checkpoint iterator waits before asking whether to stop; it looks every
-# second, and a timeout shorter than two looks makes it return at once, over and over.
-_LOOK_SECONDS = 2.0
 
 
 class SidecarBackend(KerasBackendBase):
@@ -73,7 +69,7 @@ class SidecarBackend(KerasBackendBase):
         )
         batches = eval_batches(self._experiment, settings.params)
         for path in tf.train.checkpoints_iterator(
-            str(settings.model_dir), timeout=_LOOK_SECONDS, timeout_fn=gone.is_set
+            str(settings.model_dir), timeout=timing.CHECKPOINT_LOOK_SECONDS, timeout_fn=gone.is_set
         ):
             step = _step_of(path)
             if step is None:

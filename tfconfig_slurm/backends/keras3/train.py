@@ -48,6 +48,7 @@ from tfconfig_slurm.process import (
     model_dir,
     preemption,
     reports,
+    timing,
     watchdog,
 )
 from tfconfig_slurm.process.experiment import KerasExperiment
@@ -268,13 +269,8 @@ def _others_end_first(role: ClusterRole | None) -> Iterator[None]:
         yield
     except BaseException:
         if role is not None and role.role == CHIEF:
-            watchdog.until_gone(role.named(WORKER), within=_FAILING_SECONDS)
+            watchdog.until_gone(role.named(WORKER), within=timing.FAILING_SECONDS)
         raise
-
-
-# How long a failing chief waits for the others to end: a process stuck in a collective with
-# it would wait for it forever.
-_FAILING_SECONDS = 5.0
 
 
 def _end_together(role: ClusterRole | None) -> None:

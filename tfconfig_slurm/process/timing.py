@@ -1,0 +1,124 @@
+"""The runtime's timing budget: every wait, grace and period of the process machinery and the
+backends, with the reason for each number, in one place, as several of them interlock (a stop
+must finish inside SLURM's KillWait, a lock outlive its renewals, a lost peer be told from a
+dropped packet); tests/test_timing.py checks those relations. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+# --- SLURM's, not ours: the bound a stop works inside ---
+
+# SLURM's default KillWait: a time limit, scancel or a preemption without warning sends
+# SIGTERM, and SIGKILL this long after it.
+SLURM_KILL_WAIT_SECONDS = 30.0
+# slurmctld can be slow to answer when busy; a command (squeue, scontrol, scancel) that takes
+# longer is given up on.
+SLURM_COMMAND_SECONDS = 60.0
+
+# --- A stop (process/supervise.py, local_cluster.py, backends/estimator/barriers.py) ---
+
+# How long a command told to stop may take to finish its stop (a checkpoint) while its peers
+# go quiet, stopping too, before it is killed as for a lost peer: inside KillWait, after which
+# SLURM kills every process of the step itself.
+STOP_GRACE_SECONDS = 20.0
+# How long an Estimator chief told to stop waits for the workers to stop before it
+# checkpoints anyway: with its checkpoint, inside STOP_GRACE_SECONDS (it was 30 s, which a
+# SIGTERM's KillWait cut short, without the checkpoint, where a worker never stopped).
+PREEMPT_WAIT_SECONDS = 15.0
+# What a stop leaves for the checkpoint after PREEMPT_WAIT_SECONDS (a few seconds here).
+CHECKPOINT_ALLOWANCE_SECONDS = 5.0
+# A ps that exits the instant the last stop token arrives can catch a trainer still closing the
+# session that sent it, which then retries for seconds; a short grace avoids it (measured here).
+PS_EXIT_GRACE_SECONDS = 1.0
+# How long a parameter server's command, once every trainer has finished, has to end on
+# SIGTERM before it is killed.
+END_GRACE_SECONDS = 5.0
+# A local cluster told to stop (SIGTERM, Ctrl-C) gives its tasks this long before it kills
+# them: time for the chief's stop and checkpoint, inside KillWait should the launcher itself
+# run in a job.
+LOCAL_STOP_GRACE_SECONDS = 25.0
+# A local cluster whose task failed gives the others this long to end on SIGTERM.
+LOCAL_FAILED_GRACE_SECONDS = 5.0
+# How long a failing Keras 3 chief waits for the others to end: a process stuck in a
+# collective with it would wait for it forever.
+FAILING_SECONDS = 5.0
+
+# --- A peer's liveness (process/watchdog.py, supervise.py) ---
+
+# Each peer is probed at most every PROBE_SECONDS, and a watcher makes at most
+# PROBES_PER_SECOND probes, so that a ps watched by thousands of trainers is not flooded.
+PROBE_SECONDS = 1.0
+PROBES_PER_SECOND = 50.0
+# A probe's connection and its read of the answer.
+CONNECT_TIMEOUT_SECONDS = 1.0
+READ_TIMEOUT_SECONDS = 0.25
+# A peer is lost after refusing or timing out for this long in a row. Short, as refusals come
+# only from a closed port; long enough to ride out a dropped packet (several probes).
+LOST_AFTER_SECONDS = 3.0
+# A snap check probes a peer twice this far apart: a port that refuses both times is closed,
+# not between a dropped packet and its retry.
+SNAP_RECHECK_SECONDS = 0.2
+# How long a peer that never answered yet may take to start (TensorFlow's import alone took
+# 3-5 s here; on a cluster's shared file system, much longer).
+START_SECONDS = 600.0
+# How long a task waits at most for peers to leave: a task that finished says so, or a Keras 3
+# chief keeps the run's JAX service up, should they never leave.
+GONE_SECONDS = 60.0
+# How long a trainer that finished says so to parameter servers it never heard from: a probe
+# of each watcher's, and a margin.
+UNSEEN_SECONDS = 1.5 * PROBE_SECONDS
+# How long a task waits, once a peer said its command failed, for its own to fail of the same
+# cause before it ends for the peer: the first line it logs then names the right culprit.
+OWN_FAILURE_SECONDS = 2.0
+# How often a task told to stop looks for the run's failure record: a stat of the run
+# directory, for the few seconds a stop takes.
+FAILURE_POLL_SECONDS = 0.25
+
+# --- The run's lock (process/claim.py) ---
+
+# The holder renews its lock this often while it trains...
+RENEW_SECONDS = 10.0
+# ...and a lock not renewed for this long is taken over: several renewals missed, not one
+# slow file system write.
+STALE_SECONDS = 90.0
+# After taking over a lock, how long to wait before reading it back: two runs that found the
+# same stale lock both replace it, and the one whose lock is still there afterwards holds it.
+SETTLE_SECONDS = 0.5
+# squeue, asked whether a lock's job still runs, is given this long (it is asked at a start).
+SQUEUE_SECONDS = 10.0
+
+# --- The job's time limit (process/time_limit.py) ---
+
+# squeue is asked for the time left this often, as scontrol update TimeLimit= moves it.
+LIMIT_POLL_SECONDS = 60.0
+# The first wait before squeue is asked again after a failure; doubled each time, up to
+# LIMIT_POLL_SECONDS.
+LIMIT_RETRY_SECONDS = 5.0
+# squeue is asked once more this long before the stop: a limit raised late moves it.
+FINAL_LOOK_SECONDS = 15.0
+# How often the stop's time is looked at again: a checkpoint may have made the margin larger.
+LIMIT_LOOK_SECONDS = 5.0
+# A limit that moved by less than this did not move: squeue's own rounding.
+LIMIT_MOVED_SECONDS = 5.0
+
+# --- Reports and evaluation (process/reports.py, backends) ---
+
+# How long the chief waits for the other trainers' throughput reports for summary.json.
+REPORT_WAIT_SECONDS = 30.0
+# How long the chief waits for the evaluator's metrics: it may be busy with an earlier
+# checkpoint.
+EVALUATOR_WAIT_SECONDS = 600.0
+# The coordinator's final evaluation, in a process of its own on the whole eval set, is given
+# this long: a hang there would hold the run (and its parameter servers) for ever.
+EVALUATE_SECONDS = 3600.0
+# How long the checkpoint iterator of a Keras evaluator waits before asking whether to stop; it
+# looks every second, and a timeout shorter than two looks makes it return at once, over and
+# over.
+CHECKPOINT_LOOK_SECONDS = 2.0
+
+# --- Small waits ---
+
+# A condition polled in a loop (a file, a queue's count) is looked at this often.
+POLL_SECONDS = 0.1
+# How long the end of a command's output is waited for once it has exited.
+OUTPUT_FINISH_SECONDS = 5.0
