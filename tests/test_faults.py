@@ -392,8 +392,11 @@ def test_scancel_checkpoints_every_step_taken_and_resubmitting_resumes(
 def test_a_node_cut_off_ends_the_job_in_bounded_time(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """Its link down, as a switch port failing: bounded by SlurmdTimeout (15 s) + 60 s."""
-    job = submit(slurm_cluster, tmp_path, "cut", *TRAIN_FOREVER, nodes="node[1-2]")
+    """Its link down, as a switch port failing: bounded by SlurmdTimeout (15 s) + 60 s. (No
+    restart of the step in the job: one without the node that is gone is still to come.)"""
+    job = submit(
+        slurm_cluster, tmp_path, "cut", *TRAIN_FOREVER, "--max_restarts=0", nodes="node[1-2]"
+    )
     logs = tmp_path / "cut" / "logs"
     try:
         wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
@@ -434,11 +437,24 @@ def runtime_left(cluster: SlurmCluster) -> list[str]:
     return [task for task in cluster.task_pids()["node2"] if "tfconfig_slurm" in task]
 
 
+# A job that a killed task restarts once in its allocation: long enough for its first
+# checkpoints before the kill, short enough to finish soon after the restart.
+RESTARTED_STEPS = 150
+
+
 @pytest.mark.slurm
-def test_the_batch_script_names_the_task_that_failed_first(
+def test_a_killed_task_restarts_the_step_in_the_job_from_the_checkpoint(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    job = submit(slurm_cluster, tmp_path, "named", *TRAIN_FOREVER)
+    """Worker 0 killed -9 after the first checkpoints: the batch script names it as the first
+    to fail, starts the step again in the same job (no requeue), and the run resumes from its
+    latest checkpoint and trains to the end; the runs table and state.json keep the restart
+    and its cause."""
+    job = submit(
+        slurm_cluster, tmp_path, "named", f"--experiment={PACED}",
+        f"--train_steps={RESTARTED_STEPS}", "--log_every_steps=1",
+        f"--save_checkpoints_steps={CHECKPOINT_STEPS}",
+    )  # fmt: skip
     logs = tmp_path / "named" / "logs"
     try:
         wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
@@ -450,7 +466,7 @@ def test_the_batch_script_names_the_task_that_failed_first(
     finally:
         if job.poll() is None:
             job.kill()
-    assert ended["JobState"] == "FAILED" and ended["ExitCode"] != "0:0"
+    assert (ended["JobState"], ended["ExitCode"], ended["Restarts"]) == ("COMPLETED", "0:0", "0")
     output = (tmp_path / f"train-{ended['JobId']}.out").read_text()
     second_node = re.search(r"worker 0 on (node\d)", read_logs(logs))
     assert second_node is not None
@@ -463,3 +479,21 @@ def test_the_batch_script_names_the_task_that_failed_first(
         output,
     )
     assert named is not None, output
+    again = re.search(
+        rf"starting the step again in job {ended['JobId']} \(restart 1 of at most 2\), from "
+        r"the checkpoint of step (\d+): (worker 0 stopped answering|a task was killed)",
+        output,
+    )
+    assert again is not None, output
+    resumed_from = int(again[1])
+    assert resumed_from >= CHECKPOINT_STEPS
+    assert f"resuming from step {resumed_from}" in read_logs(logs)
+    # Two trainers on parameter servers may both take the last step.
+    assert checkpoint_step(tmp_path / "named") >= RESTARTED_STEPS
+    assert re.search(
+        r"done at step \d+: .*; its step started again 1x in its job "
+        rf"\({again[2]}\)",
+        output,
+    ), output
+    state = json.loads((tmp_path / "named" / "state.json").read_text())
+    assert [each["cause"] for each in state["restarts"]] == [again[2]]

@@ -70,7 +70,31 @@ def test_slurm_s_environment_is_read_only_at_the_doors() -> None:
         "commands/layout_flags.py",
         "commands/run.py",
         "commands/runs.py",
+        "commands/step_failed.py",
         "commands/task_config.py",
         "commands/with_tfconfig.py",
         "process/place.py",
+    ]
+
+
+def test_the_process_s_environment_is_written_only_at_the_doors() -> None:
+    """The commands own their process's environment; below them nothing writes os.environ (a
+    child's environment is built, not this one changed) but where TensorFlow's own API reads
+    it, in one place each: Estimator's RunConfig reads TF_CONFIG (estimators.py), the Python
+    API hands the local cluster's layout on (api.py, a door), and the final evaluation's own
+    process keeps tf-keras (evaluate.py, its main)."""
+    package = Path(cluster.__file__).parents[1]
+    writing = re.compile(
+        r"\bos\.environ\[[^\]]+\]\s*=|\bos\.environ\.(pop|setdefault|update|clear)\("
+        r"|\bos\.(putenv|unsetenv)\("
+    )
+    below = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if writing.search(path.read_text()) and path.parent.name != "commands"
+    )
+    assert below == [
+        "backends/estimator/api.py",
+        "backends/estimator/estimators.py",
+        "backends/keras/evaluate.py",
     ]

@@ -453,11 +453,16 @@ def test_the_runs_table_follows_a_run_through_running_requeued_stopped_and_faile
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     endless = (f"--experiment={PACED}", "--train_steps=1000000", "--save_checkpoints_steps=20")
-    # Two runs at once, a node each: one stopped, one killed.
+    # Two runs at once, a node each: one stopped, one killed (and not restarted in its job).
     job, other = (
-        submit(slurm_cluster, tmp_path, name, *endless, nodes=node, sbatch_options=("--nodes=1",))
-        for name, node in (("long", "node1"), ("killed", "node2"))
-    )
+        submit(
+            slurm_cluster, tmp_path, name, *endless, *extra, nodes=node,
+            sbatch_options=("--nodes=1",),
+        )
+        for name, node, extra in (
+            ("long", "node1", ()), ("killed", "node2", ("--max_restarts=0",))
+        )
+    )  # fmt: skip
     root = tmp_path
 
     def listed(name: str) -> dict[str, Any]:

@@ -209,7 +209,9 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
     done = {"state": "done", "hparams": hparams, "job_id": None}
     summary = {"eval": {"accuracy": 0.9, "loss": 0.3, "global_step": 50.0},
                "trainers": [{"examples_per_sec": 100.0}, {"examples_per_sec": 50.5}]}  # fmt: skip
-    run_dir(tmp_path, "a-done", done, summary, 50)
+    # Its step started again in its job once (launch/train.sbatch).
+    restarted = {"restarts": [{"job_id": "7", "cause": "worker 0 stopped answering", "time": 1}]}
+    run_dir(tmp_path, "a-done", done | restarted, summary, 50)
     # Resumed with nothing left to train: its trainer took no step.
     better = {"eval": {"accuracy": 0.95, "loss": 0.2, "global_step": 50.0},
               "trainers": [{"examples_per_sec": 0.0}]}  # fmt: skip
@@ -255,6 +257,7 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
         ("f-continued", "stopped", 60),
     ]
     assert runs[1]["eval"]["accuracy"] == 0.9 and runs[1]["examples_per_sec"] == 150.5
+    assert [run["restarts"] for run in runs[:2]] == [[], ["worker 0 stopped answering"]]
     assert runs[0]["hparams"] == {"learning_rate": 0.002} and runs[0]["examples_per_sec"] is None
     assert {"experiment_id", "state", "global_step", "hparams", "eval", "job_id"} <= set(runs[0])
     assert [run["first_failure"] for run in runs] == [
@@ -267,6 +270,7 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
     lines = text.stdout.splitlines()
     assert lines[0].split()[:4] == ["EXPERIMENT_ID", "STATE", "STEP", "EVAL"]
     assert lines[1].startswith("b-done") and "accuracy=0.95" in lines[1]
+    assert "done (restarted 1x: worker 0 stopped answering)" in lines[2], lines[2]
     assert lines[-2:] == [
         "d-failed: first to fail: worker 1 on node2: ValueError: bad batch (exit 1)",
         "d-unlocked: first to fail: ps 0 on node2: ValueError: bad batch (exit 1)",

@@ -1,5 +1,6 @@
 """The `tfconfig-slurm` command: the layout tool (tfconfig.py), or with `runs` first the table
-of an output root's runs (runs.py). Each defines its own flags, so only one is imported."""
+of an output root's runs (runs.py), or with `step-failed` a batch script's line for a step that
+failed (step_failed.py). Each defines its own flags, so only one is imported."""
 
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ def tfconfig_slurm() -> None:
         from tfconfig_slurm.commands import runs  # noqa: PLC0415
 
         runs.run()
+    if word == "step-failed":
+        del sys.argv[1]
+        from tfconfig_slurm.commands import step_failed  # noqa: PLC0415
+
+        step_failed.run()
     if not word.startswith("-"):
         # The layout tool takes flags only: a word first is a command, mistyped or unknown.
         guess = "; did you mean runs?" if difflib.get_close_matches(word, ["runs"]) else ""

@@ -117,6 +117,21 @@ PRINT_MODEL_DIR = flags.DEFINE_boolean(
     "stderr, what training there would do: start a new run, resume one at its step, or find "
     "it trained already.",
 )
+PRINT_MAX_RESTARTS = flags.DEFINE_boolean(
+    "print_max_restarts",
+    False,
+    "Print --max_restarts and exit (for batch scripts: launch/train.sbatch).",
+)
+MAX_RESTARTS = flags.DEFINE_integer(
+    "max_restarts",
+    2,
+    "launch/train.sbatch starts a job step that failed, where no code of the run's failed (a "
+    "task killed, out of memory, or a peer that stopped answering), again in the same job, "
+    "at most this many times: the run resumes from its latest checkpoint, losing at most a "
+    "checkpoint interval, not the allocation. An error in the run's code, refused input, or "
+    "a restart that failed before its first progress line ends the job. 0: never.",
+    lower_bound=0,
+)
 TRAIN_STEPS = flags.DEFINE_integer(
     "train_steps", 1000, "Train until the global step reaches this.", lower_bound=1
 )
@@ -321,6 +336,9 @@ def _start(
         experiment_lib.with_overrides(literal, hparams)
     named = naming()
     model_dir.check_writable(directory, named)
+    if PRINT_MAX_RESTARTS.value:
+        sys.stdout.write(f"{MAX_RESTARTS.value}\n")
+        return 0
     if PRINT_MODEL_DIR.value:
         # A directory another live run holds stops a batch script here, in one line, not in
         # every task of its step.

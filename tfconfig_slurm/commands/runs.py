@@ -158,7 +158,8 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
     kept = (
         "no checkpoint" if checkpoint is None else f"its latest checkpoint is at step {checkpoint}"
     )
-    why = f" ({run['ended_by'] or run['stopped_by']})" if _why(run) else ""
+    stopped_by = run["ended_by"] or run["stopped_by"]
+    why = f" ({stopped_by})" if stopped_by else ""
     said = {
         "done": f"done at step {step}"
         + (f": {_pairs(_shown(run['eval']), 4)}" if _shown(run["eval"]) else "")
@@ -171,7 +172,7 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
         "experiment id to resume",
         "failed": f"failed ({kept}); first to fail: {run['first_failure'] or 'not recorded'}",
     }.get(state, f"{state} at step {step}")
-    return f"{folder}: {said}{_logs(paths)}"
+    return f"{folder}: {said}{_restarted(run)}{_logs(paths)}"
 
 
 def _logs(paths: run_dir.RunDir) -> str:
@@ -252,6 +253,8 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         # The job the run goes on in, where its own could not requeue.
         "continued_as": continued.job_id if continued else None,
         "first_failure": failed_line if said == "failed" else None,
+        # Each restart of the run's step inside its job, by its cause (launch/train.sbatch).
+        "restarts": [str(each.get("cause")) for each in state.get("restarts", ())],
         # What stopped a stopped or requeued run: "time limit", or the signal.
         "stopped_by": state.get("why", state.get("signal"))
         if said in ("stopped", "requeued", "continued")
@@ -284,6 +287,7 @@ def _refused_only(folder: Path, refused: refusal.Refusal) -> dict[str, Any]:
         "job_id": refused.job_id,
         "updated": refused.time,
         "refused": refused._asdict(),
+        "restarts": [],
         "eval": {},
         "hparams": {},
     }
@@ -450,9 +454,21 @@ def _shown(metrics: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _why(run: Mapping[str, Any]) -> str:
-    """` (time limit)`, ` (node failure)`: what stopped or ended a run, SLURM's word first."""
-    why = run["ended_by"] or run["stopped_by"]
-    return f" ({why})" if why else ""
+    """` (time limit)`, ` (node failure)`: what stopped or ended a run, SLURM's word first;
+    and how often its step started again in its job (` (restarted 1x: worker 0 stopped
+    answering)`)."""
+    why = [each for each in (run["ended_by"] or run["stopped_by"],) if each]
+    if run["restarts"]:
+        why.append(f"restarted {len(run['restarts'])}x: {run['restarts'][-1]}")
+    return f" ({'; '.join(why)})" if why else ""
+
+
+def _restarted(run: Mapping[str, Any]) -> str:
+    """`; its step started again 1x in its job (worker 0 stopped answering)`, or ""."""
+    restarts = run["restarts"]
+    if not restarts:
+        return ""
+    return f"; its step started again {len(restarts)}x in its job ({'; '.join(restarts)})"
 
 
 def _pairs(values: Mapping[str, Any], digits: int) -> str:

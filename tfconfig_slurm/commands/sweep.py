@@ -17,6 +17,7 @@ job id.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -208,6 +209,8 @@ def _checked_lines(sweep_file: Path) -> list[str]:
         )
     spec = runtime.EXPERIMENT.value or "mnist_deep"
     kind = experiment_lib.require_runtime(spec)
+    if kind == experiment_lib.KERAS3:
+        experiment_lib.choose_jax(os.environ)
     # An experiment that imports TensorFlow 2.16+ would write its start-up notes here.
     with native_noise.start_up_notes_held(gpus_asked=False):
         experiment = experiment_lib.load_for(kind, spec)

@@ -25,7 +25,6 @@ import importlib.util
 import inspect
 import math
 import numbers
-import os
 import sys
 import traceback
 from collections.abc import Mapping, MutableMapping
@@ -258,11 +257,10 @@ KERAS_BACKEND = "KERAS_BACKEND"
 
 
 def load_for(kind: str, spec: str) -> Experiment | KerasExperiment:
-    """The experiment `spec` names, loaded as its kind is (a Keras 3 one on JAX)."""
+    """The experiment `spec` names, loaded as its kind is (a Keras 3 one with choose_jax
+    called first, by the command that owns the process's environment)."""
     if kind == ESTIMATOR:
         return load(spec)
-    if kind == KERAS3:
-        choose_jax(os.environ)
     return load_keras(spec)
 
 

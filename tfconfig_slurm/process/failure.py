@@ -166,6 +166,14 @@ def read(model_dir: Path, run_id: str) -> Failure | None:
     return _read(RunDir(model_dir).failure(run_id))
 
 
+def of_job(model_dir: Path, job_id: int, restart: int, since: float = 0.0) -> Failure | None:
+    """The first failure recorded since `since` (a time) by any step of the job `job_id` in its
+    run `restart` (0 before its first requeue), if any."""
+    records = RunDir(model_dir).failures.glob(f"{job_id}.*.{restart}.json")
+    later = (failure for failure in map(_read, records) if failure and failure.time >= since)
+    return min(later, key=lambda failure: failure.time, default=None)
+
+
 def latest(model_dir: Path) -> Failure | None:
     """The newest attempt's first failure recorded in `model_dir`, if any."""
     records = filter(None, map(_read, RunDir(model_dir).failures.glob("*.json")))

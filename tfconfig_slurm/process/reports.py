@@ -238,6 +238,7 @@ def write_state(
         current = {
             "started": current.get("started", time.time()),
             "attempts": [*current.get("attempts", []), {**attempt, "started": time.time()}],
+            **({"restarts": current["restarts"]} if current.get("restarts") else {}),
         }
     said = {
         "experiment": experiment,
@@ -250,6 +251,14 @@ def write_state(
     write_json_atomically(
         RunDir(model_dir).state, {**current, **said, "state": state, "updated": time.time()}
     )
+
+
+def record_restart(model_dir: Path, job: str, cause: str) -> None:
+    """The run's step starts again in `job` for `cause` (a batch script's restart,
+    commands/step_failed.py): kept in state.json's "restarts", which every attempt carries."""
+    current = read_state(model_dir)
+    restarts = [*current.get("restarts", []), {"job_id": job, "cause": cause, "time": time.time()}]
+    write_json_atomically(RunDir(model_dir).state, {**current, "restarts": restarts})
 
 
 def write_json_atomically(path: Path, value: Any) -> None:

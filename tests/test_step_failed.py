@@ -1,0 +1,144 @@
+"""A batch script's lines for a step that failed (`tfconfig-slurm step-failed`): the first to
+fail from the run's failure record, else from srun's message and that task's log; and whether
+the step starts again in the job (process/restarts.py). No TensorFlow, no SLURM: the job is an
+environment dictionary."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tfconfig_slurm.cluster.step import SlurmJob
+from tfconfig_slurm.commands import step_failed
+from tfconfig_slurm.commands.step_failed import Step
+from tfconfig_slurm.process import reports, restarts
+from tfconfig_slurm.process.failure import Failure
+
+JOB = SlurmJob(42, None, None, 1)
+LOST = Failure(
+    "worker 0", "node2", "stopped answering: killed, or its node cut off", None, "ps 0", 20.0
+)
+
+
+def recorded(model_dir: Path, run_id: str, failure: Failure) -> None:
+    (model_dir / "failures").mkdir(exist_ok=True)
+    (model_dir / "failures" / f"{run_id}.json").write_text(json.dumps(dataclasses.asdict(failure)))
+
+
+def test_the_first_record_of_this_step_names_the_task(tmp_path: Path) -> None:
+    # Another job's, this job's earlier run's and an earlier step's are not this step's.
+    earlier = dataclasses.replace(LOST, task="chief 0", time=1.0)
+    recorded(tmp_path, "41.0.1", earlier)
+    recorded(tmp_path, "42.0.0", earlier)
+    recorded(tmp_path, "42.0.1", earlier)
+    recorded(tmp_path, "42.1.1", LOST)
+    said = step_failed.line(tmp_path, JOB, Step(137, tmp_path / "none.log", 10.0), "train")
+    assert said == (
+        "train: the step failed (exit 137); first to fail: worker 0 on node2: stopped "
+        f"answering: killed, or its node cut off, seen by ps 0; task logs in {tmp_path / 'logs'}"
+    )
+
+
+def test_without_a_record_srun_s_message_and_the_task_s_log_name_it(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    srun_log = tmp_path / "logs" / "job7_2-srun.log"
+    srun_log.write_text(
+        "srun: error: node2: tasks 3-5: Exited with exit code 2\nsrun: Terminating StepId=7.0\n"
+    )
+    (tmp_path / "logs" / "job7_2-task3.log").write_text(
+        "I1127 worker 1 on node2 at node2:10001 with GPUs [0]\n"
+        "tfconfig-slurm-run: --roles: wrong. HINT: fix it\n"
+        "slurmstepd: error: *** STEP 7.0 CANCELLED ***\n"
+    )
+    said = step_failed.line(tmp_path, SlurmJob(9, 7, 2, 0), Step(2, srun_log), "mine")
+    assert said == (
+        "mine: the step failed (exit 2); first to fail: node2: tasks 3-5: Exited with exit code "
+        "2 (worker 1 on node2); its last line: tfconfig-slurm-run: --roles: wrong. HINT: fix "
+        f"it; task logs in {tmp_path / 'logs'}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("first", "srun_said", "again"),
+    [
+        # A task killed: its watcher saw it stop answering; with-tfconfig's command by a signal.
+        (LOST, "", True),
+        (Failure("worker 1", "n2", "its command was killed by SIGKILL", 137, None, 1.0), "", True),
+        # No record, and srun names a kill, or the out-of-memory killer.
+        (None, "srun: error: node2: task 3: Killed", True),
+        (None, "slurmstepd: error: Detected 1 oom_kill event in StepId=5.0", True),
+        # The run's code: an exception, refused input, a peer that said its command failed.
+        (Failure("chief 0", "n1", "ValueError: bad batch", 1, None, 1.0), "", False),
+        (Failure("chief 0", "n1", "--hparams: no such", 2, None, 1.0), "", False),
+        (Failure("worker 0", "n2", "its command failed", None, "ps 0", 1.0), "", False),
+        # srun names an exit status, not a signal: not known to pass.
+        (None, "srun: error: node2: task 3: Exited with exit code 1", False),
+    ],
+)
+def test_only_a_failure_outside_the_run_s_code_is_worth_a_restart(
+    first: Failure | None, srun_said: str, again: bool
+) -> None:
+    assert restarts.verdict(first, srun_said, trained=True).again is again
+    # A restart that failed before it trained a step would fail so again.
+    assert not restarts.verdict(first, srun_said, trained=False).again
+
+
+def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
+    tmp_path: Path,
+) -> None:
+    """The restart is said with its cause and the checkpoint the run resumes from, and kept in
+    state.json; the last one allowed made, the job ends and says why."""
+    recorded(tmp_path, "42.1.1", LOST)
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-40"\n')
+    step = Step(137, tmp_path / "srun.log", 10.0)
+    said, again = step_failed.decision(tmp_path, JOB, step, done=0, most=2, job_name="train")
+    assert again and said == (
+        "train: starting the step again in job 42 (restart 1 of at most 2), from the checkpoint "
+        "of step 40: worker 0 stopped answering"
+    )
+    assert [each["cause"] for each in reports.read_state(tmp_path)["restarts"]] == [
+        "worker 0 stopped answering"
+    ]
+    # The restart trained (its progress line came after it started), and failed of a kill again.
+    reports.write_json_atomically(tmp_path / "progress.json", {"global_step": 50, "time": 30.0})
+    recorded(tmp_path, "42.2.1", dataclasses.replace(LOST, time=40.0))
+    said, again = step_failed.decision(
+        tmp_path, JOB, step._replace(started=25.0), done=2, most=2, job_name="train"
+    )
+    assert not again and said == (
+        "train: not starting the step again: worker 0 stopped answering, and the job made its 2 "
+        "restart(s) (--max_restarts)"
+    )
+    # One that never logged progress after it started does not loop.
+    said, again = step_failed.decision(
+        tmp_path, JOB, step._replace(started=35.0), done=1, most=2, job_name="train"
+    )
+    assert not again and said.endswith("it failed before it trained a step")
+
+
+def test_a_bug_ends_the_job_at_once_and_a_step_srun_failed_says_srun_s_line(
+    tmp_path: Path,
+) -> None:
+    """The command a batch script calls: exit 0 (the job ends), two lines."""
+    recorded(tmp_path, "5.0.0", Failure("chief 0", "n1", "ValueError: bad batch", 1, None, 9.0))
+    srun_log = tmp_path / "srun.log"
+    srun_log.write_text("srun: error: node1: task 0: Exited with exit code 1\n")
+    said = subprocess.run(
+        [sys.executable, "-m", "tfconfig_slurm.commands", "step-failed",
+         f"--model_dir={tmp_path}", "--status=1", f"--srun_log={srun_log}", "--job_name=train",
+         "--started=1", "--max_restarts=2"],
+        env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "5"},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (said.returncode, said.stdout) == (0, ""), said.stderr
+    assert said.stderr.splitlines() == [
+        "train: the step failed (exit 1); first to fail: chief 0 on n1: ValueError: bad batch "
+        f"(exit 1); task logs in {tmp_path / 'logs'}",
+        "train: not starting the step again: an error in the run's code",
+    ]
