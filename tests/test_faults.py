@@ -437,6 +437,29 @@ def runtime_left(cluster: SlurmCluster) -> list[str]:
     return [task for task in cluster.task_pids()["node2"] if "tfconfig_slurm" in task]
 
 
+@pytest.mark.slurm
+def test_an_error_in_the_experiment_ends_the_job_at_once_not_restarted(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """The experiment's input raises at each trainer's 20th batch: the job ends FAILED, not
+    requeued, its step run once, the first to fail named with the error, and said not to
+    start again (a bug would fail the same way)."""
+    raising = REPOSITORY / "tests" / "fixtures" / "raising.py"
+    ended = finish(
+        slurm_cluster,
+        submit(
+            slurm_cluster, tmp_path, "raising", f"--experiment={raising}", "--train_steps=1000",
+            environ={"PYTHONPATH": str(REPOSITORY)},
+        ),
+    )  # fmt: skip
+    assert (ended["JobState"], ended["Restarts"]) == ("FAILED", "0"), ended
+    output = (tmp_path / f"train-{ended['JobId']}.out").read_text()
+    assert output.count("the step failed") == 1, output
+    assert re.search(r"first to fail: (chief|worker) 0 on node\d: .*bad example", output), output
+    assert "train: not starting the step again: an error in the run's code" in output, output
+    assert "restarts" not in json.loads((tmp_path / "raising" / "state.json").read_text())
+
+
 # A job that a killed task restarts once in its allocation: long enough for its first
 # checkpoints before the kill, short enough to finish soon after the restart.
 RESTARTED_STEPS = 150
