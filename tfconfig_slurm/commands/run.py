@@ -64,6 +64,7 @@ from tfconfig_slurm.process import (
     supervise,
 )
 from tfconfig_slurm.process import experiment as experiment_lib
+from tfconfig_slurm.process import hparams as hparams_lib
 from tfconfig_slurm.process.settings import TrainingSettings
 
 PROGRAM = "tfconfig-slurm-run"
@@ -333,7 +334,7 @@ def _start(
     # tasks check them, as importing the module imports TensorFlow.
     literal = experiment_lib.literal_hparams(spec)
     if literal is not None:
-        experiment_lib.with_overrides(literal, hparams)
+        hparams_lib.with_overrides(literal, hparams)
     named = naming()
     model_dir.check_writable(directory, named)
     if PRINT_MAX_RESTARTS.value:
@@ -496,7 +497,7 @@ def _settings(
         train_steps=TRAIN_STEPS.value,
         eval_steps=EVAL_STEPS.value,
         params={
-            **experiment_lib.with_overrides(experiment.hparams, hparams, experiment.check_hparams),
+            **hparams_lib.with_overrides(experiment.hparams, hparams, experiment.check_hparams),
             "batch_size": BATCH_SIZE.value,
             "data_dir": DATA_DIR.value,
             "num_trainers": shard.num_shards,
@@ -676,7 +677,7 @@ def _sweep_run(sweep_file: Path, job: SlurmJob | None) -> tuple[str, str]:
             "picks a line by SLURM_ARRAY_TASK_ID, and this is not a job array task",
             "submit the sweep with launch/sweep SWEEP_FILE [flags]",
         )
-    lines = experiment_lib.sweep_lines(sweep_file)
+    lines = hparams_lib.sweep_lines(sweep_file)
     index = job.array_task_id
     if index >= len(lines):
         raise UsageError(
@@ -684,7 +685,7 @@ def _sweep_run(sweep_file: Path, job: SlurmJob | None) -> tuple[str, str]:
             f"has {len(lines)} runs, and this is array task {index}",
             "submit the sweep with launch/sweep, which asks for one array task a line",
         )
-    hparams = experiment_lib.swept(HPARAMS.value, lines[index])
+    hparams = hparams_lib.swept(HPARAMS.value, lines[index])
     return hparams, f"{sweep_file.stem}-{index}"
 
 

@@ -199,8 +199,9 @@ def _without_own_flags(arguments: list[str]) -> list[str]:
 def _checked_lines(sweep_file: Path) -> list[str]:
     """The sweep's lines, each checked against the experiment's HPARAMS."""
     from tfconfig_slurm.process import experiment as experiment_lib  # noqa: PLC0415
+    from tfconfig_slurm.process import hparams as hparams_lib  # noqa: PLC0415
 
-    lines = experiment_lib.sweep_lines(sweep_file)
+    lines = hparams_lib.sweep_lines(sweep_file)
     if not lines:
         raise UsageError(
             "SWEEP_FILE",
@@ -216,9 +217,9 @@ def _checked_lines(sweep_file: Path) -> list[str]:
         experiment = experiment_lib.load_for(kind, spec)
     for number, line in enumerate(lines):
         try:
-            experiment_lib.with_overrides(
+            hparams_lib.with_overrides(
                 experiment.hparams,
-                experiment_lib.swept(runtime.HPARAMS.value, line),
+                hparams_lib.swept(runtime.HPARAMS.value, line),
                 experiment.check_hparams,
             )
         except UsageError as error:
