@@ -1,5 +1,5 @@
-"""The stock Keras 3 job bench/keras3.py measures the runtime against: mnist_keras3's model
-and data in a plain script, its processes joined by JAX's own SLURM detection
+"""The stock Keras 3 job `bench/keras_peers.py --flavor keras3` measures the runtime against:
+mnist_keras3's model and data in a plain script, its processes joined by JAX's own SLURM detection
 (`jax.distributed.initialize()` with no arguments reads SLURM_* itself) where SLURM_NTASKS
 says more than one, data-parallel as Keras's distribution guide writes it. Prints one JSON line:
 the process's examples/s from its second step to its last, and the processes.

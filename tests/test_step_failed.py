@@ -79,6 +79,10 @@ def test_without_a_record_srun_s_message_and_the_task_s_log_name_it(tmp_path: Pa
         (Failure("worker 0", "n2", "its command failed", None, "ps 0", 1.0), "", False),
         # srun names an exit status, not a signal: not known to pass.
         (None, "srun: error: node2: task 3: Exited with exit code 1", False),
+        # ... first, and then the tasks it killed after it: the first is the cause.
+        (None, "node2: task 3: Exited with exit code 2\nnode1: tasks 0-2: Killed\n", False),
+        # A crash would come again.
+        (Failure("ps 0", "n1", "its command was killed by SIGSEGV", 139, None, 1.0), "", False),
     ],
 )
 def test_only_a_failure_outside_the_run_s_code_is_worth_a_restart(

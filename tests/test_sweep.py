@@ -209,9 +209,13 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
     done = {"state": "done", "hparams": hparams, "job_id": None}
     summary = {"eval": {"accuracy": 0.9, "loss": 0.3, "global_step": 50.0},
                "trainers": [{"examples_per_sec": 100.0}, {"examples_per_sec": 50.5}]}  # fmt: skip
-    # Its step started again in its job once (launch/train.sbatch).
-    restarted = {"restarts": [{"job_id": "7", "cause": "worker 0 stopped answering", "time": 1}]}
-    run_dir(tmp_path, "a-done", done | restarted, summary, 50)
+    # Its step started again in its latest job once (launch/train.sbatch), and once in an
+    # earlier job's, which its table line does not count.
+    restarts = [
+        {"job_id": "6", "cause": "a task was killed", "time": 1},
+        {"job_id": "7", "cause": "worker 0 stopped answering", "time": 2},
+    ]
+    run_dir(tmp_path, "a-done", done | {"job_id": "7", "restarts": restarts}, summary, 50)
     # Resumed with nothing left to train: its trainer took no step.
     better = {"eval": {"accuracy": 0.95, "loss": 0.2, "global_step": 50.0},
               "trainers": [{"examples_per_sec": 0.0}]}  # fmt: skip
@@ -270,7 +274,7 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
     lines = text.stdout.splitlines()
     assert lines[0].split()[:4] == ["EXPERIMENT_ID", "STATE", "STEP", "EVAL"]
     assert lines[1].startswith("b-done") and "accuracy=0.95" in lines[1]
-    assert "done (restarted 1x: worker 0 stopped answering)" in lines[2], lines[2]
+    assert "done (restarted 1x in its job: worker 0 stopped answering)" in lines[2], lines[2]
     assert lines[-2:] == [
         "d-failed: first to fail: worker 1 on node2: ValueError: bad batch (exit 1)",
         "d-unlocked: first to fail: ps 0 on node2: ValueError: bad batch (exit 1)",
@@ -349,6 +353,12 @@ def test_the_runs_table_says_a_run_whose_files_it_cannot_read_is_unreadable(
     assert states == {
         "cut": "unreadable", "good": "done", "summed": "unreadable", "typed": "unreadable"
     }  # fmt: skip
+    # The table, and a batch script's last line, as well.
+    text = run_module("tfconfig_slurm.commands", "runs", str(tmp_path))
+    assert text.returncode == 0 and text.stdout.count(" unreadable ") == 3, text.stderr
+    typed = run_module("tfconfig_slurm.commands", "runs", f"--run={tmp_path / 'typed'}")
+    assert typed.returncode == 0, typed.stderr
+    assert typed.stdout.startswith(f"{tmp_path / 'typed'}: unreadable at step "), typed.stdout
     a_file = run_module("tfconfig_slurm.commands", "runs", str(tmp_path / "cut" / "state.json"))
     assert (a_file.returncode, a_file.stderr.count("\n")) == (2, 1), a_file.stderr
     assert "OUTPUT_ROOT: " in a_file.stderr and "is not a directory" in a_file.stderr

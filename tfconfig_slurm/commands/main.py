@@ -30,7 +30,8 @@ def tfconfig_slurm() -> None:
         step_failed.run()
     if not word.startswith("-"):
         # The layout tool takes flags only: a word first is a command, mistyped or unknown.
-        guess = "; did you mean runs?" if difflib.get_close_matches(word, ["runs"]) else ""
+        close = difflib.get_close_matches(word, ["runs", "step-failed"], n=1)
+        guess = f"; did you mean {close[0]}?" if close else ""
         fail(
             _PROGRAM,
             UsageError(

@@ -344,6 +344,9 @@ def _start(
         # A directory another live run holds stops a batch script here, in one line, not in
         # every task of its step.
         model_dir.check_free(directory, None, named, job)
+        history.check_resumable(
+            directory, _backend_kind(kind, policy.coordinator).checkpoints, named
+        )
         sys.stdout.write(f"{directory}\n")
         # On stderr, which a batch script's .out holds: which run a job is about to carry on.
         sys.stderr.write(f"{history.before_start(directory, TRAIN_STEPS.value)}\n")
@@ -384,11 +387,16 @@ def _start(
     )
     if policy.coordinator:
         return _coordinated(task, hparams)
-    if kind == experiment_lib.KERAS:
-        lifecycle.run_to_exit(task, lifecycle.TF_KERAS, partial(_keras, task, hparams))
-    if kind == experiment_lib.KERAS3:
-        lifecycle.run_to_exit(task, lifecycle.KERAS_3, partial(_keras3, task, hparams))
-    lifecycle.run_to_exit(task, lifecycle.ESTIMATOR, partial(_estimator, task, hparams))
+    backend = {experiment_lib.KERAS: _keras, experiment_lib.KERAS3: _keras3}.get(kind, _estimator)
+    lifecycle.run_to_exit(task, _backend_kind(kind, False), partial(backend, task, hparams))
+
+
+def _backend_kind(kind: str, coordinator: bool) -> lifecycle.BackendKind:
+    """How the backend of an experiment of `kind` trains, and whose checkpoints it resumes."""
+    if coordinator:
+        return lifecycle.TF_KERAS_COORDINATOR
+    kinds = {experiment_lib.KERAS: lifecycle.TF_KERAS, experiment_lib.KERAS3: lifecycle.KERAS_3}
+    return kinds.get(kind, lifecycle.ESTIMATOR)
 
 
 def _checked_experiment() -> str:

@@ -158,8 +158,7 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
     kept = (
         "no checkpoint" if checkpoint is None else f"its latest checkpoint is at step {checkpoint}"
     )
-    stopped_by = run["ended_by"] or run["stopped_by"]
-    why = f" ({stopped_by})" if stopped_by else ""
+    why = f" ({_stopped_by(run)})" if _stopped_by(run) else ""
     said = {
         "done": f"done at step {step}"
         + (f": {_pairs(_shown(run['eval']), 4)}" if _shown(run["eval"]) else "")
@@ -172,7 +171,8 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
         "experiment id to resume",
         "failed": f"failed ({kept}); first to fail: {run['first_failure'] or 'not recorded'}",
     }.get(state, f"{state} at step {step}")
-    return f"{folder}: {said}{_restarted(run)}{_logs(paths)}"
+    restarted = f"; {_restarted(run)}" if run["restarts"] else ""
+    return f"{folder}: {said}{restarted}{_logs(paths)}"
 
 
 def _logs(paths: run_dir.RunDir) -> str:
@@ -213,6 +213,7 @@ def _readable_run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any
         "state": "unreadable",
         **dict.fromkeys(("global_step", "examples_per_sec", "job_id", "continued_as")),
         **dict.fromkeys(("first_failure", "stopped_by", "ended_by", "updated", "refused")),
+        "restarts": [],
         "eval": {},
         "hparams": {},
     }
@@ -253,8 +254,12 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         # The job the run goes on in, where its own could not requeue.
         "continued_as": continued.job_id if continued else None,
         "first_failure": failed_line if said == "failed" else None,
-        # Each restart of the run's step inside its job, by its cause (launch/train.sbatch).
-        "restarts": [str(each.get("cause")) for each in state.get("restarts", ())],
+        # Each restart of the run's step inside its latest job, by its cause (train.sbatch).
+        "restarts": [
+            str(each["cause"])
+            for each in state.get("restarts", ())
+            if each.get("job_id") == state.get("job_id")
+        ],
         # What stopped a stopped or requeued run: "time limit", or the signal.
         "stopped_by": state.get("why", state.get("signal"))
         if said in ("stopped", "requeued", "continued")
@@ -455,20 +460,20 @@ def _shown(metrics: Mapping[str, Any]) -> dict[str, Any]:
 
 def _why(run: Mapping[str, Any]) -> str:
     """` (time limit)`, ` (node failure)`: what stopped or ended a run, SLURM's word first;
-    and how often its step started again in its job (` (restarted 1x: worker 0 stopped
-    answering)`)."""
-    why = [each for each in (run["ended_by"] or run["stopped_by"],) if each]
-    if run["restarts"]:
-        why.append(f"restarted {len(run['restarts'])}x: {run['restarts'][-1]}")
+    and how often its step started again in its job (` (restarted 1x in its job: worker 0
+    stopped answering)`)."""
+    why = [each for each in (_stopped_by(run), _restarted(run)) if each]
     return f" ({'; '.join(why)})" if why else ""
 
 
+def _stopped_by(run: Mapping[str, Any]) -> str:
+    return str(run["ended_by"] or run["stopped_by"] or "")
+
+
 def _restarted(run: Mapping[str, Any]) -> str:
-    """`; its step started again 1x in its job (worker 0 stopped answering)`, or ""."""
+    """`restarted 1x in its job: worker 0 stopped answering` (the latest cause), or ""."""
     restarts = run["restarts"]
-    if not restarts:
-        return ""
-    return f"; its step started again {len(restarts)}x in its job ({'; '.join(restarts)})"
+    return f"restarted {len(restarts)}x in its job: {restarts[-1]}" if restarts else ""
 
 
 def _pairs(values: Mapping[str, Any], digits: int) -> str:

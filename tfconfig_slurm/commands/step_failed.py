@@ -1,7 +1,7 @@
 """A batch script's lines for a job step that failed: the first task to fail, and whether the
 step starts again in the same job (exit status 75) or the job ends (0):
 
-  tfconfig-slurm step-failed --model_dir=DIR --status=N --srun_log=FILE --started=SECONDS
+  tfconfig-slurm step-failed --model_dir=DIR --status=N --srun_log=FILE [--started=SECONDS]
       [--restarts=N --max_restarts=N] [--job_name=NAME]
 
 The first to fail comes from the run's failure records of this job and its requeue since the
@@ -37,16 +37,23 @@ START_AGAIN = 75
 MODEL_DIR = flags.DEFINE_string("model_dir", None, "The run's model directory.")
 STATUS = flags.DEFINE_integer("status", None, "The step's exit status (srun's).")
 SRUN_LOG = flags.DEFINE_string("srun_log", None, "Where srun's own messages were kept.")
-STARTED = flags.DEFINE_float("started", 0.0, "When the step started (seconds since the epoch).")
-RESTARTS = flags.DEFINE_integer("restarts", 0, "Restarts of the step made so far in this job.")
+STARTED = flags.DEFINE_float(
+    "started",
+    0.0,
+    "When the step started (seconds since the epoch): only the failures recorded since are "
+    "its own (0: every one of the job's).",
+)
+RESTARTS = flags.DEFINE_integer(
+    "restarts", 0, "Restarts of the step made so far in this job.", lower_bound=0
+)
 MAX_RESTARTS = flags.DEFINE_integer(
-    "max_restarts", 0, "Restarts of the step the job may make (the runtime's --max_restarts)."
+    "max_restarts",
+    0,
+    "Restarts of the step the job may make (the runtime's --max_restarts).",
+    lower_bound=0,
 )
 JOB_NAME = flags.DEFINE_string("job_name", "train", "How the lines name the job (its name).")
 
-# srun names a task's node and its rank ("node2: task 3: Killed"), or several ranks
-# ("node2: tasks 3-5: Exited with exit code 2").
-_SRUN_TASK = re.compile(r"[^ \n]+: tasks? ([0-9]+)[-,0-9]*: .*")
 # A task's own first line says its role: "worker 0 on node2 at node2:10001 ...".
 _ROLE = re.compile(r"(chief|worker|ps|evaluator) [0-9]+ on [^ ]+")
 
@@ -68,7 +75,7 @@ def line(model_dir: Path, job: SlurmJob, step: Step, job_name: str) -> str:
     if first is not None:
         return f"{failed}; first to fail: {first.line()}; task logs in {logs}"
     said = _text(step.srun_log)
-    named = _SRUN_TASK.search(said)
+    named = restarts.first_task_said(said)
     if named is None:
         srun_last = said.strip().splitlines()[-1:] or [""]
         return (

@@ -111,7 +111,7 @@ EVALUATOR_WAIT_SECONDS = 600.0
 # The coordinator's final evaluation, in a process of its own on the whole eval set, is given
 # this long: a hang there would hold the run (and its parameter servers) for ever.
 EVALUATE_SECONDS = 3600.0
-# How long the checkpoint iterator of a Keras evaluator waits before asking whether to stop; it
+# How long the checkpoint iterator of an evaluator waits before asking whether to stop; it
 # looks every second, and a timeout shorter than two looks makes it return at once, over and
 # over.
 CHECKPOINT_LOOK_SECONDS = 2.0

@@ -11,7 +11,7 @@ from absl import logging
 from tfconfig_slurm.backends.estimator import estimators
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import preemption, reports, watchdog
+from tfconfig_slurm.process import preemption, reports, timing, watchdog
 
 
 def run(
@@ -29,10 +29,8 @@ def run(
     )
     estimator = estimators.for_task(user, None)
     model_dir = Path(estimator.model_dir)
-    # The iterator looks every second; a timeout shorter than two of its looks would make it
-    # return at once, over and over.
     for checkpoint in tf.train.checkpoints_iterator(
-        str(model_dir), timeout=2.0, timeout_fn=lambda: stop.requested
+        str(model_dir), timeout=timing.CHECKPOINT_LOOK_SECONDS, timeout_fn=lambda: stop.requested
     ):
         metrics = estimator.evaluate(
             eval_spec.input_fn,
