@@ -9,16 +9,15 @@ the process's examples/s from its second step to its last, and the processes.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
 from typing import Any
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import jax
 import keras
+from stock_fit import fit_and_report
 
 from tfconfig_slurm.experiments import mnist_keras3
 
@@ -41,30 +40,12 @@ params: dict[str, Any] = {
 }
 
 
-class Timed(keras.callbacks.Callback):  # type: ignore[misc]
-    """When the first and the last step ended."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ends: list[float] = []
-
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        self.ends.append(time.monotonic())
-
-
 model = mnist_keras3.build_model(params)
-timed = Timed()
-model.fit(
+fit_and_report(
+    model,
     mnist_keras3.dataset("train", params),
-    epochs=1,
-    steps_per_epoch=steps,
-    callbacks=[timed],
-    verbose=0,
-)
-seconds = timed.ends[-1] - timed.ends[0]
-print(
-    json.dumps(
-        {"examples_per_sec": (len(timed.ends) - 1) * batch_size / seconds, "processes": processes}
-    ),
-    flush=True,
+    keras.callbacks.Callback,
+    steps=steps,
+    batch_size=batch_size,
+    processes=processes,
 )

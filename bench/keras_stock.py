@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from typing import Any
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tensorflow as tf
 import tf_keras as keras
+from stock_fit import fit_and_report
 
 from tfconfig_slurm.experiments import mnist_keras
 
@@ -41,31 +41,13 @@ def batches(context: tf.distribute.InputContext) -> tf.data.Dataset:
     return mnist_keras.dataset("train", share).repeat()
 
 
-class Timed(keras.callbacks.Callback):  # type: ignore[misc]
-    """When each step ended."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ends: list[float] = []
-
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        self.ends.append(time.monotonic())
-
-
 with strategy.scope():
     model = mnist_keras.build_model(params)
-timed = Timed()
-model.fit(
+fit_and_report(
+    model,
     strategy.distribute_datasets_from_function(batches),
-    epochs=1,
-    steps_per_epoch=steps,
-    callbacks=[timed],
-    verbose=0,
-)
-seconds = timed.ends[-1] - timed.ends[0]
-print(
-    json.dumps(
-        {"examples_per_sec": (len(timed.ends) - 1) * batch_size / seconds, "processes": processes}
-    ),
-    flush=True,
+    keras.callbacks.Callback,
+    steps=steps,
+    batch_size=batch_size,
+    processes=processes,
 )
