@@ -98,3 +98,19 @@ def test_the_process_s_environment_is_written_only_at_the_doors() -> None:
         "backends/estimator/estimators.py",
         "backends/keras/evaluate.py",
     ]
+
+
+def test_every_command_s_flags_can_be_defined_in_one_process() -> None:
+    """absl refuses a flag defined twice: the suite imports every command in one process, so
+    two commands that each define --model_dir (step_failed's was) fail at collection."""
+    package = Path(cluster.__file__).parents[1]
+    modules = sorted(
+        f"tfconfig_slurm.commands.{path.stem}"
+        for path in (package / "commands").glob("*.py")
+        if not path.name.startswith("__")
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", "; ".join(f"import {module}" for module in modules)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]

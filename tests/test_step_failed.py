@@ -135,8 +135,8 @@ def test_a_bug_ends_the_job_at_once_and_a_step_srun_failed_says_srun_s_line(
     srun_log.write_text("srun: error: node1: task 0: Exited with exit code 1\n")
     said = subprocess.run(
         [sys.executable, "-m", "tfconfig_slurm.commands", "step-failed",
-         f"--model_dir={tmp_path}", "--status=1", f"--srun_log={srun_log}", "--job_name=train",
-         "--started=1", "--max_restarts=2"],
+         f"--run_dir={tmp_path}", "--status=1", f"--srun_log={srun_log}", "--job_name=train",
+         "--started=1", "--restarts_allowed=2"],
         env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "5"},
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip

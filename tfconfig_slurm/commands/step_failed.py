@@ -1,16 +1,18 @@
 """A batch script's lines for a job step that failed: the first task to fail, and whether the
 step starts again in the same job (exit status 75) or the job ends (0):
 
-  tfconfig-slurm step-failed --model_dir=DIR --status=N --srun_log=FILE [--started=SECONDS]
-      [--restarts=N --max_restarts=N] [--job_name=NAME]
+  tfconfig-slurm step-failed --run_dir=DIR --status=N --srun_log=FILE [--started=SECONDS]
+      [--restarts=N --restarts_allowed=N] [--job_name=NAME]
 
 The first to fail comes from the run's failure records of this job and its requeue since the
 step started (process/failure.py: the task, its node and its error, or the watcher that found
 it lost); where there is none (the step ended before any task or watcher could say), from
 srun's own message, kept in --srun_log, and the task log of the rank it names, in the run's
 logs/ (launch/train.sbatch's). Where no code of the user's failed (process/restarts.py) and
-fewer than --max_restarts restarts were made, the step is worth starting again: the run
-resumes from its latest checkpoint. Imports no TensorFlow.
+fewer than --restarts_allowed restarts were made (the runtime's --max_restarts), the step is
+worth starting again: the run resumes from its latest checkpoint. Its flags are named apart
+from the other commands' (--run_dir, not --model_dir): tests import them all at once.
+Imports no TensorFlow.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ PROGRAM = "tfconfig-slurm step-failed"
 # The exit status that asks the batch script to start the step again (sysexits' EX_TEMPFAIL).
 START_AGAIN = 75
 
-MODEL_DIR = flags.DEFINE_string("model_dir", None, "The run's model directory.")
+RUN_DIR = flags.DEFINE_string("run_dir", None, "The run's model directory.")
 STATUS = flags.DEFINE_integer("status", None, "The step's exit status (srun's).")
 SRUN_LOG = flags.DEFINE_string("srun_log", None, "Where srun's own messages were kept.")
 STARTED = flags.DEFINE_float(
@@ -46,8 +48,8 @@ STARTED = flags.DEFINE_float(
 RESTARTS = flags.DEFINE_integer(
     "restarts", 0, "Restarts of the step made so far in this job.", lower_bound=0
 )
-MAX_RESTARTS = flags.DEFINE_integer(
-    "max_restarts",
+RESTARTS_ALLOWED = flags.DEFINE_integer(
+    "restarts_allowed",
     0,
     "Restarts of the step the job may make (the runtime's --max_restarts).",
     lower_bound=0,
@@ -129,7 +131,7 @@ def _text(path: Path) -> str:
 
 def main(argv: Sequence[str]) -> int:
     del argv
-    for flag in (MODEL_DIR, STATUS, SRUN_LOG):
+    for flag in (RUN_DIR, STATUS, SRUN_LOG):
         if flag.value is None:
             raise UsageError(f"--{flag.name}", "is required", "launch/train.sbatch shows the call")
     job = read_slurm_job(os.environ)
@@ -137,11 +139,11 @@ def main(argv: Sequence[str]) -> int:
         raise UsageError(
             "SLURM_JOB_ID", "is not set: this is no batch job", "call it from a batch script"
         )
-    model_dir = Path(MODEL_DIR.value or "")
+    model_dir = Path(RUN_DIR.value or "")
     step = Step(STATUS.value or 0, Path(SRUN_LOG.value or ""), STARTED.value)
     sys.stderr.write(f"{line(model_dir, job, step, JOB_NAME.value)}\n")
     said, again = decision(
-        model_dir, job, step, done=RESTARTS.value, most=MAX_RESTARTS.value,
+        model_dir, job, step, done=RESTARTS.value, most=RESTARTS_ALLOWED.value,
         job_name=JOB_NAME.value,
     )  # fmt: skip
     if said:
