@@ -102,8 +102,8 @@ def decision(
     if most <= 0:
         return "", False
     # A restart that failed before its first progress line would fail so again.
-    progress = reports.read_json(RunDir(model_dir).progress)
-    trained = done == 0 or float(progress.get("time", 0.0)) >= step.started
+    logged = reports.read_json(RunDir(model_dir).progress).get("time")
+    trained = done == 0 or (isinstance(logged, (int, float)) and logged >= step.started)
     first = failure.of_job(model_dir, job.job_id, job.restart_count, step.started)
     judged = restarts.verdict(first, _text(step.srun_log), trained=trained)
     if not judged.again:

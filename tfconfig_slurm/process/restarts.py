@@ -1,9 +1,9 @@
 """Whether a job step that failed is worth starting again in the same job, from its latest
-checkpoint: where no code of the user's failed (a task killed by a signal, the out-of-memory
-killer, a peer that stopped answering), a restart loses at most a checkpoint interval; where
-it did (an exception, bad input) or the cause is unknown, the same failure would come again,
-and the job ends. A restart that failed before it trained a step does not loop either.
-No TensorFlow here.
+checkpoint: where no code of the user's failed (a task killed with SIGKILL, by a person or the
+out-of-memory killer, or a peer that stopped answering), a restart loses at most a checkpoint
+interval; where it did (an exception, bad input, a crash signal) or the cause is unknown, the
+same failure would come again, and the job ends. A restart that failed before it trained a
+step does not loop either. No TensorFlow here.
 """
 
 from __future__ import annotations
