@@ -16,7 +16,6 @@ import pytest
 
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.commands import step_failed
-from tfconfig_slurm.commands.step_failed import Step
 from tfconfig_slurm.process import reports, restarts
 from tfconfig_slurm.process.failure import Failure
 
@@ -38,7 +37,8 @@ def test_the_first_record_of_this_step_names_the_task(tmp_path: Path) -> None:
     recorded(tmp_path, "42.0.0", earlier)
     recorded(tmp_path, "42.0.1", earlier)
     recorded(tmp_path, "42.1.1", LOST)
-    said = step_failed.line(tmp_path, JOB, Step(137, tmp_path / "none.log", 10.0), "train")
+    step = step_failed.read_step(tmp_path, JOB, 137, tmp_path / "none.log", 10.0)
+    said = step_failed.line(tmp_path, JOB, step, "train")
     assert said == (
         "train: the step failed (exit 137); first to fail: worker 0 on node2: stopped "
         f"answering: killed, or its node cut off, seen by ps 0; task logs in {tmp_path / 'logs'}"
@@ -56,7 +56,10 @@ def test_without_a_record_srun_s_message_and_the_task_s_log_name_it(tmp_path: Pa
         "tfconfig-slurm-run: --roles: wrong. HINT: fix it\n"
         "slurmstepd: error: *** STEP 7.0 CANCELLED ***\n"
     )
-    said = step_failed.line(tmp_path, SlurmJob(9, 7, 2, 0), Step(2, srun_log), "mine")
+    job = SlurmJob(9, 7, 2, 0)
+    said = step_failed.line(
+        tmp_path, job, step_failed.read_step(tmp_path, job, 2, srun_log, 0.0), "mine"
+    )
     assert said == (
         "mine: the step failed (exit 2); first to fail: node2: tasks 3-5: Exited with exit code "
         "2 (worker 1 on node2); its last line: tfconfig-slurm-run: --roles: wrong. HINT: fix "
@@ -100,7 +103,8 @@ def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
     state.json; the last one allowed made, the job ends and says why."""
     recorded(tmp_path, "42.1.1", LOST)
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-40"\n')
-    step = Step(137, tmp_path / "srun.log", 10.0)
+    srun_log = tmp_path / "srun.log"
+    step = step_failed.read_step(tmp_path, JOB, 137, srun_log, 10.0)
     said, again = step_failed.decision(tmp_path, JOB, step, done=0, most=2, job_name="train")
     assert again and said == (
         "train: starting the step again in job 42 (restart 1 of at most 2), from the checkpoint "
@@ -113,7 +117,12 @@ def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
     reports.write_json_atomically(tmp_path / "progress.json", {"global_step": 50, "time": 30.0})
     recorded(tmp_path, "42.2.1", dataclasses.replace(LOST, time=40.0))
     said, again = step_failed.decision(
-        tmp_path, JOB, step._replace(started=25.0), done=2, most=2, job_name="train"
+        tmp_path,
+        JOB,
+        step_failed.read_step(tmp_path, JOB, 137, srun_log, 25.0),
+        done=2,
+        most=2,
+        job_name="train",
     )
     assert not again and said == (
         "train: not starting the step again: worker 0 stopped answering, and the job made its 2 "
@@ -121,7 +130,12 @@ def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
     )
     # One that never logged progress after it started does not loop.
     said, again = step_failed.decision(
-        tmp_path, JOB, step._replace(started=35.0), done=1, most=2, job_name="train"
+        tmp_path,
+        JOB,
+        step_failed.read_step(tmp_path, JOB, 137, srun_log, 35.0),
+        done=1,
+        most=2,
+        job_name="train",
     )
     assert not again and said.endswith("it failed before it trained a step")
 

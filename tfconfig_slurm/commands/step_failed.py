@@ -61,25 +61,31 @@ _ROLE = re.compile(r"(chief|worker|ps|evaluator) [0-9]+ on [^ ]+")
 
 
 class Step(NamedTuple):
-    """The step that failed: its exit status, srun's messages, and when it started."""
+    """The step that failed, as the run and srun left it: its exit status, when it started,
+    its first failure recorded since (None: none), and srun's messages."""
 
     status: int
-    srun_log: Path
-    started: float = 0.0
+    started: float
+    first: failure.Failure | None
+    srun_said: str
+
+
+def read_step(model_dir: Path, job: SlurmJob, status: int, srun_log: Path, started: float) -> Step:
+    """The step of `job` (in its run since its last requeue) that ended with `status`, read
+    once: its failure records since `started`, and srun's messages kept in `srun_log`."""
+    first = failure.of_job(model_dir, job.job_id, job.restart_count, started)
+    return Step(status, started, first, _text(srun_log))
 
 
 def line(model_dir: Path, job: SlurmJob, step: Step, job_name: str) -> str:
-    """The line that names the first task of `job`'s `step` (in its run since its last
-    requeue) to fail."""
+    """The line that names the first task of `job`'s `step` to fail."""
     logs = RunDir(model_dir).logs
     failed = f"{job_name}: the step failed (exit {step.status})"
-    first = failure.of_job(model_dir, job.job_id, job.restart_count, step.started)
-    if first is not None:
-        return f"{failed}; first to fail: {first.line()}; task logs in {logs}"
-    said = _text(step.srun_log)
-    named = restarts.first_task_said(said)
+    if step.first is not None:
+        return f"{failed}; first to fail: {step.first.line()}; task logs in {logs}"
+    named = restarts.first_task_said(step.srun_said)
     if named is None:
-        srun_last = said.strip().splitlines()[-1:] or [""]
+        srun_last = step.srun_said.strip().splitlines()[-1:] or [""]
         return (
             f"{failed} with no task named: srun's own last line: {srun_last[0]}; task logs in "
             f"{logs}"
@@ -104,8 +110,7 @@ def decision(
     # A restart that failed before its first progress line would fail so again.
     logged = reports.read_json(RunDir(model_dir).progress).get("time")
     trained = done == 0 or (isinstance(logged, (int, float)) and logged >= step.started)
-    first = failure.of_job(model_dir, job.job_id, job.restart_count, step.started)
-    judged = restarts.verdict(first, _text(step.srun_log), trained=trained)
+    judged = restarts.verdict(step.first, step.srun_said, trained=trained)
     if not judged.again:
         return f"{job_name}: not starting the step again: {judged.why}", False
     if done >= most:
@@ -140,7 +145,7 @@ def main(argv: Sequence[str]) -> int:
             "SLURM_JOB_ID", "is not set: this is no batch job", "call it from a batch script"
         )
     model_dir = Path(RUN_DIR.value or "")
-    step = Step(STATUS.value or 0, Path(SRUN_LOG.value or ""), STARTED.value)
+    step = read_step(model_dir, job, STATUS.value or 0, Path(SRUN_LOG.value or ""), STARTED.value)
     sys.stderr.write(f"{line(model_dir, job, step, JOB_NAME.value)}\n")
     said, again = decision(
         model_dir, job, step, done=RESTARTS.value, most=RESTARTS_ALLOWED.value,
