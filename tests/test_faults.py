@@ -160,7 +160,7 @@ WITH_TFCONFIG = REPOSITORY / "launch" / "with-tfconfig"
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize(("victim", "rank"), [("ps 1", 2), ("worker 0", 3), ("chief 0", 1)])
+@pytest.mark.parametrize(("victim", "rank"), [("ps 1", 2), ("chief 0", 1)])
 def test_a_killed_script_under_with_tfconfig_ends_a_plain_srun_step(
     slurm_cluster: SlurmCluster, tmp_path: Path, victim: str, rank: int
 ) -> None:
@@ -189,6 +189,51 @@ def test_a_killed_script_under_with_tfconfig_ends_a_plain_srun_step(
     said = rf"{victim} at node\d:\d+ (says its command failed|has not answered for \d+ s)"
     assert re.search(said, stderr), stderr[-3000:]
     assert slurm_cluster.left_behind() == {}
+
+
+# A stock script's run that a killed worker restarts once in its job.
+STOCK_STEPS = 3000
+
+
+@pytest.mark.slurm
+def test_a_stock_script_s_killed_worker_under_with_tfconfig_restarts_the_step_in_its_job(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """The one line of a user's batch script, `tfconfig-slurm srun` around with-tfconfig around
+    a stock Estimator script: worker 0's script killed -9 once it has checkpointed, the step
+    starts again in the same job, Estimator resumes from its checkpoint, and the job completes
+    with the restart and its cause in state.json. (The plain srun step's ends for the worker
+    are this test's first half.)"""
+    model_dir = tmp_path / "model"
+    (tmp_path / "job.sbatch").write_text(
+        "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=2 --output=job.out\n"
+        f"tfconfig-slurm srun --model_dir={model_dir} -- {WITH_TFCONFIG} --model_dir={model_dir} "
+        f"python {PREMADE} {model_dir} {STOCK_STEPS}\n"
+    )
+    submitted = slurm_cluster.run(["sbatch", "--parsable", "job.sbatch"], cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    try:
+        assert wait_until((model_dir / "checkpoint").exists, START_SECONDS)
+        os.kill(slurm_cluster.task_pid(3, running=PREMADE.name), signal.SIGKILL)
+        ended = wait_for_end(slurm_cluster, job_id)
+    finally:
+        slurm_cluster.run(["scancel", job_id])
+    output = (tmp_path / "job.out").read_text()
+    assert (ended["JobState"], ended["Restarts"]) == ("COMPLETED", "0"), output[-3000:]
+    assert re.search(
+        r"first to fail: worker 0 on node\d: its command was killed by SIGKILL(?s:.*)"
+        rf"tfconfig-slurm srun: starting the step again in job {job_id} \(restart 1 of at most "
+        r"2\), from the checkpoint of step \d+: worker 0 was killed by SIGKILL",
+        output,
+    ), output[-3000:]
+    # Two trainers on parameter servers may both take the last step.
+    assert checkpoint_step(model_dir) >= STOCK_STEPS
+    state = json.loads((model_dir / "state.json").read_text())
+    assert (state["state"], [each["cause"] for each in state["restarts"]]) == (
+        "done",
+        ["worker 0 was killed by SIGKILL"],
+    )
 
 
 @pytest.mark.slurm
@@ -455,7 +500,8 @@ def test_an_error_in_the_experiment_ends_the_job_at_once_not_restarted(
     output = (tmp_path / f"train-{ended['JobId']}.out").read_text()
     assert output.count("the step failed") == 1, output
     assert re.search(r"first to fail: (chief|worker) 0 on node\d: .*bad example", output), output
-    assert "train: not starting the step again: an error in the run's code" in output, output
+    said = "tfconfig-slurm srun: not starting the step again: an error in the run's code"
+    assert said in output, output
     assert "restarts" not in json.loads((tmp_path / "raising" / "state.json").read_text())
 
 

@@ -70,7 +70,7 @@ def test_slurm_s_environment_is_read_only_at_the_doors() -> None:
         "commands/layout_flags.py",
         "commands/run.py",
         "commands/runs.py",
-        "commands/step_failed.py",
+        "commands/srun.py",
         "commands/task_config.py",
         "commands/with_tfconfig.py",
         "process/place.py",
@@ -102,7 +102,8 @@ def test_the_process_s_environment_is_written_only_at_the_doors() -> None:
 
 def test_every_command_s_flags_can_be_defined_in_one_process() -> None:
     """absl refuses a flag defined twice: the suite imports every command in one process, so
-    two commands that each define --model_dir (step_failed's was) fail at collection."""
+    two commands that each define --model_dir fail at collection (commands/model_dir_flag.py
+    defines it once for both)."""
     package = Path(cluster.__file__).parents[1]
     modules = sorted(
         f"tfconfig_slurm.commands.{path.stem}"

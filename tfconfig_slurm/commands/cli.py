@@ -45,6 +45,7 @@ def run_cli(
     logs: bool = False,
     tensorflow_log_level: str | None = None,
     command: str | None = None,
+    usage: str | None = None,
 ) -> NoReturn:
     """Parses the flags of `sys.argv` and runs `main` with what remains, failing as `fail` does.
 
@@ -54,7 +55,8 @@ def run_cli(
     word that is not one is refused. With `logs`, absl logging writes INFO and above to
     stderr, as in an absl app. `tensorflow_log_level` hides TensorFlow's C++ lines below it
     (TF_CPP_MIN_LOG_LEVEL: its start-up notes are noise for a user), unless the environment
-    sets it. `command` is how a user calls it, for the hints, where that is not `program`.
+    sets it. `command` is how a user calls it, for the hints, where that is not `program`;
+    `usage`, the form of a whole command line, for the hint to a word taken for a flag.
     """
     command = command or program
     if tensorflow_log_level is not None:
@@ -64,7 +66,7 @@ def run_cli(
     try:
         argv = flags.FLAGS(sys.argv)
     except (flags.Error, UnicodeDecodeError) as error:
-        fail(program, flag_error(error, command, own).one_line())
+        fail(program, flag_error(error, command, own, usage).one_line())
     quoted = _quoted_in_flagfile(own)
     if quoted is not None:
         fail(program, quoted.one_line())
@@ -113,10 +115,12 @@ _EXPECTED = {
 }
 
 
-def flag_error(error: Exception, command: str, argv: Sequence[str] = ()) -> UsageError:
+def flag_error(
+    error: Exception, command: str, argv: Sequence[str] = (), usage: str | None = None
+) -> UsageError:
     """absl's refusal of a command line, as our error naming the flag (and the --flagfile it
     came from, where `argv`, the command line, does not give it itself); `command` is how the
-    user calls the command, for the hint."""
+    user calls the command, and `usage` the form of a whole line, for the hint."""
     if isinstance(error, UnicodeDecodeError):
         # absl reads a --flagfile as UTF-8 text.
         return UsageError(
@@ -158,7 +162,9 @@ def flag_error(error: Exception, command: str, argv: Sequence[str] = ()) -> Usag
         return UsageError(
             f"--{unknown.group(1)}{_in_flagfile(unknown.group(1), argv)}",
             f"is not a flag of {command}{guess}",
-            f"{command} --help lists the flags",
+            f"{usage}; {command} --help lists the flags"
+            if usage
+            else f"{command} --help lists the flags",
         )
     return UsageError("the command line", text.rstrip("."), f"{command} --help lists the flags")
 

@@ -1,6 +1,6 @@
 """The `tfconfig-slurm` command: the layout tool (tfconfig.py), or with `runs` first the table
-of an output root's runs (runs.py), or with `step-failed` a batch script's line for a step that
-failed (step_failed.py). Each defines its own flags, so only one is imported."""
+of an output root's runs (runs.py), or with `srun` a batch script's job step, started again
+where a task was lost (srun.py). Each defines its own flags, so only one is imported."""
 
 from __future__ import annotations
 
@@ -23,14 +23,14 @@ def tfconfig_slurm() -> None:
         from tfconfig_slurm.commands import runs  # noqa: PLC0415
 
         runs.run()
-    if word == "step-failed":
+    if word == "srun":
         del sys.argv[1]
-        from tfconfig_slurm.commands import step_failed  # noqa: PLC0415
+        from tfconfig_slurm.commands import srun  # noqa: PLC0415
 
-        step_failed.run()
+        srun.run()
     if not word.startswith("-"):
         # The layout tool takes flags only: a word first is a command, mistyped or unknown.
-        close = difflib.get_close_matches(word, ["runs", "step-failed"], n=1)
+        close = difflib.get_close_matches(word, ["runs", "srun"], n=1)
         guess = f"; did you mean {close[0]}?" if close else ""
         fail(
             _PROGRAM,

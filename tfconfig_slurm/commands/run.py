@@ -46,7 +46,7 @@ from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, TRAINERS
 from tfconfig_slurm.cluster.role import input_shard
 from tfconfig_slurm.cluster.step import SlurmJob, read_slurm_job
 from tfconfig_slurm.cluster.threads import Threads
-from tfconfig_slurm.commands import layout_flags
+from tfconfig_slurm.commands import layout_flags, max_restarts_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import (
@@ -122,16 +122,6 @@ PRINT_MAX_RESTARTS = flags.DEFINE_boolean(
     "print_max_restarts",
     False,
     "Print --max_restarts and exit (for batch scripts: launch/train.sbatch).",
-)
-MAX_RESTARTS = flags.DEFINE_integer(
-    "max_restarts",
-    2,
-    "launch/train.sbatch starts a job step that failed, where no code of the run's failed (a "
-    "task killed, out of memory, or a peer that stopped answering), again in the same job, "
-    "at most this many times: the run resumes from its latest checkpoint, losing at most a "
-    "checkpoint interval, not the allocation. An error in the run's code, refused input, or "
-    "a restart that failed before its first progress line ends the job. 0: never.",
-    lower_bound=0,
 )
 TRAIN_STEPS = flags.DEFINE_integer(
     "train_steps", 1000, "Train until the global step reaches this.", lower_bound=1
@@ -256,6 +246,7 @@ MAX_REQUEUES = flags.DEFINE_integer(
 )
 
 flags.adopt_module_key_flags(layout_flags)
+flags.adopt_module_key_flags(max_restarts_flag)
 
 
 def main(argv: Sequence[str]) -> int | None:
@@ -338,7 +329,7 @@ def _start(
     named = naming()
     model_dir.check_writable(directory, named)
     if PRINT_MAX_RESTARTS.value:
-        sys.stdout.write(f"{MAX_RESTARTS.value}\n")
+        sys.stdout.write(f"{max_restarts_flag.MAX_RESTARTS.value}\n")
         return 0
     if PRINT_MODEL_DIR.value:
         # A directory another live run holds stops a batch script here, in one line, not in

@@ -31,7 +31,7 @@ from tfconfig_slurm.cluster import render
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import read_slurm_job
-from tfconfig_slurm.commands import layout_flags
+from tfconfig_slurm.commands import layout_flags, model_dir_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import (
@@ -54,14 +54,6 @@ MAX_ENVIRONMENT_STRING = 32 * 4096
 OVERRIDE = flags.DEFINE_boolean(
     "override", False, "Replace a TF_CONFIG that is already set to a different value."
 )
-MODEL_DIR = flags.DEFINE_string(
-    "model_dir",
-    None,
-    "The command's model directory, if you name it: the first task of the step to fail "
-    "(its command's exit status, or a peer it found lost) is recorded there, under "
-    "failures/, and the chief says in state.json how the run went (running, done, stopped, "
-    "failed); `tfconfig-slurm runs` lists it.",
-)
 WORKER_RESTARTS = flags.DEFINE_integer(
     "worker_restarts",
     supervise.WORKER_RESTARTS,
@@ -79,6 +71,8 @@ KERAS3 = flags.DEFINE_boolean(
     "and JAX's CPU collectives on the task's own address.",
 )
 flags.adopt_module_key_flags(layout_flags)
+flags.adopt_module_key_flags(model_dir_flag)
+MODEL_DIR = model_dir_flag.MODEL_DIR
 
 
 def main(argv: Sequence[str]) -> int:
@@ -222,7 +216,7 @@ def _run_held(
     """--model_dir made and held, as the runtime holds its own: two jobs' scripts would resume
     each other's checkpoints, and their state.json would be one. Failures are recorded there,
     and the chief says in it how the run goes."""
-    directory = _made(Path(MODEL_DIR.value or ""))
+    directory = model_dir_flag.made()
     job = read_slurm_job(os.environ)
     held = model_dir.hold(directory, role, _NAMING, job)
     failure.attach(directory, role, node)
@@ -248,18 +242,6 @@ _NAMING = claim.Naming(
     "--model_dir",
     "give this run a --model_dir of its own",
 )
-
-
-def _made(directory: Path) -> Path:
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError(
-            "--model_dir",
-            f"{str(directory)!r} cannot be made a directory ({error.strerror})",
-            "name the directory your script trains in",
-        ) from None
-    return directory
 
 
 def run() -> None:

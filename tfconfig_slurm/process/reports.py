@@ -255,7 +255,7 @@ def write_state(
 
 def record_restart(model_dir: Path, job: str, cause: str) -> None:
     """The run's step starts again in `job` for `cause` (a batch script's restart,
-    commands/step_failed.py): kept in state.json's "restarts", which every attempt carries."""
+    commands/srun.py): kept in state.json's "restarts", which every attempt carries."""
     current = read_state(model_dir)
     restarts = [*current.get("restarts", []), {"job_id": job, "cause": cause, "time": time.time()}]
     write_json_atomically(RunDir(model_dir).state, {**current, "restarts": restarts})

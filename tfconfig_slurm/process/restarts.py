@@ -1,24 +1,30 @@
 """Whether a job step that failed is worth starting again in the same job, from its latest
-checkpoint: where no code of the user's failed (a task killed with SIGKILL, by a person or the
-out-of-memory killer, or a peer that stopped answering), a restart loses at most a checkpoint
-interval; where it did (an exception, bad input, a crash signal) or the cause is unknown, the
-same failure would come again, and the job ends. A restart that failed before it trained a
-step does not loop either. No TensorFlow here.
+checkpoint, and the lines that say so: where no code of the user's failed (a task killed with
+SIGKILL, by a person or the out-of-memory killer, or a peer that stopped answering), a restart
+loses at most a checkpoint interval; where it did (an exception, bad input, a crash signal) or
+the cause is unknown, the same failure would come again, and the job ends. A restart that
+failed before it trained a step does not loop either. No TensorFlow here.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import NamedTuple
 
+from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import USAGE_EXIT_CODE
+from tfconfig_slurm.process import failure, history, reports
 from tfconfig_slurm.process.failure import Failure
+from tfconfig_slurm.process.run_dir import RunDir
 
 # srun names a task's node and its rank, and how it ended ("node2: task 3: Killed"), or
 # several ranks ("node2: tasks 3-5: Exited with exit code 2").
 _SRUN_TASK = re.compile(r"[^ \n]+: tasks? ([0-9]+)[-,0-9]*: (.*)")
 # The out-of-memory killer, as slurmstepd reports it ("Detected 1 oom_kill event").
 _OOM_KILL = re.compile(r"oom[-_ ]kill", re.I)
+# A task's own first line says its role: "worker 0 on node2 at node2:10001 ...".
+_ROLE = re.compile(r"(chief|worker|ps|evaluator) [0-9]+ on [^ ]+")
 
 
 class Verdict(NamedTuple):
@@ -26,6 +32,18 @@ class Verdict(NamedTuple):
 
     again: bool
     why: str
+
+
+class Step(NamedTuple):
+    """A step that failed, as the run and srun left it: its exit status, when it started, the
+    run's latest checkpoint step then (None: none), its first failure recorded since (None:
+    none), and srun's messages."""
+
+    status: int
+    started: float
+    checkpoint_at_start: int | None
+    first: Failure | None
+    srun_said: str
 
 
 def verdict(first: Failure | None, srun_said: str, *, trained: bool) -> Verdict:
@@ -49,6 +67,80 @@ def first_task_said(srun_said: str) -> re.Match[str] | None:
     return _SRUN_TASK.search(srun_said)
 
 
+def read_step(
+    model_dir: Path,
+    job: SlurmJob,
+    *,
+    status: int,
+    started: float,
+    checkpoint_at_start: int | None,
+    srun_said: str,
+) -> Step:
+    """The step of `job` (in its run since its last requeue) that ended with `status`: its
+    failure records since it `started`, read once."""
+    first = failure.of_job(model_dir, job.job_id, job.restart_count, started)
+    return Step(status, started, checkpoint_at_start, first, srun_said)
+
+
+def line(model_dir: Path, job: SlurmJob, step: Step, who: str) -> str:
+    """The line, said by `who`, that names the first task of `job`'s `step` to fail: from its
+    record, else from srun's message and that task's log (launch/train.sbatch's names)."""
+    logs = RunDir(model_dir).logs
+    failed = f"{who}: the step failed (exit {step.status})"
+    if step.first is not None:
+        return f"{failed}; first to fail: {step.first.line()}; task logs in {logs}"
+    named = first_task_said(step.srun_said)
+    if named is None:
+        srun_last = step.srun_said.strip().splitlines()[-1:] or [""]
+        return (
+            f"{failed} with no task named: srun's own last line: {srun_last[0]}; task logs in "
+            f"{logs}"
+        )
+    task_log = _text(logs / f"job{job.name}-task{named[1]}.log")
+    role = _ROLE.search(task_log)
+    # Its own last line, not slurmstepd's: a task that refused its input said why there.
+    own = [each for each in task_log.splitlines() if not each.startswith("slurmstepd")]
+    return (
+        f"{failed}; first to fail: {named[0]}{f' ({role[0]})' if role else ''}"
+        f"{f'; its last line: {own[-1]}' if own else ''}; task logs in {logs}"
+    )
+
+
+def decision(
+    model_dir: Path, job: SlurmJob, step: Step, *, done: int, most: int, who: str
+) -> tuple[str, bool]:
+    """The line, said by `who`, that says whether the step starts again (`done` restarts made
+    of at most `most`), and whether it does; ("", False) where the job makes none. A restart
+    is kept in the run's state.json."""
+    if most <= 0:
+        return "", False
+    judged = verdict(step.first, step.srun_said, trained=done == 0 or _trained(model_dir, step))
+    if not judged.again:
+        return f"{who}: not starting the step again: {judged.why}", False
+    if done >= most:
+        return (
+            f"{who}: not starting the step again: {judged.why}, and the job made its {most} "
+            "restart(s) (--max_restarts)"
+        ), False
+    step_now = history.checkpoint_step(model_dir)
+    reports.record_restart(model_dir, job.name, judged.why)
+    return (
+        f"{who}: starting the step again in job {job.name} (restart {done + 1} of at most "
+        f"{most}), from {f'the checkpoint of step {step_now}' if step_now else 'step 0'}: "
+        f"{judged.why}"
+    ), True
+
+
+def _trained(model_dir: Path, step: Step) -> bool:
+    """Whether the step trained at all: the runtime's progress line came after it started, or
+    (a script of the user's, which logs none) the run wrote a checkpoint of a later step."""
+    logged = reports.read_json(RunDir(model_dir).progress).get("time")
+    if isinstance(logged, (int, float)) and logged >= step.started:
+        return True
+    now = history.checkpoint_step(model_dir)
+    return now is not None and now > (step.checkpoint_at_start or 0)
+
+
 def _of_record(first: Failure) -> Verdict:
     if first.seen_by is not None:
         if first.exit_status is None and first.what.startswith("stopped answering"):
@@ -62,3 +154,10 @@ def _of_record(first: Failure) -> Verdict:
     if first.exit_status == USAGE_EXIT_CODE:
         return Verdict(again=False, why="its input was refused")
     return Verdict(again=False, why="an error in the run's code")
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""

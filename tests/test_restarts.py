@@ -1,6 +1,6 @@
-"""A batch script's lines for a step that failed (`tfconfig-slurm step-failed`): the first to
-fail from the run's failure record, else from srun's message and that task's log; and whether
-the step starts again in the job (process/restarts.py). No TensorFlow, no SLURM: the job is an
+"""The lines for a step that failed (`tfconfig-slurm srun`): the first to fail from the run's
+failure record, else from srun's message and that task's log; and whether the step starts
+again in the job (process/restarts.py). No TensorFlow, no SLURM: the job is a value, or an
 environment dictionary."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from tfconfig_slurm.cluster.step import SlurmJob
-from tfconfig_slurm.commands import step_failed
 from tfconfig_slurm.process import reports, restarts
 from tfconfig_slurm.process.failure import Failure
 
@@ -37,8 +36,10 @@ def test_the_first_record_of_this_step_names_the_task(tmp_path: Path) -> None:
     recorded(tmp_path, "42.0.0", earlier)
     recorded(tmp_path, "42.0.1", earlier)
     recorded(tmp_path, "42.1.1", LOST)
-    step = step_failed.read_step(tmp_path, JOB, 137, tmp_path / "none.log", 10.0)
-    said = step_failed.line(tmp_path, JOB, step, "train")
+    step = restarts.read_step(
+        tmp_path, JOB, status=137, started=10.0, checkpoint_at_start=None, srun_said=""
+    )
+    said = restarts.line(tmp_path, JOB, step, "train")
     assert said == (
         "train: the step failed (exit 137); first to fail: worker 0 on node2: stopped "
         f"answering: killed, or its node cut off, seen by ps 0; task logs in {tmp_path / 'logs'}"
@@ -47,20 +48,19 @@ def test_the_first_record_of_this_step_names_the_task(tmp_path: Path) -> None:
 
 def test_without_a_record_srun_s_message_and_the_task_s_log_name_it(tmp_path: Path) -> None:
     (tmp_path / "logs").mkdir()
-    srun_log = tmp_path / "logs" / "job7_2-srun.log"
-    srun_log.write_text(
-        "srun: error: node2: tasks 3-5: Exited with exit code 2\nsrun: Terminating StepId=7.0\n"
-    )
     (tmp_path / "logs" / "job7_2-task3.log").write_text(
         "I1127 worker 1 on node2 at node2:10001 with GPUs [0]\n"
         "tfconfig-slurm-run: --roles: wrong. HINT: fix it\n"
         "slurmstepd: error: *** STEP 7.0 CANCELLED ***\n"
     )
     job = SlurmJob(9, 7, 2, 0)
-    said = step_failed.line(
-        tmp_path, job, step_failed.read_step(tmp_path, job, 2, srun_log, 0.0), "mine"
+    srun_said = (
+        "srun: error: node2: tasks 3-5: Exited with exit code 2\nsrun: Terminating StepId=7.0\n"
     )
-    assert said == (
+    step = restarts.read_step(
+        tmp_path, job, status=2, started=0.0, checkpoint_at_start=None, srun_said=srun_said
+    )
+    assert restarts.line(tmp_path, job, step, "mine") == (
         "mine: the step failed (exit 2); first to fail: node2: tasks 3-5: Exited with exit code "
         "2 (worker 1 on node2); its last line: tfconfig-slurm-run: --roles: wrong. HINT: fix "
         f"it; task logs in {tmp_path / 'logs'}"
@@ -96,6 +96,15 @@ def test_only_a_failure_outside_the_run_s_code_is_worth_a_restart(
     assert not restarts.verdict(first, srun_said, trained=False).again
 
 
+def failed_step(
+    model_dir: Path, started: float, checkpoint_at_start: int | None = None
+) -> restarts.Step:
+    return restarts.read_step(
+        model_dir, JOB, status=137, started=started, checkpoint_at_start=checkpoint_at_start,
+        srun_said="",
+    )  # fmt: skip
+
+
 def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
     tmp_path: Path,
 ) -> None:
@@ -103,9 +112,9 @@ def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
     state.json; the last one allowed made, the job ends and says why."""
     recorded(tmp_path, "42.1.1", LOST)
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-40"\n')
-    srun_log = tmp_path / "srun.log"
-    step = step_failed.read_step(tmp_path, JOB, 137, srun_log, 10.0)
-    said, again = step_failed.decision(tmp_path, JOB, step, done=0, most=2, job_name="train")
+    said, again = restarts.decision(
+        tmp_path, JOB, failed_step(tmp_path, 10.0), done=0, most=2, who="train"
+    )
     assert again and said == (
         "train: starting the step again in job 42 (restart 1 of at most 2), from the checkpoint "
         "of step 40: worker 0 stopped answering"
@@ -116,47 +125,40 @@ def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
     # The restart trained (its progress line came after it started), and failed of a kill again.
     reports.write_json_atomically(tmp_path / "progress.json", {"global_step": 50, "time": 30.0})
     recorded(tmp_path, "42.2.1", dataclasses.replace(LOST, time=40.0))
-    said, again = step_failed.decision(
-        tmp_path,
-        JOB,
-        step_failed.read_step(tmp_path, JOB, 137, srun_log, 25.0),
-        done=2,
-        most=2,
-        job_name="train",
+    said, again = restarts.decision(
+        tmp_path, JOB, failed_step(tmp_path, 25.0), done=2, most=2, who="train"
     )
     assert not again and said == (
         "train: not starting the step again: worker 0 stopped answering, and the job made its 2 "
         "restart(s) (--max_restarts)"
     )
     # One that never logged progress after it started does not loop.
-    said, again = step_failed.decision(
-        tmp_path,
-        JOB,
-        step_failed.read_step(tmp_path, JOB, 137, srun_log, 35.0),
-        done=1,
-        most=2,
-        job_name="train",
+    said, again = restarts.decision(
+        tmp_path, JOB, failed_step(tmp_path, 35.0, 40), done=1, most=2, who="train"
     )
     assert not again and said.endswith("it failed before it trained a step")
+    # A script of the user's logs no progress: a checkpoint of a later step than at the start
+    # says that it trained.
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-60"\n')
+    _, again = restarts.decision(
+        tmp_path, JOB, failed_step(tmp_path, 35.0, 40), done=1, most=2, who="train"
+    )
+    assert again
 
 
-def test_a_bug_ends_the_job_at_once_and_a_step_srun_failed_says_srun_s_line(
-    tmp_path: Path,
-) -> None:
-    """The command a batch script calls: exit 0 (the job ends), two lines."""
-    recorded(tmp_path, "5.0.0", Failure("chief 0", "n1", "ValueError: bad batch", 1, None, 9.0))
-    srun_log = tmp_path / "srun.log"
-    srun_log.write_text("srun: error: node1: task 0: Exited with exit code 1\n")
-    said = subprocess.run(
-        [sys.executable, "-m", "tfconfig_slurm.commands", "step-failed",
-         f"--run_dir={tmp_path}", "--status=1", f"--srun_log={srun_log}", "--job_name=train",
-         "--started=1", "--restarts_allowed=2"],
-        env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "5"},
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert (said.returncode, said.stdout) == (0, ""), said.stderr
-    assert said.stderr.splitlines() == [
-        "train: the step failed (exit 1); first to fail: chief 0 on n1: ValueError: bad batch "
-        f"(exit 1); task logs in {tmp_path / 'logs'}",
-        "train: not starting the step again: an error in the run's code",
-    ]
+def test_srun_refuses_what_it_cannot_run_in_one_line() -> None:
+    """Outside a batch job, without --model_dir or without a command: exit 2, one line that
+    names what is missing, nothing run."""
+    cases = {
+        ("--model_dir=/tmp/x", "--", "hostname"): ({}, "SLURM_JOB_ID: is not set"),
+        ("--", "hostname"): ({"SLURM_JOB_ID": "5"}, "--model_dir: is required"),
+        ("--model_dir=/tmp/x",): ({"SLURM_JOB_ID": "5"}, "COMMAND: missing"),
+    }
+    for arguments, (environ, said) in cases.items():
+        ran = subprocess.run(
+            [sys.executable, "-m", "tfconfig_slurm.commands", "srun", *arguments],
+            env={"PATH": os.environ["PATH"], **environ},
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert ran.returncode == 2, ran
+        assert len(ran.stderr.splitlines()) == 1 and said in ran.stderr, ran.stderr

@@ -1,0 +1,92 @@
+"""`tfconfig-slurm srun`, the one line of a user's batch script that starts a failed step again
+in its job, on the test cluster with steps of bash (no TensorFlow): a task killed once, then a
+finished step; an exit of the code's own, not started again; a task killed at every try, started
+again until --max_restarts, and a try that trained nothing not started again."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.slurm_cluster import SlurmCluster, wait_for_end
+
+# Rank 1 of the step, as each case has it: its step's try counted in tries (one line a try).
+STEP = r"""
+case=$1; tries=$PWD/$case/tries
+if [[ $SLURM_PROCID == 1 ]]; then
+  echo try >>"$tries"
+  try=$(wc -l <"$tries")
+  # A checkpoint of a later step each try: the try trained.
+  index="model_checkpoint_path: \"model.ckpt-$((try * 10))\""
+  [[ $case == always ]] && echo "$index" >"$PWD/$case/checkpoint"
+  case $case in
+    once) ((try > 1)) || kill -9 $$ ;;
+    always) kill -9 $$ ;;
+    bug) exit 1 ;;
+    untrained) kill -9 $$ ;;
+  esac
+fi
+sleep 1
+"""
+BATCH = """#!/bin/bash
+#SBATCH --nodes=1 --ntasks-per-node=2 --output=%x.out
+tfconfig-slurm srun --model_dir="$PWD/$1" -- bash "$PWD/step.sh" "$1"
+"""
+
+
+@pytest.mark.slurm
+def test_a_killed_task_starts_the_step_again_in_the_job_and_a_bug_does_not(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    (tmp_path / "step.sh").write_text(STEP)
+    (tmp_path / "job.sbatch").write_text(BATCH)
+    cases = ("once", "bug", "always", "untrained")
+    jobs = {}
+    for case in cases:
+        (tmp_path / case).mkdir()
+        submitted = slurm_cluster.run(
+            ["sbatch", "--parsable", f"--job-name={case}", "job.sbatch", case], cwd=tmp_path
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        jobs[case] = submitted.stdout.strip().split(";")[0]
+    ended = {case: wait_for_end(slurm_cluster, job) for case, job in jobs.items()}
+    said = {case: (tmp_path / f"{case}.out").read_text() for case in cases}
+    tries = {case: len((tmp_path / case / "tries").read_text().splitlines()) for case in cases}
+    restarts = {
+        case: [each["cause"] for each in json.loads(state.read_text())["restarts"]]
+        if (state := tmp_path / case / "state.json").exists()
+        else []
+        for case in cases
+    }
+    states = {case: ended[case]["JobState"] for case in cases}
+    assert states == {
+        "once": "COMPLETED", "bug": "FAILED", "always": "FAILED", "untrained": "FAILED"
+    }, said  # fmt: skip
+    assert tries == {"once": 2, "bug": 1, "always": 3, "untrained": 2}, said
+    assert restarts == {
+        "once": ["a task was killed"],
+        "bug": [],
+        "always": ["a task was killed"] * 2,
+        "untrained": ["a task was killed"],
+    }, said
+    job = jobs["once"]
+    assert re.search(
+        rf"tfconfig-slurm srun: the step failed \(exit 137\); first to fail: \S+: task 1: Killed"
+        rf"(?s:.*)tfconfig-slurm srun: starting the step again in job {job} \(restart 1 of at "
+        r"most 2\), from step 0: a task was killed",
+        said["once"],
+    ), said["once"]
+    assert said["bug"].count("the step failed") == 1
+    assert (
+        "tfconfig-slurm srun: not starting the step again: srun names no task killed" in said["bug"]
+    )
+    assert said["always"].endswith(
+        "tfconfig-slurm srun: not starting the step again: a task was killed, and the job made its "
+        "2 restart(s) (--max_restarts)\n"
+    ), said["always"]
+    assert said["untrained"].endswith(
+        "tfconfig-slurm srun: not starting the step again: it failed before it trained a step\n"
+    ), said["untrained"]

@@ -1,0 +1,125 @@
+"""`tfconfig-slurm srun`: a batch script's job step, started again in the same job where it
+failed and no code of the run's did.
+
+  tfconfig-slurm srun --model_dir=DIR [--max_restarts=2] -- [srun's options] COMMAND [ARGS]
+
+Runs srun with what follows `--`. Where the step fails, it names the first task to fail (the
+run's failure records in DIR, else srun's own message) and, where a task was killed or a peer
+stopped answering rather than the run's code failing (process/restarts.py), starts the step
+again, on the nodes the job holds, at most --max_restarts times: the run resumes from its
+latest checkpoint. A batch script sent SIGTERM, SIGINT or SIGHUP (scancel, a requeue, the time
+limit) lets the step end and starts nothing. Its exit status is the last step's. No
+TensorFlow.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from absl import flags
+
+from tfconfig_slurm.cluster.step import SlurmJob, read_slurm_job
+from tfconfig_slurm.commands import max_restarts_flag, model_dir_flag
+from tfconfig_slurm.commands.cli import run_cli
+from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process import history, restarts
+
+PROGRAM = "tfconfig-slurm srun"
+_USAGE = f"{PROGRAM} --model_dir=DIR -- [srun's options] launch/with-tfconfig python my_script.py"
+# srun's and slurmstepd's own lines in srun's stderr, which name a failed task (a task's own
+# output reaches it too, where srun is given no --output).
+_SRUN_LINES = (b"srun:", b"slurmstepd:")
+
+flags.adopt_module_key_flags(model_dir_flag)
+flags.adopt_module_key_flags(max_restarts_flag)
+
+
+class _Stop:
+    """Whether the batch script was told to stop: the step gets the same signal from SLURM
+    and ends of itself, and is not started again."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        for each in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(each, self._note)
+
+    def _note(self, number: int, frame: FrameType | None) -> None:
+        del frame
+        self.signal = number
+
+
+def main(argv: Sequence[str]) -> int:
+    srun_args = list(argv[1:])
+    if not srun_args:
+        raise UsageError("COMMAND", "missing: nothing to run in the step", _USAGE)
+    if model_dir_flag.MODEL_DIR.value is None:
+        raise UsageError("--model_dir", "is required: the run's records are read there", _USAGE)
+    job = read_slurm_job(os.environ)
+    if job is None:
+        raise UsageError(
+            "SLURM_JOB_ID",
+            "is not set: this is no batch job",
+            f"call it from a batch script: {_USAGE}",
+        )
+    srun = shutil.which("srun")
+    if srun is None:
+        raise UsageError("srun", "is not on PATH", "call it from a batch script on the cluster")
+    return _steps(
+        model_dir_flag.made(), job, [srun, *srun_args], max_restarts_flag.MAX_RESTARTS.value
+    )
+
+
+def _steps(model_dir: Path, job: SlurmJob, command: list[str], most: int) -> int:
+    stop = _Stop()
+    done = 0
+    while True:
+        started = time.time()
+        at_start = history.checkpoint_step(model_dir)
+        status, srun_said = _step(command)
+        if status == 0 or stop.signal is not None:
+            return status
+        step = restarts.read_step(
+            model_dir, job, status=status, started=started, checkpoint_at_start=at_start,
+            srun_said=srun_said,
+        )  # fmt: skip
+        _say(restarts.line(model_dir, job, step, PROGRAM))
+        said, again = restarts.decision(model_dir, job, step, done=done, most=most, who=PROGRAM)
+        if said:
+            _say(said)
+        if not again or stop.signal is not None:
+            return status
+        done += 1
+
+
+def _step(command: list[str]) -> tuple[int, str]:
+    """Runs srun: its exit status (128 + N for a signal N), and its own lines, which pass
+    through to stderr as they come."""
+    kept = []
+    with subprocess.Popen(command, stderr=subprocess.PIPE) as srun:
+        assert srun.stderr is not None
+        for each in srun.stderr:
+            sys.stderr.buffer.write(each)
+            sys.stderr.flush()
+            if each.startswith(_SRUN_LINES):
+                kept.append(each.decode(errors="replace"))
+    status = srun.returncode
+    return (128 - status if status < 0 else status), "".join(kept)
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"{line}\n")
+    sys.stderr.flush()
+
+
+def run() -> None:
+    run_cli(
+        PROGRAM, main, stop_at_first_argument=True, usage=f"srun's options come after --: {_USAGE}"
+    )
