@@ -484,7 +484,7 @@ def test_malformed_input_gives_one_line_and_exit_2(
 @pytest.mark.parametrize(
     ("word", "said"),
     [
-        ("run", "'run': is not a command of tfconfig-slurm; did you mean runs? HINT: "),
+        ("run", "'run': is not a command of tfconfig-slurm; did you mean runs or srun? HINT: "),
         ("explain", "'explain': is not a command of tfconfig-slurm. HINT: "),
     ],
 )

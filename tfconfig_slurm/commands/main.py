@@ -30,8 +30,8 @@ def tfconfig_slurm() -> None:
         srun.run()
     if not word.startswith("-"):
         # The layout tool takes flags only: a word first is a command, mistyped or unknown.
-        close = difflib.get_close_matches(word, ["runs", "srun"], n=1)
-        guess = f"; did you mean {close[0]}?" if close else ""
+        close = sorted(difflib.get_close_matches(word, ["runs", "srun"]))
+        guess = f"; did you mean {' or '.join(close)}?" if close else ""
         fail(
             _PROGRAM,
             UsageError(

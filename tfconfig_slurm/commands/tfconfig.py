@@ -15,6 +15,9 @@ share its GPUs; the first trainer of the first node is the chief, the others are
 rank order. Flags can also come from a file: --flagfile=layout.flags.
 
   tfconfig-slurm runs [OUTPUT_ROOT]   # every run of an output root: see tfconfig-slurm runs --help
+  tfconfig-slurm srun --model_dir=DIR -- [srun's options] COMMAND
+                                      # in a batch script: srun, its step started again where a
+                                      # task was lost; see tfconfig-slurm srun --help
 """
 
 from __future__ import annotations
