@@ -99,6 +99,24 @@ def test_a_directory_the_backend_cannot_resume_is_refused_untouched(
     assert (tmp_path / "checkpoint").read_text() == index
 
 
+def test_a_directory_of_another_experiment_s_run_is_refused_untouched(tmp_path: Path) -> None:
+    """Resumed, a model of another shape failed in TensorFlow's traceback, and its run's
+    record was marked failed, with this experiment's name."""
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-400"\n')
+    record = '{"experiment": "mnist_deep", "state": "done"}'
+    (tmp_path / "state.json").write_text(record)
+    with pytest.raises(UsageError) as refused:
+        lifecycle.run(task(tmp_path), lifecycle.ESTIMATOR, lambda: Backend(ends=True))
+    assert refused.value.problem == (
+        f"names {tmp_path}, a run of 'mnist_deep', not of 'nothing': it would resume another "
+        "model's checkpoints and write over that run's record"
+    )
+    assert (tmp_path / "state.json").read_text() == record
+    # The same script, named by its file (with-tfconfig) where it was by its stem: the same.
+    (tmp_path / "state.json").write_text('{"experiment": "nothing.py", "state": "done"}')
+    assert lifecycle.run(task(tmp_path), lifecycle.ESTIMATOR, lambda: Backend(ends=True))
+
+
 def test_a_directory_of_the_backends_own_checkpoints_resumes(tmp_path: Path) -> None:
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-40"\n')
     assert history.latest_checkpoint(tmp_path) == history.Checkpoint(

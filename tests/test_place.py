@@ -44,10 +44,10 @@ def test_the_variables_set_every_field_of_the_layout_policy() -> None:
     [
         ("TFCONFIG_SLURM_PS_PER_NODE", "one", "expected a whole number"),
         ("TFCONFIG_SLURM_PS_PER_NODE", "-1", "expected 0 or more"),
-        ("TFCONFIG_SLURM_EVALUATOR", "maybe", "expected 1 or 0"),
+        ("TFCONFIG_SLURM_EVALUATOR", "maybe", "expected 1, true or yes, or 0"),
         ("TFCONFIG_SLURM_ROLES", "ps,boss", "'boss'"),
         ("TFCONFIG_SLURM_PORT_BASE", "80", "expected a port"),
-        ("TFCONFIG_SLURM_ALL_REDUCE", "maybe", "expected 1 or 0"),
+        ("TFCONFIG_SLURM_ALL_REDUCE", "maybe", "expected 1, true or yes, or 0"),
     ],
 )
 def test_a_bad_variable_is_named_in_the_error(variable: str, value: str, problem: str) -> None:

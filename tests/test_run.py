@@ -576,6 +576,15 @@ def test_print_model_dir_says_which_run_it_would_carry_on(tmp_path: Path) -> Non
         "stopped)\n"
     )
     assert resumed.stdout == f"{run}\n"
+    # Another experiment's run: refused, before a job starts its step.
+    (run / "state.json").write_text('{"state": "done", "experiment": "tiny"}')
+    other = train(tmp_path, *flags)
+    assert (other.returncode, other.stdout) == (2, ""), other.stderr
+    assert other.stderr == (
+        f"tfconfig-slurm-run: --experiment_id: names {run}, a run of 'tiny', not of "
+        "'mnist_deep': it would resume another model's checkpoints and write over that run's "
+        "record. HINT: give this run its own --experiment_id (or EXPERIMENT_ID)\n"
+    )
 
 
 def test_an_empty_output_root_variable_is_as_if_unset() -> None:

@@ -345,20 +345,29 @@ def test_the_runs_table_says_a_run_whose_files_it_cannot_read_is_unreadable(
     run_dir(tmp_path, "good", {"state": "done"}, {"eval": {"accuracy": 0.9}}, 5)
     run_dir(tmp_path, "typed", {"state": "done", "hparams": [1]}, {}, 5)
     run_dir(tmp_path, "summed", {"state": "done"}, {"trainers": 3}, 5)
+    run_dir(tmp_path, "listed", {"state": "done"}, {"eval": [1, 2]}, 5)
+    # A step in words, where no checkpoint says the step.
+    (
+        run_dir(tmp_path, "worded", {"state": "done", "global_step": "x"}, {}, 5) / "checkpoint"
+    ).unlink()
     (tmp_path / "cut").mkdir()
     (tmp_path / "cut" / "state.json").write_text("{garbage")
     table = run_module("tfconfig_slurm.commands", "runs", str(tmp_path), "--json")
     assert table.returncode == 0, table.stderr
     states = {run["experiment_id"]: run["state"] for run in json.loads(table.stdout)}
     assert states == {
-        "cut": "unreadable", "good": "done", "summed": "unreadable", "typed": "unreadable"
+        "cut": "unreadable", "good": "done", "listed": "unreadable", "summed": "unreadable",
+        "typed": "unreadable", "worded": "unreadable",
     }  # fmt: skip
     # The table, and a batch script's last line, as well.
     text = run_module("tfconfig_slurm.commands", "runs", str(tmp_path))
-    assert text.returncode == 0 and text.stdout.count(" unreadable ") == 3, text.stderr
+    assert text.returncode == 0 and text.stdout.count(" unreadable ") == 5, text.stderr
     typed = run_module("tfconfig_slurm.commands", "runs", f"--run={tmp_path / 'typed'}")
     assert typed.returncode == 0, typed.stderr
-    assert typed.stdout.startswith(f"{tmp_path / 'typed'}: unreadable at step "), typed.stdout
+    assert typed.stdout == (
+        f"{tmp_path / 'typed'}: unreadable: its state.json or summary.json is not what the "
+        "runtime writes\n"
+    ), typed.stdout
     a_file = run_module("tfconfig_slurm.commands", "runs", str(tmp_path / "cut" / "state.json"))
     assert (a_file.returncode, a_file.stderr.count("\n")) == (2, 1), a_file.stderr
     assert "OUTPUT_ROOT: " in a_file.stderr and "is not a directory" in a_file.stderr

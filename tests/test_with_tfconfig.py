@@ -565,6 +565,19 @@ def test_told_its_model_dir_the_chief_says_the_run_is_done(tmp_path: Path) -> No
     state = json.loads((model_dir / "state.json").read_text())
     assert (state["state"], state["experiment"]) == ("done", Path(sys.executable).name)
     assert not (model_dir / "failures").exists()
+    # Another experiment's run (the runtime's mnist_deep, done): refused in one line, its
+    # record untouched (it was written over, with that run's metrics left for this one).
+    state["experiment"] = "mnist_deep"
+    (model_dir / "state.json").write_text(json.dumps(state))
+    refused = wrapped(base, 4, 2, f"--model_dir={model_dir}", *SERVER, "1")
+    _, stderr = refused.communicate(timeout=60)
+    assert refused.returncode == 2, stderr
+    assert stderr.splitlines()[-1] == (
+        f"with-tfconfig: --model_dir: names {model_dir}, a run of 'mnist_deep', not of "
+        f"'{Path(sys.executable).name}': it would resume another model's checkpoints and write "
+        "over that run's record. HINT: give this run a --model_dir of its own"
+    )
+    assert json.loads((model_dir / "state.json").read_text()) == state
 
 
 def test_told_its_model_dir_a_chief_sent_sigterm_says_the_run_stopped(tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import (
     claim,
+    console,
     failure,
     history,
     lifecycle,
@@ -184,7 +185,9 @@ LOG_EVERY_STEPS = flags.DEFINE_integer(
     "log_every_steps",
     100,
     "Log the loss, examples/s and global steps/s, and write scalars, each time the global "
-    "step passes a multiple of N (every trainer of a cluster logs at the same global steps).",
+    "step passes a multiple of N: each trainer as it sees the global step (with parameter "
+    "servers, a trainer that shares the steps may see 102 pass 100, and see none pass the "
+    "last multiple, which another trainer took).",
     lower_bound=1,
 )
 GPU_MEMORY_GROWTH = flags.DEFINE_boolean(
@@ -331,13 +334,16 @@ def _start(
     if PRINT_MAX_RESTARTS.value:
         sys.stdout.write(f"{max_restarts_flag.MAX_RESTARTS.value}\n")
         return 0
-    if PRINT_MODEL_DIR.value:
-        # A directory another live run holds stops a batch script here, in one line, not in
-        # every task of its step.
+    if PRINT_MODEL_DIR.value or counts is not None:
+        # A directory every task would refuse (another live run holds it, or another backend
+        # or experiment trained it) stops a batch script, or a local cluster's launcher, here,
+        # in one line, before any task starts.
         model_dir.check_free(directory, None, named, job)
         history.check_resumable(
             directory, _backend_kind(kind, policy.coordinator).checkpoints, named
         )
+        history.check_same_experiment(directory, experiment_lib.locate(spec)[0], named)
+    if PRINT_MODEL_DIR.value:
         sys.stdout.write(f"{directory}\n")
         # On stderr, which a batch script's .out holds: which run a job is about to carry on.
         sys.stderr.write(f"{history.before_start(directory, TRAIN_STEPS.value)}\n")
@@ -604,7 +610,7 @@ def _threads(where: place.Place) -> tuple[Threads, str]:
     why = (
         "as the flags say"
         if given != sized
-        else f"sized for a {where.role.role if where.role else 'task'} on "
+        else f"sized for {console.a_or_an(where.role.role if where.role else 'task')} on "
         f"{'its own' if where.own_cpus else 'the node'}'s {cpus} CPUs"
     )
     said = (

@@ -10,7 +10,7 @@ failed (a run that ended without saying so: killed, its node lost, or an error);
 signal, with a checkpoint; it resumes when run again); requeued (stopped, and its job waits in
 the queue to resume); continued (stopped, and the job it goes on in waits: JOB shows `31 ->
 35`); refused (no run began: a batch job was refused at its start, and why is said under
-the table, as for a job refused where a run is: process/refusal.py); unreadable (its
+the table, as for a job refused where a run is); unreadable (its
 state.json or summary.json is not what the runtime writes). Beside
 the state, why: the time limit or the signal that stopped a run, and, for a few
 minutes after its job ended, SLURM's word where the run could not say (cancelled, node
@@ -153,6 +153,11 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
             f"trained: {run['refused']['line']}{_logs(paths)}"
         )
     step, state = run["global_step"], run["state"]
+    if state == _UNREADABLE:
+        return (
+            f"{folder}: {_UNREADABLE}: its state.json or summary.json is not what the runtime "
+            "writes"
+        )
     # How far a failed run got is lost with it: what is kept is its latest checkpoint.
     checkpoint = history.checkpoint_step(folder)
     kept = (
@@ -202,15 +207,17 @@ def _readable_run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any
         run = _run(folder, jobs)
         if run is not None:
             _table([run])  # what its line shows is of the types it expects
+            if not isinstance(run["global_step"], (int, type(None))):
+                raise TypeError("a step is a whole number")
             return run
-    except (AttributeError, TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError, LookupError):
         pass
     else:
         if not run_dir.RunDir(folder).state.exists():
             return None
     return {
         "experiment_id": folder.name,
-        "state": "unreadable",
+        "state": _UNREADABLE,
         **dict.fromkeys(("global_step", "examples_per_sec", "job_id", "continued_as")),
         **dict.fromkeys(("first_failure", "stopped_by", "ended_by", "updated", "refused")),
         "restarts": [],
@@ -280,6 +287,8 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
 
 # The state of a directory where no run started, only a job refused at its start.
 _REFUSED = "refused"
+# The state of a run whose files are not what the runtime writes.
+_UNREADABLE = "unreadable"
 
 
 def _refused_only(folder: Path, refused: refusal.Refusal) -> dict[str, Any]:

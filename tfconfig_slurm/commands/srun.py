@@ -4,12 +4,13 @@ failed and no code of the run's did.
   tfconfig-slurm srun --model_dir=DIR [--max_restarts=2] -- [srun's options] COMMAND [ARGS]
 
 Runs srun with what follows `--`. Where the step fails, it names the first task to fail (the
-run's failure records in DIR, else srun's own message) and, where a task was killed or a peer
-stopped answering rather than the run's code failing (process/restarts.py), starts the step
-again, on the nodes the job holds, at most --max_restarts times: the run resumes from its
-latest checkpoint. A batch script sent SIGTERM, SIGINT or SIGHUP (scancel, a requeue, the time
-limit) lets the step end and starts nothing. Its exit status is the last step's. No
-TensorFlow.
+run's failure records in DIR, which with-tfconfig told the same --model_dir and the runtime
+write, else srun's own message) and, where a task was killed or a peer stopped answering
+rather than the run's code failing, starts the step again, on the nodes the job holds, at most
+--max_restarts times: the run resumes from its latest checkpoint. An error in the run's code,
+or a restart that trained nothing, ends it. Sent SIGTERM, SIGINT or SIGHUP (scancel, a
+requeue, the time limit), it lets the step end and starts nothing. Its exit status is the
+last step's. More in docs/slurm.md.
 """
 
 from __future__ import annotations

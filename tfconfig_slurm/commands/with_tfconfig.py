@@ -38,6 +38,7 @@ from tfconfig_slurm.process import (
     answering,
     claim,
     failure,
+    history,
     model_dir,
     network,
     place,
@@ -218,15 +219,16 @@ def _run_held(
     and the chief says in it how the run goes."""
     directory = model_dir_flag.made()
     job = read_slurm_job(os.environ)
+    # The script it runs is its experiment.
+    script = Path(next((word for word in command[1:] if word.endswith(".py")), command[0])).name
+    history.check_same_experiment(directory, script, _NAMING)
     held = model_dir.hold(directory, role, _NAMING, job)
     failure.attach(directory, role, node)
     if not owns_run(role):
         return None, held
-    # The script it runs is its experiment.
-    script = next((word for word in command[1:] if word.endswith(".py")), command[0])
     owner = RunOwner(
         directory,
-        Path(script).name,
+        script,
         {},
         role,
         job.name if job else None,

@@ -1,7 +1,8 @@
 """What a run directory already holds, said before an attempt starts: a new run, a run resumed
 from its checkpoint's step (trained last by which job, when), or one at its last step already,
 with nothing to train. A batch script prints it into the job's .out (`--print_model_dir`), so
-that a job never carries on another run without saying so. No TensorFlow here.
+that a job never carries on another run without saying so; and the directories an attempt
+refuses: another backend's checkpoints, another experiment's run. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -79,6 +80,21 @@ def check_resumable(model_dir: Path, writes: str, naming: Naming) -> None:
             naming.run,
             f"names {model_dir}, whose latest checkpoint ({latest.name}) is {latest.written_by}, "
             f"not {writes}: another backend trained it",
+            naming.run_fix,
+        )
+
+
+def check_same_experiment(model_dir: Path, experiment: str, naming: Naming) -> None:
+    """Refuses, in one line, a directory whose run trains another experiment (state.json
+    says which): its checkpoints are another model's, which TensorFlow fails to restore in a
+    traceback, or another script's, and its record would be written over."""
+    then = reports.read_state(model_dir).get("experiment")
+    # with-tfconfig names a script by its file, the Python API by its stem.
+    if isinstance(then, str) and then.removesuffix(".py") != experiment.removesuffix(".py"):
+        raise UsageError(
+            naming.run,
+            f"names {model_dir}, a run of {then!r}, not of {experiment!r}: it would resume "
+            "another model's checkpoints and write over that run's record",
             naming.run_fix,
         )
 

@@ -139,6 +139,7 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
     model_dir.check_free(task.model_dir, role, task.naming, task.job)
     history.check_resumable(task.model_dir, kind.checkpoints, task.naming)
     trainer = backend()
+    history.check_same_experiment(task.model_dir, trainer.experiment, task.naming)
     held = model_dir.hold(task.model_dir, role, task.naming, task.job)
     failure.attach(task.model_dir, role, task.place.node)
     if role is not None and role.run_id is not None:

@@ -187,7 +187,9 @@ def _parse(flag: str, variable: str, text: str) -> object:
     if flag in ("--evaluator", "--all_reduce", "--coordinator"):
         if text.lower() not in _TRUE + _FALSE:
             raise UsageError(
-                variable, f"is {text!r}, expected 1 or 0 (or true or false)", f"e.g. {variable}=1"
+                variable,
+                f"is {text!r}, expected 1, true or yes, or 0, false, no or empty",
+                f"e.g. {variable}=1",
             )
         return text.lower() in _TRUE
     if flag in _NUMBER_EXAMPLES:

@@ -4,10 +4,11 @@
     step 200: loss 0.1043, 3052.4 examples/s, 47.69 global steps/s
     last step done after 450 steps here; mean 3011.7 examples/s
 
-A line comes each time the global step passes a multiple of --log_every_steps, so that a
-cluster's trainers log at the same global steps whether they take every step (all-reduce) or
-share them (parameter servers). The means leave the first step out: it includes building the
-model and the session. No TensorFlow here: a backend hands in what a step did.
+A line comes each time the global step, as this trainer sees it, passes a multiple of
+--log_every_steps: the same steps for every trainer where each takes every step (all-reduce);
+where they share the steps (parameter servers), the step each sees then (102 for 100). The
+means leave the first step out: it includes building the model and the session. No TensorFlow
+here: a backend hands in what a step did.
 
 The run's owner (the chief, a single process) also keeps the global step of its latest line in
 the run directory's progress.json (report_progress_to), for the runs table while it trains: a
