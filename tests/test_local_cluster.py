@@ -282,6 +282,21 @@ def test_hparams_the_experiment_s_source_refuses_stop_the_launcher_before_any_ta
     assert not (tmp_path / "mnist_deep").exists()
 
 
+def test_a_directory_of_another_experiment_s_run_stops_the_launcher_before_any_task(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "mnist_deep").mkdir()
+    record = '{"experiment": "tiny", "state": "done"}'
+    (tmp_path / "mnist_deep" / "state.json").write_text(record)
+    result = run_cluster(tmp_path, "--local_cluster=ps=1,workers=1", experiment="mnist_deep")
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        f"tfconfig-slurm-run: --experiment_id: names {tmp_path / 'mnist_deep'}, a run of 'tiny'"
+    )
+    assert result.stderr.count("\n") == 1, result.stderr[-3000:]
+    assert (tmp_path / "mnist_deep" / "state.json").read_text() == record
+
+
 # A model module whose HPARAMS only an import can tell.
 _BUILT_HPARAMS = (
     "HPARAMS = dict(learning_rate=0.1)\n"

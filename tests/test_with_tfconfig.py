@@ -565,9 +565,10 @@ def test_told_its_model_dir_the_chief_says_the_run_is_done(tmp_path: Path) -> No
     state = json.loads((model_dir / "state.json").read_text())
     assert (state["state"], state["experiment"]) == ("done", Path(sys.executable).name)
     assert not (model_dir / "failures").exists()
-    # Another experiment's run (the runtime's mnist_deep, done): refused in one line, its
+    assert state["command"] == [*SERVER, "1"]
+    # The runtime's run of another experiment (mnist_deep, done): refused in one line, its
     # record untouched (it was written over, with that run's metrics left for this one).
-    state["experiment"] = "mnist_deep"
+    state = {"experiment": "mnist_deep", "state": "done", "hparams": {"dropout": 0.5}}
     (model_dir / "state.json").write_text(json.dumps(state))
     refused = wrapped(base, 4, 2, f"--model_dir={model_dir}", *SERVER, "1")
     _, stderr = refused.communicate(timeout=60)

@@ -148,7 +148,9 @@ def main(argv: Sequence[str]) -> int:
             "give a program on PATH or a path to an executable file",
         ) from None
     if owner is not None:
-        owner.say("running", None)
+        # The command said apart from the runtime's experiments: a user's scripts may share
+        # a directory (one trains, one evaluates), and the runtime resumes none of theirs.
+        owner.say("running", None, command=command)
     with _port_answered(role):
         status = supervise.supervise(
             group, role, owner, WORKER_RESTARTS.value, keras_3=KERAS3.value
@@ -221,7 +223,9 @@ def _run_held(
     job = read_slurm_job(os.environ)
     # The script it runs is its experiment.
     script = Path(next((word for word in command[1:] if word.endswith(".py")), command[0])).name
-    history.check_same_experiment(directory, script, _NAMING)
+    # Refused before anything is written there: another live run's, then another script's.
+    model_dir.check_free(directory, role, _NAMING, job)
+    history.check_same_experiment(directory, script, _NAMING, scripts_share=True)
     held = model_dir.hold(directory, role, _NAMING, job)
     failure.attach(directory, role, node)
     if not owns_run(role):

@@ -84,11 +84,18 @@ def check_resumable(model_dir: Path, writes: str, naming: Naming) -> None:
         )
 
 
-def check_same_experiment(model_dir: Path, experiment: str, naming: Naming) -> None:
+def check_same_experiment(
+    model_dir: Path, experiment: str, naming: Naming, *, scripts_share: bool = False
+) -> None:
     """Refuses, in one line, a directory whose run trains another experiment (state.json
     says which): its checkpoints are another model's, which TensorFlow fails to restore in a
-    traceback, or another script's, and its record would be written over."""
-    then = reports.read_state(model_dir).get("experiment")
+    traceback, or another script's, and its record would be written over. With
+    `scripts_share` (with-tfconfig), a directory of another script's run is not refused: a
+    user's scripts may share one (one trains, one evaluates)."""
+    state = reports.read_state(model_dir)
+    then = state.get("experiment")
+    if scripts_share and "command" in state:
+        return
     # with-tfconfig names a script by its file, the Python API by its stem.
     if isinstance(then, str) and then.removesuffix(".py") != experiment.removesuffix(".py"):
         raise UsageError(
