@@ -21,7 +21,7 @@ STAMP_TF2 := $(VENV_TF2)/.installed
 VENV_KERAS3 := .venv-keras3
 STAMP_KERAS3 := $(VENV_KERAS3)/.installed
 
-.PHONY: test docs lint bench bench-faults run clean slurm-up slurm-down venv venv-tf2 venv-keras3 venvs
+.PHONY: test check docs lint bench bench-faults run clean slurm-up slurm-down venv venv-tf2 venv-keras3 venvs
 
 # uv puts the wheels in place several times faster than pip (docs/installing.md, "Install
 # times"); each environment's own pip installs it first. uv reads UV_INDEX_URL, not pip.conf:
@@ -104,6 +104,13 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The inner loop: the lint above and the tests that start no TensorFlow and need no SLURM
+# (the pure core, the process machinery, the commands), eight at a time: most of them wait on
+# child processes, not on a CPU. `make test` runs them too, and everything else.
+CHECK_TESTS := -m 'not tensorflow and not tf2 and not keras3 and not slurm'
+check: lint
+	SETUPTOOLS_USE_DISTUTILS=stdlib $(BIN)/python -m pytest -q -n 8 $(CHECK_TESTS) --lane=host
 
 bench: venvs
 	@# Timed starts read the package's bytecode, not its source (see test above).

@@ -34,8 +34,15 @@ SHOW = (
 
 
 def wrap(*arguments: str, environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The wrapper run once, as a task of the step `environ` gives; on free ports of its own
+    unless `arguments` choose them, so that tests run side by side (pytest -n, make check)."""
+    ports = (
+        []
+        if any(word.startswith("--port_base") for word in arguments)
+        else [f"--port_base={free_port_block(8)}"]
+    )
     return subprocess.run(
-        [WRAPPER, *arguments],
+        [WRAPPER, *ports, *arguments],
         env={"PATH": os.environ["PATH"], "TFCONFIG_SLURM_PYTHON": sys.executable, **environ},
         capture_output=True,
         text=True,
@@ -95,17 +102,14 @@ def test_commands_under_the_wrapper_read_the_same_task() -> None:
     """tfconfig-slurm and a nested with-tfconfig read the step as SLURM made it, although the
     wrapper narrowed CUDA_VISIBLE_DEVICES to the task's own GPU."""
     environ = captured("block_3x3_gres2", "task-5")
-    outer = wrap(sys.executable, "-m", "tfconfig_slurm.tfconfig", "--export", environ=environ)
+    base = f"--port_base={free_port_block(8)}"
+    outer = wrap(base, sys.executable, "-m", "tfconfig_slurm.tfconfig", "--export", environ=environ)
     assert outer.returncode == 0, outer.stderr
+    # Its flags the outer one's: a nested wrapper refuses a TF_CONFIG of other flags.
     nested = wrap(
-        sys.executable,
-        "-m",
-        "tfconfig_slurm.commands.with_tfconfig",
-        sys.executable,
-        "-c",
-        SHOW,
-        environ=environ,
-    )
+        base, sys.executable, "-m", "tfconfig_slurm.commands.with_tfconfig", base,
+        sys.executable, "-c", SHOW, environ=environ,
+    )  # fmt: skip
     assert nested.returncode == 0, nested.stderr
     tf_config, gpus, _ = json.loads(nested.stdout)
     assert json.loads(tf_config)["task"] == {"type": "worker", "index": 2}
@@ -116,8 +120,9 @@ def test_commands_under_the_wrapper_read_the_same_task() -> None:
 
 def test_the_same_tf_config_already_set_is_no_overwrite() -> None:
     environ = captured("block_3x3_gres2", "task-5")
-    first = json.loads(wrap(sys.executable, "-c", SHOW, environ=environ).stdout)[0]
-    again = wrap(sys.executable, "-c", SHOW, environ=environ | {"TF_CONFIG": first})
+    base = f"--port_base={free_port_block(8)}"
+    first = json.loads(wrap(base, sys.executable, "-c", SHOW, environ=environ).stdout)[0]
+    again = wrap(base, sys.executable, "-c", SHOW, environ=environ | {"TF_CONFIG": first})
     assert again.returncode == 0, again.stderr
     # Kept as it was, byte for byte, and not taken for one inherited from elsewhere.
     assert json.loads(again.stdout)[0] == first
