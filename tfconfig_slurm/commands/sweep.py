@@ -28,7 +28,7 @@ from pathlib import Path
 
 from absl import flags
 
-from tfconfig_slurm.commands import run as runtime
+from tfconfig_slurm.commands import run_directory, runtime_flags
 from tfconfig_slurm.commands.cli import flag_error, run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import model_dir, native_noise
@@ -130,8 +130,8 @@ def main(argv: Sequence[str]) -> int:
             )
     _check_name(sweep_file)
     lines = _checked_lines(sweep_file)
-    kept = Path(runtime.output_root(), SWEEPS, f"{sweep_file.stem}.txt").absolute()
-    model_dir.check_room(kept.parent, runtime.naming())
+    kept = Path(run_directory.output_root(), SWEEPS, f"{sweep_file.stem}.txt").absolute()
+    model_dir.check_room(kept.parent, run_directory.naming())
     text = "".join(f"{line}\n" for line in lines)
     if kept.exists() and kept.read_text() != text:
         raise UsageError(
@@ -176,8 +176,8 @@ def main(argv: Sequence[str]) -> int:
         else f"{len(lines)} runs {sweep_file.stem}-0 to {sweep_file.stem}-{len(lines) - 1}"
     )
     sys.stderr.write(
-        f"{PROGRAM}: job array {job}: {runs} in {runtime.output_root()}; see them with "
-        f"tfconfig-slurm runs {runtime.output_root()}\n"
+        f"{PROGRAM}: job array {job}: {runs} in {run_directory.output_root()}; see them with "
+        f"tfconfig-slurm runs {run_directory.output_root()}\n"
     )
     return 0
 
@@ -208,7 +208,7 @@ def _checked_lines(sweep_file: Path) -> list[str]:
             f"{sweep_file} has no lines of hparams",
             "write one --hparams value a line, e.g. learning_rate=0.001,dropout=0.3",
         )
-    spec = runtime.EXPERIMENT.value or "mnist_deep"
+    spec = runtime_flags.EXPERIMENT.value or "mnist_deep"
     kind = experiment_lib.require_runtime(spec)
     if kind == experiment_lib.KERAS3:
         experiment_lib.choose_jax(os.environ)
@@ -219,7 +219,7 @@ def _checked_lines(sweep_file: Path) -> list[str]:
         try:
             hparams_lib.with_overrides(
                 experiment.hparams,
-                hparams_lib.swept(runtime.HPARAMS.value, line),
+                hparams_lib.swept(runtime_flags.HPARAMS.value, line),
                 experiment.check_hparams,
             )
         except UsageError as error:

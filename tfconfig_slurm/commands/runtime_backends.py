@@ -1,0 +1,165 @@
+"""The runtime's backends, one factory each (Estimator, tf-keras, its coordinator, Keras 3),
+as the lifecycle takes them: each loads the experiment and checks the flags' settings against
+it before it imports TensorFlow itself, so that an experiment that does not import it at the
+top is refused within a fraction of a second rather than after TensorFlow's seconds of
+loading; and each task's thread pools, sized by its role."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from absl import logging
+
+from tfconfig_slurm.cluster import threads as threads_lib
+from tfconfig_slurm.cluster.layout import EVALUATOR
+from tfconfig_slurm.cluster.role import input_shard
+from tfconfig_slurm.cluster.threads import Threads
+from tfconfig_slurm.commands import runtime_flags
+from tfconfig_slurm.process import console, lifecycle, native_noise, place
+from tfconfig_slurm.process import experiment as experiment_lib
+from tfconfig_slurm.process import hparams as hparams_lib
+from tfconfig_slurm.process.settings import TrainingSettings
+
+
+def kind_of(kind: str, coordinator: bool) -> lifecycle.BackendKind:
+    """How the backend of an experiment of `kind` trains, and whose checkpoints it resumes."""
+    if coordinator:
+        return lifecycle.TF_KERAS_COORDINATOR
+    kinds = {experiment_lib.KERAS: lifecycle.TF_KERAS, experiment_lib.KERAS3: lifecycle.KERAS_3}
+    return kinds.get(kind, lifecycle.ESTIMATOR)
+
+
+# Threads TensorFlow picks itself: every CPU.
+_TENSORFLOW_S = Threads(0, 0)
+
+
+def _settings(
+    directory: Path,
+    hparams: str,
+    experiment: experiment_lib.Experiment | experiment_lib.KerasExperiment,
+    threads: Threads = _TENSORFLOW_S,
+) -> TrainingSettings:
+    """The flags' settings, with the experiment's hparams overridden by `hparams` and passed
+    by its check_hparams."""
+    shard = input_shard(os.environ)
+    return TrainingSettings(
+        model_dir=directory,
+        train_steps=runtime_flags.TRAIN_STEPS.value,
+        eval_steps=runtime_flags.EVAL_STEPS.value,
+        params={
+            **hparams_lib.with_overrides(experiment.hparams, hparams, experiment.check_hparams),
+            "batch_size": runtime_flags.BATCH_SIZE.value,
+            "data_dir": runtime_flags.DATA_DIR.value,
+            "num_trainers": shard.num_shards,
+            "trainer_index": shard.shard_index,
+        },
+        save_checkpoints_steps=runtime_flags.SAVE_CHECKPOINTS_STEPS.value,
+        save_checkpoints_secs=runtime_flags.SAVE_CHECKPOINTS_SECS.value,
+        keep_checkpoint_max=runtime_flags.KEEP_CHECKPOINT_MAX.value,
+        intra_op_threads=threads.intra_op,
+        inter_op_threads=threads.inter_op,
+        gpu_memory_growth=runtime_flags.GPU_MEMORY_GROWTH.value,
+        gpu_memory_fraction=runtime_flags.GPU_MEMORY_FRACTION.value,
+        log_every_steps=runtime_flags.LOG_EVERY_STEPS.value,
+        sync_replicas=runtime_flags.SYNC_REPLICAS.value,
+    )
+
+
+def keras(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
+    """The Keras experiment, and TensorFlow and tf-keras, as its backend."""
+    # Keras 2 (tf-keras) for whatever the experiment reaches through tf.keras too.
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    experiment, settings = _loaded(task, hparams, experiment_lib.load_keras)
+    from tfconfig_slurm.backends.keras.train import KerasBackend  # noqa: PLC0415
+
+    return KerasBackend(experiment, settings, task)
+
+
+def keras3(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
+    """The Keras 3 experiment, and Keras 3 on JAX, as its backend."""
+    experiment_lib.choose_jax(os.environ)
+    experiment = experiment_lib.load_keras(runtime_flags.EXPERIMENT.value or "")
+    settings = _settings(task.model_dir, hparams, experiment)
+    from tfconfig_slurm.backends.keras3.train import Keras3Backend  # noqa: PLC0415
+
+    return Keras3Backend(experiment, settings, task)
+
+
+def coordinator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
+    """The Keras experiment, and TensorFlow and tf-keras, as the coordinator of a
+    ParameterServerStrategy cluster, or as its evaluator (a sidecar)."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    experiment, settings = _loaded(task, hparams, experiment_lib.load_keras)
+    from tfconfig_slurm.backends.keras.coordinator import CoordinatorBackend  # noqa: PLC0415
+    from tfconfig_slurm.backends.keras.sidecar import SidecarBackend  # noqa: PLC0415
+
+    role = task.place.role
+    assert role is not None
+    if role.role == EVALUATOR:
+        return SidecarBackend(experiment, settings, task)
+    return CoordinatorBackend(experiment, settings, task)
+
+
+def estimator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
+    """The Estimator experiment, and TensorFlow, as its backend."""
+    experiment, settings = _loaded(task, hparams, experiment_lib.load)
+    from tfconfig_slurm.backends.estimator import experiment_training  # noqa: PLC0415
+    from tfconfig_slurm.backends.estimator.train import EstimatorBackend  # noqa: PLC0415
+
+    training = experiment_training.training(experiment, settings, task.place.role)
+    return EstimatorBackend(training, task.place.role, task.stop)
+
+
+_Loaded = TypeVar("_Loaded", experiment_lib.Experiment, experiment_lib.KerasExperiment)
+
+
+def _loaded(
+    task: lifecycle.TaskRun, hparams: str, load: Callable[[str], _Loaded]
+) -> tuple[_Loaded, TrainingSettings]:
+    """The experiment and the run's settings, with TensorFlow loaded (the experiment imports
+    it), its thread pools held and its devices looked at, its start-up notes held back
+    (process/native_noise.py)."""
+    with native_noise.start_up_notes_held(bool(task.place.gpu_ids)):
+        experiment = load(runtime_flags.EXPERIMENT.value or "")
+        threads, said = task_threads(task.place)
+        settings = _settings(task.model_dir, hparams, experiment, threads)
+        if said:
+            logging.info("%s", said)
+        from tfconfig_slurm.backends import tf_process  # noqa: PLC0415
+
+        tf_process.hold_threads(threads.intra_op, threads.inter_op)
+        tf_process.look_at_devices()
+    return experiment, settings
+
+
+def task_threads(where: place.Place) -> tuple[Threads, str]:
+    """The task's TensorFlow threads: each flag where given (0: TensorFlow's own), else sized
+    by its role and its node's share of the CPUs its process may run on (cluster/threads.py);
+    TensorFlow's own in a single process. With the line that says them ("" where none is
+    set), for the caller to log once its input has passed: a refusal stays one line."""
+    cpus = len(os.sched_getaffinity(0))
+    sized = (
+        _TENSORFLOW_S
+        if where.role is None
+        else threads_lib.for_role(where.role, cpus, own_cpus=where.own_cpus)
+    )
+    given = Threads(
+        sized.intra_op
+        if runtime_flags.INTRA_OP_THREADS.value is None
+        else runtime_flags.INTRA_OP_THREADS.value,
+        sized.inter_op
+        if runtime_flags.INTER_OP_THREADS.value is None
+        else runtime_flags.INTER_OP_THREADS.value,
+    )
+    why = (
+        "as the flags say"
+        if given != sized
+        else f"sized for {console.a_or_an(where.role.role if where.role else 'task')} on "
+        f"{'its own' if where.own_cpus else 'the node'}'s {cpus} CPUs"
+    )
+    said = (
+        f"TensorFlow's threads: {given.intra_op} inside an op, {given.inter_op} between ops ({why})"
+    )
+    return given, said if any(given) else ""
