@@ -1,7 +1,7 @@
 """What with-tfconfig's supervision costs as a job grows: one watcher (a parameter server's
 wrapper, or the runtime's watchdog) and N peers listening on loopback, in one process.
 
-For each N it measures, with the watcher's real settings (process/watchdog.py):
+For each N it measures, with the watcher's real settings (process/supervision/watchdog.py):
 - round: seconds from the watcher's start until every peer has answered once;
 - finished: seconds from every peer answering FINISHED (as a trainer's wrapper does once its
   command exited 0) until the watcher has seen them all: a parameter server's wait from the
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import supervise, watchdog
+from tfconfig_slurm.process.supervision import supervise, watchdog
 
 # A gRPC server's first bytes (an HTTP/2 SETTINGS frame header): what a training peer answers.
 _TRAINING = b"\x00\x00\x18\x04\x00\x00\x00\x00\x00"

@@ -13,12 +13,13 @@ import time
 import pytest
 
 from tests.cli import REPOSITORY, wait_until
-from tfconfig_slurm.process import children
+from tfconfig_slurm.process import exits
+from tfconfig_slurm.process.supervision import children
 
 # A supervisor that starts a shell that starts a sleep, and says both pids.
 SUPERVISOR = """
 import os, sys, time
-from tfconfig_slurm.process import children
+from tfconfig_slurm.process.supervision import children
 group = children.Group(own_sessions=sys.argv[1] == "own")
 shell = group.start(["sh", "-c", "sleep 300 & echo $!; wait"], os.environ, capture=True)
 print(shell.pid, shell.stdout.readline().strip(), flush=True)
@@ -77,5 +78,5 @@ def test_a_stop_kills_a_child_that_ignores_sigterm_after_its_grace() -> None:
     assert (stubborn.returncode, polite.returncode) == (-signal.SIGKILL, -signal.SIGTERM)
     # The stubborn one was given its grace before SIGKILL.
     assert time.monotonic() - began >= 1.0
-    assert children.exit_status(stubborn.returncode) == 128 + signal.SIGKILL
-    assert children.how_it_ended(stubborn.returncode) == "was killed by SIGKILL"
+    assert exits.exit_status(stubborn.returncode) == 128 + signal.SIGKILL
+    assert exits.how_it_ended(stubborn.returncode) == "was killed by SIGKILL"

@@ -16,9 +16,10 @@ import pytest
 from tests.cli import run_module, wait_until
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import claim, timing
-from tfconfig_slurm.process.claim import Holder
-from tfconfig_slurm.process.run_dir import RunDir
+from tfconfig_slurm.process import timing
+from tfconfig_slurm.process.records import claim
+from tfconfig_slurm.process.records.claim import Holder
+from tfconfig_slurm.process.records.run_dir import RunDir
 
 HOST = socket.gethostname()
 

@@ -14,7 +14,7 @@ from tests.cli import REPOSITORY, wait_until
 from tests.slurm_cluster import SlurmCluster
 from tfconfig_slurm import errors
 from tfconfig_slurm.cluster.step import CONTINUATION, read_slurm_job
-from tfconfig_slurm.process import continuation, preemption
+from tfconfig_slurm.process.job import continuation, preemption
 
 # A running job of the test cluster, from `scontrol show job` (its script's path made
 # @REPOSITORY@'s): `sbatch --nodelist='node[2-3]' --nodes=2 --ntasks-per-node=2 --gres=gpu:1

@@ -1,4 +1,5 @@
-"""The run's first-failure record (process/failure.py): the first writer of an attempt wins."""
+"""The run's first-failure record (process/records/failure.py): the first writer of an attempt
+wins."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import failure
+from tfconfig_slurm.process.records import failure
 
 CLUSTER = {"chief": ("node1:2222",), "ps": ("node1:2223",), "worker": ("node2:2222",)}
 

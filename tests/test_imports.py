@@ -25,9 +25,9 @@ PURE = [
         for name in ("main", "tfconfig", "with_tfconfig", "runs", "run", "sweep")
     ),
     *(
-        f"{package.__name__}.{module.name}"
+        module.name
         for package in (cluster, process)
-        for module in pkgutil.iter_modules(package.__path__)
+        for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")
     ),
 ]
 
@@ -73,7 +73,7 @@ def test_slurm_s_environment_is_read_only_at_the_doors() -> None:
         "commands/srun.py",
         "commands/task_config.py",
         "commands/with_tfconfig.py",
-        "process/place.py",
+        "process/task/place.py",
     ]
 
 

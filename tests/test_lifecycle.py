@@ -1,4 +1,4 @@
-"""The task lifecycle (process/lifecycle.py) around a backend that imports no TensorFlow: what
+"""The task lifecycle (process/task/lifecycle.py) around a backend that imports no TensorFlow: what
 the run's state and the task's end are, whatever the backend does. No TensorFlow, no SLURM."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from typing import Any, Callable
 import pytest
 
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import claim, history, lifecycle, preemption
-from tfconfig_slurm.process.place import Place
+from tfconfig_slurm.process.job import preemption
+from tfconfig_slurm.process.records import claim, history
+from tfconfig_slurm.process.task import lifecycle
+from tfconfig_slurm.process.task.place import Place
 
 
 class Backend:

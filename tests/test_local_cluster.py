@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli import PACED, run_module
-from tfconfig_slurm.process import local_cluster
+from tfconfig_slurm.process.supervision import local_cluster
 
 pytestmark = pytest.mark.tensorflow
 

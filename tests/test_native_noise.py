@@ -1,4 +1,4 @@
-"""TensorFlow's start-up notes held back (process/native_noise.py): what its C++ writes to file
+"""TensorFlow's start-up notes held back (process/task/native_noise.py): what its C++ writes to file
 descriptor 2 as it loads, dropped, and everything else passed on in order. No TensorFlow: the
 lines are written here as TensorFlow 2.21 writes them on a CPU machine."""
 
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from tfconfig_slurm.process.native_noise import start_up_notes_held
+from tfconfig_slurm.process.task.native_noise import start_up_notes_held
 
 NOTES = (
     b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"

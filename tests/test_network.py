@@ -10,7 +10,7 @@ import pytest
 
 from tests.cli import run_module
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process.network import check_addresses_resolve, check_port_free
+from tfconfig_slurm.process.supervision.network import check_addresses_resolve, check_port_free
 
 
 def _listening() -> socket.socket:

@@ -1,12 +1,13 @@
-"""What the run's owner says in state.json across attempts (process/owner.py, reports.py)."""
+"""What the run's owner says in state.json across attempts (process/records/owner.py and
+reports.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from tfconfig_slurm.process.owner import RunOwner
-from tfconfig_slurm.process.run_dir import RunDir
+from tfconfig_slurm.process.records.owner import RunOwner
+from tfconfig_slurm.process.records.run_dir import RunDir
 
 
 def test_a_resume_with_other_hparams_names_them_and_each_attempt_is_kept(tmp_path: Path) -> None:

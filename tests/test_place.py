@@ -1,4 +1,4 @@
-"""process/place.py and the shard of a trainer: a process's place from its environment, and the
+"""process/task/place.py and the shard of a trainer: a process's place from its environment, and the
 TFCONFIG_SLURM_* variables a user's script sets its layout with. SLURM faked by dictionaries."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from tests.slurm_envs import task_env
 from tfconfig_slurm.cluster import LayoutPolicy
 from tfconfig_slurm.cluster.role import Shard, input_shard
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import place
+from tfconfig_slurm.process.task import place
 
 NODES = ["n1", "n2"]
 

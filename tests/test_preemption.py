@@ -14,7 +14,7 @@ import pytest
 from tfconfig_slurm import errors
 from tfconfig_slurm.cluster.step import CONTINUATION, read_slurm_job
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import preemption
+from tfconfig_slurm.process.job import preemption
 
 
 @pytest.mark.parametrize(
@@ -49,7 +49,7 @@ def test_the_request_is_a_flag_set_by_the_signal() -> None:
 # TensorFlow step that waits on a dead peer: Python cannot run its handler there.
 BLOCKED_IN_C = """
 import ctypes, os, signal, threading, time
-from tfconfig_slurm.process import preemption
+from tfconfig_slurm.process.job import preemption
 
 stop = preemption.StopRequest()
 stop.listen(signal.SIGUSR2)
@@ -79,7 +79,7 @@ def test_a_stop_is_seen_while_the_main_thread_is_inside_c_code() -> None:
 # itself for ever.
 INSIDE_THE_LOCK = """
 import os, signal
-from tfconfig_slurm.process import preemption
+from tfconfig_slurm.process.job import preemption
 
 stop = preemption.StopRequest()
 stop.listen(signal.SIGUSR2)

@@ -1,5 +1,5 @@
-"""The evaluator's result as the chief waits for it (process/reports.py): its metrics, or, at
-once, word that none will come (it gave up on the final checkpoint, or its failure is
+"""The evaluator's result as the chief waits for it (process/records/reports.py): its metrics, or,
+at once, word that none will come (it gave up on the final checkpoint, or its failure is
 recorded for this run), rather than 600 s of waiting. No TensorFlow."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tfconfig_slurm.process import reports, timing
+from tfconfig_slurm.process import timing
+from tfconfig_slurm.process.records import reports
 
 RUN = {"run": "41.0.0", "train_steps": 200}
 

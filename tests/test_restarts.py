@@ -1,6 +1,6 @@
 """The lines for a step that failed (`tfconfig-slurm srun`): the first to fail from the run's
 failure record, else from srun's message and that task's log; and whether the step starts
-again in the job (process/restarts.py). No TensorFlow, no SLURM: the job is a value, or an
+again in the job (process/job/restarts.py). No TensorFlow, no SLURM: the job is a value, or an
 environment dictionary."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from tfconfig_slurm.cluster.step import SlurmJob
-from tfconfig_slurm.process import reports, restarts
-from tfconfig_slurm.process.failure import Failure
+from tfconfig_slurm.process.job import restarts
+from tfconfig_slurm.process.records import reports
+from tfconfig_slurm.process.records.failure import Failure
 
 JOB = SlurmJob(42, None, None, 1)
 LOST = Failure(

@@ -320,7 +320,7 @@ def test_sbatch_trains_to_the_end_and_leaves_nothing_behind(
     assert {trainer["role"] for trainer in summary["trainers"]} == {"chief", "worker"}
     # The job's first step, its first attempt: the run every report of this job carries.
     assert {trainer["run"] for trainer in summary["trainers"]} == {f"{job['JobId']}.0.0"}
-    assert task_logs == [f"job{job['JobId']}-{name}.log" for name in ("srun", *TASKS)]
+    assert task_logs == [f"job{job['JobId']}-{name}.log" for name in TASKS]
     starts = "".join((model_dir / "logs" / name).read_text() for name in task_logs)
     # Each node runs a ps and a trainer, the chief on the first: whichever nodes Slurm chose.
     nodes = {

@@ -19,9 +19,9 @@ from tests.cli import REPOSITORY, run_module
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_envs import task_env
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import claim
-from tfconfig_slurm.process.claim import Holder
-from tfconfig_slurm.process.hparams import swept, with_overrides
+from tfconfig_slurm.process.records import claim
+from tfconfig_slurm.process.records.claim import Holder
+from tfconfig_slurm.process.user_code.hparams import swept, with_overrides
 
 SWEEP = REPOSITORY / "launch" / "sweep"
 THREE = """# learning rates

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tfconfig_slurm.process.throughput import LossSinceLastLine, Throughput
+from tfconfig_slurm.process.task.throughput import LossSinceLastLine, Throughput
 
 
 @pytest.fixture

@@ -12,8 +12,9 @@ import pytest
 
 from tests.cli import wait_until
 from tfconfig_slurm.cluster.step import SlurmJob
-from tfconfig_slurm.process import slurm_commands, time_limit, timing
-from tfconfig_slurm.process.preemption import StopRequest
+from tfconfig_slurm.process import slurm_commands, timing
+from tfconfig_slurm.process.job import time_limit
+from tfconfig_slurm.process.job.preemption import StopRequest
 
 JOB = SlurmJob(job_id=77, array_job_id=None, array_task_id=None, restart_count=0)
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from tfconfig_slurm.errors import InstallError, UsageError
-from tfconfig_slurm.process import experiment, supervise, versions
-from tfconfig_slurm.process.versions import Installed
+from tfconfig_slurm.process.supervision import supervise
+from tfconfig_slurm.process.user_code import experiment, versions
+from tfconfig_slurm.process.user_code.versions import Installed
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import failure, watchdog
-from tfconfig_slurm.process.watchdog import PeerWatch
+from tfconfig_slurm.process.records import failure
+from tfconfig_slurm.process.supervision import watchdog
+from tfconfig_slurm.process.supervision.watchdog import PeerWatch
 
 FAST: dict[str, Any] = {"lost_after": 0.3, "probe_seconds": 0.05}
 # Far longer than any loss takes with FAST: a test waits this long only when it fails.

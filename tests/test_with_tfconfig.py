@@ -23,7 +23,7 @@ from tfconfig_slurm.cluster.render import tf_config_json
 from tfconfig_slurm.commands.with_tfconfig import MAX_ENVIRONMENT_STRING
 from tfconfig_slurm.errors import EXIT_PEER_LOST
 from tfconfig_slurm.process import timing
-from tfconfig_slurm.process.watchdog import WAITING, answers
+from tfconfig_slurm.process.supervision.watchdog import WAITING, answers
 
 WRAPPER = str(REPOSITORY / "launch" / "with-tfconfig")
 # Prints what the command saw: its TF_CONFIG, its GPUs and its own arguments.

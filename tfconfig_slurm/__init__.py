@@ -42,7 +42,8 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The layout tools never import TensorFlow; the runtime only when it is asked for.
     if name == "train_and_evaluate":
-        from tfconfig_slurm.process import console, versions  # noqa: PLC0415
+        from tfconfig_slurm.process import console  # noqa: PLC0415
+        from tfconfig_slurm.process.user_code import versions  # noqa: PLC0415
 
         try:
             versions.require_estimator("tfconfig_slurm.train_and_evaluate (Estimator)")
@@ -52,7 +53,7 @@ def __getattr__(name: str) -> Any:
 
         return train_and_evaluate
     if name == "cluster_resolver":
-        from tfconfig_slurm.process import versions  # noqa: PLC0415
+        from tfconfig_slurm.process.user_code import versions  # noqa: PLC0415
 
         versions.require_tensorflow("tfconfig_slurm.cluster_resolver")
         from tfconfig_slurm.backends.keras.resolver import cluster_resolver  # noqa: PLC0415

@@ -54,7 +54,7 @@ def hold_threads(intra_op: int, inter_op: int) -> None:
 
 def look_at_devices() -> None:
     """Has TensorFlow find this process's devices now (CUDA's, where it has them), while its
-    start-up notes are held back (process/native_noise.py), without starting its runtime:
+    start-up notes are held back (process/task/native_noise.py), without starting its runtime:
     a strategy made later still sets that up (MultiWorkerMirroredStrategy must come first)."""
     tf.config.list_physical_devices()
 

@@ -41,7 +41,7 @@ SOURCES: Mapping[str, tuple[str, ...]] = {
     "array_task_id": ("SLURM_ARRAY_TASK_ID",),
     "restart_count": ("SLURM_RESTART_COUNT",),
     # Not SLURM's: how many jobs before this one the run went on from, where SLURM refused to
-    # requeue (process/continuation.py sets it in the next job).
+    # requeue (process/job/continuation.py sets it in the next job).
     "continuation": (CONTINUATION,),
     "distribution": ("SLURM_DISTRIBUTION",),
     # The CPUs the job has on the node (its tasks share them where SLURM binds none), and how

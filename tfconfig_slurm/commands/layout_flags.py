@@ -4,7 +4,7 @@ Inside a job step the layout comes from SLURM's variables; with `--nodelist` it 
 flags (plan_flags.py, which only `tfconfig-slurm --explain` lists in its help), so a user sees
 it before submitting. `tfconfig-slurm` and `with-tfconfig` resolve a
 task's layout through `resolve_layout`; the training runtime takes `step_policy` to
-process/place.py, which lays the step out the same way.
+process/task/place.py, which lays the step out the same way.
 """
 
 from __future__ import annotations

@@ -51,19 +51,12 @@ from tfconfig_slurm.commands import (
 )
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import experiment as experiment_lib
-from tfconfig_slurm.process import (
-    failure,
-    history,
-    lifecycle,
-    local_cluster,
-    model_dir,
-    place,
-    preemption,
-    refusal,
-    supervise,
-)
-from tfconfig_slurm.process import hparams as hparams_lib
+from tfconfig_slurm.process.job import preemption
+from tfconfig_slurm.process.records import failure, history, model_dir, refusal
+from tfconfig_slurm.process.supervision import local_cluster, supervise
+from tfconfig_slurm.process.task import lifecycle, place
+from tfconfig_slurm.process.user_code import experiment as experiment_lib
+from tfconfig_slurm.process.user_code import hparams as hparams_lib
 
 PROGRAM = "tfconfig-slurm-run"
 
@@ -119,7 +112,7 @@ def _start(
 ) -> int | None:
     """The task's layout and place checked, then its run (or a local cluster's, or the model
     directory printed for a batch script); a refusal of its input is recorded for the runs
-    table where it comes before the run starts (process/refusal.py)."""
+    table where it comes before the run starts (process/records/refusal.py)."""
     policy = layout_flags.step_policy()
     if policy.coordinator and kind == experiment_lib.KERAS3:
         raise UsageError(
@@ -265,7 +258,7 @@ def _coordinated(task: lifecycle.TaskRun, hparams: str) -> int:
     or a worker serves (backends/keras/serve.py), and for the chief (and the evaluator) is
     this command again, coordinating the training (evaluating its checkpoints) as the
     lifecycle's backend. The chief's supervisor so answers on its port once its child has
-    exited, which ends the others (process/supervise.py)."""
+    exited, which ends the others (process/supervision/supervise.py)."""
     role = task.place.role
     if role is None:
         raise UsageError(

@@ -11,8 +11,8 @@ from pathlib import Path
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.commands import runtime_flags
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import claim, model_dir, run_dir
-from tfconfig_slurm.process import hparams as hparams_lib
+from tfconfig_slurm.process.records import claim, model_dir, run_dir
+from tfconfig_slurm.process.user_code import hparams as hparams_lib
 
 ID_VARIABLE = "EXPERIMENT_ID"
 

@@ -34,16 +34,9 @@ from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.commands import json_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import (
-    claim,
-    continuation,
-    failure,
-    history,
-    polling,
-    refusal,
-    reports,
-    run_dir,
-)
+from tfconfig_slurm.process import polling
+from tfconfig_slurm.process.job import continuation
+from tfconfig_slurm.process.records import claim, failure, history, refusal, reports, run_dir
 
 PROGRAM = "tfconfig-slurm runs"
 

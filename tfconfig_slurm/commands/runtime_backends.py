@@ -17,10 +17,11 @@ from tfconfig_slurm.cluster.layout import EVALUATOR
 from tfconfig_slurm.cluster.role import input_shard
 from tfconfig_slurm.cluster.threads import Threads
 from tfconfig_slurm.commands import runtime_flags
-from tfconfig_slurm.process import console, lifecycle, native_noise, place
-from tfconfig_slurm.process import experiment as experiment_lib
-from tfconfig_slurm.process import hparams as hparams_lib
-from tfconfig_slurm.process.settings import TrainingSettings
+from tfconfig_slurm.process import console
+from tfconfig_slurm.process.task import lifecycle, native_noise, place
+from tfconfig_slurm.process.task.settings import TrainingSettings
+from tfconfig_slurm.process.user_code import experiment as experiment_lib
+from tfconfig_slurm.process.user_code import hparams as hparams_lib
 
 
 def kind_of(kind: str, coordinator: bool) -> lifecycle.BackendKind:
@@ -120,7 +121,7 @@ def _loaded(
 ) -> tuple[_Loaded, TrainingSettings]:
     """The experiment and the run's settings, with TensorFlow loaded (the experiment imports
     it), its thread pools held and its devices looked at, its start-up notes held back
-    (process/native_noise.py)."""
+    (process/task/native_noise.py)."""
     with native_noise.start_up_notes_held(bool(task.place.gpu_ids)):
         experiment = load(runtime_flags.EXPERIMENT.value or "")
         threads, said = task_threads(task.place)

@@ -31,7 +31,9 @@ from tfconfig_slurm.cluster.step import SlurmJob, read_slurm_job
 from tfconfig_slurm.commands import max_restarts_flag, model_dir_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import history, restarts
+from tfconfig_slurm.process import exits
+from tfconfig_slurm.process.job import restarts
+from tfconfig_slurm.process.records import history
 
 PROGRAM = "tfconfig-slurm srun"
 _USAGE = f"{PROGRAM} --model_dir=DIR -- [srun's options] launch/with-tfconfig python my_script.py"
@@ -111,8 +113,7 @@ def _step(command: list[str]) -> tuple[int, str]:
             sys.stderr.flush()
             if each.startswith(_SRUN_LINES):
                 kept.append(each.decode(errors="replace"))
-    status = srun.returncode
-    return (128 - status if status < 0 else status), "".join(kept)
+    return exits.exit_status(srun.returncode), "".join(kept)
 
 
 def _say(line: str) -> None:

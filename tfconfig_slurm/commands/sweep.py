@@ -31,8 +31,9 @@ from absl import flags
 from tfconfig_slurm.commands import run_directory, runtime_flags
 from tfconfig_slurm.commands.cli import flag_error, run_cli
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import model_dir, native_noise
-from tfconfig_slurm.process.run_dir import SWEEPS
+from tfconfig_slurm.process.records import model_dir
+from tfconfig_slurm.process.records.run_dir import SWEEPS
+from tfconfig_slurm.process.task import native_noise
 
 PROGRAM = "sweep"
 # How a user calls it, for the hints.
@@ -198,8 +199,8 @@ def _without_own_flags(arguments: list[str]) -> list[str]:
 
 def _checked_lines(sweep_file: Path) -> list[str]:
     """The sweep's lines, each checked against the experiment's HPARAMS."""
-    from tfconfig_slurm.process import experiment as experiment_lib  # noqa: PLC0415
-    from tfconfig_slurm.process import hparams as hparams_lib  # noqa: PLC0415
+    from tfconfig_slurm.process.user_code import experiment as experiment_lib  # noqa: PLC0415
+    from tfconfig_slurm.process.user_code import hparams as hparams_lib  # noqa: PLC0415
 
     lines = hparams_lib.sweep_lines(sweep_file)
     if not lines:

@@ -34,18 +34,11 @@ from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.commands import layout_flags, model_dir_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import (
-    answering,
-    claim,
-    failure,
-    history,
-    model_dir,
-    network,
-    place,
-    supervise,
-    versions,
-)
-from tfconfig_slurm.process.owner import RunOwner, owns_run
+from tfconfig_slurm.process.records import claim, failure, history, model_dir
+from tfconfig_slurm.process.records.owner import RunOwner, owns_run
+from tfconfig_slurm.process.supervision import answering, network, supervise
+from tfconfig_slurm.process.task import place
+from tfconfig_slurm.process.user_code import versions
 
 PROGRAM = "with-tfconfig"
 # Linux refuses to exec with any single "NAME=value" string longer than MAX_ARG_STRLEN

@@ -1,5 +1,6 @@
-"""How a task's process ends early or at its end: at once, once its logs are out, with the
-reason it ends. The one place the package calls os._exit.
+"""How processes end: this task's, early or at its end, at once, once its logs are out, with the
+reason it ends (the one place the package calls os._exit); and a child's, as its return code
+says it ended.
 
 Why at once, not by returning: a task may be hung inside TensorFlow or JAX (a peer lost
 mid-collective), where nothing but an exit reaches it; a parameter server's gRPC server cannot
@@ -11,6 +12,7 @@ process flushes its own writers (event files, checkpoints) first.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import NoReturn
 
@@ -25,3 +27,15 @@ def end_now(status: int, reason: str) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+def exit_status(returncode: int) -> int:
+    """A shell's exit status for a child's return code: 128 + N for a child signal N ended."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def how_it_ended(returncode: int) -> str:
+    """`failed with exit status 1`, `was killed by SIGKILL`."""
+    if returncode < 0:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    return f"failed with exit status {returncode}"

@@ -15,7 +15,7 @@ SLURM_KILL_WAIT_SECONDS = 30.0
 # longer is given up on.
 SLURM_COMMAND_SECONDS = 60.0
 
-# --- A stop (process/supervise.py, local_cluster.py, backends/estimator/barriers.py) ---
+# --- A stop (supervision/supervise.py, local_cluster.py, backends/estimator/barriers.py) ---
 
 # How long a command told to stop may take to finish its stop (a checkpoint) while its peers
 # go quiet, stopping too, before it is killed as for a lost peer: inside KillWait, after which
@@ -43,7 +43,7 @@ LOCAL_FAILED_GRACE_SECONDS = 5.0
 # collective with it would wait for it forever.
 FAILING_SECONDS = 5.0
 
-# --- A peer's liveness (process/watchdog.py, supervise.py) ---
+# --- A peer's liveness (process/supervision/watchdog.py, supervise.py) ---
 
 # Each peer is probed at most every PROBE_SECONDS, and a watcher makes at most
 # PROBES_PER_SECOND probes, so that a ps watched by thousands of trainers is not flooded.
@@ -74,7 +74,7 @@ OWN_FAILURE_SECONDS = 2.0
 # directory, for the few seconds a stop takes.
 FAILURE_POLL_SECONDS = 0.25
 
-# --- The run's lock (process/claim.py) ---
+# --- The run's lock (process/records/claim.py) ---
 
 # The holder renews its lock this often while it trains...
 RENEW_SECONDS = 10.0
@@ -87,7 +87,7 @@ SETTLE_SECONDS = 0.5
 # squeue, asked whether a lock's job still runs, is given this long (it is asked at a start).
 SQUEUE_SECONDS = 10.0
 
-# --- The job's time limit (process/time_limit.py) ---
+# --- The job's time limit (process/job/time_limit.py) ---
 
 # squeue is asked for the time left this often, as scontrol update TimeLimit= moves it.
 LIMIT_POLL_SECONDS = 60.0
@@ -101,7 +101,7 @@ LIMIT_LOOK_SECONDS = 5.0
 # A limit that moved by less than this did not move: squeue's own rounding.
 LIMIT_MOVED_SECONDS = 5.0
 
-# --- Reports and evaluation (process/reports.py, backends) ---
+# --- Reports and evaluation (process/records/reports.py, backends) ---
 
 # How long the chief waits for the other trainers' throughput reports for summary.json.
 REPORT_WAIT_SECONDS = 30.0

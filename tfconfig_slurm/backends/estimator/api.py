@@ -3,7 +3,7 @@ script, with everything `python -m tfconfig_slurm.run` gives an experiment.
 
 The script changes one line and runs under a plain `srun python my_script.py`: each task takes
 its place in the step's layout (TFCONFIG_SLURM_* variables set the layout, as the layout flags
-do), and then runs the lifecycle the CLI's tasks run (process/lifecycle.py).
+do), and then runs the lifecycle the CLI's tasks run (process/task/lifecycle.py).
 """
 
 from __future__ import annotations
@@ -23,16 +23,11 @@ from tfconfig_slurm.backends.estimator import train, trainer
 from tfconfig_slurm.cluster import LayoutPolicy
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import TfconfigSlurmError, UsageError
-from tfconfig_slurm.process import (
-    claim,
-    console,
-    exits,
-    lifecycle,
-    local_cluster,
-    model_dir,
-    place,
-    preemption,
-)
+from tfconfig_slurm.process import console, exits
+from tfconfig_slurm.process.job import preemption
+from tfconfig_slurm.process.records import claim, model_dir
+from tfconfig_slurm.process.supervision import local_cluster
+from tfconfig_slurm.process.task import lifecycle, place
 
 LOCAL_CLUSTER = "TFCONFIG_SLURM_LOCAL_CLUSTER"
 _NAMING = claim.Naming(

@@ -10,9 +10,10 @@ Estimator's session manager sleeps 30 s before it looks again. Told to stop (pre
 each worker says it has stopped on a third queue on the first ps, and the chief stops last,
 so that its final checkpoint holds every step taken.
 
-A wait never ends by itself when a peer dies: the watchdog (process/watchdog.py) ends the
-waiting process instead. A ps tells its caller of each token as it comes, so that a trainer
-that finished may leave without being taken for dead.
+A wait never ends by itself when a peer dies: the watchdog
+(process/supervision/watchdog.py) ends the waiting process instead. A ps tells its caller of
+each token as it comes, so that a trainer that finished may leave without being taken for
+dead.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Any, Callable
 import tensorflow as tf
 from absl import logging
 
-from tfconfig_slurm.process import polling, preemption, timing
+from tfconfig_slurm.process import polling, timing
+from tfconfig_slurm.process.job import preemption
 
 OnToken = Callable[[int], None]
 

@@ -11,7 +11,10 @@ from absl import logging
 from tfconfig_slurm.backends.estimator import estimators
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import preemption, reports, timing, watchdog
+from tfconfig_slurm.process import timing
+from tfconfig_slurm.process.job import preemption
+from tfconfig_slurm.process.records import reports
+from tfconfig_slurm.process.supervision import watchdog
 
 
 def run(

@@ -9,8 +9,8 @@ import tensorflow as tf
 from tfconfig_slurm.backends.estimator import sync
 from tfconfig_slurm.backends.estimator.train import Training
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process.experiment import Experiment
-from tfconfig_slurm.process.settings import TrainingSettings
+from tfconfig_slurm.process.task.settings import TrainingSettings
+from tfconfig_slurm.process.user_code.experiment import Experiment
 
 
 def training(

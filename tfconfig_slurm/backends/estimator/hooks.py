@@ -14,15 +14,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfconfig_slurm.process.preemption import StopRequest
-from tfconfig_slurm.process.throughput import Rates, Throughput
+from tfconfig_slurm.process.job.preemption import StopRequest
+from tfconfig_slurm.process.task.throughput import Rates, Throughput
 
 # Ops that hand a step its input, as Estimator's input functions build them.
 _INPUT_OPS = ("IteratorGetNext", "QueueDequeueManyV2", "QueueDequeueUpToV2")
 
 
 class ThroughputHook(tf.compat.v1.train.SessionRunHook):
-    """Feeds the runtime's throughput meter (process/throughput.py, which logs the loss,
+    """Feeds the runtime's throughput meter (process/task/throughput.py, which logs the loss,
     examples/s and global steps/s as the HPC centres' scripts report training) from each
     step, and writes the speeds as scalars (Estimator writes the loss); at the end, the run's
     means. Estimator's own step lines are silenced."""
@@ -99,7 +99,7 @@ def _batch_size() -> tf.Tensor | None:
 
 class CheckpointTimer(tf.compat.v1.train.CheckpointSaverListener):
     """Times each checkpoint the chief writes, for the stop before the time limit, which must
-    leave time for one more (process/time_limit.py)."""
+    leave time for one more (process/job/time_limit.py)."""
 
     def __init__(self, stop: StopRequest) -> None:
         self._stop = stop

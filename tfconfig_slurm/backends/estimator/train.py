@@ -22,9 +22,10 @@ from tfconfig_slurm.backends.tf_process import resume_step
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import reports, watchdog
-from tfconfig_slurm.process.lifecycle import Ending, Hparam
-from tfconfig_slurm.process.preemption import StopRequest
+from tfconfig_slurm.process.job.preemption import StopRequest
+from tfconfig_slurm.process.records import reports
+from tfconfig_slurm.process.supervision import watchdog
+from tfconfig_slurm.process.task.lifecycle import Ending, Hparam
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class Training:
 
 
 class EstimatorBackend:
-    """Estimator training as the lifecycle's backend (process/lifecycle.py): this task's role
+    """Estimator training as the lifecycle's backend (process/task/lifecycle.py): this task's role
     played to its end, a single process, a parameter server, a trainer or the evaluator."""
 
     def __init__(self, training: Training, role: ClusterRole | None, stop: StopRequest) -> None:

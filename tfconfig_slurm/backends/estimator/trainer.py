@@ -17,8 +17,10 @@ from tfconfig_slurm.backends.estimator.hooks import CheckpointTimer, ThroughputH
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import preemption, reports, watchdog
-from tfconfig_slurm.process.run_dir import RunDir
+from tfconfig_slurm.process.job import preemption
+from tfconfig_slurm.process.records import reports
+from tfconfig_slurm.process.records.run_dir import RunDir
+from tfconfig_slurm.process.supervision import watchdog
 
 # What tf.estimator.train_and_evaluate returns: the final metrics and the exporters' results.
 Result = tuple[dict[str, Any] | None, list[Any]]

@@ -1,5 +1,5 @@
 """What the Keras backends (train.py, coordinator.py, sidecar.py) share as the lifecycle's backend
-(process/lifecycle.py): the run's experiment, settings and hparams; once training is set up in
+(process/task/lifecycle.py): the run's experiment, settings and hparams; once training is set up in
 this process, the hparams' record for TensorBoard; and, for the two that train, the checkpoint
 step their saver last wrote."""
 
@@ -11,9 +11,9 @@ from typing import Any, Protocol
 
 from tfconfig_slurm.backends.keras.model_dir import Saver, write_hparams
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process.experiment import KerasExperiment
-from tfconfig_slurm.process.lifecycle import Hparam, TaskRun
-from tfconfig_slurm.process.settings import TrainingSettings
+from tfconfig_slurm.process.task.lifecycle import Hparam, TaskRun
+from tfconfig_slurm.process.task.settings import TrainingSettings
+from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
 
 class SetUp(Protocol):

@@ -1,7 +1,7 @@
 """The Keras backend's parameter-server flavour, on TensorFlow 2.16+ with tf-keras: the
 coordinator (the chief) of a tf.distribute.ParameterServerStrategy cluster, for the lifecycle
-of process/lifecycle.py. Its parameter servers and workers only serve (serve.py), supervised
-as with-tfconfig supervises a coordinator's step (process/supervise.py).
+of process/task/lifecycle.py. Its parameter servers and workers only serve (serve.py), supervised
+as with-tfconfig supervises a coordinator's step (process/supervision/supervise.py).
 
 - The coordinator builds the experiment's model under the strategy (its variables on the
   parameter servers, split across them by size), restores the model directory's latest
@@ -42,11 +42,14 @@ from tfconfig_slurm.backends.keras.model_dir import (
 )
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import cadence, preemption, reports, timing
-from tfconfig_slurm.process.experiment import KerasExperiment
-from tfconfig_slurm.process.lifecycle import Ending
-from tfconfig_slurm.process.settings import TrainingSettings
-from tfconfig_slurm.process.throughput import Throughput
+from tfconfig_slurm.process import timing
+from tfconfig_slurm.process.job import preemption
+from tfconfig_slurm.process.records import reports
+from tfconfig_slurm.process.task import cadence
+from tfconfig_slurm.process.task.lifecycle import Ending
+from tfconfig_slurm.process.task.settings import TrainingSettings
+from tfconfig_slurm.process.task.throughput import Throughput
+from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
 # A variable smaller than this stays whole on one parameter server.
 _MIN_SHARD_BYTES = 256 << 10

@@ -8,7 +8,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process.experiment import KerasExperiment
+from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
 
 def experiment_dataset(

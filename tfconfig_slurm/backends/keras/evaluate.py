@@ -26,7 +26,7 @@ def main() -> None:
         built_model,
         evaluate_checkpoint,
     )
-    from tfconfig_slurm.process import experiment as experiment_lib  # noqa: PLC0415
+    from tfconfig_slurm.process.user_code import experiment as experiment_lib  # noqa: PLC0415
 
     experiment = experiment_lib.load_keras(spec)
     metrics = evaluate_checkpoint(

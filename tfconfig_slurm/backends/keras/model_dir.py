@@ -21,15 +21,15 @@ from tensorboard.plugins.hparams import api as hparams_api
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import preemption
 from tfconfig_slurm.process.console import a_or_an
-from tfconfig_slurm.process.experiment import (
+from tfconfig_slurm.process.job import preemption
+from tfconfig_slurm.process.records.run_dir import RunDir
+from tfconfig_slurm.process.task.lifecycle import Hparam
+from tfconfig_slurm.process.user_code.experiment import (
     KerasExperiment,
     check_compiled,
     keeping_learning_rate,
 )
-from tfconfig_slurm.process.lifecycle import Hparam
-from tfconfig_slurm.process.run_dir import RunDir
 
 _CHECKPOINT_NAME = "ckpt"
 # TensorFlow 2.16+ logs the time of each checkpoint's sharding at INFO through absl, among
@@ -86,7 +86,7 @@ def built_model(experiment: KerasExperiment, params: Mapping[str, Any]) -> Any:
 
 class Saver:
     """Checkpoints numbered by the global step: the chief's (or a single process's) into the
-    model directory, timed for the stop before the time limit (process/time_limit.py);
+    model directory, timed for the stop before the time limit (process/job/time_limit.py);
     another trainer's into a scratch directory it deletes, since every trainer must take
     part in a save."""
 

@@ -34,7 +34,8 @@ from tensorflow.python.eager import context
 from tfconfig_slurm.cluster import LayoutPolicy
 from tfconfig_slurm.cluster.layout import EVALUATOR
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import network, place
+from tfconfig_slurm.process.supervision import network
+from tfconfig_slurm.process.task import place
 
 # How the resolver's layout settings are named in an error about them.
 _SOURCE = "cluster_resolver(...)"

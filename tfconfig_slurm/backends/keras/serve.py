@@ -1,7 +1,7 @@
 """A ParameterServerStrategy cluster's parameter server or worker, for the runtime: the gRPC
 server of the task its TF_CONFIG names, with its thread pools as the runtime sized them
 (cluster/threads.py; 0: TensorFlow's own), serving the coordinator until its supervisor ends
-it (a started server cannot be stopped, and join() never returns; process/supervise.py).
+it (a started server cannot be stopped, and join() never returns; process/supervision/supervise.py).
 
   python -m tfconfig_slurm.backends.keras.serve INTRA_OP_THREADS INTER_OP_THREADS
 """
@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from tfconfig_slurm.process import native_noise
+from tfconfig_slurm.process.task import native_noise
 
 
 def main() -> None:

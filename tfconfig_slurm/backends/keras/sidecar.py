@@ -1,12 +1,12 @@
 """The evaluator of a ParameterServerStrategy run (--coordinator --evaluator), for the
-lifecycle of process/lifecycle.py: a sidecar, as tf-keras's SidecarEvaluator is, outside the
+lifecycle of process/task/lifecycle.py: a sidecar, as tf-keras's SidecarEvaluator is, outside the
 coordinator's cluster (its TF_CONFIG names only itself: an evaluator in the coordinator's
 cluster hangs it, TensorFlow #46169).
 
 - It evaluates each new checkpoint of the model directory on the whole eval set (or
   --eval_steps batches), logs its metrics and writes them for TensorBoard's eval/ run.
 - At the first checkpoint at or past --train_steps it leaves the metrics for the coordinator's
-  summary.json (process/reports.py) and ends.
+  summary.json (process/records/reports.py) and ends.
 - It ends when the coordinator has gone (told to stop too, it waits for that: the
   coordinator may yet finish its last steps and wait for their result); the coordinator
   lost while the run is not stopping ends it as a failure.
@@ -30,8 +30,10 @@ from tfconfig_slurm.backends.keras.model_dir import (
     write_scalars,
 )
 from tfconfig_slurm.cluster.layout import CHIEF
-from tfconfig_slurm.process import reports, timing, watchdog
-from tfconfig_slurm.process.lifecycle import Ending
+from tfconfig_slurm.process import timing
+from tfconfig_slurm.process.records import reports
+from tfconfig_slurm.process.supervision import watchdog
+from tfconfig_slurm.process.task.lifecycle import Ending
 
 
 class SidecarBackend(KerasBackendBase):

@@ -1,6 +1,6 @@
 """The Keras backend, on TensorFlow 2.16+ with tf-keras: one process, or one trainer of a
 tf.distribute.MultiWorkerMirroredStrategy cluster (chief and workers, no parameter server),
-for the lifecycle of process/lifecycle.py.
+for the lifecycle of process/task/lifecycle.py.
 
 - Every trainer builds the model under the strategy, restores the model directory's latest
   checkpoint and trains the steps left to --train_steps with model.fit, on the batches of the
@@ -38,12 +38,15 @@ from tfconfig_slurm.backends.keras.model_dir import (
 )
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import cadence, model_dir, preemption, reports, watchdog
-from tfconfig_slurm.process.experiment import KerasExperiment
-from tfconfig_slurm.process.lifecycle import Ending
-from tfconfig_slurm.process.owner import owns_run
-from tfconfig_slurm.process.settings import TrainingSettings
-from tfconfig_slurm.process.throughput import LossSinceLastLine, Rates, Throughput
+from tfconfig_slurm.process.job import preemption
+from tfconfig_slurm.process.records import model_dir, reports
+from tfconfig_slurm.process.records.owner import owns_run
+from tfconfig_slurm.process.supervision import watchdog
+from tfconfig_slurm.process.task import cadence
+from tfconfig_slurm.process.task.lifecycle import Ending
+from tfconfig_slurm.process.task.settings import TrainingSettings
+from tfconfig_slurm.process.task.throughput import LossSinceLastLine, Rates, Throughput
+from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
 # How long a trainer waits at the end for the others, before it leaves anyway.
 _END_BARRIER_MS = 120_000
@@ -58,7 +61,7 @@ _PEER_ERRORS = (
 
 
 class KerasBackend(TrainingBackendBase):
-    """Keras training as the lifecycle's backend (process/lifecycle.py): this trainer's model,
+    """Keras training as the lifecycle's backend (process/task/lifecycle.py): this trainer's model,
     restored, trained with fit to --train_steps, evaluated and reported."""
 
     _trainer: _Trainer | None = None

@@ -20,7 +20,9 @@ from collections.abc import MutableMapping
 from typing import NamedTuple
 
 from tfconfig_slurm.backends.keras3 import boot, gloo
-from tfconfig_slurm.process import network, place, versions
+from tfconfig_slurm.process.supervision import network
+from tfconfig_slurm.process.task import place
+from tfconfig_slurm.process.user_code import versions
 
 # How the layout's settings are named in an error about them.
 _SOURCE = "keras_distribution()"

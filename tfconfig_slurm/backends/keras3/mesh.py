@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import keras
 
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process.experiment import KerasExperiment
+from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
 
 class Mesh(NamedTuple):

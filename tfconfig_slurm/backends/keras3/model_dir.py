@@ -30,15 +30,16 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import history, preemption
 from tfconfig_slurm.process.console import a_or_an
-from tfconfig_slurm.process.experiment import (
+from tfconfig_slurm.process.job import preemption
+from tfconfig_slurm.process.records import history
+from tfconfig_slurm.process.records.run_dir import RunDir
+from tfconfig_slurm.process.task.lifecycle import Hparam
+from tfconfig_slurm.process.user_code.experiment import (
     KerasExperiment,
     check_compiled,
     keeping_learning_rate,
 )
-from tfconfig_slurm.process.lifecycle import Hparam
-from tfconfig_slurm.process.run_dir import RunDir
 
 _CHECKPOINT = re.compile(r"ckpt-(\d+)\.weights\.h5")
 

@@ -44,7 +44,7 @@ def join(role: ClusterRole | None) -> None:
         return
     # A process lost would otherwise end every other within a second or so, aborted by JAX's
     # own client (`Terminating process because the JAX distributed service detected fatal
-    # errors`), before the watch (process/watchdog.py) could say which one was lost.
+    # errors`), before the watch (process/supervision/watchdog.py) could say which one was lost.
     jax.config.update("jax_enable_recoverability", True)
     # JAX's preemption notifier would take SIGTERM, which the runtime stops on.
     jax.config.update("jax_enable_preemption_service", False)

@@ -1,6 +1,6 @@
 """The Keras 3 backend, on JAX: one process, or one of a run's processes trained as one mesh
 (keras.distribution.DataParallel over every process's devices, or ModelParallel by the
-experiment's LayoutMap: mesh.py), for the lifecycle of process/lifecycle.py.
+experiment's LayoutMap: mesh.py), for the lifecycle of process/task/lifecycle.py.
 
 - Every process builds the model under the distribution, restores the model directory's
   latest checkpoint and trains the steps left to --train_steps with model.fit, on the batches
@@ -41,21 +41,16 @@ from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF, WORKER
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import (
-    answering,
-    cadence,
-    history,
-    model_dir,
-    preemption,
-    reports,
-    timing,
-    watchdog,
-)
-from tfconfig_slurm.process.experiment import KerasExperiment
-from tfconfig_slurm.process.lifecycle import Ending, Hparam, TaskRun
-from tfconfig_slurm.process.owner import owns_run
-from tfconfig_slurm.process.settings import TrainingSettings
-from tfconfig_slurm.process.throughput import LossSinceLastLine, Rates, Throughput
+from tfconfig_slurm.process import timing
+from tfconfig_slurm.process.job import preemption
+from tfconfig_slurm.process.records import history, model_dir, reports
+from tfconfig_slurm.process.records.owner import owns_run
+from tfconfig_slurm.process.supervision import answering, watchdog
+from tfconfig_slurm.process.task import cadence
+from tfconfig_slurm.process.task.lifecycle import Ending, Hparam, TaskRun
+from tfconfig_slurm.process.task.settings import TrainingSettings
+from tfconfig_slurm.process.task.throughput import LossSinceLastLine, Rates, Throughput
+from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
 # JAX says at INFO, through Python's logging, which platforms it did not find (a TPU, a proxy).
 python_logging.getLogger("jax._src.xla_bridge").setLevel(python_logging.WARNING)
@@ -66,7 +61,7 @@ warnings.filterwarnings("ignore", message="Your input ran out of data", module="
 
 
 class Keras3Backend:
-    """Keras 3 training as the lifecycle's backend (process/lifecycle.py): this process's
+    """Keras 3 training as the lifecycle's backend (process/task/lifecycle.py): this process's
     model, restored, trained with fit to --train_steps, evaluated and reported."""
 
     def __init__(

@@ -1,7 +1,7 @@
 """A job's time limit, kept without SLURM's warning signal.
 
 Without `#SBATCH --signal=USR1@90` a time limit sends SIGTERM, then SIGKILL 30 s later, and
-nothing requeues the job. So the task that requeues the job (process/lifecycle.py) asks SLURM
+nothing requeues the job. So the task that requeues the job (process/task/lifecycle.py) asks SLURM
 how long the job has left (`squeue --format=%L`, again every minute: `scontrol update
 TimeLimit=` moves it), and `margin` seconds before the limit sends the preempt signal to every
 task of the job (`scancel --signal=USR1 JOB`) and to itself: the run stops at the next step
@@ -33,7 +33,7 @@ from absl import logging
 
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.process import slurm_commands, timing
-from tfconfig_slurm.process.preemption import StopRequest
+from tfconfig_slurm.process.job.preemption import StopRequest
 
 # A stop must leave time for the final checkpoint: twice the longest one, as writes vary.
 _CHECKPOINTS_IN_MARGIN = 2.0

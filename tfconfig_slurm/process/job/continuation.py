@@ -30,8 +30,9 @@ from pathlib import Path
 from absl import logging
 
 from tfconfig_slurm.cluster.step import CONTINUATION, SlurmJob
-from tfconfig_slurm.process import reports, slurm_commands
-from tfconfig_slurm.process.run_dir import OUTPUT_ROOT_VARIABLE, RunDir
+from tfconfig_slurm.process import slurm_commands
+from tfconfig_slurm.process.records import reports
+from tfconfig_slurm.process.records.run_dir import OUTPUT_ROOT_VARIABLE, RunDir
 
 # The batch script's arguments as a JSON list, exported by launch/train.sbatch: SLURM's record
 # keeps them joined at spaces.

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import reports
-from tfconfig_slurm.process.claim import Naming
-from tfconfig_slurm.process.run_dir import RunDir
+from tfconfig_slurm.process.records import reports
+from tfconfig_slurm.process.records.claim import Naming
+from tfconfig_slurm.process.records.run_dir import RunDir
 
 # Whose checkpoints a directory holds, by the names each backend gives them in TensorFlow's
 # `checkpoint` index (`model_checkpoint_path: "model.ckpt-600"`).

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import USAGE_EXIT_CODE, TfconfigSlurmError
-from tfconfig_slurm.process import children
-from tfconfig_slurm.process.run_dir import RunDir
+from tfconfig_slurm.process import exits
+from tfconfig_slurm.process.records.run_dir import RunDir
 
 # An error's text is cut here (_one_line).
 _MAX_ERROR_CHARS = 400
@@ -96,9 +96,9 @@ def record_exit(returncode: int, why: str = "") -> None:
     if attached is not None:
         what = f"its command failed: {why}" if why else "its command failed; its output says why"
         if returncode < 0:
-            what = f"its command {children.how_it_ended(returncode)}"
+            what = f"its command {exits.how_it_ended(returncode)}"
         what = _one_line(what)
-        status = children.exit_status(returncode)
+        status = exits.exit_status(returncode)
         task = str(attached.role.task_id)
         _record(attached, Failure(task, attached.node, what, status, None, time.time()))
 

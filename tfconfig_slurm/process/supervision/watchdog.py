@@ -27,7 +27,8 @@ from typing import Callable, NoReturn
 from absl import logging
 
 from tfconfig_slurm.errors import EXIT_PEER_LOST
-from tfconfig_slurm.process import exits, failure, timing
+from tfconfig_slurm.process import exits, timing
+from tfconfig_slurm.process.records import failure
 
 # What a trainer supervised by with-tfconfig answers on its port once its command has
 # finished (supervise.py): it did not crash. A gRPC server answers with its own first frame.

@@ -13,7 +13,7 @@ from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import claim
+from tfconfig_slurm.process.records import claim
 
 # Less than this free, a run would fail at its first checkpoint, with a partial file left.
 _MIN_FREE_BYTES = 64 * 2**20

@@ -40,7 +40,7 @@ class RunDir:
 
     path: Path
 
-    # Held by the run that trains here (process/claim.py).
+    # Held by the run that trains here (process/records/claim.py).
     lock = _Entry("run.lock")
     # What the run is doing, for `tfconfig-slurm runs`.
     state = _Entry("state.json")
@@ -50,13 +50,13 @@ class RunDir:
     trainer_reports = _Entry("trainers")
     # The evaluator's metrics of the final checkpoint, for the chief's summary.
     evaluator_result = _Entry("evaluator.json")
-    # The first failure of each attempt (process/failure.py).
+    # The first failure of each attempt (process/records/failure.py).
     failures = _Entry("failures")
-    # The job the run went on in, where its own could not requeue (process/continuation.py).
+    # The job the run went on in, where its own could not requeue (process/job/continuation.py).
     continuation = _Entry("continued.json")
-    # The global step the run's owner last logged, while it trains (process/throughput.py).
+    # The global step the run's owner last logged, while it trains (process/task/throughput.py).
     progress = _Entry("progress.json")
-    # The latest job refused at its start (process/refusal.py).
+    # The latest job refused at its start (process/records/refusal.py).
     refusal = _Entry("refused.json")
     # TensorFlow's own file naming the latest checkpoint.
     checkpoint_index = _Entry("checkpoint")

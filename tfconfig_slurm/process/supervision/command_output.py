@@ -11,7 +11,8 @@ import os
 import re
 import threading
 
-from tfconfig_slurm.process import timing, versions
+from tfconfig_slurm.process import timing
+from tfconfig_slurm.process.user_code import versions
 
 # A frame of a traceback through Keras 3's package: folders Keras 2's keras/src (tf.keras on
 # TensorFlow 2.15) and tf_keras/src do not have.

@@ -10,7 +10,7 @@ A handler only sets a flag: trainers look at it between steps (each backend's ho
 callback), the chief writes its final checkpoint once every worker has stopped, and the first
 parameter server, which sees every trainer finish, requeues the job with `scontrol requeue` (array
 tasks by their own id), or where SLURM refuses, submits it again to go on after it
-(process/continuation.py). The requeued run (SLURM_RESTART_COUNT > 0) resumes from that
+(process/job/continuation.py). The requeued run (SLURM_RESTART_COUNT > 0) resumes from that
 checkpoint. A run requeued or continued --max_requeues times already is not requeued again,
 and says so.
 
@@ -31,7 +31,8 @@ from absl import logging
 
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import EXIT_NOT_REQUEUED, UsageError
-from tfconfig_slurm.process import continuation, exits, slurm_commands
+from tfconfig_slurm.process import exits, slurm_commands
+from tfconfig_slurm.process.job import continuation
 
 
 def parse_signal(name: str) -> signal.Signals | None:
@@ -75,7 +76,7 @@ class StopRequest:
         self.signal_name = ""
         self._noted = False
         # The longest this task took to write a checkpoint: a stop before the time limit
-        # must leave it time for one more (process/time_limit.py). A float is read whole.
+        # must leave it time for one more (process/job/time_limit.py). A float is read whole.
         self.longest_checkpoint = 0.0
 
     def checkpoint_written(self, step: int, seconds: float) -> None:
@@ -110,7 +111,7 @@ class StopRequest:
                     _interrupted(interrupts)
 
     def ask(self, name: str) -> None:
-        """Asks this task to stop, as the signal `name` does (process/time_limit.py)."""
+        """Asks this task to stop, as the signal `name` does (process/job/time_limit.py)."""
         self._note(name)
         self._event.set()
 
@@ -159,7 +160,7 @@ def _interrupted(times: int) -> None:
 @dataclass(frozen=True)
 class StopPolicy:
     """What a stop on a signal does at the end: which signals requeue the job, how often;
-    and the stop before the job's time limit (process/time_limit.py): the signal it is
+    and the stop before the job's time limit (process/job/time_limit.py): the signal it is
     taken for (None: none), how many seconds before the limit."""
 
     requeue_on: Collection[str]
@@ -177,7 +178,7 @@ def after_stop(
 ) -> int:
     """What a task of the SLURM job `job` (None outside SLURM), run in `environ`, does last
     once it stopped on a signal: requeues the job when the signal is one of the policy's
-    `requeue_on` (or has it go on in a new job, process/continuation.py), else says how to
+    `requeue_on` (or has it go on in a new job, process/job/continuation.py), else says how to
     resume; the exit status this task should end with."""
     if stopped_on in policy.requeue_on:
         return requeue(environ, job, policy.max_requeues, stopped_on, model_dir)

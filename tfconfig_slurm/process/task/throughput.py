@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from absl import logging
 
-from tfconfig_slurm.process import reports
+from tfconfig_slurm.process.records import reports
 
 
 class Mark(NamedTuple):

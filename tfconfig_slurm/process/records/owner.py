@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import failure, reports
+from tfconfig_slurm.process.records import failure, reports
 
 
 def owns_run(role: ClusterRole | None) -> bool:

@@ -40,8 +40,10 @@ from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
 from tfconfig_slurm.cluster.role import LOCAL_RUN_PREFIX, ClusterRole
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import USAGE_EXIT_CODE, UsageError
-from tfconfig_slurm.process import children, claim, failure, timing
-from tfconfig_slurm.process.run_dir import RunDir
+from tfconfig_slurm.process import exits, timing
+from tfconfig_slurm.process.records import claim, failure
+from tfconfig_slurm.process.records.run_dir import RunDir
+from tfconfig_slurm.process.supervision import children
 
 _COUNTS = {"ps": PS, "workers": WORKER, "evaluator": EVALUATOR}
 # More tasks than this a CPU only share it: a cluster that size warns as it starts.
@@ -251,7 +253,7 @@ def _run(
             failed.role,
             failed.index,
             process.pid,
-            children.how_it_ended(process.returncode),
+            exits.how_it_ended(process.returncode),
         )
         # The task that failed first, as it said, where the last to exit may only be its peer.
         first = failure.read(model_dir, every_role.run_id or "")

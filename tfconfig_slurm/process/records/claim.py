@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import slurm_commands, timing
-from tfconfig_slurm.process.run_dir import RunDir
+from tfconfig_slurm.process.records.run_dir import RunDir
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ from absl import logging
 
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR
 from tfconfig_slurm.cluster.role import ClusterRole, TaskId
-from tfconfig_slurm.process import failure, polling, timing
-from tfconfig_slurm.process.run_dir import RunDir
+from tfconfig_slurm.process import polling, timing
+from tfconfig_slurm.process.records import failure
+from tfconfig_slurm.process.records.run_dir import RunDir
 
 _EVALUATOR = str(TaskId(EVALUATOR, 0))
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from absl import logging
 
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import watchdog
+from tfconfig_slurm.process.supervision import watchdog
 
 # The answers of the port this process serves, while a block of answering holds it: a block
 # within it (a trainer saying WAITING finds a child lost, and says FAILED) changes what the port

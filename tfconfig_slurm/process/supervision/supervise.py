@@ -40,8 +40,11 @@ from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import EXIT_PEER_LOST
-from tfconfig_slurm.process import answering, children, exits, failure, timing, versions, watchdog
-from tfconfig_slurm.process.owner import RunOwner
+from tfconfig_slurm.process import exits, timing
+from tfconfig_slurm.process.records import failure
+from tfconfig_slurm.process.records.owner import RunOwner
+from tfconfig_slurm.process.supervision import answering, children, watchdog
+from tfconfig_slurm.process.user_code import versions
 
 # The signals a supervisor passes on to its command.
 FORWARDED = children.STOPPING + children.PASSED_ON
@@ -141,7 +144,7 @@ def supervise(
         if status == 0:
             say_finished(role, lost)
         return status
-    status = children.exit_status(child.wait())
+    status = exits.exit_status(child.wait())
     if status != 0 and not stopped_by:
         logging.error("%s: %s", role.task_id, explained(command, child, role))
     return status
@@ -277,7 +280,7 @@ def _run_watched(
     command's exit status."""
     (child,) = command.started
     peers = watchdog.PeerWatch(watched, on_lost=lost)
-    status = children.exit_status(child.wait())
+    status = exits.exit_status(child.wait())
     _unless_ending(ending)
     peers.stop()
     _after_command()
@@ -348,7 +351,7 @@ def _serve(
         logging.warning(
             "%s: its command %s; starting it again on its port (restart %d of at most %d)",
             role.task_id,
-            children.how_it_ended(child.returncode),
+            exits.how_it_ended(child.returncode),
             restarted,
             restarts,
         )
@@ -357,18 +360,16 @@ def _serve(
     near.stop()
     far.stop()
     if not everyone.is_set():
-        status = children.exit_status(child.wait())
+        status = exits.exit_status(child.wait())
         _after_command()
         # SLURM signals every process of a step it stops (scancel, a requeue, a time limit):
         # the command may die of it before this supervisor's own copy has come.
         if status != 0 and (stopped_by or -child.returncode in children.STOPPING):
-            logging.info(
-                "%s: its command %s", role.task_id, children.how_it_ended(child.returncode)
-            )
+            logging.info("%s: its command %s", role.task_id, exits.how_it_ended(child.returncode))
             return status
         if status != 0:
             # The wrapper's own status is news only where a signal ended the command.
-            how = children.how_it_ended(child.returncode)
+            how = exits.how_it_ended(child.returncode)
             logging.error(
                 "%s: its command %s; its log above may say why.%s",
                 role.task_id,

@@ -35,13 +35,13 @@ from typing import Any, Callable, NoReturn
 from absl import logging
 
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import versions
 from tfconfig_slurm.process.console import a_or_an
-from tfconfig_slurm.process.hparams import HparamsCheck
+from tfconfig_slurm.process.user_code import versions
+from tfconfig_slurm.process.user_code.hparams import HparamsCheck
 
 # The experiments installed with the package, where `--experiment NAME` looks for NAME.py
 # after the working directory's experiments/.
-_SHIPPED = Path(__file__).resolve().parents[1] / "experiments"
+_SHIPPED = Path(__file__).resolve().parents[2] / "experiments"
 _HINT = "name a file experiments/NAME.py, a file path, or an importable module path"
 
 InputFn = Callable[[Mapping[str, Any]], Any]

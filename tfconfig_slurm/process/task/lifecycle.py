@@ -23,23 +23,14 @@ from tfconfig_slurm.cluster.layout import PS, TRAINERS
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import EXIT_PEER_LOST, TfconfigSlurmError, UsageError
-from tfconfig_slurm.process import (
-    claim,
-    continuation,
-    exits,
-    failure,
-    history,
-    model_dir,
-    network,
-    preemption,
-    throughput,
-    time_limit,
-    timing,
-    watchdog,
-)
-from tfconfig_slurm.process.owner import RunOwner, owns_run
-from tfconfig_slurm.process.place import Place
-from tfconfig_slurm.process.run_dir import RunDir
+from tfconfig_slurm.process import exits, timing
+from tfconfig_slurm.process.job import continuation, preemption, time_limit
+from tfconfig_slurm.process.records import claim, failure, history, model_dir
+from tfconfig_slurm.process.records.owner import RunOwner, owns_run
+from tfconfig_slurm.process.records.run_dir import RunDir
+from tfconfig_slurm.process.supervision import network, watchdog
+from tfconfig_slurm.process.task import throughput
+from tfconfig_slurm.process.task.place import Place
 
 # How a backend's cluster is laid out: trainers with parameter servers (Estimator), or trainers
 # that all-reduce their gradients, a chief and workers only (Keras).
@@ -163,7 +154,7 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
 
 
 def _keep_time_limit(task: TaskRun) -> time_limit.TimeLimit | None:
-    """The task that requeues the job stops it before its time limit (process/time_limit.py);
+    """The task that requeues the job stops it before its time limit (process/job/time_limit.py);
     the run's owner follows the limit too, to say that the run stopped for it. Not in a local
     cluster: its tasks may run where scancel reaches none of them (a batch script's own
     python), and one task stopping alone would fail the others."""
@@ -185,7 +176,7 @@ def _keep_time_limit(task: TaskRun) -> time_limit.TimeLimit | None:
 
 def _say_how_a_stop_goes_on(task: TaskRun) -> None:
     """The task that requeues the job says at start, from a thread (slurmctld may be slow),
-    where the job may not requeue itself (process/continuation.py)."""
+    where the job may not requeue itself (process/job/continuation.py)."""
     job, role = task.job, task.place.role
     if job is None or not task.stop_policy.requeue_on or not _requeues(role):
         return

@@ -18,8 +18,8 @@ from typing import NamedTuple
 
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import TfconfigSlurmError
-from tfconfig_slurm.process import reports
-from tfconfig_slurm.process.run_dir import RunDir
+from tfconfig_slurm.process.records import reports
+from tfconfig_slurm.process.records.run_dir import RunDir
 
 
 class Refusal(NamedTuple):

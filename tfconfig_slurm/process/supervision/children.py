@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import FrameType
 from typing import Callable
 
-from tfconfig_slurm.process.command_output import Relay
+from tfconfig_slurm.process.supervision.command_output import Relay
 
 Child = subprocess.Popen[str]
 Handler = Callable[[int, "FrameType | None"], None]
@@ -113,18 +113,6 @@ class Group:
             except subprocess.TimeoutExpired:
                 self.signal(signal.SIGKILL, [child])
                 child.wait()
-
-
-def exit_status(returncode: int) -> int:
-    """A shell's exit status for a child's return code: 128 + N for a child signal N ended."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def how_it_ended(returncode: int) -> str:
-    """`failed with exit status 1`, `was killed by SIGKILL`."""
-    if returncode < 0:
-        return f"was killed by {signal.Signals(-returncode).name}"
-    return f"failed with exit status {returncode}"
 
 
 @contextlib.contextmanager

@@ -14,9 +14,9 @@ from typing import NamedTuple
 
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import USAGE_EXIT_CODE
-from tfconfig_slurm.process import failure, history, reports
-from tfconfig_slurm.process.failure import Failure
-from tfconfig_slurm.process.run_dir import RunDir
+from tfconfig_slurm.process.records import failure, history, reports
+from tfconfig_slurm.process.records.failure import Failure
+from tfconfig_slurm.process.records.run_dir import RunDir
 
 # srun names a task's node and its rank, and how it ended ("node2: task 3: Killed"), or
 # several ranks ("node2: tasks 3-5: Exited with exit code 2").
