@@ -296,9 +296,11 @@ def test_a_local_cluster_trains_all_reduce_stops_on_sigterm_and_resumes(tmp_path
     state = json.loads((model_dir / "state.json").read_text())
     assert (state["state"], state["signal"]) == ("stopped", "SIGTERM")
 
+    # Resumed with a checkpoint due every second: the trainers agree on it at their stop
+    # checks (a save is a collective), so each is at a multiple of 10 steps.
     resumed = train(
-        tmp_path, "--local_cluster=workers=1", f"--train_steps={stopped + 10}",
-        experiment=str(PACED_KERAS), timeout=240,
+        tmp_path, "--local_cluster=workers=1", f"--train_steps={stopped + 60}",
+        "--save_checkpoints_secs=1", experiment=str(PACED_KERAS), timeout=240,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     for role in ("chief", "worker"):
@@ -307,10 +309,16 @@ def test_a_local_cluster_trains_all_reduce_stops_on_sigterm_and_resumes(tmp_path
         )
         assert f"{role} 0 finished" in resumed.stderr
     summary = json.loads((model_dir / "summary.json").read_text())
-    assert summary["global_step"] == stopped + 10
+    assert summary["global_step"] == stopped + 60
+    timed = [
+        int(step)
+        for step in re.findall(r"\[chief 0\] .*checkpoint of step (\d+) written", resumed.stderr)
+        if int(step) < stopped + 60
+    ]
+    assert len(timed) >= 2 and all(step % 10 == 0 for step in timed), resumed.stderr[-3000:]
     assert sorted(summary["layout"]) == ["chief", "worker"]
     assert [trainer["role"] for trainer in summary["trainers"]] == ["chief", "worker"]
-    assert checkpoint_step(model_dir) == stopped + 10
+    assert checkpoint_step(model_dir) == stopped + 60
     assert {log.name for log in (model_dir / "logs").iterdir()} == {"chief-0.log", "worker-0.log"}
     # The chief's export only: the worker's, made for the collectives, is deleted.
     (export,) = (model_dir / "export" / "paced_keras").iterdir()
@@ -432,7 +440,6 @@ EPOCH_STEPS = 200
         ("--evaluator", "--evaluator: does not apply to a Keras experiment"),
         ("--local_cluster=ps=1,workers=1", "--local_cluster: is 'ps=1,workers=1': a Keras"),
         ("--local_cluster=workers=1,evaluator=1", "--local_cluster: is 'workers=1,evaluator=1'"),
-        ("--save_checkpoints_secs=60", "--save_checkpoints_secs: does not apply"),
         ("--roles=chief,worker,evaluator", "--roles: asks for parameter servers or an evaluator"),
         ("--gpu_memory_growth", "--gpu_memory_growth: does not apply"),
         ("--sync_replicas", "--sync_replicas: does not apply to a Keras experiment: all-reduce"),

@@ -199,9 +199,11 @@ def test_a_local_cluster_trains_one_mesh_stops_on_sigterm_together_and_resumes(
     # read their whole first pass in the steps taken: 2 batches of 64 each).
     assert read["0"] == set(range(0, 256, 2)) and read["1"] == set(range(1, 256, 2)), read
 
+    # Resumed with a checkpoint due every second: the processes agree on it at their stop
+    # checks, so each is at a multiple of 10 steps.
     resumed = train(
-        tmp_path, "--local_cluster=workers=1", f"--train_steps={stopped + 30}",
-        experiment=str(PACED_KERAS3), timeout=240,
+        tmp_path, "--local_cluster=workers=1", f"--train_steps={stopped + 60}",
+        "--save_checkpoints_secs=1", experiment=str(PACED_KERAS3), timeout=240,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     for role in ("chief", "worker"):
@@ -212,11 +214,17 @@ def test_a_local_cluster_trains_one_mesh_stops_on_sigterm_together_and_resumes(
     same = _SAME_WEIGHTS.findall(resumed.stderr)
     assert len(same) == 2 and len(set(same)) == 1 and same[0][0] == "2", resumed.stderr[-3000:]
     summary = json.loads((model_dir / "summary.json").read_text())
-    assert summary["global_step"] == stopped + 30
+    assert summary["global_step"] == stopped + 60
     assert [trainer["role"] for trainer in summary["trainers"]] == ["chief", "worker"]
     # 0.74-0.86 after 20 steps here, by the run's seed; 40 steps learn the examples; chance is 0.5.
     assert summary["eval"]["accuracy"] > 0.75, summary
-    assert checkpoint_step(model_dir) == stopped + 30
+    assert checkpoint_step(model_dir) == stopped + 60
+    timed = [
+        int(step)
+        for step in re.findall(r"\[chief 0\] .*checkpoint of step (\d+) written", resumed.stderr)
+        if int(step) < stopped + 60
+    ]
+    assert len(timed) >= 2 and all(step % 10 == 0 for step in timed), resumed.stderr[-3000:]
 
 
 def test_an_experiment_s_layout_map_trains_model_parallel_and_resumes_on_another_mesh(

@@ -62,6 +62,19 @@ def test_explain_inside_a_step() -> None:
     assert lines[3].split()[6] == "0"
     # SLURM's 3 CPUs of the node, shared by its 2 trainers; its ps keeps them all.
     assert [lines[row].split()[-1] for row in (2, 3, 4)] == ["3+3", "1+1", "1+1"]
+    # What a lost task costs the layout (#39): the step's restart, its 9 tasks started again.
+    said = " ".join(lines[12:])
+    assert said.startswith("A lost task (killed, out of memory, its node cut off) ends the step")
+    assert "a restart costs the 9 tasks' start and the training since that checkpoint" in said
+    coordinated = run_module(
+        TFCONFIG, "--explain", "--coordinator", environ=captured("block_3x3_gres2", "task-0")
+    )
+    assert (
+        " ".join(coordinated.stdout.splitlines()).count(
+            "A lost worker's command is started again on its port while the coordinator goes on"
+        )
+        == 1
+    ), coordinated.stdout
     # One copy for the step: only rank 0 prints it.
     other = run_module(TFCONFIG, "--explain", environ=captured("block_3x3_gres2", "task-4"))
     assert other.returncode == 0, other.stderr

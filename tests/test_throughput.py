@@ -90,3 +90,28 @@ def test_a_line_says_the_mean_loss_of_the_steps_since_the_last_line() -> None:
     loss.said()
     assert loss.mean(3, 4.0, 3) == 6.0
     assert loss.mean(4, 3.5, 4) == 4.0
+
+
+def test_the_loss_read_only_where_a_line_may_come_is_the_same_mean(
+    clock: list[float], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tf-keras trainer reads fit's running loss (waiting for its step to finish) only
+    where `due` says a line may come: the first step and a multiple of the interval. Losses
+    1, 2, ..., 8 come as running means; a line every 4 steps says the mean of steps 2-4, then
+    of 5-8, as if it had read every step."""
+    caplog.set_level(logging.INFO)
+    meter, loss = Throughput(4), LossSinceLastLine()
+    read = []
+    for step in range(1, 9):
+        said = None
+        if meter.due(step):
+            read.append(step)
+            said = loss.mean(step, sum(range(1, step + 1)) / step, step)
+        if meter.step(step, examples=1, loss=said) is not None:
+            loss.said()
+        clock[0] += 1.0
+    assert read == [1, 4, 8]
+    assert [line.split(",")[0] for line in lines(caplog)[1:]] == [
+        "step 4: loss 3",
+        "step 8: loss 6.5",
+    ]

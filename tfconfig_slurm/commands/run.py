@@ -320,10 +320,6 @@ def _keras_layout(policy: LayoutPolicy, kind: str) -> LayoutPolicy:
             if policy.coordinator
             else "all-reduce training is synchronous already",
         ),
-        "--save_checkpoints_secs": (
-            runtime_flags.SAVE_CHECKPOINTS_SECS.value is not None,
-            "checkpoints are numbered by step: use --save_checkpoints_steps",
-        ),
         "--gpu_memory_growth": (
             runtime_flags.GPU_MEMORY_GROWTH.value,
             "the Keras runtime does not set it yet",

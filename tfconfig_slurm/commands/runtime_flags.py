@@ -67,14 +67,17 @@ DATA_DIR = flags.DEFINE_string(
 SAVE_CHECKPOINTS_STEPS = flags.DEFINE_integer(
     "save_checkpoints_steps",
     None,
-    "Checkpoint every N global steps (a Keras experiment's default: 1000; an Estimator "
-    "experiment checkpoints by --save_checkpoints_secs unless this is set).",
+    "Checkpoint every N global steps, and not by time. With neither this nor "
+    "--save_checkpoints_secs: an Estimator experiment every 600 s (Estimator's default), a "
+    "Keras one every 1000 steps or 600 s, whichever comes first, so that a restart or a "
+    "lost job loses at most that much.",
     lower_bound=1,
 )
 SAVE_CHECKPOINTS_SECS = flags.DEFINE_integer(
     "save_checkpoints_secs",
     None,
-    "Checkpoint every N seconds (Estimator's default: 600 when neither is set).",
+    "Checkpoint every N seconds, and not by steps (the trainers of a Keras cluster agree on "
+    "it at their stop checks, every 10 steps).",
     lower_bound=1,
 )
 KEEP_CHECKPOINT_MAX = flags.DEFINE_integer(

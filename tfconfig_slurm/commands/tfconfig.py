@@ -26,6 +26,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 
 from absl import flags
@@ -65,6 +66,24 @@ flags.adopt_module_key_flags(layout_flags)
 flags.adopt_module_key_flags(plan_flags)
 
 
+def _restart_line(tasks: int) -> str:
+    """What a lost task costs this layout: the step's restart in its job, where the batch
+    script runs it through `tfconfig-slurm srun` (launch/train.sbatch does)."""
+    restart = (
+        "the step starts again in its job, from the latest checkpoint, where the batch script "
+        "runs it through tfconfig-slurm srun (launch/train.sbatch does), at most --max_restarts "
+        f"times: a restart costs the {tasks} tasks' start and the training since that "
+        "checkpoint, at most one interval (600 s by default)"
+    )
+    lost = (
+        "A lost worker's command is started again on its port while the coordinator goes on; a "
+        "lost ps or coordinator ends the step"
+        if layout_flags.COORDINATOR.value
+        else "A lost task (killed, out of memory, its node cut off) ends the step"
+    )
+    return textwrap.fill(f"{lost}: {restart}.", width=96) + "\n"
+
+
 def main(argv: Sequence[str]) -> None:
     if EXPORT.value and EXPLAIN.value:
         raise UsageError("--export", "excludes --explain", "choose one")
@@ -87,6 +106,7 @@ def main(argv: Sequence[str]) -> None:
                     "(planned: a job's ports start at a base derived from its job and step "
                     "ids, or at --port_base)\n"
                 )
+            output += _restart_line(len(layout.roles))
     elif rank is None:
         raise UsageError(
             "--nodelist",

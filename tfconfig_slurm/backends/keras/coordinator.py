@@ -275,7 +275,9 @@ class _Epochs(keras.callbacks.Callback):  # type: ignore[misc]
         self.result: Any = None
         self._train_steps = settings.train_steps
         self._batch_size = settings.params["batch_size"]
-        self._save_every = settings.save_checkpoints_steps or cadence.DEFAULT_CHECKPOINT_STEPS
+        self._cadence = cadence.CheckpointCadence.of(
+            settings.save_checkpoints_steps, settings.save_checkpoints_secs
+        )
         self._saver = coordinator.saver
         self._stop = stop
         self._writer = coordinator.writer
@@ -296,8 +298,9 @@ class _Epochs(keras.callbacks.Callback):  # type: ignore[misc]
                     tf.summary.scalar("examples_per_sec", rates.examples_per_sec)
                 tf.summary.scalar("global_steps_per_sec", rates.global_steps_per_sec)
             self._writer.flush()
-        if cadence.passed(step - steps, step, self._save_every):
+        if self._cadence.by_steps(step - steps, step) or self._cadence.by_time():
             self._saver.save(step)
+            self._cadence.saved()
         if self._stop.requested and self.stopped_on is None:
             self.stopped_on = self._stop.signal_name
             logging.info("stopping on %s at global step %d", self.stopped_on, step)

@@ -10,7 +10,8 @@ for the lifecycle of process/task/lifecycle.py.
   to the step. Every trainer saves, as the strategy's collectives require: the chief into the
   model directory, the others into a scratch directory of their own that they delete.
 - A stop signal (preemption.py) is agreed on: every cadence.STOP_CHECK_STEPS steps the trainers
-  all-reduce their flags, so that all save the same step, stop, and the chief requeues.
+  all-reduce their flags, so that all save the same step, stop, and the chief requeues; a
+  checkpoint due by time (cadence.CheckpointCadence) is agreed on in the same all-reduce.
 - Each trainer watches its neighbours in the tree of trainers (watch_plan.py).
 - The chief logs the loss and examples/s, writes TensorBoard scalars (and eval/ ones) and
   summary.json, as the Estimator backend does.
@@ -256,38 +257,47 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         self._start = start_step
         self._requeue_on = requeue_on
         self._replicas = strategy.num_replicas_in_sync
-        self._save_every = settings.save_checkpoints_steps or cadence.DEFAULT_CHECKPOINT_STEPS
+        self._cadence = cadence.CheckpointCadence.of(
+            settings.save_checkpoints_steps, settings.save_checkpoints_secs
+        )
         self._examples_per_step = examples_per_step
         self._writer = writer
         self._stop = stop
         self._saver = saver
         self._agree = agree
-        self._stop_votes = _collective(
+        self._votes = _collective(
             strategy, lambda context, votes: context.all_reduce(tf.distribute.ReduceOp.SUM, votes)
         )
         self.step = start_step
         self.stopped_on: str | None = None
         self._meter = Throughput(settings.log_every_steps)
         self._loss = LossSinceLastLine()
+        # Its batch hook takes fit's logs as tensors: otherwise tf-keras makes them numbers
+        # at every step, which waits for the step to finish before the next is dispatched.
+        # The loss is read only where a line says it.
+        self._supports_tf_logs = True
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         # The one epoch's batch: right also when fit runs several steps a call.
         before, self.step = self.step, self._start + batch + 1
         steps = self.step - before
-        # fit's logs are running means since the epoch began, summed over the replicas.
-        running = float((logs or {}).get("loss", 0.0)) / self._replicas
-        loss = self._loss.mean(self.step, running, batch + 1)
+        loss = None
+        if self._meter.due(self.step):
+            # fit's logs are running means since the epoch began, summed over the replicas.
+            running = float((logs or {}).get("loss", 0.0)) / self._replicas
+            loss = self._loss.mean(self.step, running, batch + 1)
         rates = self._meter.step(self.step, steps * self._examples_per_step, loss, steps=steps)
-        if rates is not None:
+        # A line comes only where `due` had the loss read.
+        if rates is not None and loss is not None:
             self._loss.said()
             self._write(rates, loss)
-        if cadence.passed(before, self.step, self._save_every):
+        stopped_on, due = self._agreed(before)
+        if stopped_on or due or self._cadence.by_steps(before, self.step):
             self._saver.save(self.step)
-        stopped_on = self._stop_agreed(before)
+            self._cadence.saved()
         if stopped_on:
             self.stopped_on = stopped_on
             logging.info("stopping on %s at global step %d", self.stopped_on, self.step)
-            self._saver.save(self.step)
             self.model.stop_training = True
 
     def _write(self, rates: Rates, loss: float) -> None:
@@ -299,22 +309,25 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
             tf.summary.scalar("global_steps_per_sec", rates.global_steps_per_sec)
         self._writer.flush()
 
-    def _stop_agreed(self, before: int) -> str:
-        """The signal the trainers agreed to stop on, or "" to go on. Every trainer asks at the
-        same steps, so all of them stop at the same one; a requeueing signal any of them got
-        stands for all, so that the chief requeues even when only a worker was told."""
+    def _agreed(self, before: int) -> tuple[str, bool]:
+        """The signal the trainers agreed to stop on ("" to go on), and whether a checkpoint is
+        due by time. Every trainer asks at the same steps, so all of them stop, or save, at
+        the same one (a checkpoint is a collective); a requeueing signal any of them got
+        stands for all, so that the chief requeues even when only a worker was told, and a
+        checkpoint any of them finds due is due for all."""
         own = self._stop.signal_name if self._stop.requested else ""
         if not self._agree:
-            return own
+            return own, self._cadence.by_time()
         if not cadence.passed(before, self.step, cadence.STOP_CHECK_STEPS):
-            return ""
-        votes = tf.constant([float(bool(own)), float(own in self._requeue_on)])
-        total = self._stop_votes(votes)
+            return "", False
+        votes = [float(bool(own)), float(own in self._requeue_on), float(self._cadence.by_time())]
+        total = self._votes(tf.constant(votes))
+        due = bool(total[2])
         if not total[0]:
-            return ""
+            return "", due
         if total[1] and own not in self._requeue_on:
-            return min(self._requeue_on)
-        return own or "a peer's signal"
+            return min(self._requeue_on), due
+        return own or "a peer's signal", due
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         self._meter.end()

@@ -7,7 +7,8 @@ experiment's LayoutMap: mesh.py), for the lifecycle of process/task/lifecycle.py
   of the experiment's dataset("train", params) of this process's share of the data
   (params["batch_size"] each: the global batch is that times the shares).
 - A stop signal (preemption.py) is agreed on: every cadence.STOP_CHECK_STEPS steps the processes
-  gather their flags, so that all save the same step, stop, and the chief requeues.
+  gather their flags, so that all save the same step, stop, and the chief requeues; a
+  checkpoint due by time (cadence.CheckpointCadence) is agreed on in the same gather.
 - Each process watches its neighbours in the tree of trainers (watch_plan.py), and answers on
   its own port for theirs (the chief's is JAX's coordination service).
 - The chief logs the loss and examples/s, writes TensorBoard scalars (and eval/ ones) and
@@ -360,7 +361,9 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         super().__init__()
         self._start = start_step
         self._requeue_on = requeue_on
-        self._save_every = settings.save_checkpoints_steps or cadence.DEFAULT_CHECKPOINT_STEPS
+        self._cadence = cadence.CheckpointCadence.of(
+            settings.save_checkpoints_steps, settings.save_checkpoints_secs
+        )
         self._examples_per_step = examples_per_step
         self._events = events
         self._stop = stop
@@ -380,13 +383,13 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         if rates is not None:
             self._loss.said()
             self._write(rates, loss)
-        if cadence.passed(before, self.step, self._save_every):
+        stopped_on, due = self._agreed(before)
+        if stopped_on or due or self._cadence.by_steps(before, self.step):
             self._checkpoints.save(self.step)
-        stopped_on = self._stop_agreed(before)
+            self._cadence.saved()
         if stopped_on:
             self.stopped_on = stopped_on
             logging.info("stopping on %s at global step %d", stopped_on, self.step)
-            self._checkpoints.save(self.step)
             self.model.stop_training = True
 
     def _write(self, rates: Rates, loss: float) -> None:
@@ -397,21 +400,26 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
             scalars["examples_per_sec"] = rates.examples_per_sec
         self._events.scalars(scalars, self.step)
 
-    def _stop_agreed(self, before: int) -> str:
-        """The signal the processes agreed to stop on, or "" to go on. Every process asks at
-        the same steps, so all of them stop at the same one; a requeueing signal any of them
-        got stands for all, so that the chief requeues even when only another was told."""
+    def _agreed(self, before: int) -> tuple[str, bool]:
+        """The signal the processes agreed to stop on ("" to go on), and whether a checkpoint
+        is due by time. Every process asks at the same steps, so all of them stop, or save,
+        at the same one; a requeueing signal any of them got stands for all, so that the chief
+        requeues even when only another was told, and a checkpoint any of them finds due is
+        due for all."""
         own = self._stop.signal_name if self._stop.requested else ""
         if not self._agree:
-            return own
+            return own, self._cadence.by_time()
         if not cadence.passed(before, self.step, cadence.STOP_CHECK_STEPS):
-            return ""
-        votes = processes.gather([int(bool(own)), int(own in self._requeue_on)]).sum(axis=0)
+            return "", False
+        votes = processes.gather(
+            [int(bool(own)), int(own in self._requeue_on), int(self._cadence.by_time())]
+        ).sum(axis=0)
+        due = bool(votes[2])
         if not votes[0]:
-            return ""
+            return "", due
         if votes[1] and own not in self._requeue_on:
-            return min(self._requeue_on)
-        return own or "a peer's signal"
+            return min(self._requeue_on), due
+        return own or "a peer's signal", due
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         self._meter.end()

@@ -69,6 +69,13 @@ class Throughput:
         self._window: Mark | None = None
         self._last: Mark | None = None
 
+    def due(self, global_step: int) -> bool:
+        """Whether a step that ends at `global_step` is the first or may bring a line: a
+        caller whose loss is read by waiting for the step to finish reads it only then."""
+        if self._window is None:
+            return True
+        return global_step // self._every > self._window.global_step // self._every
+
     def step(
         self, global_step: int, examples: int, loss: float | None, *, steps: int = 1
     ) -> Rates | None:
@@ -84,8 +91,7 @@ class Throughput:
             return None
         self._last = mark
         assert self._window is not None
-        due = global_step // self._every > self._window.global_step // self._every
-        if not due or mark.seconds <= self._window.seconds:
+        if not self.due(global_step) or mark.seconds <= self._window.seconds:
             return None
         rates = self._rates(self._window, mark)
         said_loss = "" if loss is None else f"loss {loss:.4g}, "
