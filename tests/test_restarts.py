@@ -43,7 +43,12 @@ def test_the_first_record_of_this_step_names_the_task(tmp_path: Path) -> None:
     said = restarts.line(tmp_path, JOB, step, "train")
     assert said == (
         "train: the step failed (exit 137); first to fail: worker 0 on node2: stopped "
-        f"answering: killed, or its node cut off, seen by ps 0; task logs in {tmp_path / 'logs'}"
+        "answering: killed, or its node cut off, seen by ps 0"
+    )
+    # Where the batch script keeps task logs in the run's logs/ (launch/train.sbatch), there.
+    (tmp_path / "logs").mkdir()
+    assert restarts.line(tmp_path, JOB, step, "train").endswith(
+        f"seen by ps 0; task logs in {tmp_path / 'logs'}"
     )
 
 

@@ -76,7 +76,7 @@ def test_a_killed_task_starts_the_step_again_in_the_job_and_a_bug_does_not(
     assert re.search(
         rf"tfconfig-slurm srun: the step failed \(exit 137\); first to fail: \S+: task 1: Killed"
         rf"(?s:.*)tfconfig-slurm srun: starting the step again in job {job} \(restart 1 of at "
-        r"most 2\), from step 0: a task was killed",
+        r"most 2\), with no checkpoint in its model directory: a task was killed",
         said["once"],
     ), said["once"]
     assert said["bug"].count("the step failed") == 1

@@ -17,7 +17,7 @@ import pytest
 
 import tfconfig_slurm
 from tests.cli import REPOSITORY
-from tests.slurm_cluster import SlurmCluster
+from tests.slurm_cluster import SlurmCluster, wait_for_end
 from tests.slurm_envs import captured
 from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step, render
 from tfconfig_slurm.errors import UsageError
@@ -240,6 +240,48 @@ def test_a_crashed_all_reduce_worker_ends_the_step_by_name(
     assert ended or own, step.stderr[-3000:]
     assert reports(tmp_path) == {}
     assert slurm_cluster.left_behind() == {}
+
+
+@pytest.mark.slurm
+def test_a_stock_keras_script_s_crashed_worker_restarts_the_step_in_its_job(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """The guide's fault-tolerant recipe (BackupAndRestore, epochs of 10 steps) under
+    with-tfconfig --all_reduce, run by a batch script's one line: worker 0 killed -9 at its
+    25th step, the step starts again in the same job, the script resumes from its last epoch
+    and the job completes, the restart and its cause in state.json."""
+    model_dir, out = tmp_path / "run", tmp_path / "out"
+    (tmp_path / "job.sbatch").write_text(
+        "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=1 --output=job.out\n"
+        f"export MWMS_BACKUP={model_dir}/backup\n"
+        f"tfconfig-slurm srun --model_dir={model_dir} -- {WITH_TFCONFIG} --all_reduce "
+        f"--model_dir={model_dir} python {MWMS} {out} 60 25\n"
+    )
+    submitted = slurm_cluster.run(["sbatch", "--parsable", "job.sbatch"], cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    try:
+        ended = wait_for_end(slurm_cluster, job_id)
+    finally:
+        slurm_cluster.run(["scancel", job_id])
+    output = (tmp_path / "job.out").read_text()
+    assert (ended["JobState"], ended["Restarts"]) == ("COMPLETED", "0"), output[-3000:]
+    assert re.search(
+        r"first to fail: worker 0 on node\d: its command was killed by SIGKILL(?s:.*)"
+        rf"tfconfig-slurm srun: starting the step again in job {job_id} \(restart 1 of at most "
+        r"2\), with no checkpoint in its model directory: worker 0 was killed by SIGKILL",
+        output,
+    ), output[-3000:]
+    # Backed up after its second epoch (step 20), the run trains the last 4 of its 6.
+    assert {name: report["epochs"] for name, report in reports(out).items()} == {
+        "chief-0": 4,
+        "worker-0": 4,
+    }, output[-3000:]
+    state = json.loads((model_dir / "state.json").read_text())
+    assert (state["state"], [each["cause"] for each in state["restarts"]]) == (
+        "done",
+        ["worker 0 was killed by SIGKILL"],
+    )
 
 
 @pytest.mark.slurm

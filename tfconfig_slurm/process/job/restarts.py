@@ -86,23 +86,22 @@ def line(model_dir: Path, job: SlurmJob, step: Step, who: str) -> str:
     """The line, said by `who`, that names the first task of `job`'s `step` to fail: from its
     record, else from srun's message and that task's log (launch/train.sbatch's names)."""
     logs = RunDir(model_dir).logs
+    # A batch script that names no task logs (srun --output) has none there.
+    where = f"; task logs in {logs}" if logs.is_dir() else ""
     failed = f"{who}: the step failed (exit {step.status})"
     if step.first is not None:
-        return f"{failed}; first to fail: {step.first.line()}; task logs in {logs}"
+        return f"{failed}; first to fail: {step.first.line()}{where}"
     named = first_task_said(step.srun_said)
     if named is None:
         srun_last = step.srun_said.strip().splitlines()[-1:] or [""]
-        return (
-            f"{failed} with no task named: srun's own last line: {srun_last[0]}; task logs in "
-            f"{logs}"
-        )
+        return f"{failed} with no task named: srun's own last line: {srun_last[0]}{where}"
     task_log = _text(logs / f"job{job.name}-task{named[1]}.log")
     role = _ROLE.search(task_log)
     # Its own last line, not slurmstepd's: a task that refused its input said why there.
     own = [each for each in task_log.splitlines() if not each.startswith("slurmstepd")]
     return (
         f"{failed}; first to fail: {named[0]}{f' ({role[0]})' if role else ''}"
-        f"{f'; its last line: {own[-1]}' if own else ''}; task logs in {logs}"
+        f"{f'; its last line: {own[-1]}' if own else ''}{where}"
     )
 
 
@@ -124,10 +123,15 @@ def decision(
         ), False
     step_now = history.checkpoint_step(model_dir)
     reports.record_restart(model_dir, job.name, judged.why)
+    # A script of the user's may keep its checkpoints elsewhere (BackupAndRestore's folder).
+    resumed = (
+        f"from the checkpoint of step {step_now}"
+        if step_now
+        else "with no checkpoint in its model directory"
+    )
     return (
         f"{who}: starting the step again in job {job.name} (restart {done + 1} of at most "
-        f"{most}), from {f'the checkpoint of step {step_now}' if step_now else 'step 0'}: "
-        f"{judged.why}"
+        f"{most}), {resumed}: {judged.why}"
     ), True
 
 
