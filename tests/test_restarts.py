@@ -82,6 +82,7 @@ def test_without_a_record_srun_s_message_and_the_task_s_log_name_it(tmp_path: Pa
         # No record, and srun names a kill, or the out-of-memory killer.
         (None, "srun: error: node2: task 3: Killed", True),
         (None, "slurmstepd: error: Detected 1 oom_kill event in StepId=5.0", True),
+        (None, "srun: error: node1: task 0: Out Of Memory", True),
         # The run's code: an exception, refused input, a peer that said its command failed.
         (Failure("chief 0", "n1", "ValueError: bad batch", 1, None, 1.0), "", False),
         (Failure("chief 0", "n1", "--hparams: no such", 2, None, 1.0), "", False),
@@ -114,42 +115,41 @@ def failed_step(
 def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
     tmp_path: Path,
 ) -> None:
-    """The restart is said with its cause and the checkpoint the run resumes from, and kept in
-    state.json; the last one allowed made, the job ends and says why."""
+    """The restart is said with its cause and the checkpoint the run resumes from (the caller
+    keeps it in state.json: nothing is written here); the last one allowed made, the job ends
+    and says why."""
     recorded(tmp_path, "42.1.1", LOST)
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-40"\n')
-    said, again = restarts.decision(
+    said, cause = restarts.decision(
         tmp_path, JOB, failed_step(tmp_path, 10.0), done=0, most=2, who="train"
     )
-    assert again and said == (
+    assert cause == "worker 0 stopped answering" and said == (
         "train: starting the step again in job 42 (restart 1 of at most 2), from the checkpoint "
         "of step 40: worker 0 stopped answering"
     )
-    assert [each["cause"] for each in reports.read_state(tmp_path)["restarts"]] == [
-        "worker 0 stopped answering"
-    ]
+    assert not (tmp_path / "state.json").exists()
     # The restart trained (its progress line came after it started), and failed of a kill again.
     reports.write_json_atomically(tmp_path / "progress.json", {"global_step": 50, "time": 30.0})
     recorded(tmp_path, "42.2.1", dataclasses.replace(LOST, time=40.0))
-    said, again = restarts.decision(
+    said, cause = restarts.decision(
         tmp_path, JOB, failed_step(tmp_path, 25.0), done=2, most=2, who="train"
     )
-    assert not again and said == (
+    assert cause is None and said == (
         "train: not starting the step again: worker 0 stopped answering, and the job made its 2 "
         "restart(s) (--max_restarts)"
     )
     # One that never logged progress after it started does not loop.
-    said, again = restarts.decision(
+    said, cause = restarts.decision(
         tmp_path, JOB, failed_step(tmp_path, 35.0, 40), done=1, most=2, who="train"
     )
-    assert not again and said.endswith("it failed before it trained a step")
+    assert cause is None and said.endswith("it failed before it trained a step")
     # A script of the user's logs no progress: a checkpoint of a later step than at the start
     # says that it trained.
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-60"\n')
-    _, again = restarts.decision(
+    _, cause = restarts.decision(
         tmp_path, JOB, failed_step(tmp_path, 35.0, 40), done=1, most=2, who="train"
     )
-    assert again
+    assert cause == "worker 0 stopped answering"
 
 
 def test_srun_refuses_what_it_cannot_run_in_one_line() -> None:

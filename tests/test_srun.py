@@ -1,7 +1,8 @@
 """`tfconfig-slurm srun`, the one line of a user's batch script that starts a failed step again
 in its job, on the test cluster with steps of bash (no TensorFlow): a task killed once, then a
 finished step; an exit of the code's own, not started again; a task killed at every try, started
-again until --max_restarts, and a try that trained nothing not started again."""
+again until --max_restarts, and a try that trained nothing not started again; a step told to
+stop, not started again; SIGUSR1 to the batch script, passed on to the tasks."""
 
 from __future__ import annotations
 
@@ -11,11 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm_cluster import SlurmCluster, wait_for_end
+from tests.cli import wait_until
+from tests.slurm_cluster import CALL_SECONDS, SlurmCluster, wait_for_end
 
 # Rank 1 of the step, as each case has it: its step's try counted in tries (one line a try).
+# Told to stop, a task of "stopped" dies of SIGKILL, as one that does not stop in time would;
+# a task of "usr1" ends well on SIGUSR1.
 STEP = r"""
 case=$1; tries=$PWD/$case/tries
+[[ $case == stopped ]] && trap 'kill -9 $$' TERM
+[[ $case == usr1 ]] && trap 'echo usr1 >"$PWD/$case/warned"; exit 0' USR1
 if [[ $SLURM_PROCID == 1 ]]; then
   echo try >>"$tries"
   try=$(wc -l <"$tries")
@@ -29,11 +35,15 @@ if [[ $SLURM_PROCID == 1 ]]; then
     untrained) kill -9 $$ ;;
   esac
 fi
+if [[ $case == stopped || $case == usr1 ]]; then
+  sleep 60 &
+  wait
+fi
 sleep 1
 """
 BATCH = """#!/bin/bash
 #SBATCH --nodes=1 --ntasks-per-node=2 --output=%x.out
-tfconfig-slurm srun --model_dir="$PWD/$1" -- bash "$PWD/step.sh" "$1"
+exec tfconfig-slurm srun --model_dir="$PWD/$1" -- bash "$PWD/step.sh" "$1"
 """
 
 
@@ -90,3 +100,42 @@ def test_a_killed_task_starts_the_step_again_in_the_job_and_a_bug_does_not(
     assert said["untrained"].endswith(
         "tfconfig-slurm srun: not starting the step again: it failed before it trained a step\n"
     ), said["untrained"]
+
+
+def submitted(cluster: SlurmCluster, workdir: Path, case: str) -> str:
+    """The job of `case`, submitted from `workdir` (which holds step.sh and job.sbatch)."""
+    (workdir / case).mkdir()
+    sbatch = cluster.run(
+        ["sbatch", "--parsable", f"--job-name={case}", "job.sbatch", case], cwd=workdir
+    )
+    assert sbatch.returncode == 0, sbatch.stderr
+    return sbatch.stdout.strip().split(";")[0]
+
+
+@pytest.mark.slurm
+def test_a_step_told_to_stop_is_not_started_again_and_sigusr1_reaches_the_tasks(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """scancel --full --signal=TERM: every task dies of SIGKILL, which alone would be worth a
+    restart, and the batch script says it was told to stop and starts nothing. SIGUSR1 to the
+    batch script alone (scancel --batch, as #SBATCH --signal=B:USR1@90 sends it) reaches the
+    tasks through srun, which end well, and the job completes."""
+    (tmp_path / "step.sh").write_text(STEP)
+    (tmp_path / "job.sbatch").write_text(BATCH)
+    jobs = {case: submitted(slurm_cluster, tmp_path, case) for case in ("stopped", "usr1")}
+    assert wait_until(
+        lambda: all((tmp_path / case / "tries").exists() for case in jobs), CALL_SECONDS
+    )
+    for case, how in (("stopped", "--full --signal=TERM"), ("usr1", "--batch --signal=USR1")):
+        signalled = slurm_cluster.run(["scancel", *how.split(), jobs[case]])
+        assert signalled.returncode == 0, signalled.stderr
+    ended = {case: wait_for_end(slurm_cluster, job) for case, job in jobs.items()}
+    said = {case: (tmp_path / f"{case}.out").read_text() for case in jobs}
+    assert ended["stopped"]["JobState"] != "COMPLETED", said
+    assert said["stopped"].endswith(
+        "tfconfig-slurm srun: told to stop (SIGTERM): the step is not started again\n"
+    ), said["stopped"]
+    assert (tmp_path / "stopped" / "tries").read_text() == "try\n"
+    assert not (tmp_path / "stopped" / "state.json").exists()
+    assert ended["usr1"]["JobState"] == "COMPLETED", said["usr1"]
+    assert (tmp_path / "usr1" / "warned").read_text() == "usr1\n"

@@ -64,8 +64,12 @@ def test_explain_inside_a_step() -> None:
     assert [lines[row].split()[-1] for row in (2, 3, 4)] == ["3+3", "1+1", "1+1"]
     # What a lost task costs the layout (#39): the step's restart, its 9 tasks started again.
     said = " ".join(lines[12:])
-    assert said.startswith("A lost task (killed, out of memory, its node cut off) ends the step")
+    assert said.startswith(
+        "A lost task (killed, out of memory, or a peer that stops answering) ends the step"
+    )
     assert "a restart costs the 9 tasks' start and the training since that checkpoint" in said
+    cut_off = "A node cut off ends the job instead (Slurm's NODE_FAIL), which Slurm requeues"
+    assert said.endswith(f"{cut_off} where it can.")
     coordinated = run_module(
         TFCONFIG, "--explain", "--coordinator", environ=captured("block_3x3_gres2", "task-0")
     )

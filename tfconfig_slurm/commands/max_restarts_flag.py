@@ -12,6 +12,8 @@ MAX_RESTARTS = flags.DEFINE_integer(
     "(launch/train.sbatch, `tfconfig-slurm srun`): the run resumes from its latest "
     "checkpoint, losing at most a checkpoint interval, not the allocation. An error in the "
     "run's code, refused input, or a restart that failed before it trained a step ends the "
-    "job. 0: never.",
+    "job; a restart trained where the runtime logged progress, or where the model "
+    "directory's checkpoint index names a later step (a script whose checkpoints are "
+    "elsewhere gets one restart). 0: never.",
     lower_bound=0,
 )

@@ -11,10 +11,10 @@ from tfconfig_slurm.errors import UsageError
 MODEL_DIR = flags.DEFINE_string(
     "model_dir",
     None,
-    "The run's model directory (the script's own, the same on every task): the first task of "
-    "the step to fail (its command's exit status, or a peer it found lost) is recorded there, "
-    "under failures/, and the chief says in state.json how the run went (running, done, "
-    "stopped, failed); `tfconfig-slurm runs` lists it.",
+    "The run's model directory (the script's own, the same on every task), where the run's "
+    "records are: with-tfconfig records there the first task of the step to fail (under "
+    "failures/) and how the run went (state.json), and tfconfig-slurm srun reads them and "
+    "keeps its restarts there; `tfconfig-slurm runs` lists the run.",
 )
 
 

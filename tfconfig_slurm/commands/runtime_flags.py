@@ -31,7 +31,8 @@ PRINT_MODEL_DIR = flags.DEFINE_boolean(
     False,
     "Print the model directory these flags train in, and exit (for batch scripts); on "
     "stderr, what training there would do: start a new run, resume one at its step, or find "
-    "it trained already.",
+    "it trained already. A directory no task could train in (held by another live run, or "
+    "trained by another backend or experiment) is refused here, in one line, with exit 2.",
 )
 PRINT_MAX_RESTARTS = flags.DEFINE_boolean(
     "print_max_restarts",
@@ -77,7 +78,8 @@ SAVE_CHECKPOINTS_SECS = flags.DEFINE_integer(
     "save_checkpoints_secs",
     None,
     "Checkpoint every N seconds, and not by steps (the trainers of a Keras cluster agree on "
-    "it at their stop checks, every 10 steps).",
+    "it at their stop checks, every 10 steps; a --coordinator at each epoch's end, every "
+    "--log_every_steps steps).",
     lower_bound=1,
 )
 KEEP_CHECKPOINT_MAX = flags.DEFINE_integer(

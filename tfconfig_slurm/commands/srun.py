@@ -30,10 +30,10 @@ from absl import flags
 from tfconfig_slurm.cluster.step import SlurmJob, read_slurm_job
 from tfconfig_slurm.commands import max_restarts_flag, model_dir_flag
 from tfconfig_slurm.commands.cli import run_cli
-from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.errors import EXIT_NOT_REQUEUED, UsageError
 from tfconfig_slurm.process import exits
 from tfconfig_slurm.process.job import restarts
-from tfconfig_slurm.process.records import history
+from tfconfig_slurm.process.records import history, reports
 
 PROGRAM = "tfconfig-slurm srun"
 _USAGE = f"{PROGRAM} --model_dir=DIR -- [srun's options] launch/with-tfconfig python my_script.py"
@@ -45,25 +45,36 @@ flags.adopt_module_key_flags(model_dir_flag)
 flags.adopt_module_key_flags(max_restarts_flag)
 
 
-class _Stop:
-    """Whether the batch script was told to stop: the step gets the same signal from SLURM
-    and ends of itself, and is not started again."""
+class _Signals:
+    """What the batch script is sent while a step runs. SIGTERM, SIGINT and SIGHUP (scancel, a
+    requeue, the time limit) tell it to stop: the step gets the same signal from SLURM and ends
+    of itself, and is not started again. SIGUSR1 and SIGUSR2 (`#SBATCH --signal=B:USR1@90`)
+    are passed on to srun, which passes them on to the tasks: their default action would end
+    this process and leave the step behind."""
 
     def __init__(self) -> None:
-        self.signal: int | None = None
+        self.stop: signal.Signals | None = None
+        self.srun: subprocess.Popen[bytes] | None = None
         for each in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(each, self._note)
+            signal.signal(each, self._stopped)
+        for each in (signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(each, self._passed_on)
 
-    def _note(self, number: int, frame: FrameType | None) -> None:
+    def _stopped(self, number: int, frame: FrameType | None) -> None:
         del frame
-        self.signal = number
+        self.stop = signal.Signals(number)
+
+    def _passed_on(self, number: int, frame: FrameType | None) -> None:
+        del frame
+        if self.srun is not None and self.srun.returncode is None:
+            self.srun.send_signal(number)
 
 
 def main(argv: Sequence[str]) -> int:
     srun_args = list(argv[1:])
     if not srun_args:
         raise UsageError("COMMAND", "missing: nothing to run in the step", _USAGE)
-    if model_dir_flag.MODEL_DIR.value is None:
+    if not model_dir_flag.MODEL_DIR.value:
         raise UsageError("--model_dir", "is required: the run's records are read there", _USAGE)
     job = read_slurm_job(os.environ)
     if job is None:
@@ -81,32 +92,44 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _steps(model_dir: Path, job: SlurmJob, command: list[str], most: int) -> int:
-    stop = _Stop()
+    signals = _Signals()
     done = 0
     while True:
         started = time.time()
         at_start = history.checkpoint_step(model_dir)
-        status, srun_said = _step(command)
-        if status == 0 or stop.signal is not None:
+        status, srun_said = _step(command, signals)
+        if status == 0:
             return status
-        step = restarts.read_step(
-            model_dir, job, status=status, started=started, checkpoint_at_start=at_start,
-            srun_said=srun_said,
-        )  # fmt: skip
-        _say(restarts.line(model_dir, job, step, PROGRAM))
-        said, again = restarts.decision(model_dir, job, step, done=done, most=most, who=PROGRAM)
+        if status == EXIT_NOT_REQUEUED:
+            _say(f"{PROGRAM}: the run stopped and was not requeued (exit {status}): the step is "
+                 "not started again")  # fmt: skip
+            return status
+        said, cause = "", None
+        if signals.stop is None:
+            step = restarts.read_step(
+                model_dir, job, status=status, started=started, checkpoint_at_start=at_start,
+                srun_said=srun_said,
+            )  # fmt: skip
+            _say(restarts.line(model_dir, job, step, PROGRAM))
+            said, cause = restarts.decision(model_dir, job, step, done=done, most=most, who=PROGRAM)
+        # Asked again after the decision, which reads the run's files: a stop meanwhile wins.
+        if signals.stop is not None:
+            _say(f"{PROGRAM}: told to stop ({signals.stop.name}): the step is not started again")
+            return status
         if said:
             _say(said)
-        if not again or stop.signal is not None:
+        if cause is None:
             return status
+        reports.record_restart(model_dir, job.name, cause)
         done += 1
 
 
-def _step(command: list[str]) -> tuple[int, str]:
+def _step(command: list[str], signals: _Signals) -> tuple[int, str]:
     """Runs srun: its exit status (128 + N for a signal N), and its own lines, which pass
     through to stderr as they come."""
     kept = []
     with subprocess.Popen(command, stderr=subprocess.PIPE) as srun:
+        signals.srun = srun
         assert srun.stderr is not None
         for each in srun.stderr:
             sys.stderr.buffer.write(each)

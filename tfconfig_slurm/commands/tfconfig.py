@@ -79,9 +79,13 @@ def _restart_line(tasks: int) -> str:
         "A lost worker's command is started again on its port while the coordinator goes on; a "
         "lost ps or coordinator ends the step"
         if layout_flags.COORDINATOR.value
-        else "A lost task (killed, out of memory, its node cut off) ends the step"
+        else "A lost task (killed, out of memory, or a peer that stops answering) ends the step"
     )
-    return textwrap.fill(f"{lost}: {restart}.", width=96) + "\n"
+    cut_off = (
+        "A node cut off ends the job instead (Slurm's NODE_FAIL), which Slurm requeues where "
+        "it can."
+    )
+    return textwrap.fill(f"{lost}: {restart}. {cut_off}", width=96) + "\n"
 
 
 def main(argv: Sequence[str]) -> None:

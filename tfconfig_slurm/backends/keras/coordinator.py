@@ -8,7 +8,8 @@ as with-tfconfig supervises a coordinator's step (process/supervision/supervise.
   checkpoint and trains the steps left to --train_steps with model.fit, each worker reading
   its own share of the experiment's dataset("train", params) (_worker_batches).
 - fit runs in epochs of --log_every_steps steps, after each of which the coordinator logs the
-  loss and examples/s and checkpoints where --save_checkpoints_steps is due. The coordinator
+  loss and examples/s and checkpoints where one is due (process/task/cadence.py: by steps,
+  or by time, the clock read at each epoch's end). The coordinator
   schedules a whole epoch's steps at once unless held back: _InFlight keeps at most two steps
   a worker scheduled and not done, so that a stop signal ends fit within those steps (not at
   the epoch's end), with a checkpoint of the step.

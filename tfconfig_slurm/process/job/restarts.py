@@ -21,8 +21,9 @@ from tfconfig_slurm.process.records.run_dir import RunDir
 # srun names a task's node and its rank, and how it ended ("node2: task 3: Killed"), or
 # several ranks ("node2: tasks 3-5: Exited with exit code 2").
 _SRUN_TASK = re.compile(r"[^ \n]+: tasks? ([0-9]+)[-,0-9]*: (.*)")
-# The out-of-memory killer, as slurmstepd reports it ("Detected 1 oom_kill event").
-_OOM_KILL = re.compile(r"oom[-_ ]kill", re.I)
+# The out-of-memory killer, as slurmstepd ("Detected 1 oom_kill event") or srun ("task 0: Out
+# Of Memory") reports it.
+_OOM_KILL = re.compile(r"oom[-_ ]kill|out of memory", re.I)
 # A task's own first line says its role: "worker 0 on node2 at node2:10001 ...".
 _ROLE = re.compile(r"(chief|worker|ps|evaluator) [0-9]+ on [^ ]+")
 
@@ -57,7 +58,9 @@ def verdict(first: Failure | None, srun_said: str, *, trained: bool) -> Verdict:
         return Verdict(again=True, why="the out-of-memory killer ended a task")
     # The first task srun names: those it killed after it (--kill-on-bad-exit) say nothing.
     named = first_task_said(srun_said)
-    if named is not None and named[2].strip() == "Killed":
+    if named is None:
+        return Verdict(again=False, why="srun names no task that failed (see its lines above)")
+    if named[2].strip() == "Killed":
         return Verdict(again=True, why="a task was killed")
     return Verdict(again=False, why="srun names no task killed: the tasks ended of themselves")
 
@@ -107,32 +110,32 @@ def line(model_dir: Path, job: SlurmJob, step: Step, who: str) -> str:
 
 def decision(
     model_dir: Path, job: SlurmJob, step: Step, *, done: int, most: int, who: str
-) -> tuple[str, bool]:
+) -> tuple[str, str | None]:
     """The line, said by `who`, that says whether the step starts again (`done` restarts made
-    of at most `most`), and whether it does; ("", False) where the job makes none. A restart
-    is kept in the run's state.json."""
+    of at most `most`), and the restart's cause where it does (None: it does not); ("", None)
+    where the job makes none. The caller keeps a restart it makes in the run's state.json
+    (reports.record_restart)."""
     if most <= 0:
-        return "", False
+        return "", None
     judged = verdict(step.first, step.srun_said, trained=done == 0 or _trained(model_dir, step))
     if not judged.again:
-        return f"{who}: not starting the step again: {judged.why}", False
+        return f"{who}: not starting the step again: {judged.why}", None
     if done >= most:
         return (
             f"{who}: not starting the step again: {judged.why}, and the job made its {most} "
             "restart(s) (--max_restarts)"
-        ), False
+        ), None
     step_now = history.checkpoint_step(model_dir)
-    reports.record_restart(model_dir, job.name, judged.why)
     # A script of the user's may keep its checkpoints elsewhere (BackupAndRestore's folder).
     resumed = (
         f"from the checkpoint of step {step_now}"
-        if step_now
+        if step_now is not None
         else "with no checkpoint in its model directory"
     )
     return (
         f"{who}: starting the step again in job {job.name} (restart {done + 1} of at most "
         f"{most}), {resumed}: {judged.why}"
-    ), True
+    ), judged.why
 
 
 def _trained(model_dir: Path, step: Step) -> bool:
