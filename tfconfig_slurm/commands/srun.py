@@ -9,8 +9,9 @@ write, else srun's own message) and, where a task was killed or a peer stopped a
 rather than the run's code failing, starts the step again, on the nodes the job holds, at most
 --max_restarts times: the run resumes from its latest checkpoint. An error in the run's code,
 or a restart that trained nothing, ends it. Sent SIGTERM, SIGINT or SIGHUP (scancel, a
-requeue, the time limit), it lets the step end and starts nothing. Its exit status is the
-last step's. More in docs/slurm.md.
+requeue, the time limit), it lets the step end and starts nothing; SIGUSR1 and SIGUSR2 (as
+`#SBATCH --signal=B:USR1@90` sends them) it passes on to srun, which passes them on to the
+tasks. Its exit status is the last step's. More in docs/slurm.md.
 """
 
 from __future__ import annotations
