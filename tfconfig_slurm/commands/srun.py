@@ -114,8 +114,7 @@ def _steps(model_dir: Path, job: SlurmJob, command: list[str], most: int) -> int
             _say(restarts.line(model_dir, job, step, PROGRAM))
             said, cause = restarts.decision(model_dir, job, step, done=done, most=most, who=PROGRAM)
         # Asked again after the decision, which reads the run's files: a stop meanwhile wins.
-        if signals.stop is not None:
-            _say(f"{PROGRAM}: told to stop ({signals.stop.name}): the step is not started again")
+        if _said_stopped(signals):
             return status
         if said:
             _say(said)
@@ -123,6 +122,9 @@ def _steps(model_dir: Path, job: SlurmJob, command: list[str], most: int) -> int
             return status
         reports.record_restart(model_dir, job.name, cause)
         done += 1
+        # Told to stop as the restart was said: the step is not started after all.
+        if _said_stopped(signals):
+            return status
 
 
 def _step(command: list[str], signals: _Signals) -> tuple[int, str]:
@@ -138,6 +140,14 @@ def _step(command: list[str], signals: _Signals) -> tuple[int, str]:
             if each.startswith(_SRUN_LINES):
                 kept.append(each.decode(errors="replace"))
     return exits.exit_status(srun.returncode), "".join(kept)
+
+
+def _said_stopped(signals: _Signals) -> bool:
+    """Whether the batch script was told to stop; said where it was."""
+    if signals.stop is None:
+        return False
+    _say(f"{PROGRAM}: told to stop ({signals.stop.name}): the step is not started again")
+    return True
 
 
 def _say(line: str) -> None:
