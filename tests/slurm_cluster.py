@@ -7,6 +7,7 @@ TFCONFIG_SLURM_REQUIRE_SLURM=1, as in CI, that is a failure instead.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -75,6 +76,13 @@ class SlurmCluster:
             timeout=timeout,
             check=False,
         )
+
+    def sbatch(self, workdir: Path, *arguments: str) -> str:
+        """`sbatch --parsable ARGUMENTS`, as a user submits a batch script from `workdir`: the
+        job's id."""
+        submitted = self.run(["sbatch", "--parsable", *arguments], cwd=workdir)
+        assert submitted.returncode == 0, submitted.stderr
+        return submitted.stdout.strip().split(";")[0]
 
     def job(self, job_id: str) -> dict[str, str]:
         """`scontrol show job` as a dict (there is no accounting database to ask sacct)."""
@@ -197,6 +205,23 @@ def wait_for_end(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
 
 # How long after its processes are gone a requeued run's end still took to reach slurmctld.
 _SETTLE_SECONDS = 3.0
+
+
+def assert_restarted_once(output: str, model_dir: Path, job_id: str, resumed: str) -> None:
+    """A batch job's `tfconfig-slurm srun` named worker 0, killed with SIGKILL, as the first
+    to fail, started the step again once in job `job_id` (`resumed` says from where), and the
+    run ended done with that restart and its cause in state.json."""
+    assert re.search(
+        r"first to fail: worker 0 on node\d: its command was killed by SIGKILL(?s:.*)"
+        rf"tfconfig-slurm srun: starting the step again in job {job_id} \(restart 1 of at most "
+        rf"2\), {resumed}: worker 0 was killed by SIGKILL",
+        output,
+    ), output[-3000:]
+    state = json.loads((model_dir / "state.json").read_text())
+    assert (state["state"], [each["cause"] for each in state["restarts"]]) == (
+        "done",
+        ["worker 0 was killed by SIGKILL"],
+    )
 
 
 def release(cluster: SlurmCluster, job_id: str) -> None:

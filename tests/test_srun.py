@@ -56,12 +56,7 @@ def test_a_killed_task_starts_the_step_again_in_the_job_and_a_bug_does_not(
     cases = ("once", "bug", "always", "untrained")
     jobs = {}
     for case in cases:
-        (tmp_path / case).mkdir()
-        submitted = slurm_cluster.run(
-            ["sbatch", "--parsable", f"--job-name={case}", "job.sbatch", case], cwd=tmp_path
-        )
-        assert submitted.returncode == 0, submitted.stderr
-        jobs[case] = submitted.stdout.strip().split(";")[0]
+        jobs[case] = submitted(slurm_cluster, tmp_path, case)
     ended = {case: wait_for_end(slurm_cluster, job) for case, job in jobs.items()}
     said = {case: (tmp_path / f"{case}.out").read_text() for case in cases}
     tries = {case: len((tmp_path / case / "tries").read_text().splitlines()) for case in cases}
@@ -105,11 +100,7 @@ def test_a_killed_task_starts_the_step_again_in_the_job_and_a_bug_does_not(
 def submitted(cluster: SlurmCluster, workdir: Path, case: str) -> str:
     """The job of `case`, submitted from `workdir` (which holds step.sh and job.sbatch)."""
     (workdir / case).mkdir()
-    sbatch = cluster.run(
-        ["sbatch", "--parsable", f"--job-name={case}", "job.sbatch", case], cwd=workdir
-    )
-    assert sbatch.returncode == 0, sbatch.stderr
-    return sbatch.stdout.strip().split(";")[0]
+    return cluster.sbatch(workdir, f"--job-name={case}", "job.sbatch", case)
 
 
 @pytest.mark.slurm
