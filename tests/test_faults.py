@@ -4,6 +4,7 @@ would otherwise wait for the hung survivors forever) and in --local_cluster mode
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,8 @@ START_SECONDS = 180.0
 # Every trainer logs its global step at every step, so that a test knows the last one reached.
 TRAIN_FOREVER = (f"--experiment={PACED}", "--train_steps=1000000", "--log_every_steps=1")
 CHECKPOINT_STEPS = 20
+# A run restarted in its job: long enough to be cut short after its second checkpoint.
+RESTARTED_STEPS = 150
 
 
 @pytest.mark.slurm
@@ -422,13 +426,25 @@ def test_scancel_checkpoints_every_step_taken_and_resubmitting_resumes(
     assert f"resuming from step {max(stopped_at)}" in read_logs(logs)
 
 
+@contextlib.contextmanager
+def node2_cut_off(cluster: SlurmCluster) -> Iterator[float]:
+    """node2's link down, as a switch port failing: the monotonic time of the cut. Afterwards
+    its link is up again, the node back in service, and what its jobs left there ended."""
+    subprocess.run(["ip", "link", "set", "tfsveth2", "down"], check=True)
+    try:
+        yield time.monotonic()
+    finally:
+        subprocess.run(["ip", "link", "set", "tfsveth2", "up"], check=True)
+        cluster.run(["scontrol", "update", "nodename=node2", "state=resume"])
+        cluster.clear("node2")
+
+
 @pytest.mark.slurm
 def test_a_node_cut_off_ends_the_job_in_bounded_time(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """Its link down, as a switch port failing: bounded by SlurmdTimeout (15 s) + 60 s. Slurm
-    ends the job for its node's failure (NODE_FAIL) before the batch script could start its
-    step again on the node that is gone."""
+    """Bounded by SlurmdTimeout (15 s) + 60 s. Slurm ends the job for its node's failure
+    (NODE_FAIL) before the batch script could start its step again on the node that is gone."""
     job = submit(slurm_cluster, tmp_path, "cut", *TRAIN_FOREVER, nodes="node[1-2]")
     logs = tmp_path / "cut" / "logs"
     try:
@@ -437,33 +453,80 @@ def test_a_node_cut_off_ends_the_job_in_bounded_time(
         # heard from before the cut is waited for as one still starting (START_SECONDS).
         assert wait_until(lambda: highest_step(read_logs(logs)) >= 40, START_SECONDS)
         job_id = job_id_of(logs)
-        subprocess.run(["ip", "link", "set", "tfsveth2", "down"], check=True)
-        cut = time.monotonic()
-        ended = wait_until(lambda: slurm_cluster.run_ended(job_id), 15.0 + END_SECONDS)
-        took = time.monotonic() - cut
-        state = slurm_cluster.job(job_id)
+        with node2_cut_off(slurm_cluster) as cut:
+            ended = wait_until(lambda: slurm_cluster.run_ended(job_id), 15.0 + END_SECONDS)
+            took = time.monotonic() - cut
+            state = slurm_cluster.job(job_id)
+            slurm_cluster.run(["scancel", "--user=root"])
+            # The tasks cut off with node2 ended too, by the watchdog: none hangs there.
+            assert wait_until(lambda: not runtime_left(slurm_cluster), 30.0), runtime_left(
+                slurm_cluster
+            )
     finally:
-        subprocess.run(["ip", "link", "set", "tfsveth2", "up"], check=True)
-        slurm_cluster.run(["scontrol", "update", "nodename=node2", "state=resume"])
-        slurm_cluster.run(["scancel", "--user=root"])
         job.kill()  # the sbatch --wait client only
         job.communicate()
+    assert ended, f"the job still ran {took:.0f} s after node2 was cut off"
+    # launch/train.sbatch asks for --requeue: Slurm requeues a job whose node failed.
+    # Restarts=1 is the requeue; the job may still be COMPLETING its first run then, on
+    # its way back to PENDING (seen once in 5 CI runs).
+    assert (state["JobState"], state["Restarts"]) in (
+        ("FAILED", "0"),
+        ("PENDING", "1"),
+        ("COMPLETING", "1"),
+    )
+
+
+@pytest.mark.slurm
+def test_a_node_cut_off_from_a_no_kill_job_costs_a_restart_on_the_nodes_left(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """`sbatch --no-kill`: Slurm keeps the job on node1 once node2 is cut off. The batch
+    script ends the step that waits for node2's tasks and starts it again on node1, laid out
+    again (a ps and the chief); the run resumes from its latest checkpoint and finishes every
+    step in the same job."""
+    job = submit(
+        slurm_cluster, tmp_path, "nokill", f"--experiment={PACED}",
+        f"--train_steps={RESTARTED_STEPS}", "--log_every_steps=1",
+        f"--save_checkpoints_steps={CHECKPOINT_STEPS}", nodes="node[1-2]",
+        sbatch_options=("--no-kill",),
+    )  # fmt: skip
+    logs = tmp_path / "nokill" / "logs"
     try:
-        assert ended, f"the job still ran {took:.0f} s after node2 was cut off"
-        # launch/train.sbatch asks for --requeue: Slurm requeues a job whose node failed.
-        # Restarts=1 is the requeue; the job may still be COMPLETING its first run then, on
-        # its way back to PENDING (seen once in 5 CI runs).
-        assert (state["JobState"], state["Restarts"]) in (
-            ("FAILED", "0"),
-            ("PENDING", "1"),
-            ("COMPLETING", "1"),
-        )
-        # The tasks cut off with node2 ended too, by the watchdog: none hangs there.
-        assert wait_until(lambda: not runtime_left(slurm_cluster), 30.0), runtime_left(
-            slurm_cluster
-        )
+        wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
+        assert wait_until(lambda: highest_step(read_logs(logs)) >= 40, START_SECONDS)
+        with node2_cut_off(slurm_cluster) as cut:
+            reached = highest_step(read_logs(logs))
+            resumed = wait_for(
+                lambda: read_logs(logs), r"resuming from step (\d+)", 60.0 + START_SECONDS
+            )
+            took = time.monotonic() - cut
+            ended = finish(slurm_cluster, job)
     finally:
-        slurm_cluster.clear("node2")
+        if job.poll() is None:
+            job.kill()
+    assert (ended["JobState"], ended["ExitCode"], ended["Restarts"]) == ("COMPLETED", "0:0", "0")
+    output = (tmp_path / f"train-{ended['JobId']}.out").read_text()
+    cause = (
+        "node2 left the job: its node failed, and the job (--no-kill) goes on with the nodes left"
+    )
+    again = re.search(
+        rf"the step failed \(exit 137\): node2 left job {ended['JobId']}: its node failed; task "
+        rf"logs in {logs}\ntfconfig-slurm srun: starting the step again in "
+        rf"job {ended['JobId']} on the nodes left \(restart 1 of at most 2\), from the "
+        rf"checkpoint of step (\d+): {re.escape(cause)}",
+        output,
+    )
+    assert again is not None, output[-3000:]
+    assert int(resumed[1]) == int(again[1]) >= CHECKPOINT_STEPS
+    # Laid out again on node1 alone: its ps and the chief, which trained to the end.
+    assert re.search(r"chief 0 on node1 .*(?s:.*)resuming from step", read_logs(logs))
+    assert checkpoint_step(tmp_path / "nokill") >= RESTARTED_STEPS
+    state = json.loads((tmp_path / "nokill" / "state.json").read_text())
+    assert (state["state"], [each["cause"] for each in state["restarts"]]) == ("done", [cause])
+    print(
+        f"node2 cut off at step {reached}: the run resumed {took:.1f} s later, from step "
+        f"{resumed[1]}"
+    )
 
 
 def runtime_left(cluster: SlurmCluster) -> list[str]:
@@ -496,7 +559,6 @@ def test_an_error_in_the_experiment_ends_the_job_at_once_not_restarted(
 
 # A job that a killed task restarts once in its allocation: long enough for its first
 # checkpoints before the kill, short enough to finish soon after the restart.
-RESTARTED_STEPS = 150
 
 
 @pytest.mark.slurm

@@ -152,6 +152,36 @@ def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
     assert cause == "worker 0 stopped answering"
 
 
+def test_a_node_that_left_the_job_starts_the_step_again_on_the_nodes_left(
+    tmp_path: Path,
+) -> None:
+    """A --no-kill job's node failed: its peers' tasks failed for it, in their own code (an
+    all-reduce that lost a peer raises), but the node is the cause, and the step starts again
+    on the nodes left; within --max_restarts still."""
+    recorded(tmp_path, "42.1.1", Failure("chief 0", "node1", "UnavailableError: x", 1, None, 20))
+    step = failed_step(tmp_path, 10.0)
+    assert not restarts.verdict(step.first, "", trained=True).again
+    # The record is that of a task cut off with the node, which lost its peers first.
+    assert restarts.line(tmp_path, JOB, step, "train", ("node2",)) == (
+        "train: the step failed (exit 137): node2 left job 42: its node failed"
+    )
+    said, cause = restarts.decision(
+        tmp_path, JOB, step, done=1, most=2, who="train", left=("node2", "node3")
+    )
+    assert cause == (
+        "node[2-3] left the job: its node failed, and the job (--no-kill) goes on with the "
+        "nodes left"
+    )
+    assert said == (
+        f"train: starting the step again in job 42 on the nodes left (restart 2 of at most 2), "
+        f"with no checkpoint in its model directory: {cause}"
+    )
+    said, cause = restarts.decision(
+        tmp_path, JOB, step, done=2, most=2, who="train", left=("node2",)
+    )
+    assert cause is None and said.endswith("restart(s) (--max_restarts)")
+
+
 def test_srun_refuses_what_it_cannot_run_in_one_line() -> None:
     """Outside a batch job, without --model_dir or without a command: exit 2, one line that
     names what is missing, nothing run."""

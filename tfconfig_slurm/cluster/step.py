@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import hostlist
 
+from tfconfig_slurm.cluster.allocation import Allocation
 from tfconfig_slurm.errors import SlurmEnvironmentError, TfconfigSlurmError
 
 BLOCK = "block"
@@ -35,6 +36,10 @@ SOURCES: Mapping[str, tuple[str, ...]] = {
     "nodelist": ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"),
     "tasks_per_node": ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"),
     "num_tasks": ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+    # The batch job's allocation, as its batch script sees it (allocation.py).
+    "job_nodelist": ("SLURM_JOB_NODELIST", "SLURM_NODELIST"),
+    "job_tasks_per_node": ("SLURM_TASKS_PER_NODE",),
+    "job_cpus_per_node": ("SLURM_JOB_CPUS_PER_NODE",),
     "job_id": ("SLURM_JOB_ID", "SLURM_JOBID"),
     "step_id": ("SLURM_STEP_ID", "SLURM_STEPID"),
     "array_job_id": ("SLURM_ARRAY_JOB_ID",),
@@ -67,6 +72,7 @@ STEP_GPUS = "TFCONFIG_SLURM_STEP_GPUS"
 
 _SPACE = re.compile(r"\s")
 _RUN_IN_SRUN = "SLURM sets it in every task of a job step: run this inside srun"
+_IN_BATCH_JOB = "SLURM sets it in a batch job's script: run this there"
 # SLURM's ids and counts are 32-bit; a longer number is garbage, and Python refuses to
 # convert numbers of more than 4300 digits anyway.
 MAX_WHOLE_NUMBER = 2**32 - 1
@@ -156,6 +162,23 @@ def read_slurm_job(environ: Mapping[str, str]) -> SlurmJob | None:
         array_task_id=_optional_whole_number(environ, "array_task_id"),
         restart_count=_optional_whole_number(environ, "restart_count") or 0,
         continuation=_optional_whole_number(environ, "continuation") or 0,
+    )
+
+
+def read_job_allocation(environ: Mapping[str, str]) -> Allocation | None:
+    """What the batch job holds, as its batch script's environment says; None outside a job,
+    and in a heterogeneous job, whose batch script sees only its first component.
+
+    Raises SlurmEnvironmentError naming the variable when one is garbled.
+    """
+    found = _lookup(environ, "job_nodelist")
+    if found is None or _lookup(environ, "het_size") is not None:
+        return None
+    nodes = expand_nodes(*found, SlurmEnvironmentError, _IN_BATCH_JOB)
+    return Allocation(
+        nodes,
+        _counts_per_node(environ, "job_tasks_per_node", len(nodes)),
+        _counts_per_node(environ, "job_cpus_per_node", len(nodes)),
     )
 
 
@@ -303,19 +326,41 @@ def _nodes(environ: Mapping[str, str]) -> tuple[str, ...]:
 
 def _tasks_per_node(environ: Mapping[str, str]) -> tuple[int, ...]:
     variable, value = _required(environ, "tasks_per_node")
+    counts = _parse_counts(variable, value, _RUN_IN_SRUN)
+    if any(count < 1 for count in counts):
+        raise SlurmEnvironmentError(
+            variable, f"is {value!r}: every node of a step runs at least one task", _RUN_IN_SRUN
+        )
+    check_task_count(variable, counts, SlurmEnvironmentError, _RUN_IN_SRUN)
+    return counts
+
+
+def _counts_per_node(environ: Mapping[str, str], field: str, nodes: int) -> tuple[int, ...] | None:
+    """A batch job's count per node (`3(x2),2`), None where it is not set; raises where it
+    does not list `nodes` nodes."""
+    found = _lookup(environ, field)
+    if found is None:
+        return None
+    counts = _parse_counts(*found, _IN_BATCH_JOB)
+    if len(counts) != nodes:
+        raise SlurmEnvironmentError(
+            found[0],
+            f"is {found[1]!r}, {len(counts)} nodes, but {_name(environ, 'job_nodelist')} has "
+            f"{nodes}",
+            "SLURM sets both for the same job; do not set them by hand",
+        )
+    return counts
+
+
+def _parse_counts(variable: str, value: str, hint: str) -> tuple[int, ...]:
     try:
         counts = tuple(hostlist.parse_slurm_tasks_per_node(value))
     except (hostlist.BadHostlist, ValueError) as error:
         raise SlurmEnvironmentError(
             variable,
             f"is {value!r}, not a SLURM tasks-per-node list ({error})",
-            "expected a form such as 3(x2),2; " + _RUN_IN_SRUN,
+            "expected a form such as 3(x2),2; " + hint,
         ) from None
-    if any(count < 1 for count in counts):
-        raise SlurmEnvironmentError(
-            variable, f"is {value!r}: every node of a step runs at least one task", _RUN_IN_SRUN
-        )
-    check_task_count(variable, counts, SlurmEnvironmentError, _RUN_IN_SRUN)
     return counts
 
 

@@ -28,12 +28,13 @@ from types import FrameType
 
 from absl import flags
 
-from tfconfig_slurm.cluster.step import SlurmJob, read_slurm_job
+from tfconfig_slurm.cluster.allocation import Allocation
+from tfconfig_slurm.cluster.step import SlurmJob, read_job_allocation, read_slurm_job
 from tfconfig_slurm.commands import max_restarts_flag, model_dir_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import EXIT_NOT_REQUEUED, UsageError
 from tfconfig_slurm.process import exits
-from tfconfig_slurm.process.job import restarts
+from tfconfig_slurm.process.job import lost_nodes, restarts
 from tfconfig_slurm.process.records import history, reports
 
 PROGRAM = "tfconfig-slurm srun"
@@ -88,17 +89,26 @@ def main(argv: Sequence[str]) -> int:
     if srun is None:
         raise UsageError("srun", "is not on PATH", "call it from a batch script on the cluster")
     return _steps(
-        model_dir_flag.made(), job, [srun, *srun_args], max_restarts_flag.MAX_RESTARTS.value
+        model_dir_flag.made(),
+        job,
+        read_job_allocation(os.environ),
+        [srun, *srun_args],
+        max_restarts_flag.MAX_RESTARTS.value,
     )
 
 
-def _steps(model_dir: Path, job: SlurmJob, command: list[str], most: int) -> int:
+def _steps(
+    model_dir: Path, job: SlurmJob, held: Allocation | None, command: list[str], most: int
+) -> int:
+    """Runs the step until it succeeds, is stopped, or is not worth starting again; `held`
+    is what the job holds (None: unknown, as in a heterogeneous job)."""
     signals = _Signals()
+    environ: dict[str, str] | None = None
     done = 0
     while True:
         started = time.time()
         at_start = history.checkpoint_step(model_dir)
-        status, srun_said = _step(command, signals)
+        status, srun_said, left = _step(command, signals, job, held, environ)
         if status == 0:
             return status
         if status == EXIT_NOT_REQUEUED:
@@ -111,8 +121,10 @@ def _steps(model_dir: Path, job: SlurmJob, command: list[str], most: int) -> int
                 model_dir, job, status=status, started=started, checkpoint_at_start=at_start,
                 srun_said=srun_said,
             )  # fmt: skip
-            _say(restarts.line(model_dir, job, step, PROGRAM))
-            said, cause = restarts.decision(model_dir, job, step, done=done, most=most, who=PROGRAM)
+            _say(restarts.line(model_dir, job, step, PROGRAM, left))
+            said, cause = restarts.decision(
+                model_dir, job, step, done=done, most=most, who=PROGRAM, left=left
+            )
         # Asked again after the decision, which reads the run's files: a stop meanwhile wins.
         if _said_stopped(signals):
             return status
@@ -122,24 +134,41 @@ def _steps(model_dir: Path, job: SlurmJob, command: list[str], most: int) -> int
             return status
         reports.record_restart(model_dir, job.name, cause)
         done += 1
+        if left and held is not None:
+            held = held.keeping([node for node in held.nodes if node not in left])
+            environ = held.step_environment(os.environ)
         # Told to stop as the restart was said: the step is not started after all.
         if _said_stopped(signals):
             return status
 
 
-def _step(command: list[str], signals: _Signals) -> tuple[int, str]:
-    """Runs srun: its exit status (128 + N for a signal N), and its own lines, which pass
-    through to stderr as they come."""
+def _step(
+    command: list[str],
+    signals: _Signals,
+    job: SlurmJob,
+    held: Allocation | None,
+    environ: dict[str, str] | None,
+) -> tuple[int, str, tuple[str, ...]]:
+    """Runs srun in `environ` (None: this process's): its exit status (128 + N for a signal
+    N), its own lines, which pass through to stderr as they come, and the nodes of `held`
+    that left the job meanwhile (a --no-kill job's failed node)."""
     kept = []
-    with subprocess.Popen(command, stderr=subprocess.PIPE) as srun:
+    with subprocess.Popen(command, stderr=subprocess.PIPE, env=environ) as srun:
         signals.srun = srun
+        watch = lost_nodes.NodeWatch(job, held.nodes if held else (), srun)
         assert srun.stderr is not None
         for each in srun.stderr:
             sys.stderr.buffer.write(each)
             sys.stderr.flush()
             if each.startswith(_SRUN_LINES):
                 kept.append(each.decode(errors="replace"))
-    return exits.exit_status(srun.returncode), "".join(kept)
+                if held is not None:
+                    watch.noticed()
+    left = watch.left
+    if not left and srun.returncode != 0 and held is not None:
+        # srun may end of itself once SLURM told it of the node's failure.
+        left = lost_nodes.gone(held.nodes, lost_nodes.nodes_now(job))
+    return exits.exit_status(srun.returncode), "".join(kept), left
 
 
 def _said_stopped(signals: _Signals) -> bool:

@@ -101,6 +101,13 @@ LIMIT_LOOK_SECONDS = 5.0
 # A limit that moved by less than this did not move: squeue's own rounding.
 LIMIT_MOVED_SECONDS = 5.0
 
+# --- A node that left a --no-kill job (process/job/lost_nodes.py) ---
+
+# How often the batch script's srun wrapper asks scontrol for the job's nodes, once srun said
+# that a task ended: srun waits on for the tasks of a node that failed in a --no-kill job, and
+# only the job's record says that the node is gone.
+NODE_WATCH_SECONDS = 2.0
+
 # --- Reports and evaluation (process/records/reports.py, backends) ---
 
 # How long the chief waits for the other trainers' throughput reports for summary.json.

@@ -9,8 +9,11 @@ failed before it trained a step does not loop either. No TensorFlow here.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
+
+import hostlist
 
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import USAGE_EXIT_CODE
@@ -85,13 +88,17 @@ def read_step(
     return Step(status, started, checkpoint_at_start, first, srun_said)
 
 
-def line(model_dir: Path, job: SlurmJob, step: Step, who: str) -> str:
+def line(model_dir: Path, job: SlurmJob, step: Step, who: str, left: Sequence[str] = ()) -> str:
     """The line, said by `who`, that names the first task of `job`'s `step` to fail: from its
-    record, else from srun's message and that task's log (launch/train.sbatch's names)."""
+    record, else from srun's message and that task's log (launch/train.sbatch's names); or
+    the nodes that `left` the job, whose tasks, cut off, may have recorded their peers as
+    lost first."""
     logs = RunDir(model_dir).logs
     # A batch script that names no task logs (srun --output) has none there.
     where = f"; task logs in {logs}" if logs.is_dir() else ""
     failed = f"{who}: the step failed (exit {step.status})"
+    if left:
+        return f"{failed}: {_left(left)} left job {job.name}: its node failed{where}"
     if step.first is not None:
         return f"{failed}; first to fail: {step.first.line()}{where}"
     named = first_task_said(step.srun_said)
@@ -109,15 +116,32 @@ def line(model_dir: Path, job: SlurmJob, step: Step, who: str) -> str:
 
 
 def decision(
-    model_dir: Path, job: SlurmJob, step: Step, *, done: int, most: int, who: str
+    model_dir: Path,
+    job: SlurmJob,
+    step: Step,
+    *,
+    done: int,
+    most: int,
+    who: str,
+    left: Sequence[str] = (),
 ) -> tuple[str, str | None]:
     """The line, said by `who`, that says whether the step starts again (`done` restarts made
     of at most `most`), and the restart's cause where it does (None: it does not); ("", None)
-    where the job makes none. The caller keeps a restart it makes in the run's state.json
+    where the job makes none. The nodes `left` left the job meanwhile (a --no-kill job's
+    failed node): the step starts again on the nodes left, whatever its tasks said of their
+    peers on it. The caller keeps a restart it makes in the run's state.json
     (reports.record_restart)."""
     if most <= 0:
         return "", None
-    judged = verdict(step.first, step.srun_said, trained=done == 0 or _trained(model_dir, step))
+    if left:
+        judged = Verdict(
+            again=True,
+            why=f"{_left(left)} left the job: its node failed, and the job (--no-kill) goes on "
+            "with the nodes left",
+        )
+    else:
+        trained = done == 0 or _trained(model_dir, step)
+        judged = verdict(step.first, step.srun_said, trained=trained)
     if not judged.again:
         return f"{who}: not starting the step again: {judged.why}", None
     if done >= most:
@@ -132,9 +156,10 @@ def decision(
         if step_now is not None
         else "with no checkpoint in its model directory"
     )
+    where = " on the nodes left" if left else ""
     return (
-        f"{who}: starting the step again in job {job.name} (restart {done + 1} of at most "
-        f"{most}), {resumed}: {judged.why}"
+        f"{who}: starting the step again in job {job.name}{where} (restart {done + 1} of at "
+        f"most {most}), {resumed}: {judged.why}"
     ), judged.why
 
 
@@ -161,6 +186,10 @@ def _of_record(first: Failure) -> Verdict:
     if first.exit_status == USAGE_EXIT_CODE:
         return Verdict(again=False, why="its input was refused")
     return Verdict(again=False, why="an error in the run's code")
+
+
+def _left(nodes: Sequence[str]) -> str:
+    return str(hostlist.collect_hostlist(list(nodes)))
 
 
 def _text(path: Path) -> str:
