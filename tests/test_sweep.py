@@ -51,6 +51,15 @@ def test_a_numpy_default_takes_a_number_of_its_kind() -> None:
     assert (type(values["learning_rate"]), type(values["units"])) == (float, int)
 
 
+def test_a_bool_default_takes_true_or_false_never_a_number() -> None:
+    """bool is a number to Python: a bool hparam was once read as a float ('flag=0' gave 0.0)."""
+    defaults = {"augment": True, "rate": 0.5}
+    assert with_overrides(defaults, "augment=false") == {"augment": False, "rate": 0.5}
+    assert with_overrides(defaults, "augment=Yes")["augment"] is True
+    with pytest.raises(UsageError, match=r"sets augment='2.5', expected true or false"):
+        with_overrides(defaults, "augment=2.5")
+
+
 def sweep(tmp_path: Path, text: str, *arguments: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "three.sweep").write_text(text)
     return subprocess.run(

@@ -76,7 +76,10 @@ _FALSE = ("false", "no", "0")
 def _typed(name: str, text: str, default: Any) -> Any:
     # By the number's kind, not its class: a NumPy default (np.float64, np.int64) is a number.
     kind: type = type(default)
-    if isinstance(default, numbers.Integral) and kind is not bool:
+    # bool is an Integral, and so a Real, too.
+    if isinstance(default, bool):
+        kind = bool
+    elif isinstance(default, numbers.Integral):
         kind = int
     elif isinstance(default, numbers.Real):
         kind = float
