@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import pytest
 
+from tfconfig_slurm.commands import runtime_backends
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import claim, history
@@ -83,8 +84,13 @@ def test_a_backend_that_returns_without_ending_fails_the_run_and_says_so(tmp_pat
             "whose latest checkpoint (ckpt-7.weights.h5) is Keras 3's, not Estimator's",
         ),
         ("", "names no checkpoint (empty or garbled"),
+        (
+            'model_checkpoint_path: "model.ckpt-999"\n',
+            "names model.ckpt-999, which is not there (deleted, or not copied along with the "
+            "index)",
+        ),
     ],
-    ids=["tf-keras", "keras-3", "empty-index"],
+    ids=["tf-keras", "keras-3", "empty-index", "files-gone"],
 )
 def test_a_directory_the_backend_cannot_resume_is_refused_untouched(
     tmp_path: Path, index: str, refusal: str
@@ -106,6 +112,7 @@ def test_a_directory_of_another_experiment_s_run_is_refused_untouched(tmp_path: 
     record was marked failed, with this experiment's name."""
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-400"\n')
     record = '{"experiment": "mnist_deep", "state": "done"}'
+    (tmp_path / "model.ckpt-400.index").write_text("")
     (tmp_path / "state.json").write_text(record)
     with pytest.raises(UsageError) as refused:
         lifecycle.run(task(tmp_path), lifecycle.ESTIMATOR, lambda: Backend(ends=True))
@@ -121,8 +128,23 @@ def test_a_directory_of_another_experiment_s_run_is_refused_untouched(tmp_path: 
 
 def test_a_directory_of_the_backends_own_checkpoints_resumes(tmp_path: Path) -> None:
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-40"\n')
+    (tmp_path / "model.ckpt-40.index").write_text("")
     assert history.latest_checkpoint(tmp_path) == history.Checkpoint(
-        "model.ckpt-40", 40, history.ESTIMATOR
+        "model.ckpt-40", 40, history.ESTIMATOR, "model.ckpt-40"
     )
     result = lifecycle.run(task(tmp_path), lifecycle.ESTIMATOR, lambda: Backend(ends=True))
     assert result == "trained" and state(tmp_path) == "done"
+
+
+def test_a_run_trained_already_is_evaluated_with_the_hparams_it_was_trained_with(
+    tmp_path: Path,
+) -> None:
+    """Nothing trains, so the model evaluated is the one trained: built with other hparams, a
+    newcomer's finished run was evaluated on its input scaled by -1, and its accuracy
+    overwritten with 0.02. Where steps are left to train, the hparams given apply."""
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-200"\n')
+    (tmp_path / "state.json").write_text('{"hparams": {"scale": 1.0, "units": 8}}')
+    given = {"scale": -1.0, "units": 8, "added": True}
+    kept = runtime_backends.trained_with(tmp_path, given, train_steps=200)
+    assert kept == {"scale": 1.0, "units": 8, "added": True}
+    assert runtime_backends.trained_with(tmp_path, given, train_steps=300) == given

@@ -224,7 +224,10 @@ def test_a_run_already_at_its_steps_says_there_is_nothing_to_train(
     result = train(tmp_path, "--train_steps=20", "--experiment_id=first", "--hparams=dropout=0.1")
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((model_dir / "state.json").read_text())["hparams"] == before
-    assert "so it keeps the hparams it was trained with; dropout=0.1 would apply" in result.stderr
+    assert (
+        "is trained already, so it is evaluated with the hparams it was trained with; "
+        "dropout=0.1 would apply only to steps trained"
+    ) in result.stderr
     assert re.search(
         r"the checkpoint in \S+ is at global step 20, and training ends at step 20: nothing to "
         "train; the checkpoint is evaluated and reported. HINT: raise --train_steps to train on",
@@ -562,6 +565,7 @@ def test_print_model_dir_says_which_run_it_would_carry_on(tmp_path: Path) -> Non
     run = tmp_path / "lr"
     run.mkdir()
     (run / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-600"\n')
+    (run / "model.ckpt-600.index").write_text("")
     (run / "state.json").write_text('{"state": "done", "job_id": null, "updated": 1.8e9}')
     trained = train(tmp_path, *flags)
     assert trained.stderr.startswith(

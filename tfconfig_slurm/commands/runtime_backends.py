@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from absl import logging
 
@@ -18,6 +18,7 @@ from tfconfig_slurm.cluster.role import input_shard
 from tfconfig_slurm.cluster.threads import Threads
 from tfconfig_slurm.commands import runtime_flags
 from tfconfig_slurm.process import console
+from tfconfig_slurm.process.records import history, reports
 from tfconfig_slurm.process.task import lifecycle, native_noise, place
 from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.user_code import experiment as experiment_lib
@@ -43,14 +44,19 @@ def _settings(
     threads: Threads = _TENSORFLOW_S,
 ) -> TrainingSettings:
     """The flags' settings, with the experiment's hparams overridden by `hparams` and passed
-    by its check_hparams."""
+    by its check_hparams, or those the run in `directory` was trained with where it is
+    trained already."""
     shard = input_shard(os.environ)
     return TrainingSettings(
         model_dir=directory,
         train_steps=runtime_flags.TRAIN_STEPS.value,
         eval_steps=runtime_flags.EVAL_STEPS.value,
         params={
-            **hparams_lib.with_overrides(experiment.hparams, hparams, experiment.check_hparams),
+            **trained_with(
+                directory,
+                hparams_lib.with_overrides(experiment.hparams, hparams, experiment.check_hparams),
+                runtime_flags.TRAIN_STEPS.value,
+            ),
             "batch_size": runtime_flags.BATCH_SIZE.value,
             "data_dir": runtime_flags.DATA_DIR.value,
             "num_trainers": shard.num_shards,
@@ -66,6 +72,27 @@ def _settings(
         log_every_steps=runtime_flags.LOG_EVERY_STEPS.value,
         sync_replicas=runtime_flags.SYNC_REPLICAS.value,
     )
+
+
+def trained_with(directory: Path, given: dict[str, Any], train_steps: int) -> dict[str, Any]:
+    """`given`, or where the run in `directory` is trained already (at `train_steps`), the
+    hparams it was trained with, which its evaluation then builds the model with: its record
+    keeps them, and a model built with others evaluated another (seen: a finished run's
+    accuracy overwritten by that of its input scaled by -1)."""
+    step = history.checkpoint_step(directory)
+    then = reports.read_state(directory).get("hparams")
+    if step is None or step < train_steps or not isinstance(then, dict):
+        return given
+    kept = {name: then.get(name, value) for name, value in given.items()}
+    changed = [f"{name}={value!r}" for name, value in given.items() if value != kept[name]]
+    if changed:
+        logging.warning(
+            "%s is trained already, so it is evaluated with the hparams it was trained with; "
+            "%s would apply only to steps trained",
+            directory,
+            ", ".join(changed),
+        )
+    return kept
 
 
 def keras(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:

@@ -23,8 +23,8 @@ ESTIMATOR = "Estimator's"  # model.ckpt-N
 TF_KERAS = "tf-keras's"  # ckpt-N
 KERAS_3 = "Keras 3's"  # ckpt-N.weights.h5
 _LATEST = re.compile(
-    r'^model_checkpoint_path: "(?:.*/)?(?P<name>(?P<estimator>model\.)?ckpt-(?P<step>\d+)'
-    r'(?P<keras_3>\.weights\.h5)?)"',
+    r'^model_checkpoint_path: "(?P<path>(?:.*/)?(?P<name>(?P<estimator>model\.)?ckpt-'
+    r'(?P<step>\d+)(?P<keras_3>\.weights\.h5)?))"',
     re.M,
 )
 
@@ -36,6 +36,14 @@ class Checkpoint(NamedTuple):
     step: int
     # ESTIMATOR, TF_KERAS or KERAS_3.
     written_by: str
+    # As the index names it: relative to the directory, or whole.
+    path: str
+
+    def is_in(self, model_dir: Path) -> bool:
+        """Whether its files are there: Keras 3's one file, TensorFlow's index of the
+        variables' data files."""
+        suffix = "" if self.written_by == KERAS_3 else ".index"
+        return any((model_dir / f"{path}{suffix}").exists() for path in (self.path, self.name))
 
 
 def latest_checkpoint(model_dir: Path) -> Checkpoint | None:
@@ -49,7 +57,7 @@ def latest_checkpoint(model_dir: Path) -> Checkpoint | None:
     if latest is None:
         return None
     written_by = ESTIMATOR if latest["estimator"] else KERAS_3 if latest["keras_3"] else TF_KERAS
-    return Checkpoint(latest["name"], int(latest["step"]), written_by)
+    return Checkpoint(latest["name"], int(latest["step"]), written_by, latest["path"])
 
 
 def checkpoint_step(model_dir: Path) -> int | None:
@@ -62,7 +70,7 @@ def check_resumable(model_dir: Path, writes: str, naming: Naming) -> None:
     """Refuses, in one line, a directory a backend that `writes` its checkpoints cannot resume:
     one whose latest checkpoint another backend wrote (restored as it stands, a tf-keras model
     found nothing of an Estimator's, started at step 0 and wrote over its index), or whose
-    index names none (TensorFlow's traceback otherwise)."""
+    index names none, or a checkpoint that is not there (TensorFlow's traceback otherwise)."""
     index = RunDir(model_dir).checkpoint_index
     if not index.exists():
         return
@@ -81,6 +89,14 @@ def check_resumable(model_dir: Path, writes: str, naming: Naming) -> None:
             f"names {model_dir}, whose latest checkpoint ({latest.name}) is {latest.written_by}, "
             f"not {writes}: another backend trained it",
             naming.run_fix,
+        )
+    if not latest.is_in(model_dir):
+        raise UsageError(
+            naming.run,
+            f"names {model_dir}, whose checkpoint index {index} names {latest.name}, which is "
+            "not there (deleted, or not copied along with the index)",
+            "write the index's first line again, as model_checkpoint_path: \"<a checkpoint "
+            f'that is there>", to resume from it; or {naming.run_fix}',
         )
 
 

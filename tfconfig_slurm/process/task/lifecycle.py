@@ -226,10 +226,11 @@ def _train(
     last = owner.last_hparams()
     if changed and last is not None and step is not None and step >= trainer.train_steps:
         # Nothing trains with the new ones: the run, its runs-table line and its HParams keep
-        # those it was trained with.
+        # those it was trained with. The runtime's experiments are evaluated with those too
+        # (commands/runtime_backends.py); a script of the user's builds its model itself.
         logging.warning(
-            "%s is trained already, so it keeps the hparams it was trained with; %s would "
-            "apply only to steps trained",
+            "%s is trained already: its record keeps the hparams it was trained with, and "
+            "this evaluation's model is built with %s",
             task.model_dir,
             ", ".join(f"{name}={now!r}" for name, (_, now) in changed.items()),
         )
