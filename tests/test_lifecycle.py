@@ -148,3 +148,25 @@ def test_a_run_trained_already_is_evaluated_with_the_hparams_it_was_trained_with
     kept = runtime_backends.trained_with(tmp_path, given, train_steps=200)
     assert kept == {"scale": 1.0, "units": 8, "added": True}
     assert runtime_backends.trained_with(tmp_path, given, train_steps=300) == given
+
+
+def test_the_job_that_last_trained_a_run_is_named_not_one_that_only_evaluated(
+    tmp_path: Path,
+) -> None:
+    """A job that found the run at its last step evaluated it and trained nothing; it was
+    said to have trained it last."""
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-101"\n')
+    (tmp_path / "model.ckpt-101.index").write_text("")
+    attempts = [{"job_id": "3_0", "from_step": None}, {"job_id": "17", "from_step": 101}]
+    record = {"state": "done", "job_id": "17", "updated": 1.8e9, "attempts": attempts}
+    (tmp_path / "state.json").write_text(json.dumps(record))
+    said = history.before_start(tmp_path, 200)
+    assert said.startswith(
+        f"{tmp_path}: resumes the run at step 101, to step 200 (last trained by job 3_0, then "
+        "evaluated by job 17 at 2027-01-15 "
+    ), said
+    assert said.endswith(", done)")
+    # The job that trained it last, as before, where it did.
+    record["attempts"] = [{"job_id": "3_0", "from_step": None}, {"job_id": "17", "from_step": 50}]
+    (tmp_path / "state.json").write_text(json.dumps(record))
+    assert "(last trained by job 17 at 2027-01-15 " in history.before_start(tmp_path, 200)

@@ -122,6 +122,26 @@ def check_same_experiment(
         )
 
 
+def _by(job: object) -> str:
+    return f"by job {job}" if job else "outside SLURM"
+
+
+def _last_to_train(attempts: object, step: int) -> dict[str, object] | None:
+    """The last of a run's attempts (state.json's) to train a step: one whose starting step
+    is below the next one's, or below `step` for the last; None where none says its step."""
+    if not isinstance(attempts, list):
+        return None
+    listed = [each for each in attempts if isinstance(each, dict)]
+    # None: a new run's, at step 0; not there: an older record's, which did not say.
+    starts = [each.get("from_step") or 0 if "from_step" in each else None for each in listed]
+    starts.append(step)
+    for index in reversed(range(len(listed))):
+        start, after = starts[index], starts[index + 1]
+        if isinstance(start, int) and isinstance(after, int) and start < after:
+            return listed[index]
+    return None
+
+
 def before_start(model_dir: Path, train_steps: int) -> str:
     """One line: what an attempt that trains to `train_steps` in `model_dir` does with what it
     finds there."""
@@ -129,13 +149,15 @@ def before_start(model_dir: Path, train_steps: int) -> str:
     if step is None:
         return f"{model_dir}: a new run, to step {train_steps}"
     state = reports.read_state(model_dir)
-    job = state.get("job_id")
     when = state.get("updated")
-    last = (
-        f"last trained {f'by job {job}' if job else 'outside SLURM'}"
-        + (f" at {time.strftime('%Y-%m-%d %H:%M', time.localtime(when))}" if when else "")
-        + (f", {state['state']}" if state.get("state") else "")
-    )
+    at = f" at {time.strftime('%Y-%m-%d %H:%M', time.localtime(when))}" if when else ""
+    job, trained = state.get("job_id"), _last_to_train(state.get("attempts"), step)
+    if trained is None or trained.get("job_id") == job:
+        last = f"last trained {_by(job)}{at}"
+    else:
+        # An attempt that only evaluated came after: a job that trained nothing is not named.
+        last = f"last trained {_by(trained.get('job_id'))}, then evaluated {_by(job)}{at}"
+    last += f", {state['state']}" if state.get("state") else ""
     if step < train_steps:
         return f"{model_dir}: resumes the run at step {step}, to step {train_steps} ({last})"
     return (

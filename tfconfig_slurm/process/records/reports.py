@@ -235,7 +235,13 @@ def write_state(
     if state == "running":
         # A new attempt: what an earlier one said of its end no longer holds; what each
         # attempt trained with is kept, for a resume that changed the hparams.
-        attempt = {"hparams": dict(hparams), "job_id": job_id, "restart": restart}
+        # Its step at start: whether it trained is told by the next attempt's (history.py).
+        attempt = {
+            "hparams": dict(hparams),
+            "job_id": job_id,
+            "restart": restart,
+            "from_step": global_step,
+        }
         current = {
             "started": current.get("started", time.time()),
             "attempts": [*current.get("attempts", []), {**attempt, "started": time.time()}],
