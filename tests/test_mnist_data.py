@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
-import logging
 import struct
 from pathlib import Path
 from types import ModuleType
@@ -60,20 +59,27 @@ def test_reads_the_idx_files_plain_and_gzipped(mnist_data: ModuleType, tmp_path:
     assert mnist_data.load_examples(str(tmp_path), False)[1].tolist() == [0, 1]
 
 
-def test_an_incomplete_data_dir_falls_back_to_the_digits_for_both_splits(
-    mnist_data: ModuleType, tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_an_incomplete_data_dir_is_refused_and_no_data_dir_trains_on_the_digits(
+    mnist_data: ModuleType, tmp_path: Path
 ) -> None:
+    """A newcomer's directory whose files were spelt otherwise trained on the digits, said only
+    in a task's log: the job succeeded on other data than it was given."""
     for stem in list(_STEMS)[:3]:
         _write_idx(tmp_path, stem, zipped=False)
-    with caplog.at_level(logging.WARNING):
-        train_images, _ = mnist_data.load_examples(str(tmp_path), True)
-        test_images, test_labels = mnist_data.load_examples(str(tmp_path), False)
+    with pytest.raises(ValueError, match=r"--data_dir=\S+ lacks t10k-labels-idx1-ubyte \(nor"):
+        mnist_data.load_examples(str(tmp_path), True)
+    train_images, _ = mnist_data.load_examples(None, True)
+    test_images, test_labels = mnist_data.load_examples(None, False)
     assert (len(train_images), len(test_images)) == (1438, 359)
     assert set(test_labels.tolist()) == set(range(10))
     assert test_images.min() >= 0.0 and test_images.max() == 1.0
-    warnings = [record.getMessage() for record in caplog.records]
-    assert len(warnings) == 1
-    assert "t10k-labels-idx1-ubyte" in warnings[0]
+
+
+def test_kaggle_s_spelling_of_the_files_is_read(mnist_data: ModuleType, tmp_path: Path) -> None:
+    for stem in _STEMS:
+        _write_idx(tmp_path, stem, zipped=False)
+        (tmp_path / stem).rename(tmp_path / stem.replace("-idx", ".idx"))
+    assert mnist_data.load_examples(str(tmp_path), False)[1].tolist() == [0, 1]
 
 
 def test_a_file_that_is_not_idx_is_named(mnist_data: ModuleType, tmp_path: Path) -> None:

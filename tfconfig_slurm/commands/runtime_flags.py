@@ -62,8 +62,9 @@ SWEEP_FILE = flags.DEFINE_string(
 DATA_DIR = flags.DEFINE_string(
     "data_dir",
     None,
-    "The directory the experiment reads its data from (mnist_deep: the MNIST IDX files; "
-    "without them, or without this flag, the digits that ship with tfconfig-slurm).",
+    "The directory the experiment reads its data from (mnist_deep: the four MNIST IDX files, "
+    "a run fails where one is not there; without this flag, the digits that ship with "
+    "tfconfig-slurm).",
 )
 SAVE_CHECKPOINTS_STEPS = flags.DEFINE_integer(
     "save_checkpoints_steps",

@@ -3,8 +3,9 @@ as numpy arrays: no TensorFlow here, for the Keras 3 experiment on JAX (mnist_pi
 them TensorFlow's datasets).
 
 The four standard MNIST IDX files (`train-images-idx3-ubyte[.gz]`, `train-labels-...`,
-`t10k-images-...`, `t10k-labels-...`) from `--data_dir`. Without all four, nothing can be
-downloaded here, so the 1797 real handwritten digits that ship in this package
+`t10k-images-...`, `t10k-labels-...`, or as Kaggle's copy spells them,
+`train-images.idx3-ubyte`) from `--data_dir`, which must hold all four. Without `--data_dir`,
+nothing can be downloaded here, so the 1797 real handwritten digits that ship in this package
 (`digits.csv.gz`: E. Alpaydin and C. Kaynak's test set of the UCI "Optical Recognition of
 Handwritten Digits", CC BY 4.0, as scikit-learn ships it), scaled from 8x8 to 28x28, with a
 fixed split: 1438 to train, 359 to test.
@@ -97,24 +98,24 @@ def _idx_files(data_dir: str | None) -> dict[bool, tuple[Path, Path]] | None:
         return {
             split: (found[images], found[labels]) for split, (images, labels) in _IDX_FILES.items()
         }
-    fallback = (
-        "using the 1797 handwritten digits that ship with tfconfig-slurm, scaled to 28x28 "
-        "(1438 to train, 359 to test)"
-    )
     if data_dir:
-        logging.warning(
-            "mnist: --data_dir=%s lacks %s (nor .gz); %s",
-            data_dir,
-            ", ".join(missing),
-            fallback,
+        # Trained on the digits instead, a run would succeed on other data than it was given.
+        raise ValueError(
+            f"mnist: --data_dir={data_dir} lacks {', '.join(missing)} (nor .gz, nor spelt "
+            "train-images.idx3-ubyte): give the directory of the four MNIST IDX files, or leave "
+            "--data_dir out to train on the digits that ship with tfconfig-slurm"
         )
-    else:
-        logging.info("mnist: no --data_dir with the MNIST IDX files; %s", fallback)
+    logging.info(
+        "mnist: no --data_dir; using the 1797 handwritten digits that ship with tfconfig-slurm, "
+        "scaled to 28x28 (1438 to train, 359 to test)"
+    )
     return None
 
 
 def _idx_file(data_dir: str, stem: str) -> Path | None:
-    candidates = (Path(data_dir, stem), Path(data_dir, stem + ".gz"))
+    # MNIST's own names, and those of Kaggle's copy: train-images.idx3-ubyte.
+    names = (stem, stem.replace("-idx", ".idx"))
+    candidates = [Path(data_dir, name + suffix) for name in names for suffix in ("", ".gz")]
     return next((path for path in candidates if path.is_file()), None)
 
 
