@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.records import reports
 
@@ -55,3 +56,18 @@ def test_an_evaluator_whose_failure_is_recorded_is_not_waited_for(
         "(it failed: evaluator 0 on node2: its command was killed by SIGKILL (exit 137))"
         in caplog.text
     )
+
+
+def test_trainers_that_never_reported_are_said_missing_from_the_summary(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script's tasks that each made a model directory of their own: the chief's summary
+    counted its own throughput alone, silently."""
+    monkeypatch.setattr(timing, "REPORT_WAIT_SECONDS", 0.3)
+    chief = ClusterRole({"chief": ("a:1",), "worker": ("b:1",)}, "chief", 0, run_id="41.0.0")
+    reports.write_trainer_report(tmp_path, chief, RUN, 100.0)
+    with caplog.at_level(logging.WARNING):
+        found = reports.trainer_reports(tmp_path, 2, RUN)
+    assert [report["examples_per_sec"] for report in found] == [100.0]
+    assert "1 of the 2 trainers reported their throughput into " in caplog.text
+    assert "HINT: give every task the same model directory" in caplog.text

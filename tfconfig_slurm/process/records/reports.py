@@ -48,16 +48,29 @@ def write_trainer_report(
 
 
 def trainer_reports(model_dir: Path, trainers: int, run: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every trainer's report of this run, waiting a while for the ones not yet written."""
+    """Every trainer's report of this run, waiting a while for the ones not yet written; said
+    where some never came."""
     folder = RunDir(model_dir).trainer_reports
 
     def current() -> list[dict[str, Any]]:
         reports = [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
         return [report for report in reports if _of_run(report, run)]
 
-    return polling.poll(
+    found = polling.poll(
         current, lambda reports: len(reports) >= trainers, timing.REPORT_WAIT_SECONDS
     )
+    if len(found) < trainers:
+        # Seen: a script's tasks that each made a model directory of their own.
+        logging.warning(
+            "%d of the %d trainers reported their throughput into %s within %.0f s: the "
+            "summary counts only theirs. HINT: give every task the same model directory, on a "
+            "file system that every node shares",
+            len(found),
+            trainers,
+            folder,
+            timing.REPORT_WAIT_SECONDS,
+        )
+    return found
 
 
 def write_evaluator_result(
