@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import InstallError, UsageError
 from tfconfig_slurm.process.supervision import supervise
 from tfconfig_slurm.process.user_code import experiment, versions
@@ -159,6 +160,10 @@ def test_a_failed_parameter_server_s_hint_follows_the_tensorflow_installed() -> 
     assert mirrored in tf2
     estimator = supervise._ps_failure_hint(Installed((3, 11), "2.15.1", "2.15.0"))
     assert estimator.startswith("A script that trains with MultiWorkerMirroredStrategy")
+    # Only for a script's exception: a missing script (2) or a lost peer (3) has its own cause.
+    ps = ClusterRole({"ps": ("a:1",), "worker": ("b:1",)}, "ps", 0)
+    assert mirrored in supervise._server_failure_hint(ps, 1)
+    assert [supervise._server_failure_hint(ps, status) for status in (2, 3, -9)] == ["", "", ""]
 
 
 def test_the_cluster_resolver_without_tensorflow_names_what_to_install() -> None:

@@ -406,8 +406,9 @@ def _server_failure_hint(role: ClusterRole, returncode: int) -> str:
             " The coordinator cannot go on without it: run the step again to resume from the "
             "last checkpoint"
         )
-    # A script's own error (not a signal) is what fails a ps of the other layouts.
-    return f" {_ps_failure_hint(versions.installed())}" if returncode > 0 else ""
+    # An exception in the script (Python's exit 1) is what fails a ps of the other layouts;
+    # not a signal, a lost peer (3) or a script Python could not open (2).
+    return f" {_ps_failure_hint(versions.installed())}" if returncode == 1 else ""
 
 
 def _ps_failure_hint(found: versions.Installed) -> str:
