@@ -335,6 +335,14 @@ def test_a_run_s_standing_in_one_line_as_a_job_s_out_ends(tmp_path: Path) -> Non
     assert run_module("tfconfig_slurm.commands", "runs", f"--run={failed}").stdout.startswith(
         f"{failed}: failed (its latest checkpoint is at step 220); first to fail: "
     )
+    # An output root is no run: said so, not "no run has started here".
+    root = run_module("tfconfig_slurm.commands", "runs", f"--run={tmp_path}")
+    assert root.returncode == 2
+    assert root.stderr.strip().endswith(
+        f"--run: is '{tmp_path}', an output root of 3 run(s) (done, failed, halted), not a run's "
+        f"model directory. HINT: give one of them, e.g. --run={tmp_path / 'done'}, or list them "
+        f"all: tfconfig-slurm runs {tmp_path}"
+    ), root.stderr
 
 
 def test_the_runs_table_refuses_an_unknown_metric_and_a_missing_root(tmp_path: Path) -> None:

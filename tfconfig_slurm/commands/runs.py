@@ -136,6 +136,16 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
         )
     run = _readable_run(folder, jobs)
     paths = run_dir.RunDir(folder)
+    held = [each.parent.name for each in sorted(folder.glob(f"*/{paths.state.name}"))]
+    if run is None and held:
+        # Said as an empty run, an output root looked like a batch job refused at its start.
+        raise UsageError(
+            "--run",
+            f"is {str(folder)!r}, an output root of {len(held)} run(s) ({', '.join(held[:3])}"
+            f"{', ...' if len(held) > 3 else ''}), not a run's model directory",
+            f"give one of them, e.g. --run={folder / held[0]}, or list them all: {PROGRAM} "
+            f"{folder}",
+        )
     if run is None:
         # A batch job refused before it could say why here (its first lines say it).
         return f"{folder}: no run has started here, nothing was trained{_logs(paths)}"
