@@ -529,6 +529,53 @@ def test_a_node_cut_off_from_a_no_kill_job_costs_a_restart_on_the_nodes_left(
     )
 
 
+@pytest.mark.slurm
+def test_a_node_cut_off_from_a_job_that_may_not_requeue_goes_on_in_a_new_job_without_it(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """`sbatch --no-requeue`: Slurm ends the job once node2 is cut off (NODE_FAIL). The batch
+    script, told to stop, finds node2 gone and submits itself again, after the job, on 2
+    nodes without node2 (its --nodelist named node2, and is dropped): the run resumes from its
+    checkpoint on node1 and node3 and finishes every step."""
+    job = submit(
+        slurm_cluster, tmp_path, "continued", f"--experiment={PACED}",
+        f"--train_steps={RESTARTED_STEPS}", "--log_every_steps=1",
+        f"--save_checkpoints_steps={CHECKPOINT_STEPS}", nodes="node[1-2]",
+        sbatch_options=("--no-requeue",),
+    )  # fmt: skip
+    logs = tmp_path / "continued" / "logs"
+    try:
+        wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
+        assert wait_until(lambda: highest_step(read_logs(logs)) >= 40, START_SECONDS)
+        first = job_id_of(logs)
+        with node2_cut_off(slurm_cluster) as cut:
+            ended = finish(slurm_cluster, job)
+            took = time.monotonic() - cut
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert ended["JobState"] == "NODE_FAIL", ended
+    output = (tmp_path / f"train-{first}.out").read_text()
+    went_on = re.search(
+        rf"tfconfig-slurm srun: node2 failed, and Slurm ends job {first} and may not requeue "
+        r"it \(Requeue=0\): the run goes on in job (\d+), submitted to start once this one has "
+        r"ended, on 2 nodes without node2, from its latest checkpoint",
+        output,
+    )
+    assert went_on is not None, output[-3000:]
+    after = wait_for_end(slurm_cluster, went_on[1])
+    assert (after["JobState"], after["ExitCode"], after["NodeList"]) == (
+        "COMPLETED",
+        "0:0",
+        "node[1,3]",
+    ), after
+    resumed = re.search(r"resuming from step (\d+)", read_logs(logs))
+    assert resumed is not None and int(resumed[1]) >= CHECKPOINT_STEPS
+    assert checkpoint_step(tmp_path / "continued") >= RESTARTED_STEPS
+    print(f"node2 cut off: job {first} ended {took:.1f} s later; the run resumed in job "
+          f"{went_on[1]} from step {resumed[1]}")  # fmt: skip
+
+
 def runtime_left(cluster: SlurmCluster) -> list[str]:
     return [task for task in cluster.task_pids()["node2"] if "tfconfig_slurm" in task]
 

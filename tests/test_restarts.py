@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tfconfig_slurm.cluster.allocation import Allocation
 from tfconfig_slurm.cluster.step import SlurmJob
-from tfconfig_slurm.process.job import restarts
+from tfconfig_slurm.process.job import lost_nodes, restarts
 from tfconfig_slurm.process.records import reports
 from tfconfig_slurm.process.records.failure import Failure
 
@@ -198,3 +199,15 @@ def test_srun_refuses_what_it_cannot_run_in_one_line() -> None:
         )  # fmt: skip
         assert ran.returncode == 2, ran
         assert len(ran.stderr.splitlines()) == 1 and said in ran.stderr, ran.stderr
+
+
+def test_a_job_that_goes_on_without_a_failed_node_asks_for_as_many_nodes_but_never_it() -> None:
+    """Its record, once Slurm ended it for node2, counts node1 alone; its --nodelist named
+    node2, and the new job would wait for it for ever."""
+    held = Allocation(("node1", "node2"), (2, 2), (2, 2))
+    record = {"NumNodes": "1", "ReqNodeList": "node[1-2]", "ExcNodeList": "node7", "Requeue": "0"}
+    asked = lost_nodes._without(record, held, ("node2",))
+    assert asked == {**record, "NumNodes": "2", "ReqNodeList": "", "ExcNodeList": "node[2,7]"}
+    unpinned = {**record, "ReqNodeList": "(null)", "ExcNodeList": "(null)"}
+    assert lost_nodes._without(unpinned, held, ("node2",))["ExcNodeList"] == "node2"
+    assert lost_nodes._without(unpinned, held, ("node2",))["ReqNodeList"] == "(null)"

@@ -11,7 +11,13 @@ rather than the run's code failing, starts the step again, on the nodes the job 
 or a restart that trained nothing, ends it. Sent SIGTERM, SIGINT or SIGHUP (scancel, a
 requeue, the time limit), it lets the step end and starts nothing; SIGUSR1 and SIGUSR2 (as
 `#SBATCH --signal=B:USR1@90` sends them) it passes on to srun, which passes them on to the
-tasks. Its exit status is the last step's. More in docs/slurm.md.
+tasks. Its exit status is the last step's.
+
+A node that fails: in a job submitted with --no-kill, SLURM keeps the job on the nodes left,
+and the step starts again there, laid out for them (a restart too). Otherwise SLURM ends the
+job and requeues it where it may (sbatch --requeue); where it may not (Requeue=0), the run
+goes on in a new job of as many nodes without the one that failed, its batch script submitted
+again (at most --max_restarts such jobs). More in docs/slurm.md.
 """
 
 from __future__ import annotations
@@ -127,6 +133,12 @@ def _steps(
             )
         # Asked again after the decision, which reads the run's files: a stop meanwhile wins.
         if _said_stopped(signals):
+            # Slurm's own stop, where a node of the job failed: said, and continued where
+            # Slurm does not requeue the job.
+            if held is not None and status != 0:
+                node = lost_nodes.after_node_failure(model_dir, job, held, os.environ, most)
+                if node:
+                    _say(f"{PROGRAM}: {node}")
             return status
         if said:
             _say(said)

@@ -55,7 +55,7 @@ _FIELD = re.compile(r"(?:^| )([A-Z][A-Za-z/:_]*)=")
 _FREE_TEXT = frozenset(
     {"JobName", "Command", "WorkDir", "Comment", "StdErr", "StdIn", "StdOut", "Reservation"}
 )
-_NONE = ("", "(null)", "N/A", "None")
+NO_VALUE = ("", "(null)", "N/A", "None")
 # sbatch requests that `scontrol show job` (Slurm 22.05) does not show, said when a job goes on.
 NOT_CARRIED = "--signal, --open-mode, --export"
 
@@ -155,7 +155,7 @@ def check(record: Mapping[str, str], environ: Mapping[str, str]) -> str:
         return "sbatch is not installed here"
     if record.get("BatchFlag") != "1":
         return "it runs in no batch job (an srun inside salloc): there is no script to submit"
-    if record.get("HetJobId", "") not in _NONE:
+    if record.get("HetJobId", "") not in NO_VALUE:
         return "it is a heterogeneous job, whose components a new submission cannot repeat"
     script = batch_command(record, environ)[0]
     if not Path(script).is_file():
@@ -265,7 +265,7 @@ def resources(record: Mapping[str, str]) -> list[str]:
         ("MinTmpDiskNode", "--tmp"),
         ("Nice", "--nice"),
     ):
-        if record.get(field, "0") not in ("0", *_NONE):
+        if record.get(field, "0") not in ("0", *NO_VALUE):
             options[option] = record[field]
     # An array task (a sweep's run) goes on as the same index, which picks its line.
     if record.get("ArrayTaskId", "").isdigit():
@@ -287,7 +287,7 @@ def resources(record: Mapping[str, str]) -> list[str]:
         "--no-requeue": record.get("Requeue") == "0",
     }
     return [
-        f"{option}={value}" for option, value in options.items() if value not in (None, *_NONE)
+        f"{option}={value}" for option, value in options.items() if value not in (None, *NO_VALUE)
     ] + [flag for flag, given in flags.items() if given]
 
 
