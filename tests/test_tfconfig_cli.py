@@ -68,8 +68,11 @@ def test_explain_inside_a_step() -> None:
         "A lost task (killed, out of memory, or a peer that stops answering) ends the step"
     )
     assert "a restart costs the 9 tasks' start and the training since that checkpoint" in said
-    cut_off = "A node cut off ends the job instead (Slurm's NODE_FAIL), which Slurm requeues"
-    assert said.endswith(f"{cut_off} where it can.")
+    assert said.endswith(
+        "A node cut off: in a job submitted with --no-kill, the step starts again on the nodes "
+        "left, laid out for them; in any other, Slurm ends the job (NODE_FAIL), and it goes on "
+        "after a requeue or in a new job, without the node."
+    )
     coordinated = run_module(
         TFCONFIG, "--explain", "--coordinator", environ=captured("block_3x3_gres2", "task-0")
     )

@@ -82,8 +82,9 @@ def _restart_line(tasks: int) -> str:
         else "A lost task (killed, out of memory, or a peer that stops answering) ends the step"
     )
     cut_off = (
-        "A node cut off ends the job instead (Slurm's NODE_FAIL), which Slurm requeues where "
-        "it can."
+        "A node cut off: in a job submitted with --no-kill, the step starts again on the nodes "
+        "left, laid out for them; in any other, Slurm ends the job (NODE_FAIL), and it goes on "
+        "after a requeue or in a new job, without the node."
     )
     return textwrap.fill(f"{lost}: {restart}. {cut_off}", width=96) + "\n"
 
