@@ -563,17 +563,19 @@ def test_a_node_cut_off_from_a_job_that_may_not_requeue_goes_on_in_a_new_job_wit
         output,
     )
     assert went_on is not None, output[-3000:]
+    # The run's first line in the new job: its chief restored the checkpoint.
+    resumed = wait_for(lambda: read_logs(logs), r"resuming from step (\d+)", START_SECONDS)
+    back = time.monotonic() - cut
     after = wait_for_end(slurm_cluster, went_on[1])
     assert (after["JobState"], after["ExitCode"], after["NodeList"]) == (
         "COMPLETED",
         "0:0",
         "node[1,3]",
     ), after
-    resumed = re.search(r"resuming from step (\d+)", read_logs(logs))
-    assert resumed is not None and int(resumed[1]) >= CHECKPOINT_STEPS
+    assert int(resumed[1]) >= CHECKPOINT_STEPS
     assert checkpoint_step(tmp_path / "continued") >= RESTARTED_STEPS
     print(f"node2 cut off: job {first} ended {took:.1f} s later; the run resumed in job "
-          f"{went_on[1]} from step {resumed[1]}")  # fmt: skip
+          f"{went_on[1]} {back:.1f} s after the cut, from step {resumed[1]}")  # fmt: skip
 
 
 def runtime_left(cluster: SlurmCluster) -> list[str]:
@@ -609,13 +611,14 @@ def test_an_error_in_the_experiment_ends_the_job_at_once_not_restarted(
 
 
 @pytest.mark.slurm
+@pytest.mark.parametrize(("rank", "victim"), [(3, "worker 0"), (2, "ps 1")])
 def test_a_killed_task_restarts_the_step_in_the_job_from_the_checkpoint(
-    slurm_cluster: SlurmCluster, tmp_path: Path
+    slurm_cluster: SlurmCluster, tmp_path: Path, rank: int, victim: str
 ) -> None:
-    """Worker 0 killed -9 after the first checkpoints: the batch script names it as the first
-    to fail, starts the step again in the same job (no requeue), and the run resumes from its
-    latest checkpoint and trains to the end; the runs table and state.json keep the restart
-    and its cause."""
+    """A worker's, then a parameter server's, process killed -9 after the first checkpoints:
+    the batch script names it as the first to fail, starts the step again in the same job (no
+    requeue), and the run resumes from its latest checkpoint and trains to the end; the runs
+    table and state.json keep the restart and its cause."""
     job = submit(
         slurm_cluster, tmp_path, "named", f"--experiment={PACED}",
         f"--train_steps={RESTARTED_STEPS}", "--log_every_steps=1",
@@ -627,27 +630,31 @@ def test_a_killed_task_restarts_the_step_in_the_job_from_the_checkpoint(
         # Two watchdog probe rounds into training: a task killed before any watcher heard from
         # it is waited for as one still starting, and the step ends only at KillWait (30 s).
         assert wait_until(lambda: highest_step(read_logs(logs)) >= 40, START_SECONDS)
-        os.kill(slurm_cluster.task_pid(3), signal.SIGKILL)
+        reached = highest_step(read_logs(logs))
+        os.kill(slurm_cluster.task_pid(rank), signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(lambda: read_logs(logs), r"resuming from step", START_SECONDS)
+        took = time.monotonic() - killed
         ended = finish(slurm_cluster, job)
     finally:
         if job.poll() is None:
             job.kill()
     assert (ended["JobState"], ended["ExitCode"], ended["Restarts"]) == ("COMPLETED", "0:0", "0")
     output = (tmp_path / f"train-{ended['JobId']}.out").read_text()
-    second_node = re.search(r"worker 0 on (node\d)", read_logs(logs))
+    second_node = re.search(rf"{victim} on (node\d)", read_logs(logs))
     assert second_node is not None
-    # From the run's failure record, written by the first watcher to find worker 0 lost; else
-    # (the step ended before any watcher looked) from srun's own message about rank 3.
+    # From the run's failure record, written by the first watcher to find the victim lost;
+    # else (the step ended before any watcher looked) from srun's own message about its rank.
     node = second_node[1]
     named = re.search(
-        rf"first to fail: (worker 0 on {node}: stopped answering: killed, or its node cut off, "
-        rf"seen by (ps|chief|worker) \d|task 3: Killed \(worker 0 on {node}\))",
+        rf"first to fail: ({victim} on {node}: stopped answering: killed, or its node cut off, "
+        rf"seen by (ps|chief|worker) \d|task {rank}: Killed \({victim} on {node}\))",
         output,
     )
     assert named is not None, output
     again = re.search(
         rf"starting the step again in job {ended['JobId']} \(restart 1 of at most 2\), from "
-        r"the checkpoint of step (\d+): (worker 0 stopped answering|a task was killed)",
+        rf"the checkpoint of step (\d+): ({victim} stopped answering|a task was killed)",
         output,
     )
     assert again is not None, output
@@ -662,3 +669,5 @@ def test_a_killed_task_restarts_the_step_in_the_job_from_the_checkpoint(
     ), output
     state = json.loads((tmp_path / "named" / "state.json").read_text())
     assert [each["cause"] for each in state["restarts"]] == [again[2]]
+    print(f"{victim} killed at step {reached}: the run resumed {took:.1f} s later, from step "
+          f"{resumed_from}")  # fmt: skip
