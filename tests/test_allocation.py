@@ -79,3 +79,19 @@ SIZED = (
     "SLURM_JOB_CPUS_PER_NODE",
     "SLURM_OVERLAP",
 )
+
+
+def test_a_job_that_asked_for_no_task_count_gets_none_and_its_gpus_are_shared_out() -> None:
+    """Without -n, SLURM sets no SLURM_NTASKS and its tasks per node are CPUs: a count set
+    would be srun's -n, one task a CPU. --gpus=a100:4 on 2 nodes is 2 a node: a100:2 on one."""
+    batch = {**captured("array_1_a0", "batch"), "SLURM_GPUS": "a100:4"}
+    for name in ("SLURM_NTASKS", "SLURM_NPROCS"):
+        del batch[name]
+    held = read_job_allocation(batch)
+    assert held is not None and held.gpus == "a100:4"
+    left = held.keeping(["node1"]).step_environment(batch)
+    assert "SLURM_NTASKS" not in left and "SLURM_NPROCS" not in left
+    assert left["SLURM_GPUS"] == "a100:2"
+    # 3 GPUs on 2 nodes cannot be shared out by node: srun then asks for none by count.
+    odd = read_job_allocation({**batch, "SLURM_GPUS": "3"})
+    assert odd is not None and "SLURM_GPUS" not in odd.keeping(["node1"]).step_environment(batch)

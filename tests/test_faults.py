@@ -606,10 +606,6 @@ def test_an_error_in_the_experiment_ends_the_job_at_once_not_restarted(
     assert "restarts" not in json.loads((tmp_path / "raising" / "state.json").read_text())
 
 
-# A job that a killed task restarts once in its allocation: long enough for its first
-# checkpoints before the kill, short enough to finish soon after the restart.
-
-
 @pytest.mark.slurm
 @pytest.mark.parametrize(("rank", "victim"), [(3, "worker 0"), (2, "ps 1")])
 def test_a_killed_task_restarts_the_step_in_the_job_from_the_checkpoint(

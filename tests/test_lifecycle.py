@@ -4,6 +4,7 @@ the run's state and the task's end are, whatever the backend does. No TensorFlow
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
@@ -148,6 +149,10 @@ def test_a_run_trained_already_is_evaluated_with_the_hparams_it_was_trained_with
     kept = runtime_backends.trained_with(tmp_path, given, train_steps=200)
     assert kept == {"scale": 1.0, "units": 8, "added": True}
     assert runtime_backends.trained_with(tmp_path, given, train_steps=300) == given
+    # A tuple is a list in state.json: the same value, kept as given, and no warning.
+    (tmp_path / "state.json").write_text('{"hparams": {"units": [64, 32]}}')
+    kept = runtime_backends.trained_with(tmp_path, {"units": (64, 32)}, train_steps=200)
+    assert kept == {"units": (64, 32)} and isinstance(kept["units"], tuple)
 
 
 def test_the_job_that_last_trained_a_run_is_named_not_one_that_only_evaluated(
@@ -160,13 +165,18 @@ def test_the_job_that_last_trained_a_run_is_named_not_one_that_only_evaluated(
     attempts = [{"job_id": "3_0", "from_step": None}, {"job_id": "17", "from_step": 101}]
     record = {"state": "done", "job_id": "17", "updated": 1.8e9, "attempts": attempts}
     (tmp_path / "state.json").write_text(json.dumps(record))
-    said = history.before_start(tmp_path, 200)
-    assert said.startswith(
+    at = time.strftime("%Y-%m-%d %H:%M", time.localtime(1.8e9))
+    assert history.before_start(tmp_path, 200) == (
         f"{tmp_path}: resumes the run at step 101, to step 200 (last trained by job 3_0, then "
-        "evaluated by job 17 at 2027-01-15 "
-    ), said
-    assert said.endswith(", done)")
+        f"evaluated by job 17 at {at}, done)"
+    )
+    # An older record's attempt, which did not say its step, trained for all anyone knows.
+    record["attempts"] = [{"job_id": "3_0"}, {"job_id": "17", "from_step": 101}]
+    (tmp_path / "state.json").write_text(json.dumps(record))
+    assert "(last trained by job 3_0, then evaluated by job 17 " in history.before_start(
+        tmp_path, 200
+    )
     # The job that trained it last, as before, where it did.
     record["attempts"] = [{"job_id": "3_0", "from_step": None}, {"job_id": "17", "from_step": 50}]
     (tmp_path / "state.json").write_text(json.dumps(record))
-    assert "(last trained by job 17 at 2027-01-15 " in history.before_start(tmp_path, 200)
+    assert f"(last trained by job 17 at {at}, done)" in history.before_start(tmp_path, 200)

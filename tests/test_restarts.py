@@ -211,3 +211,32 @@ def test_a_job_that_goes_on_without_a_failed_node_asks_for_as_many_nodes_but_nev
     unpinned = {**record, "ReqNodeList": "(null)", "ExcNodeList": "(null)"}
     assert lost_nodes._without(unpinned, held, ("node2",))["ExcNodeList"] == "node2"
     assert lost_nodes._without(unpinned, held, ("node2",))["ReqNodeList"] == "(null)"
+
+
+@pytest.mark.parametrize(
+    ("srun_args", "sized"),
+    [
+        (["--kill-on-bad-exit=1", "--ntasks-per-node=2", "python", "-n", "4"], None),
+        (["-N", "2", "python", "train.py"], "-N"),
+        (["-N2", "python"], "-N2"),
+        (["--cpu-bind=none", "--nodelist=node[1-2]", "bash"], "--nodelist=node[1-2]"),
+        (["-o", "log", "-w", "node1", "bash"], "-w"),
+        (["--output=log", "python", "--nodes=2"], None),
+    ],
+)
+def test_srun_options_that_size_a_step_by_nodes_or_tasks_are_found_before_its_command(
+    srun_args: list[str], sized: str | None
+) -> None:
+    """Such a step cannot start again on the nodes left; the command's own words do not
+    count."""
+    assert lost_nodes.sized_by(srun_args) == sized
+
+
+def test_the_watch_starts_at_a_task_s_end_or_a_node_s_failure_and_sees_nodes_gone() -> None:
+    assert lost_nodes.ended("srun: error: node1: tasks 0-1: Exited with exit code 3\n")
+    assert lost_nodes.ended("slurmstepd-node1: error: *** JOB 53 ON node1 CANCELLED AT x DUE "
+                            "TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***")  # fmt: skip
+    assert not lost_nodes.ended("srun: Job 18 step creation temporarily disabled, retrying")
+    assert lost_nodes.gone(("node1", "node2"), ("node1",)) == ("node2",)
+    # slurmctld could not say: nothing is known gone.
+    assert lost_nodes.gone(("node1", "node2"), None) == ()

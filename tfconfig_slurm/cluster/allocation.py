@@ -26,6 +26,8 @@ class Allocation:
     nodes: tuple[str, ...]
     tasks_per_node: tuple[int, ...] | None
     cpus_per_node: tuple[int, ...] | None
+    # The job's GPUs in all (sbatch --gpus=[type:]N, SLURM_GPUS), which srun asks for again.
+    gpus: str | None = None
 
     def keeping(self, nodes: Sequence[str]) -> Allocation:
         """This allocation on those of its nodes in `nodes`, in its own order."""
@@ -35,6 +37,7 @@ class Allocation:
             nodes=tuple(self.nodes[index] for index in kept),
             tasks_per_node=_kept(self.tasks_per_node, kept),
             cpus_per_node=_kept(self.cpus_per_node, kept),
+            gpus=_scaled(self.gpus, len(kept), len(self.nodes)),
         )
 
     def step_environment(self, environ: Mapping[str, str]) -> dict[str, str]:
@@ -53,19 +56,33 @@ class Allocation:
             SLURM_OVERLAP="1",
         )
         if self.tasks_per_node is not None:
-            tasks = str(sum(self.tasks_per_node))
-            built.update(
-                SLURM_TASKS_PER_NODE=_counts(self.tasks_per_node),
-                SLURM_NTASKS=tasks,
-                SLURM_NPROCS=tasks,
-            )
+            built["SLURM_TASKS_PER_NODE"] = _counts(self.tasks_per_node)
+            # srun takes them for -n; SLURM sets them only for a job that asked for a count of
+            # tasks, and its tasks per node are then its CPUs per node, not tasks.
+            for name in ("SLURM_NTASKS", "SLURM_NPROCS"):
+                if name in environ:
+                    built[name] = str(sum(self.tasks_per_node))
         if self.cpus_per_node is not None:
             built["SLURM_JOB_CPUS_PER_NODE"] = _counts(self.cpus_per_node)
+        built.pop("SLURM_GPUS", None)
+        if self.gpus is not None:
+            built["SLURM_GPUS"] = self.gpus
         return built
 
 
 def _kept(counts: tuple[int, ...] | None, kept: list[int]) -> tuple[int, ...] | None:
     return None if counts is None else tuple(counts[index] for index in kept)
+
+
+def _scaled(gpus: str | None, kept: int, nodes: int) -> str | None:
+    """A job's GPUs in all (`a100:8`), for `kept` of its `nodes` nodes, each with as many; None
+    where they cannot be shared out so (srun then asks for none by count)."""
+    if gpus is None:
+        return None
+    kind, _, count = gpus.rpartition(":")
+    if not count.isdigit() or int(count) * kept % nodes:
+        return None
+    return f"{kind}:{int(count) * kept // nodes}" if kind else str(int(count) * kept // nodes)
 
 
 def _counts(counts: tuple[int, ...]) -> str:

@@ -40,6 +40,7 @@ SOURCES: Mapping[str, tuple[str, ...]] = {
     "job_nodelist": ("SLURM_JOB_NODELIST", "SLURM_NODELIST"),
     "job_tasks_per_node": ("SLURM_TASKS_PER_NODE",),
     "job_cpus_per_node": ("SLURM_JOB_CPUS_PER_NODE",),
+    "job_gpus": ("SLURM_GPUS",),
     "job_id": ("SLURM_JOB_ID", "SLURM_JOBID"),
     "step_id": ("SLURM_STEP_ID", "SLURM_STEPID"),
     "array_job_id": ("SLURM_ARRAY_JOB_ID",),
@@ -175,10 +176,12 @@ def read_job_allocation(environ: Mapping[str, str]) -> Allocation | None:
     if found is None or _lookup(environ, "het_size") is not None:
         return None
     nodes = expand_nodes(*found, SlurmEnvironmentError, _IN_BATCH_JOB)
+    gpus = _lookup(environ, "job_gpus")
     return Allocation(
         nodes,
         _counts_per_node(environ, "job_tasks_per_node", len(nodes)),
         _counts_per_node(environ, "job_cpus_per_node", len(nodes)),
+        gpus[1] if gpus else None,
     )
 
 

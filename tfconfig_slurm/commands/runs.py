@@ -136,7 +136,12 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
         )
     run = _readable_run(folder, jobs)
     paths = run_dir.RunDir(folder)
-    held = [each.parent.name for each in sorted(folder.glob(f"*/{paths.state.name}"))]
+    # A sweep's runs are a level deeper in its output root.
+    held = [
+        str(each.parent.relative_to(folder))
+        for pattern in (f"*/{paths.state.name}", f"*/*/{paths.state.name}")
+        for each in sorted(folder.glob(pattern))
+    ]
     if run is None and held:
         # Said as an empty run, an output root looked like a batch job refused at its start.
         raise UsageError(

@@ -6,6 +6,7 @@ loading; and each task's thread pools, sized by its role."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -83,8 +84,14 @@ def trained_with(directory: Path, given: dict[str, Any], train_steps: int) -> di
     then = reports.read_state(directory).get("hparams")
     if step is None or step < train_steps or not isinstance(then, dict):
         return given
-    kept = {name: then.get(name, value) for name, value in given.items()}
-    changed = [f"{name}={value!r}" for name, value in given.items() if value != kept[name]]
+    # Compared as state.json holds them, JSON's values (a tuple is a list there); a value
+    # that compares equal is kept as given.
+    as_json = json.loads(json.dumps(given))
+    kept = {
+        name: then[name] if name in then and then[name] != as_json[name] else value
+        for name, value in given.items()
+    }
+    changed = [f"{name}={value!r}" for name, value in given.items() if kept[name] is not value]
     if changed:
         logging.warning(
             "%s is trained already, so it is evaluated with the hparams it was trained with; "

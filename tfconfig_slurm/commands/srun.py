@@ -38,7 +38,7 @@ from tfconfig_slurm.cluster.allocation import Allocation
 from tfconfig_slurm.cluster.step import SlurmJob, read_job_allocation, read_slurm_job
 from tfconfig_slurm.commands import max_restarts_flag, model_dir_flag
 from tfconfig_slurm.commands.cli import run_cli
-from tfconfig_slurm.errors import EXIT_NOT_REQUEUED, UsageError
+from tfconfig_slurm.errors import EXIT_NOT_REQUEUED, SlurmEnvironmentError, UsageError
 from tfconfig_slurm.process import exits
 from tfconfig_slurm.process.job import lost_nodes, restarts
 from tfconfig_slurm.process.records import history, reports
@@ -47,7 +47,7 @@ PROGRAM = "tfconfig-slurm srun"
 _USAGE = f"{PROGRAM} --model_dir=DIR -- [srun's options] launch/with-tfconfig python my_script.py"
 # srun's and slurmstepd's own lines in srun's stderr, which name a failed task (a task's own
 # output reaches it too, where srun is given no --output).
-_SRUN_LINES = (b"srun:", b"slurmstepd:")
+_SRUN_LINES = (b"srun:", b"slurmstepd")
 
 flags.adopt_module_key_flags(model_dir_flag)
 flags.adopt_module_key_flags(max_restarts_flag)
@@ -97,10 +97,20 @@ def main(argv: Sequence[str]) -> int:
     return _steps(
         model_dir_flag.made(),
         job,
-        read_job_allocation(os.environ),
+        _allocation(),
         [srun, *srun_args],
         max_restarts_flag.MAX_RESTARTS.value,
     )
+
+
+def _allocation() -> Allocation | None:
+    """What the job holds, which only a node's failure needs: said, not refused, where the
+    batch script's variables cannot say it."""
+    try:
+        return read_job_allocation(os.environ)
+    except SlurmEnvironmentError as error:
+        _say(f"{PROGRAM}: {error.culprit}: {error.problem}; a node that fails is not handled")
+        return None
 
 
 def _steps(
@@ -110,11 +120,21 @@ def _steps(
     is what the job holds (None: unknown, as in a heterogeneous job)."""
     signals = _Signals()
     environ: dict[str, str] | None = None
+    # A step srun's options size by nodes or tasks cannot start again on fewer nodes.
+    sized = lost_nodes.sized_by(command[1:])
     done = 0
     while True:
         started = time.time()
         at_start = history.checkpoint_step(model_dir)
-        status, srun_said, left = _step(command, signals, job, held, environ)
+        status, srun_said, left = _step(command, signals, job, held, environ, watch=not sized)
+        if signals.stop is not None and held is not None:
+            # Slurm's own stop, where a node of the job failed: said, and continued where
+            # Slurm may not requeue the job.
+            _said_stopped(signals)
+            node = lost_nodes.after_node_failure(model_dir, job, held, os.environ, most)
+            if node:
+                _say(f"{PROGRAM}: {node}")
+            return status
         if status == 0:
             return status
         if status == EXIT_NOT_REQUEUED:
@@ -133,13 +153,14 @@ def _steps(
             )
         # Asked again after the decision, which reads the run's files: a stop meanwhile wins.
         if _said_stopped(signals):
-            # Slurm's own stop, where a node of the job failed: said, and continued where
-            # Slurm does not requeue the job.
-            if held is not None and status != 0:
-                node = lost_nodes.after_node_failure(model_dir, job, held, os.environ, most)
-                if node:
-                    _say(f"{PROGRAM}: {node}")
             return status
+        if left and sized:
+            cause = None
+            said = (
+                f"{PROGRAM}: not starting the step again on the nodes left: srun's option "
+                f"{sized} sizes it for the nodes it had. HINT: leave the step's nodes and "
+                "tasks to the allocation (--ntasks-per-node is kept)"
+            )
         if said:
             _say(said)
         if cause is None:
@@ -160,23 +181,26 @@ def _step(
     job: SlurmJob,
     held: Allocation | None,
     environ: dict[str, str] | None,
+    *,
+    watch: bool,
 ) -> tuple[int, str, tuple[str, ...]]:
     """Runs srun in `environ` (None: this process's): its exit status (128 + N for a signal
     N), its own lines, which pass through to stderr as they come, and the nodes of `held`
-    that left the job meanwhile (a --no-kill job's failed node)."""
+    that left the job meanwhile (a --no-kill job's failed node), which, where it `watch`es,
+    end srun, which would wait on for their tasks."""
     kept = []
     with subprocess.Popen(command, stderr=subprocess.PIPE, env=environ) as srun:
         signals.srun = srun
-        watch = lost_nodes.NodeWatch(job, held.nodes if held else (), srun)
+        watching = lost_nodes.NodeWatch(job, held.nodes if held else (), srun)
         assert srun.stderr is not None
         for each in srun.stderr:
             sys.stderr.buffer.write(each)
             sys.stderr.flush()
             if each.startswith(_SRUN_LINES):
-                kept.append(each.decode(errors="replace"))
-                if held is not None:
-                    watch.noticed()
-    left = watch.left
+                kept.append(kept_line := each.decode(errors="replace"))
+                if watch and held is not None and lost_nodes.ended(kept_line):
+                    watching.noticed()
+    left = watching.left
     if not left and srun.returncode != 0 and held is not None:
         # srun may end of itself once SLURM told it of the node's failure.
         left = lost_nodes.gone(held.nodes, lost_nodes.nodes_now(job))

@@ -101,9 +101,9 @@ def _idx_files(data_dir: str | None) -> dict[bool, tuple[Path, Path]] | None:
     if data_dir:
         # Trained on the digits instead, a run would succeed on other data than it was given.
         raise ValueError(
-            f"mnist: --data_dir={data_dir} lacks {', '.join(missing)} (nor .gz, nor spelt "
-            "train-images.idx3-ubyte): give the directory of the four MNIST IDX files, or leave "
-            "--data_dir out to train on the digits that ship with tfconfig-slurm"
+            f"mnist: --data_dir={data_dir} lacks {', '.join(missing)} (nor .gz, nor with a dot "
+            "before idx, as Kaggle's copy names them): give the directory of the four MNIST IDX "
+            "files, or leave --data_dir out to train on the digits that ship with tfconfig-slurm"
         )
     logging.info(
         "mnist: no --data_dir; using the 1797 handwritten digits that ship with tfconfig-slurm, "

@@ -10,6 +10,7 @@ that may not requeue in a new one. No TensorFlow here.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import threading
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,7 @@ from tfconfig_slurm.cluster.step import SlurmJob, expand_nodes
 from tfconfig_slurm.errors import SlurmEnvironmentError
 from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.job import continuation
+from tfconfig_slurm.process.records import reports
 
 
 def nodes_now(job: SlurmJob) -> tuple[str, ...] | None:
@@ -33,6 +35,33 @@ def nodes_now(job: SlurmJob) -> tuple[str, ...] | None:
 def gone(held: Sequence[str], now: Sequence[str] | None) -> tuple[str, ...]:
     """The nodes of `held` that the job no longer holds."""
     return () if now is None else tuple(node for node in held if node not in set(now))
+
+
+# srun's options that size a step by its nodes or tasks, which the nodes left cannot keep
+# (--ntasks-per-node can): srun refuses such a step there.
+_SIZING = ("-N", "--nodes", "-n", "--ntasks", "-w", "--nodelist")
+# srun's lines that say a task ended, or a node failed: the watch starts at the first.
+_ENDED = re.compile(r": tasks? [0-9][-,0-9]*: |[Nn]ode failure|NODE FAILURE")
+
+
+def sized_by(srun_args: Sequence[str]) -> str | None:
+    """The first of srun's options in `srun_args` (before its command) that sizes the step by
+    nodes or tasks; None where none does."""
+    for index, word in enumerate(srun_args):
+        option = word.split("=", 1)[0]
+        if option in _SIZING or (option[:2] in _SIZING and len(option) > 2 and option[1] != "-"):
+            return word
+        # The command: a word that is no option, nor the value of a short one before it.
+        if not word.startswith("-") and not (
+            index and len(srun_args[index - 1]) == 2 and srun_args[index - 1].startswith("-")
+        ):
+            return None
+    return None
+
+
+def ended(line: str) -> bool:
+    """Whether srun's `line` says that a task ended or a node failed."""
+    return _ENDED.search(line) is not None
 
 
 class NodeWatch:
@@ -53,48 +82,60 @@ class NodeWatch:
             self._thread.start()
 
     def _watch(self) -> None:
+        every = timing.NODE_WATCH_SECONDS
         while self._srun.poll() is None:
             left = gone(self._held, nodes_now(self._job))
             if left and self._srun.poll() is None:
                 self.left = left
-                # srun would wait for the tasks of the node that is gone: SLURM has already
-                # killed the step's tasks on the nodes left.
+                # srun would wait for the tasks of the node that is gone. Slurm kills the
+                # step's tasks on the nodes left as it removes the node from the job (seen
+                # here of plain `sleep` tasks: "node1: task 0: Killed").
                 self._srun.kill()
                 return
             try:
-                self._srun.wait(timing.NODE_WATCH_SECONDS)
+                self._srun.wait(every)
             except subprocess.TimeoutExpired:
-                continue
+                # A step whose tasks go on after one ended is asked about ever less often.
+                every = min(2 * every, timing.NODE_WATCH_MOST_SECONDS)
 
 
 def after_node_failure(
     model_dir: Path, job: SlurmJob, held: Allocation, environ: Mapping[str, str], most: int
 ) -> str:
     """Where a node of `job` failed and Slurm ends the job for it (no --no-kill): the line that
-    says what becomes of the run, "" where no node failed. Slurm requeues a job that may
-    requeue; one that may not (Requeue=0) goes on in a new job, its batch script submitted
-    again to start after this one, on as many nodes, without the one that failed; at most
-    `most` times (--max_restarts), counted as the run's continuations."""
+    says what becomes of the run, "" where no node is known to have failed. Slurm requeues a
+    job that may requeue; one that may not (Requeue=0) goes on in a new job, its batch script
+    submitted again to start after this one, on as many nodes, without the one that failed;
+    at most `most` times over the run (--max_restarts), each kept in state.json."""
     record = continuation.job_record(job.name)
-    if isinstance(record, str):
+    now = None if isinstance(record, str) else _expanded(record.get("NodeList", ""))
+    # A job requeued already lists no nodes: what failed is not known from it.
+    left = gone(held.nodes, now) if now else ()
+    if isinstance(record, str) or not left:
         return ""
-    left = gone(held.nodes, _expanded(record.get("NodeList", "")))
-    if not left:
-        return ""
-    failed = f"{collect_hostlist(list(left))} failed, and Slurm ends job {job.name}"
+    nodes = collect_hostlist(list(left))
+    failed = f"{nodes} failed, and Slurm ends job {job.name}"
     if record.get("Requeue") != "0":
         return f"{failed} and requeues it: the run resumes from its latest checkpoint then"
     refused = f"{failed} and may not requeue it (Requeue=0)"
-    if job.continuation >= most:
-        return f"{refused}; the run went on in {most} new job(s) already (--max_restarts): it ends"
+    earlier = continuation.read(model_dir)
+    if earlier is not None and earlier.after == job.name:
+        # Its stop went on in a new job already (the runtime's, on SIGTERM).
+        return f"{refused}: the run goes on in job {earlier.job_id}"
+    done = reports.continued_for_nodes(model_dir)
+    if done >= most:
+        return (
+            f"{refused}; the run went on in a new job for a failed node {done} time(s) already, "
+            f"of at most {most} (--max_restarts): it ends"
+        )
     try:
         new = continuation.submit(job, model_dir, environ, _without(record, held, left))
     except continuation.ContinuationError as error:
         return f"{refused}, and the run cannot go on in a new job: {error}"
+    reports.record_restart(model_dir, job.name, f"{nodes} failed", continued_in=new)
     return (
         f"{refused}: the run goes on in job {new}, submitted to start once this one has ended, "
-        f"on {len(held.nodes)} nodes without {collect_hostlist(list(left))}, from its latest "
-        "checkpoint"
+        f"on {len(held.nodes)} nodes without {nodes}, from its latest checkpoint"
     )
 
 

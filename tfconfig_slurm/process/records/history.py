@@ -128,7 +128,8 @@ def _by(job: object) -> str:
 
 def _last_to_train(attempts: object, step: int) -> dict[str, object] | None:
     """The last of a run's attempts (state.json's) to train a step: one whose starting step
-    is below the next one's, or below `step` for the last; None where none says its step."""
+    is below the next one's, or below `step` for the last, or that did not say; None where
+    none trained."""
     if not isinstance(attempts, list):
         return None
     listed = [each for each in attempts if isinstance(each, dict)]
@@ -137,7 +138,8 @@ def _last_to_train(attempts: object, step: int) -> dict[str, object] | None:
     starts.append(step)
     for index in reversed(range(len(listed))):
         start, after = starts[index], starts[index + 1]
-        if isinstance(start, int) and isinstance(after, int) and start < after:
+        # One that did not say its step (an older record's) trained, for all anyone knows.
+        if not isinstance(start, int) or not isinstance(after, int) or start < after:
             return listed[index]
     return None
 
