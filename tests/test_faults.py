@@ -440,12 +440,18 @@ def node2_cut_off(cluster: SlurmCluster) -> Iterator[float]:
 
 
 @pytest.mark.slurm
-def test_a_node_cut_off_ends_the_job_in_bounded_time(
+def test_a_node_cut_off_ends_the_job_which_is_requeued_and_resumes_without_it(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """Bounded by SlurmdTimeout (15 s) + 60 s. Slurm ends the job for its node's failure
-    (NODE_FAIL) before the batch script could start its step again on the node that is gone."""
-    job = submit(slurm_cluster, tmp_path, "cut", *TRAIN_FOREVER, nodes="node[1-2]")
+    """Slurm ends the job for its node's failure (NODE_FAIL) within SlurmdTimeout (15 s) + 60
+    s, and requeues it (launch/train.sbatch asks for --requeue); the tasks cut off end too.
+    Let start at once rather than in 121 s, node2 still down, the job runs on node1 and node3,
+    resumes from the checkpoint and finishes."""
+    job = submit(
+        slurm_cluster, tmp_path, "cut", f"--experiment={PACED}",
+        f"--train_steps={RESTARTED_STEPS}", "--log_every_steps=1",
+        f"--save_checkpoints_steps={CHECKPOINT_STEPS}",
+    )  # fmt: skip
     logs = tmp_path / "cut" / "logs"
     try:
         wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
@@ -453,27 +459,42 @@ def test_a_node_cut_off_ends_the_job_in_bounded_time(
         # heard from before the cut is waited for as one still starting (START_SECONDS).
         assert wait_until(lambda: highest_step(read_logs(logs)) >= 40, START_SECONDS)
         job_id = job_id_of(logs)
+        first = (tmp_path / f"train-{job_id}.out").read_text()
+        assert f"job {job_id} on node[1-2];" in first, first
         with node2_cut_off(slurm_cluster) as cut:
             ended = wait_until(lambda: slurm_cluster.run_ended(job_id), 15.0 + END_SECONDS)
             took = time.monotonic() - cut
             state = slurm_cluster.job(job_id)
-            slurm_cluster.run(["scancel", "--user=root"])
             # The tasks cut off with node2 ended too, by the watchdog: none hangs there.
             assert wait_until(lambda: not runtime_left(slurm_cluster), 30.0), runtime_left(
                 slurm_cluster
             )
+            # What Slurm left there (its slurmstepd outlives the job), as a reboot would end.
+            slurm_cluster.clear("node2")
+            if ended and state["Restarts"] == "1":
+                release(slurm_cluster, job_id)
+                final = wait_for_end(slurm_cluster, job_id)
     finally:
+        slurm_cluster.run(["scancel", "--user=root"])
         job.kill()  # the sbatch --wait client only
         job.communicate()
     assert ended, f"the job still ran {took:.0f} s after node2 was cut off"
-    # launch/train.sbatch asks for --requeue: Slurm requeues a job whose node failed.
-    # Restarts=1 is the requeue; the job may still be COMPLETING its first run then, on
-    # its way back to PENDING (seen once in 5 CI runs).
-    assert (state["JobState"], state["Restarts"]) in (
-        ("FAILED", "0"),
-        ("PENDING", "1"),
-        ("COMPLETING", "1"),
-    )
+    # Restarts=1 is the requeue; the job may still be COMPLETING its first run then, on its
+    # way back to PENDING (seen once in 5 CI runs).
+    assert (state["JobState"], state["Restarts"]) in (("PENDING", "1"), ("COMPLETING", "1"))
+    assert (final["JobState"], final["Restarts"], final["NodeList"]) == (
+        "COMPLETED",
+        "1",
+        "node[1,3]",
+    ), final
+    output = (tmp_path / f"train-{job_id}.out").read_text()
+    assert (
+        f"tfconfig-slurm srun: node2 failed, and Slurm ends job {job_id} and requeues it: the "
+        "run resumes from its latest checkpoint then"
+    ) in output, output[-3000:]
+    resumed = re.search(r"resuming from step (\d+)", read_logs(logs))
+    assert resumed is not None and int(resumed[1]) >= CHECKPOINT_STEPS
+    assert checkpoint_step(tmp_path / "cut") >= RESTARTED_STEPS
 
 
 @pytest.mark.slurm
