@@ -472,6 +472,10 @@ def test_a_node_cut_off_ends_the_job_which_is_requeued_and_resumes_without_it(
             # What Slurm left there (its slurmstepd outlives the job), as a reboot would end.
             slurm_cluster.clear("node2")
             if ended and state["Restarts"] == "1":
+                # Released while still COMPLETING, the requeue would hold it 121 s after all.
+                assert wait_until(
+                    lambda: slurm_cluster.job(job_id)["JobState"] == "PENDING", END_SECONDS
+                )
                 release(slurm_cluster, job_id)
                 final = wait_for_end(slurm_cluster, job_id)
     finally:

@@ -20,8 +20,9 @@ from tests.slurm_cluster import CALL_SECONDS, SlurmCluster, wait_for_end
 # a task of "usr1" ends well on SIGUSR1.
 STEP = r"""
 case=$1; tries=$PWD/$case/tries
-[[ $case == stopped ]] && trap 'kill -9 $$' TERM
+[[ $case == stopped || $case == hup ]] && trap 'kill -9 $$' TERM HUP
 [[ $case == usr1 ]] && trap 'echo usr1 >"$PWD/$case/warned"; exit 0' USR1
+[[ $case == usr2 ]] && trap 'echo usr2 >"$PWD/$case/warned"; exit 0' USR2
 if [[ $SLURM_PROCID == 1 ]]; then
   echo try >>"$tries"
   try=$(wc -l <"$tries")
@@ -35,7 +36,7 @@ if [[ $SLURM_PROCID == 1 ]]; then
     untrained) kill -9 $$ ;;
   esac
 fi
-if [[ $case == stopped || $case == usr1 ]]; then
+if [[ $case == stopped || $case == hup || $case == usr1 || $case == usr2 ]]; then
   sleep 60 &
   wait
 fi
@@ -107,26 +108,34 @@ def submitted(cluster: SlurmCluster, workdir: Path, case: str) -> str:
 def test_a_step_told_to_stop_is_not_started_again_and_sigusr1_reaches_the_tasks(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """scancel --full --signal=TERM: every task dies of SIGKILL, which alone would be worth a
-    restart, and the batch script says it was told to stop and starts nothing. SIGUSR1 to the
-    batch script alone (scancel --batch, as #SBATCH --signal=B:USR1@90 sends it) reaches the
-    tasks through srun, which end well, and the job completes."""
+    """scancel --full --signal=TERM (or HUP): every task dies of SIGKILL, which alone would be
+    worth a restart, and the batch script says it was told to stop and starts nothing. SIGUSR1
+    or SIGUSR2 to the batch script alone (scancel --batch, as #SBATCH --signal=B:USR1@90 sends
+    it) reaches the tasks through srun, which end well, and the job completes."""
     (tmp_path / "step.sh").write_text(STEP)
     (tmp_path / "job.sbatch").write_text(BATCH)
-    jobs = {case: submitted(slurm_cluster, tmp_path, case) for case in ("stopped", "usr1")}
+    how = {
+        "stopped": "--full --signal=TERM",
+        "hup": "--full --signal=HUP",
+        "usr1": "--batch --signal=USR1",
+        "usr2": "--batch --signal=USR2",
+    }
+    jobs = {case: submitted(slurm_cluster, tmp_path, case) for case in how}
     assert wait_until(
         lambda: all((tmp_path / case / "tries").exists() for case in jobs), CALL_SECONDS
     )
-    for case, how in (("stopped", "--full --signal=TERM"), ("usr1", "--batch --signal=USR1")):
-        signalled = slurm_cluster.run(["scancel", *how.split(), jobs[case]])
+    for case, job in jobs.items():
+        signalled = slurm_cluster.run(["scancel", *how[case].split(), job])
         assert signalled.returncode == 0, signalled.stderr
     ended = {case: wait_for_end(slurm_cluster, job) for case, job in jobs.items()}
     said = {case: (tmp_path / f"{case}.out").read_text() for case in jobs}
-    assert ended["stopped"]["JobState"] != "COMPLETED", said
-    assert said["stopped"].endswith(
-        "tfconfig-slurm srun: told to stop (SIGTERM): the step is not started again\n"
-    ), said["stopped"]
-    assert (tmp_path / "stopped" / "tries").read_text() == "try\n"
-    assert not (tmp_path / "stopped" / "state.json").exists()
-    assert ended["usr1"]["JobState"] == "COMPLETED", said["usr1"]
-    assert (tmp_path / "usr1" / "warned").read_text() == "usr1\n"
+    for case, signal in (("stopped", "SIGTERM"), ("hup", "SIGHUP")):
+        assert ended[case]["JobState"] != "COMPLETED", said
+        assert said[case].endswith(
+            f"tfconfig-slurm srun: told to stop ({signal}): the step is not started again\n"
+        ), said[case]
+        assert (tmp_path / case / "tries").read_text() == "try\n"
+        assert not (tmp_path / case / "state.json").exists()
+    for case in ("usr1", "usr2"):
+        assert ended[case]["JobState"] == "COMPLETED", said[case]
+        assert (tmp_path / case / "warned").read_text() == f"{case}\n"

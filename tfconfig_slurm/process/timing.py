@@ -107,9 +107,10 @@ LIMIT_MOVED_SECONDS = 5.0
 # that a task ended: srun waits on for the tasks of a node that failed in a --no-kill job, and
 # only the job's record says that the node is gone.
 NODE_WATCH_SECONDS = 2.0
-# ...doubled at each ask while srun runs on, up to this: a step whose other tasks go on after
-# one ended is not asked about every 2 s for hours.
-NODE_WATCH_MOST_SECONDS = 60.0
+# ...for this long: Slurm declares a node down after SlurmdTimeout (300 s by default) and a
+# ping round; then every NODE_WATCH_SELDOM_SECONDS, for a step whose other tasks go on.
+NODE_WATCH_OFTEN_SECONDS = 600.0
+NODE_WATCH_SELDOM_SECONDS = 60.0
 
 # --- Reports and evaluation (process/records/reports.py, backends) ---
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import subprocess
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -82,7 +83,9 @@ class NodeWatch:
             self._thread.start()
 
     def _watch(self) -> None:
-        every = timing.NODE_WATCH_SECONDS
+        # Often while a node's failure may still be declared (SlurmdTimeout), then seldom: a
+        # step whose other tasks go on after one ended is not asked about every 2 s for hours.
+        seldom = time.monotonic() + timing.NODE_WATCH_OFTEN_SECONDS
         while self._srun.poll() is None:
             left = gone(self._held, nodes_now(self._job))
             if left and self._srun.poll() is None:
@@ -92,11 +95,13 @@ class NodeWatch:
                 # here of plain `sleep` tasks: "node1: task 0: Killed").
                 self._srun.kill()
                 return
+            often = time.monotonic() < seldom
             try:
-                self._srun.wait(every)
+                self._srun.wait(
+                    timing.NODE_WATCH_SECONDS if often else timing.NODE_WATCH_SELDOM_SECONDS
+                )
             except subprocess.TimeoutExpired:
-                # A step whose tasks go on after one ended is asked about ever less often.
-                every = min(2 * every, timing.NODE_WATCH_MOST_SECONDS)
+                continue
 
 
 def after_node_failure(
