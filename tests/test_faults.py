@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -426,6 +426,32 @@ def test_scancel_checkpoints_every_step_taken_and_resubmitting_resumes(
     assert f"resuming from step {max(stopped_at)}" in read_logs(logs)
 
 
+def trained_to_step_40(
+    cluster: SlurmCluster,
+    root: Path,
+    name: str,
+    nodes: str = "",
+    sbatch_options: Sequence[str] = (),
+) -> tuple[subprocess.Popen[str], Path]:
+    """The paced run to RESTARTED_STEPS, a checkpoint every CHECKPOINT_STEPS, submitted as
+    `name` and trained to step 40 (two watchdog probe rounds into training: a task lost
+    before any watcher heard from it is waited for as one still starting): the sbatch --wait
+    client and the run's task logs."""
+    job = submit(
+        cluster, root, name, f"--experiment={PACED}", f"--train_steps={RESTARTED_STEPS}",
+        "--log_every_steps=1", f"--save_checkpoints_steps={CHECKPOINT_STEPS}", nodes=nodes,
+        sbatch_options=sbatch_options,
+    )  # fmt: skip
+    logs = root / name / "logs"
+    try:
+        wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
+        assert wait_until(lambda: highest_step(read_logs(logs)) >= 40, START_SECONDS)
+    except BaseException:
+        job.kill()
+        raise
+    return job, logs
+
+
 @contextlib.contextmanager
 def node2_cut_off(cluster: SlurmCluster) -> Iterator[float]:
     """node2's link down, as a switch port failing: the monotonic time of the cut. Afterwards
@@ -447,17 +473,8 @@ def test_a_node_cut_off_ends_the_job_which_is_requeued_and_resumes_without_it(
     s, and requeues it (launch/train.sbatch asks for --requeue); the tasks cut off end too.
     Let start at once rather than in 121 s, node2 still down, the job runs on node1 and node3,
     resumes from the checkpoint and finishes."""
-    job = submit(
-        slurm_cluster, tmp_path, "cut", f"--experiment={PACED}",
-        f"--train_steps={RESTARTED_STEPS}", "--log_every_steps=1",
-        f"--save_checkpoints_steps={CHECKPOINT_STEPS}",
-    )  # fmt: skip
-    logs = tmp_path / "cut" / "logs"
+    job, logs = trained_to_step_40(slurm_cluster, tmp_path, "cut")
     try:
-        wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
-        # Two watchdog probe rounds into training: a peer on node1 that node2's tasks never
-        # heard from before the cut is waited for as one still starting (START_SECONDS).
-        assert wait_until(lambda: highest_step(read_logs(logs)) >= 40, START_SECONDS)
         job_id = job_id_of(logs)
         first = (tmp_path / f"train-{job_id}.out").read_text()
         assert f"job {job_id} on node[1-2];" in first, first
@@ -509,16 +526,10 @@ def test_a_node_cut_off_from_a_no_kill_job_costs_a_restart_on_the_nodes_left(
     script ends the step that waits for node2's tasks and starts it again on node1, laid out
     again (a ps and the chief); the run resumes from its latest checkpoint and finishes every
     step in the same job."""
-    job = submit(
-        slurm_cluster, tmp_path, "nokill", f"--experiment={PACED}",
-        f"--train_steps={RESTARTED_STEPS}", "--log_every_steps=1",
-        f"--save_checkpoints_steps={CHECKPOINT_STEPS}", nodes="node[1-2]",
-        sbatch_options=("--no-kill",),
-    )  # fmt: skip
-    logs = tmp_path / "nokill" / "logs"
+    job, logs = trained_to_step_40(
+        slurm_cluster, tmp_path, "nokill", "node[1-2]", sbatch_options=("--no-kill",)
+    )
     try:
-        wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
-        assert wait_until(lambda: highest_step(read_logs(logs)) >= 40, START_SECONDS)
         with node2_cut_off(slurm_cluster) as cut:
             reached = highest_step(read_logs(logs))
             resumed = wait_for(
@@ -562,16 +573,10 @@ def test_a_node_cut_off_from_a_job_that_may_not_requeue_goes_on_in_a_new_job_wit
     script, told to stop, finds node2 gone and submits itself again, after the job, on 2
     nodes without node2 (its --nodelist named node2, and is dropped): the run resumes from its
     checkpoint on node1 and node3 and finishes every step."""
-    job = submit(
-        slurm_cluster, tmp_path, "continued", f"--experiment={PACED}",
-        f"--train_steps={RESTARTED_STEPS}", "--log_every_steps=1",
-        f"--save_checkpoints_steps={CHECKPOINT_STEPS}", nodes="node[1-2]",
-        sbatch_options=("--no-requeue",),
-    )  # fmt: skip
-    logs = tmp_path / "continued" / "logs"
+    job, logs = trained_to_step_40(
+        slurm_cluster, tmp_path, "continued", "node[1-2]", sbatch_options=("--no-requeue",)
+    )
     try:
-        wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
-        assert wait_until(lambda: highest_step(read_logs(logs)) >= 40, START_SECONDS)
         first = job_id_of(logs)
         with node2_cut_off(slurm_cluster) as cut:
             ended = finish(slurm_cluster, job)
@@ -640,17 +645,8 @@ def test_a_killed_task_restarts_the_step_in_the_job_from_the_checkpoint(
     the batch script names it as the first to fail, starts the step again in the same job (no
     requeue), and the run resumes from its latest checkpoint and trains to the end; the runs
     table and state.json keep the restart and its cause."""
-    job = submit(
-        slurm_cluster, tmp_path, "named", f"--experiment={PACED}",
-        f"--train_steps={RESTARTED_STEPS}", "--log_every_steps=1",
-        f"--save_checkpoints_steps={CHECKPOINT_STEPS}",
-    )  # fmt: skip
-    logs = tmp_path / "named" / "logs"
+    job, logs = trained_to_step_40(slurm_cluster, tmp_path, "named")
     try:
-        wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
-        # Two watchdog probe rounds into training: a task killed before any watcher heard from
-        # it is waited for as one still starting, and the step ends only at KillWait (30 s).
-        assert wait_until(lambda: highest_step(read_logs(logs)) >= 40, START_SECONDS)
         reached = highest_step(read_logs(logs))
         os.kill(slurm_cluster.task_pid(rank), signal.SIGKILL)
         killed = time.monotonic()
