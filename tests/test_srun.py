@@ -1,8 +1,9 @@
 """`tfconfig-slurm srun`, the one line of a user's batch script that starts a failed step again
 in its job, on the test cluster with steps of bash (no TensorFlow): a task killed once, then a
-finished step; an exit of the code's own, not started again; a task killed at every try, started
-again until --max_restarts, and a try that trained nothing not started again; a step told to
-stop, not started again; SIGUSR1 to the batch script, passed on to the tasks."""
+finished step; an exit of the code's own, and a script under with-tfconfig that raises, not
+started again; a task killed at every try, started again until --max_restarts, and a try that
+trained nothing not started again; a step told to stop (SIGTERM, SIGHUP), not started again;
+SIGUSR1 and SIGUSR2 to the batch script, passed on to the tasks."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import wait_until
+from tests.cli import REPOSITORY, wait_until
 from tests.slurm_cluster import CALL_SECONDS, SlurmCluster, wait_for_end
 
+WITH_TFCONFIG = REPOSITORY / "launch" / "with-tfconfig"
 # Rank 1 of the step, as each case has it: its step's try counted in tries (one line a try).
 # Told to stop, a task of "stopped" dies of SIGKILL, as one that does not stop in time would;
 # a task of "usr1" ends well on SIGUSR1.
@@ -36,6 +38,10 @@ if [[ $SLURM_PROCID == 1 ]]; then
     untrained) kill -9 $$ ;;
   esac
 fi
+# A script of the user's that raises, under with-tfconfig told the same model directory.
+[[ $case == raising ]] &&
+  exec "$WITH_TFCONFIG" --model_dir="$PWD/$case" python3 -c 'raise ValueError("bad example")'
+
 if [[ $case == stopped || $case == hup || $case == usr1 || $case == usr2 ]]; then
   sleep 60 &
   wait
@@ -52,9 +58,9 @@ exec tfconfig-slurm srun --model_dir="$PWD/$1" -- bash "$PWD/step.sh" "$1"
 def test_a_killed_task_starts_the_step_again_in_the_job_and_a_bug_does_not(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    (tmp_path / "step.sh").write_text(STEP)
+    (tmp_path / "step.sh").write_text(f"WITH_TFCONFIG={WITH_TFCONFIG}\n{STEP}")
     (tmp_path / "job.sbatch").write_text(BATCH)
-    cases = ("once", "bug", "always", "untrained")
+    cases = ("once", "bug", "always", "untrained", "raising")
     jobs = {}
     for case in cases:
         jobs[case] = submitted(slurm_cluster, tmp_path, case)
@@ -69,14 +75,16 @@ def test_a_killed_task_starts_the_step_again_in_the_job_and_a_bug_does_not(
     }
     states = {case: ended[case]["JobState"] for case in cases}
     assert states == {
-        "once": "COMPLETED", "bug": "FAILED", "always": "FAILED", "untrained": "FAILED"
+        "once": "COMPLETED", "bug": "FAILED", "always": "FAILED", "untrained": "FAILED",
+        "raising": "FAILED",
     }, said  # fmt: skip
-    assert tries == {"once": 2, "bug": 1, "always": 3, "untrained": 2}, said
+    assert tries == {"once": 2, "bug": 1, "always": 3, "untrained": 2, "raising": 1}, said
     assert restarts == {
         "once": ["a task was killed"],
         "bug": [],
         "always": ["a task was killed"] * 2,
         "untrained": ["a task was killed"],
+        "raising": [],
     }, said
     job = jobs["once"]
     assert re.search(
@@ -96,6 +104,12 @@ def test_a_killed_task_starts_the_step_again_in_the_job_and_a_bug_does_not(
     assert said["untrained"].endswith(
         "tfconfig-slurm srun: not starting the step again: it failed before it trained a step\n"
     ), said["untrained"]
+    # From with-tfconfig's record of the script that raised: its own error, not retried.
+    assert re.search(
+        r"first to fail: (ps|chief) 0 on \S+: its command failed with exit status 1(?s:.*)"
+        r"tfconfig-slurm srun: not starting the step again: an error in the run's code\n$",
+        said["raising"],
+    ), said["raising"]
 
 
 def submitted(cluster: SlurmCluster, workdir: Path, case: str) -> str:
