@@ -466,56 +466,39 @@ def node2_cut_off(cluster: SlurmCluster) -> Iterator[float]:
 
 
 @pytest.mark.slurm
-def test_a_node_cut_off_ends_the_job_which_is_requeued_and_resumes_without_it(
+def test_a_node_cut_off_ends_the_job_and_slurm_requeues_it(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     """Slurm ends the job for its node's failure (NODE_FAIL) within SlurmdTimeout (15 s) + 60
-    s, and requeues it (launch/train.sbatch asks for --requeue); the tasks cut off end too.
-    Let start at once rather than in 121 s, node2 still down, the job runs on node1 and node3,
-    resumes from the checkpoint and finishes."""
-    job, logs = trained_to_step_40(slurm_cluster, tmp_path, "cut")
+    s, and requeues it (launch/train.sbatch asks for --requeue), which the batch script says;
+    the tasks cut off end too. How a requeued run resumes is the USR1 requeue tests'; which
+    nodes Slurm then gives it, Slurm's (docs/slurm.md: measured by hand)."""
+    job, logs = trained_to_step_40(slurm_cluster, tmp_path, "cut", "node[1-2]")
     try:
         job_id = job_id_of(logs)
-        first = (tmp_path / f"train-{job_id}.out").read_text()
-        assert f"job {job_id} on node[1-2];" in first, first
         with node2_cut_off(slurm_cluster) as cut:
             ended = wait_until(lambda: slurm_cluster.run_ended(job_id), 15.0 + END_SECONDS)
             took = time.monotonic() - cut
             state = slurm_cluster.job(job_id)
+            # Said once srun has given up on node2's tasks (its 32 s), before the job goes.
+            out = tmp_path / f"train-{job_id}.out"
+            said = f"node2 failed, and Slurm ends job {job_id} and requeues it"
+            wait_for(out.read_text, re.escape(said), END_SECONDS)
+            slurm_cluster.run(["scancel", job_id])
             # The tasks cut off with node2 ended too, by the watchdog: none hangs there.
             assert wait_until(lambda: not runtime_left(slurm_cluster), 30.0), runtime_left(
                 slurm_cluster
             )
-            # What Slurm left there (its slurmstepd outlives the job), as a reboot would end.
-            slurm_cluster.clear("node2")
-            if ended and state["Restarts"] == "1":
-                # Released while still COMPLETING, the requeue would hold it 121 s after all.
-                assert wait_until(
-                    lambda: slurm_cluster.job(job_id)["JobState"] == "PENDING", END_SECONDS
-                )
-                release(slurm_cluster, job_id)
-                final = wait_for_end(slurm_cluster, job_id)
     finally:
-        slurm_cluster.run(["scancel", "--user=root"])
         job.kill()  # the sbatch --wait client only
         job.communicate()
     assert ended, f"the job still ran {took:.0f} s after node2 was cut off"
     # Restarts=1 is the requeue; the job may still be COMPLETING its first run then, on its
     # way back to PENDING (seen once in 5 CI runs).
     assert (state["JobState"], state["Restarts"]) in (("PENDING", "1"), ("COMPLETING", "1"))
-    assert (final["JobState"], final["Restarts"], final["NodeList"]) == (
-        "COMPLETED",
-        "1",
-        "node[1,3]",
-    ), final
-    output = (tmp_path / f"train-{job_id}.out").read_text()
     assert (
-        f"tfconfig-slurm srun: node2 failed, and Slurm ends job {job_id} and requeues it: the "
-        "run resumes from its latest checkpoint then"
-    ) in output, output[-3000:]
-    resumed = re.search(r"resuming from step (\d+)", read_logs(logs))
-    assert resumed is not None and int(resumed[1]) >= CHECKPOINT_STEPS
-    assert checkpoint_step(tmp_path / "cut") >= RESTARTED_STEPS
+        f"tfconfig-slurm srun: {said}: the run resumes from its latest checkpoint then"
+    ) in out.read_text()
 
 
 @pytest.mark.slurm
