@@ -426,7 +426,7 @@ def test_scancel_checkpoints_every_step_taken_and_resubmitting_resumes(
     assert f"resuming from step {max(stopped_at)}" in read_logs(logs)
 
 
-def trained_to_step_40(
+def paced_job(
     cluster: SlurmCluster,
     root: Path,
     name: str,
@@ -434,18 +434,30 @@ def trained_to_step_40(
     sbatch_options: Sequence[str] = (),
 ) -> tuple[subprocess.Popen[str], Path]:
     """The paced run to RESTARTED_STEPS, a checkpoint every CHECKPOINT_STEPS, submitted as
-    `name` and trained to step 40 (two watchdog probe rounds into training: a task lost
-    before any watcher heard from it is waited for as one still starting): the sbatch --wait
-    client and the run's task logs."""
+    `name`: the sbatch --wait client and the run's task logs."""
     job = submit(
         cluster, root, name, f"--experiment={PACED}", f"--train_steps={RESTARTED_STEPS}",
         "--log_every_steps=1", f"--save_checkpoints_steps={CHECKPOINT_STEPS}", nodes=nodes,
         sbatch_options=sbatch_options,
     )  # fmt: skip
-    logs = root / name / "logs"
+    return job, root / name / "logs"
+
+
+def at_step_40(logs: Path) -> None:
+    """Waits for the run of `logs` to train to step 40: two watchdog probe rounds into
+    training, as a task lost before any watcher heard from it is waited for as one still
+    starting."""
+    wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
+    assert wait_until(lambda: highest_step(read_logs(logs)) >= 40, START_SECONDS)
+
+
+def trained_to_step_40(
+    cluster: SlurmCluster, root: Path, name: str, nodes: str = ""
+) -> tuple[subprocess.Popen[str], Path]:
+    """paced_job's, trained to step 40."""
+    job, logs = paced_job(cluster, root, name, nodes)
     try:
-        wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
-        assert wait_until(lambda: highest_step(read_logs(logs)) >= 40, START_SECONDS)
+        at_step_40(logs)
     except BaseException:
         job.kill()
         raise
@@ -502,27 +514,49 @@ def test_a_node_cut_off_ends_the_job_and_slurm_requeues_it(
 
 
 @pytest.mark.slurm
-def test_a_node_cut_off_from_a_no_kill_job_costs_a_restart_on_the_nodes_left(
+def test_a_node_cut_off_restarts_a_no_kill_job_and_continues_one_that_may_not_requeue(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """`sbatch --no-kill`: Slurm keeps the job on node1 once node2 is cut off. The batch
-    script ends the step that waits for node2's tasks and starts it again on node1, laid out
-    again (a ps and the chief); the run resumes from its latest checkpoint and finishes every
-    step in the same job."""
-    job, logs = trained_to_step_40(
-        slurm_cluster, tmp_path, "nokill", "node[1-2]", sbatch_options=("--no-kill",)
-    )
+    """node2 cut off under two jobs at once, each a ps and a trainer on node1 and node2 (one
+    wait for Slurm to find the node down, not two).
+
+    `sbatch --no-kill`: Slurm keeps the job on node1. The batch script ends the step that
+    waits for node2's tasks and starts it again on node1, laid out again (a ps and the
+    chief); the run resumes from its latest checkpoint and finishes every step in the job.
+
+    `sbatch --no-requeue`: Slurm ends the job (NODE_FAIL). The batch script, told to stop,
+    finds node2 gone and submits itself again, after the job, on 2 nodes without node2 (its
+    --nodelist named node2, and is dropped): the run resumes from its checkpoint on node1 and
+    node3 and finishes every step."""
+    jobs = {
+        name: paced_job(slurm_cluster, tmp_path, name, "node[1-2]", (option,))
+        for name, option in (("nokill", "--no-kill"), ("continued", "--no-requeue"))
+    }
+    (kept, logs), (cut_short, continued_logs) = jobs["nokill"], jobs["continued"]
     try:
+        for _, each in jobs.values():
+            at_step_40(each)
+        first = job_id_of(continued_logs)
         with node2_cut_off(slurm_cluster) as cut:
             reached = highest_step(read_logs(logs))
-            resumed = wait_for(
-                lambda: read_logs(logs), r"resuming from step (\d+)", 60.0 + START_SECONDS
-            )
-            took = time.monotonic() - cut
-            ended = finish(slurm_cluster, job)
+            ended_first = finish(slurm_cluster, cut_short)
+            took_first = time.monotonic() - cut
+            # Seconds from the cut to each run's resumption, as each comes.
+            back: dict[str, float] = {}
+
+            def resumed_both() -> bool:
+                for name, (_, each) in jobs.items():
+                    if name not in back and "resuming from step" in read_logs(each):
+                        back[name] = time.monotonic() - cut
+                return len(back) == len(jobs)
+
+            assert wait_until(resumed_both, 60.0 + START_SECONDS), back
+            ended = finish(slurm_cluster, kept)
     finally:
-        if job.poll() is None:
-            job.kill()
+        for job, _ in jobs.values():
+            if job.poll() is None:
+                job.kill()
+    # The --no-kill job.
     assert (ended["JobState"], ended["ExitCode"], ended["Restarts"]) == ("COMPLETED", "0:0", "0")
     output = (tmp_path / f"train-{ended['JobId']}.out").read_text()
     cause = (
@@ -536,38 +570,15 @@ def test_a_node_cut_off_from_a_no_kill_job_costs_a_restart_on_the_nodes_left(
         output,
     )
     assert again is not None, output[-3000:]
-    assert int(resumed[1]) == int(again[1]) >= CHECKPOINT_STEPS
+    resumed = re.search(r"resuming from step (\d+)", read_logs(logs))
+    assert resumed is not None and int(resumed[1]) == int(again[1]) >= CHECKPOINT_STEPS
     # Laid out again on node1 alone: its ps and the chief, which trained to the end.
     assert re.search(r"chief 0 on node1 .*(?s:.*)resuming from step", read_logs(logs))
     assert checkpoint_step(tmp_path / "nokill") >= RESTARTED_STEPS
     state = json.loads((tmp_path / "nokill" / "state.json").read_text())
     assert (state["state"], [each["cause"] for each in state["restarts"]]) == ("done", [cause])
-    print(
-        f"node2 cut off at step {reached}: the run resumed {took:.1f} s later, from step "
-        f"{resumed[1]}"
-    )
-
-
-@pytest.mark.slurm
-def test_a_node_cut_off_from_a_job_that_may_not_requeue_goes_on_in_a_new_job_without_it(
-    slurm_cluster: SlurmCluster, tmp_path: Path
-) -> None:
-    """`sbatch --no-requeue`: Slurm ends the job once node2 is cut off (NODE_FAIL). The batch
-    script, told to stop, finds node2 gone and submits itself again, after the job, on 2
-    nodes without node2 (its --nodelist named node2, and is dropped): the run resumes from its
-    checkpoint on node1 and node3 and finishes every step."""
-    job, logs = trained_to_step_40(
-        slurm_cluster, tmp_path, "continued", "node[1-2]", sbatch_options=("--no-requeue",)
-    )
-    try:
-        first = job_id_of(logs)
-        with node2_cut_off(slurm_cluster) as cut:
-            ended = finish(slurm_cluster, job)
-            took = time.monotonic() - cut
-    finally:
-        if job.poll() is None:
-            job.kill()
-    assert ended["JobState"] == "NODE_FAIL", ended
+    # The --no-requeue job.
+    assert ended_first["JobState"] == "NODE_FAIL", ended_first
     output = (tmp_path / f"train-{first}.out").read_text()
     went_on = re.search(
         rf"tfconfig-slurm srun: node2 failed, and Slurm ends job {first} and may not requeue "
@@ -576,19 +587,20 @@ def test_a_node_cut_off_from_a_job_that_may_not_requeue_goes_on_in_a_new_job_wit
         output,
     )
     assert went_on is not None, output[-3000:]
-    # The run's first line in the new job: its chief restored the checkpoint.
-    resumed = wait_for(lambda: read_logs(logs), r"resuming from step (\d+)", START_SECONDS)
-    back = time.monotonic() - cut
     after = wait_for_end(slurm_cluster, went_on[1])
     assert (after["JobState"], after["ExitCode"], after["NodeList"]) == (
         "COMPLETED",
         "0:0",
         "node[1,3]",
     ), after
-    assert int(resumed[1]) >= CHECKPOINT_STEPS
+    # The run's first line in the new job: its chief restored the checkpoint.
+    continued = re.search(r"resuming from step (\d+)", read_logs(continued_logs))
+    assert continued is not None and int(continued[1]) >= CHECKPOINT_STEPS
     assert checkpoint_step(tmp_path / "continued") >= RESTARTED_STEPS
-    print(f"node2 cut off: job {first} ended {took:.1f} s later; the run resumed in job "
-          f"{went_on[1]} {back:.1f} s after the cut, from step {resumed[1]}")  # fmt: skip
+    print(f"node2 cut off at step {reached}: the --no-kill run resumed {back['nokill']:.1f} s "
+          f"later, from step {resumed[1]}; the --no-requeue job {first} ended {took_first:.1f} "
+          f"s later, its run resumed in job {went_on[1]} {back['continued']:.1f} s after the "
+          f"cut, from step {continued[1]}")  # fmt: skip
 
 
 def runtime_left(cluster: SlurmCluster) -> list[str]:
