@@ -313,7 +313,9 @@ def srun_keras3(cluster: SlurmCluster, root: Path, *flags: str) -> subprocess.Po
     survivors of a fault."""
     (root / "logs").mkdir()
     return subprocess.Popen(
-        ["srun", "--nodes=2", "--ntasks-per-node=2", f"--output={root}/logs/%t.log",
+        # node1 and node2, as the tests that kill a process expect: the 2 nodes free at
+        # the moment were once node2 and node3, the node before still ending its last job.
+        ["srun", "--nodelist=node[1-2]", "--ntasks-per-node=2", f"--output={root}/logs/%t.log",
          str(KERAS3_PYTHON), "-m", RUN, f"--experiment={PACED_KERAS3}", f"--output_root={root}",
          *flags],
         env=cluster.environ(), cwd=REPOSITORY,
@@ -364,7 +366,10 @@ def test_a_killed_keras3_process_ends_the_step_and_is_named(
         if step.poll() is None:
             step.kill()
     assert step.returncode != 0
-    named = re.findall(r"worker 2 at node2:\d+ has not answered for \d+ s", read_logs(logs))
+    # Rank 3's node, as its first line says.
+    killed = re.search(r"worker 2 on (node\d)", read_logs(logs))
+    assert killed is not None, read_logs(logs)[-3000:]
+    named = re.findall(rf"worker 2 at {killed[1]}:\d+ has not answered for \d+ s", read_logs(logs))
     assert named, read_logs(logs)[-3000:]
     assert slurm_cluster.left_behind() == {}
 

@@ -5,8 +5,8 @@ Where a node of a job submitted with `--no-kill` fails, SLURM keeps the job on t
 but the batch script's variables still describe every node, and srun refuses a step they size
 ("SLURM_JOB_NUM_NODES environment variable conflicts with allocated node count"): the step is
 started in an environment that describes the nodes left, and shares them with the failed step,
-which Slurm may never complete. Pure: an environment in, a new one
-out; step.py reads the variables.
+which Slurm may never complete. Pure: an environment in, a new one out; step.py reads the
+variables.
 """
 
 from __future__ import annotations
