@@ -201,8 +201,9 @@ def _step(
                 if watch and held is not None and lost_nodes.ended(kept_line):
                     watching.noticed()
     left = watching.left
-    if not left and srun.returncode != 0 and held is not None:
-        # srun may end of itself once SLURM told it of the node's failure.
+    # srun may end of itself once SLURM told it of the node's failure. Told to stop, the
+    # caller asks once itself (lost_nodes.after_node_failure).
+    if not left and srun.returncode != 0 and held is not None and signals.stop is None:
         left = lost_nodes.gone(held.nodes, lost_nodes.nodes_now(job))
     return exits.exit_status(srun.returncode), "".join(kept), left
 

@@ -29,7 +29,12 @@ from tfconfig_slurm.process.records import reports
 
 def nodes_now(job: SlurmJob) -> tuple[str, ...] | None:
     """The nodes `job` holds now, as slurmctld says; None where it cannot say."""
-    record = continuation.job_record(job.name)
+    return _nodes_of(continuation.job_record(job.name))
+
+
+def _nodes_of(record: Mapping[str, str] | str) -> tuple[str, ...] | None:
+    """The nodes a job's record lists; None where there is no record (`record` says why), or
+    it lists none, as a job requeued already does."""
     return None if isinstance(record, str) else _expanded(record.get("NodeList", "")) or None
 
 
@@ -113,9 +118,8 @@ def after_node_failure(
     submitted again to start after this one, on as many nodes, without the one that failed;
     at most `most` times over the run (--max_restarts), each kept in state.json."""
     record = continuation.job_record(job.name)
-    now = None if isinstance(record, str) else _expanded(record.get("NodeList", ""))
     # A job requeued already lists no nodes: what failed is not known from it.
-    left = gone(held.nodes, now) if now else ()
+    left = gone(held.nodes, _nodes_of(record))
     if isinstance(record, str) or not left:
         return ""
     nodes = collect_hostlist(list(left))
