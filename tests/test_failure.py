@@ -22,10 +22,11 @@ def test_the_first_failure_of_an_attempt_stays_and_a_new_attempt_has_its_own(
 ) -> None:
     monkeypatch.setattr(failure._TASK, "attached", None)
     failure.attach(tmp_path, role("ps", "7.0.0"), "node1")
-    assert failure.record_lost("worker 0", "node2:2222", 4.2) is None
+    silent = "stopped answering: killed, or its node cut off"
+    assert failure.record_lost("worker 0", "node2:2222", silent) is None
     # A second watcher's loss is not recorded: it learns the failure that came first.
     failure.attach(tmp_path, role("worker", "7.0.0"), "node2")
-    before = failure.record_lost("ps 0", "node1:2223", 1.0)
+    before = failure.record_lost("ps 0", "node1:2223", "stopped answering")
     assert before is not None and before.task == "worker 0"
     failure.attach(tmp_path, role("chief", "7.0.0"), "node1")
     with pytest.raises(ValueError), failure.recording_errors():

@@ -32,6 +32,7 @@ from tests.cli import (
 from tests.slurm_cluster import SlurmCluster, submit, warn_and_requeue
 from tests.slurm_envs import task_env
 from tests.test_keras import (
+    LOST_PEER,
     SUMMARY_KEYS,
     assert_different_starts_refused,
     hparams_sessions,
@@ -369,7 +370,7 @@ def test_a_killed_keras3_process_ends_the_step_and_is_named(
     # Rank 3's node, as its first line says.
     killed = re.search(r"worker 2 on (node\d)", read_logs(logs))
     assert killed is not None, read_logs(logs)[-3000:]
-    named = re.findall(rf"worker 2 at {killed[1]}:\d+ has not answered for \d+ s", read_logs(logs))
+    named = re.findall(rf"worker 2 at {killed[1]}:\d+ {LOST_PEER}", read_logs(logs))
     assert named, read_logs(logs)[-3000:]
     assert slurm_cluster.left_behind() == {}
 

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.errors import EXIT_PEER_LOST
+from tfconfig_slurm.process import exits
 from tfconfig_slurm.process.records import failure
 from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.supervision.watchdog import PeerWatch
@@ -70,7 +72,7 @@ def test_once_the_run_has_failed_a_silent_peer_is_lost_at_its_first_unanswered_p
     watch = PeerWatch({"worker 0": address}, on_lost=lost, lost_after=PATIENCE, probe_seconds=0.05)
     try:
         assert not lost.event.wait(0.5)  # answering
-        assert failure.record_lost("chief 0", "node3:2222", 4.0) is None
+        assert failure.record_lost("chief 0", "node3:2222", "stopped answering") is None
         server.close()
         assert lost.event.wait(PATIENCE / 2)
     finally:
@@ -145,3 +147,71 @@ def test_a_peer_that_says_it_finished_is_released_not_lost(
     finally:
         watch.stop()
     assert names == ["worker 0"]
+
+
+class EndedError(Exception):
+    """exits.end_now, in a test: the status the process would have ended with."""
+
+
+def test_a_failed_collective_names_at_once_the_peers_whose_port_refuses(
+    listener: tuple[socket.socket, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not only the watched ones, and not after the watch's grace; the peer the error names
+    comes first, and is the run's recorded failure."""
+    _, alive = listener
+    # Two ports nothing listens on, on two loopback addresses.
+    refused = []
+    for host in ("127.0.0.1", "127.0.0.2"):
+        closed = socket.create_server((host, 0))
+        refused.append(f"{host}:{closed.getsockname()[1]}")
+        closed.close()
+    monkeypatch.setattr(failure._TASK, "attached", None)
+    cluster = {"chief": (alive,), "worker": (refused[0], refused[1], "127.0.0.1:1")}
+    failure.attach(
+        tmp_path, ClusterRole(cluster=cluster, role="worker", index=2, run_id="7.0.0"), "node3"
+    )
+
+    def end_now(status: int, reason: str) -> None:
+        raise EndedError(status)
+
+    monkeypatch.setattr(exits, "end_now", end_now)
+    others = {"chief 0": alive, "worker 0": refused[0], "worker 1": refused[1]}
+    watch = PeerWatch({"chief 0": alive}, others=others, lost_after=PATIENCE)
+    try:
+        with pytest.raises(EndedError) as ended:
+            watch.end_for_a_lost_peer(f"all-reduce failed: closed by peer [{refused[1]}]")
+    finally:
+        watch.stop()
+    assert ended.value.args == (EXIT_PEER_LOST,)
+    first = failure.read(tmp_path, "7.0.0")
+    assert first is not None and first.task == "worker 1", first
+    assert first.what == watchdog.REFUSED.recorded
+
+
+def test_a_failed_collective_in_a_run_that_failed_names_the_first_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without probing anyone: at thousands of trainers, those whose collective fails after
+    the first named the loss do not each probe them all."""
+    monkeypatch.setattr(failure._TASK, "attached", None)
+    cluster = {"chief": ("127.0.0.1:1",), "worker": ("127.0.0.1:2",)}
+    failure.attach(
+        tmp_path, ClusterRole(cluster=cluster, role="worker", index=0, run_id="7.0.0"), "node2"
+    )
+    assert failure.record_lost("chief 0", "node1:1", watchdog.REFUSED.recorded) is None
+
+    def end_now(status: int, reason: str) -> None:
+        raise EndedError(status)
+
+    probed: list[str] = []
+    monkeypatch.setattr(exits, "end_now", end_now)
+
+    def refuses(address: str) -> bool:
+        probed.append(address)
+        return True
+
+    monkeypatch.setattr(watchdog, "_refuses", refuses)
+    watch = PeerWatch({}, others={"chief 0": "127.0.0.1:1"})
+    with pytest.raises(EndedError) as ended:
+        watch.end_for_a_lost_peer("all-reduce failed")
+    assert ended.value.args == (EXIT_PEER_LOST,) and probed == []

@@ -13,7 +13,9 @@ the same way. Three watches from any task to any other.
 
 A cluster without parameter servers (all-reduce training) has only trainers: each watches its
 neighbours in the tree of trainers below (its parent and children), so a loss travels along
-the tree, at most twice its depth (3 levels at 4,000 trainers).
+the tree, at most twice its depth (3 levels at 4,000 trainers). A trainer whose collective
+fails probes every other trainer once, unless the run has recorded its failure already: the
+few whose collective fails first name the lost one at once, whichever their neighbours are.
 
 In a step laid out for ParameterServerStrategy (`coordinator`), a lost worker is the
 coordinator's to tolerate: nobody watches the workers. The coordinator watches every ps; the
@@ -80,6 +82,12 @@ def neighbours(role: ClusterRole) -> dict[str, str]:
 def other_servers(role: ClusterRole) -> dict[str, str]:
     """Every parameter server but this one: the mesh a ps watches."""
     return {name: address for name, address in role.named(PS).items() if name != _own(role)}
+
+
+def other_trainers(role: ClusterRole) -> dict[str, str]:
+    """Every trainer but this one, by name: the peers of a collective that failed, each
+    probed once (watchdog.PeerWatch.end_for_a_lost_peer)."""
+    return _trainers(role, (t for t in range(role.trainers) if t != role.trainer_id))
 
 
 def children(role: ClusterRole) -> dict[str, str]:

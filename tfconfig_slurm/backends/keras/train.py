@@ -178,7 +178,11 @@ class _Trainer(NamedTuple):
             else tf.distribute.get_strategy()
         )
         directory = settings.model_dir
-        peers = watchdog.PeerWatch(watch_plan.neighbours(role)) if role is not None else None
+        peers = (
+            watchdog.PeerWatch(watch_plan.neighbours(role), others=watch_plan.other_trainers(role))
+            if role is not None
+            else None
+        )
         model, checkpoint, start = restored(strategy, experiment, settings.params, directory)
         if role is not None:
             _check_same_start(strategy, start, directory)

@@ -234,7 +234,11 @@ class _Process(NamedTuple):
             "num_trainers": mesh_.data_shares,
             "trainer_index": mesh_.data_share,
         }
-        peers = watchdog.PeerWatch(watch_plan.neighbours(role)) if role is not None else None
+        peers = (
+            watchdog.PeerWatch(watch_plan.neighbours(role), others=watch_plan.other_trainers(role))
+            if role is not None
+            else None
+        )
         if role is not None:
             # Before any step of JAX's: a process restoring a checkpoint makes other
             # collectives than one that finds none, which JAX takes for a mismatch.

@@ -103,18 +103,13 @@ def record_exit(returncode: int, why: str = "") -> None:
         _record(attached, Failure(task, attached.node, what, status, None, time.time()))
 
 
-def record_lost(name: str, address: str, silent_for: float) -> Failure | None:
-    """`name` at `address`, watched by this task, is lost: recorded as the failure, unless
-    another came first. `silent_for` is 0 for a peer that said its command failed. Returns
-    the failure recorded before this one, if there was one: the run had failed already."""
+def record_lost(name: str, address: str, what: str) -> Failure | None:
+    """`name` at `address`, watched by this task, is lost, as `what` says ("stopped answering:
+    ..."): recorded as the failure, unless another came first. Returns the failure recorded
+    before this one, if there was one: the run had failed already."""
     attached = _TASK.attached
     if attached is None:
         return None
-    what = (
-        "its command failed"
-        if silent_for == 0
-        else "stopped answering: killed, or its node cut off"
-    )
     node, seen_by = address.rpartition(":")[0], str(attached.role.task_id)
     lost = Failure(name, node, what, None, seen_by, time.time())
     _record(attached, lost)
@@ -155,10 +150,15 @@ def run_failed() -> bool:
     """Whether this task's attempt has recorded a failure: then a peer that stops answering
     has ended for it, and is lost at once, not after the watchdog's grace (which guards
     against a dropped packet, not against a run already lost)."""
+    return first() is not None
+
+
+def first() -> Failure | None:
+    """The first failure this task's attempt recorded, if any."""
     attached = _TASK.attached
     if attached is None or attached.role.run_id is None:
-        return False
-    return read(attached.model_dir, attached.role.run_id) is not None
+        return None
+    return read(attached.model_dir, attached.role.run_id)
 
 
 def read(model_dir: Path, run_id: str) -> Failure | None:

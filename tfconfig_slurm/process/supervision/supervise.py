@@ -104,7 +104,7 @@ def supervise(
             relay = command.relay(started)
             if relay is not None:
                 relay.finish(1.0)
-        watchdog.report_lost(name, address, silent_for)
+        watchdog.report_lost(name, address, watchdog.silence(silent_for))
         if owner is not None:
             owner.say("failed", None, lost=name)
         # Its own watchers may never have heard from it (its command died before listening):

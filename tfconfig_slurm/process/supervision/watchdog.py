@@ -16,13 +16,14 @@ No TensorFlow here: only sockets and a thread.
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 import threading
 import time
 import weakref
 from collections.abc import Mapping
-from typing import Callable, NoReturn
+from typing import Callable, NamedTuple, NoReturn
 
 from absl import logging
 
@@ -44,44 +45,69 @@ OnLost = Callable[[str, str, float], None]
 OnFinished = Callable[[str], None]
 
 
+class Loss(NamedTuple):
+    """How a peer was found lost: as this task's line says it, and as the run's failure
+    record does."""
+
+    said: str
+    recorded: str
+
+
+def silence(silent_for: float) -> Loss:
+    """A peer that has not answered for `silent_for` seconds, or (0) said its command
+    failed."""
+    if silent_for == 0:
+        return Loss("says its command failed", "its command failed")
+    return Loss(
+        f"has not answered for {silent_for:.0f} s: it died or its node is cut off",
+        "stopped answering: killed, or its node cut off",
+    )
+
+
+# A peer whose port refuses connections once a collective with it has failed: its process
+# has ended (a live one's port listens from before its first collective).
+REFUSED = Loss(
+    "refuses connections since a collective with it failed: its process is gone",
+    "its process is gone: its port refuses connections",
+)
+
+
 def exit_on_lost(name: str, address: str, silent_for: float) -> None:
     """Reports the lost peer (report_lost) and ends this process at once: it may be hung
     inside TensorFlow, where nothing but an exit reaches it."""
-    report_lost(name, address, silent_for)
+    report_lost(name, address, silence(silent_for))
     exits.end_now(EXIT_PEER_LOST, f"{name} is lost")
 
 
-def report_lost(name: str, address: str, silent_for: float) -> None:
+def report_lost(name: str, address: str, loss: Loss) -> None:
     """Records the lost peer as the run's failure and says which it is, and that this task
-    ends for it. `silent_for` is 0 for a peer that said its command failed. Where the run had
-    already failed, that first failure is the cause to name: the peer may only have ended
-    for it."""
-    first = failure.record_lost(name, address, silent_for)
+    ends for it. Where the run had already failed, that first failure is the cause to name:
+    the peer may only have ended for it."""
+    first = failure.record_lost(name, address, loss.recorded)
     if first is None:
-        _say_lost(name, address, silent_for)
+        _say_lost(name, address, loss)
         return
+    _say_failed_first(first.line(), name)
+
+
+def _say_failed_first(first: str, gone: str) -> None:
     logging.error(
         "the run failed (first to fail: %s); ending this task (exit %d), as %s is gone",
-        first.line(),
+        first,
         EXIT_PEER_LOST,
-        name,
+        gone,
     )
     logging.flush()
 
 
-def _say_lost(name: str, address: str, silent_for: float) -> None:
+def _say_lost(name: str, address: str, loss: Loss) -> None:
     """Logs which peer is gone, and that this task ends for it."""
-    why = (
-        "says its command failed"
-        if silent_for == 0
-        else f"has not answered for {silent_for:.0f} s: it died or its node is cut off"
-    )
     logging.error(
         "%s at %s %s; ending this task (exit %d) so that the job ends instead of waiting for "
         "it forever",
         name,
         address,
-        why,
+        loss.said,
         EXIT_PEER_LOST,
     )
     logging.flush()
@@ -91,7 +117,9 @@ def _say_lost(name: str, address: str, silent_for: float) -> None:
 class PeerWatch:
     """Watches peers (`{"ps 0": "node1:10256", ...}`) from a daemon thread until each is
     released: a peer that has finished its work may go away without being lost. With
-    `on_finished`, a peer that answers FINISHED is released, and on_finished told."""
+    `on_finished`, a peer that answers FINISHED is released, and on_finished told. `others`
+    are the other peers of this task's collectives, probed once where one fails
+    (end_for_a_lost_peer)."""
 
     def __init__(
         self,
@@ -102,8 +130,10 @@ class PeerWatch:
         start_seconds: float = timing.START_SECONDS,
         probe_seconds: float = timing.PROBE_SECONDS,
         on_finished: OnFinished | None = None,
+        others: Mapping[str, str] | None = None,
     ) -> None:
         self._addresses = dict(peers)
+        self._others = dict(others or {})
         self._on_lost = on_lost
         self._on_finished = on_finished
         self._lost_after = lost_after
@@ -131,10 +161,28 @@ class PeerWatch:
         time.sleep(2 * self._interval + self._lost_after + timing.CONNECT_TIMEOUT_SECONDS)
 
     def end_for_a_lost_peer(self, what_failed: str) -> NoReturn:
-        """For a task whose collective failed, as they do when a peer is gone: waits for the
+        """For a task whose collective failed, as they do when a peer is gone: names the peers
+        among `others` whose port refuses (the one the error names first), else waits for the
         watch to name the peer (naming it ends the process), then ends the process anyway, as
-        the peer lost is not one this task watches."""
-        logging.warning("%s; waiting for the watch to name who is gone", what_failed)
+        the peer lost is not one this task watches.
+
+        At once, not after the watch's grace: the process holding JAX's coordination service
+        was seen aborted by gloo within 0.1 s of another's loss, and JAX's client then aborts
+        every other process within milliseconds."""
+        logging.warning("%s; finding which peer is gone", what_failed)
+        first = failure.first()
+        if first is not None:
+            _say_failed_first(first.line(), "a peer")
+            exits.end_now(EXIT_PEER_LOST, "the run failed")
+        gone = sorted(
+            (name for name, address in self._others.items() if _refuses(address)),
+            key=lambda name: not _named_in(self._others[name], what_failed),
+        )
+        if gone:
+            self.stop()
+            for name in gone:
+                report_lost(name, self._others[name], REFUSED)
+            exits.end_now(EXIT_PEER_LOST, f"{gone[0]} is lost")
         # Every peer had started: the collective ran with all of them before.
         self.snap(started=True)
         self.await_loss()
@@ -222,6 +270,16 @@ def snap_all() -> None:
     """PeerWatch.snap for every watch of this process that is still watching."""
     for watch in list(_LIVE):
         watch.snap()
+
+
+def _named_in(address: str, text: str) -> bool:
+    """Whether `text` names the IP address `address`'s host resolves to, as an error's text
+    may name a peer (gloo's "Connection closed by peer [10.251.0.12]:21391")."""
+    try:
+        ip = socket.gethostbyname(address.rpartition(":")[0])
+    except OSError:
+        return False
+    return re.search(rf"(?<![0-9.]){re.escape(ip)}(?![0-9])", text) is not None
 
 
 def _refuses(address: str) -> bool:
