@@ -331,6 +331,13 @@ def test_a_run_s_standing_in_one_line_as_a_job_s_out_ends(tmp_path: Path) -> Non
         f"{tmp_path / 'refused'}: no run has started here, nothing was trained; task logs in "
         f"{tmp_path / 'refused'}/logs\n"
     )
+    # A command under with-tfconfig that saved no checkpoint and wrote no summary.json.
+    script = tmp_path / "script"
+    script.mkdir()
+    (script / "state.json").write_text(json.dumps({"state": "done"}))
+    assert run_module("tfconfig_slurm.commands", "runs", f"--run={script}").stdout == (
+        f"{script}: done (no checkpoint)\n"
+    )
     failed = run_dir(tmp_path, "failed", {"state": "failed"}, None, 220)
     assert run_module("tfconfig_slurm.commands", "runs", f"--run={failed}").stdout.startswith(
         f"{failed}: failed (its latest checkpoint is at step 220); first to fail: "
@@ -339,9 +346,9 @@ def test_a_run_s_standing_in_one_line_as_a_job_s_out_ends(tmp_path: Path) -> Non
     root = run_module("tfconfig_slurm.commands", "runs", f"--run={tmp_path}")
     assert root.returncode == 2
     assert root.stderr.strip().endswith(
-        f"--run: is '{tmp_path}', an output root of 3 run(s) (done, failed, halted), not a run's "
-        f"model directory. HINT: give one of them, e.g. --run={tmp_path / 'done'}, or list them "
-        f"all: tfconfig-slurm runs {tmp_path}"
+        f"--run: is '{tmp_path}', an output root of 4 run(s) (done, failed, halted, ...), not a "
+        f"run's model directory. HINT: give one of them, e.g. --run={tmp_path / 'done'}, or "
+        f"list them all: tfconfig-slurm runs {tmp_path}"
     ), root.stderr
 
 

@@ -115,3 +115,20 @@ def test_the_loss_read_only_where_a_line_may_come_is_the_same_mean(
         "step 4: loss 3",
         "step 8: loss 6.5",
     ]
+
+
+def test_steps_counted_in_bulk_say_their_loss_in_the_first_line(
+    clock: list[float], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A coordinator counts an epoch's steps at once: its first line has their loss, the
+    rates wait for the second."""
+    caplog.set_level(logging.INFO)
+    meter = Throughput(50)
+    assert meter.step(50, examples=50 * 64, loss=0.41234, steps=50) is None
+    clock[0] += 2.0
+    rates = meter.step(100, examples=50 * 64, loss=0.3, steps=50)
+    assert rates is not None and rates.examples_per_sec == 1600.0
+    assert lines(caplog)[:2] == [
+        "first step done (global step 50): loss 0.4123 over its 50 steps",
+        "step 100: loss 0.3, 1600.0 examples/s, 25.00 global steps/s",
+    ]

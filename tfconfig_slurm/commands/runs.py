@@ -172,18 +172,20 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
         "no checkpoint" if checkpoint is None else f"its latest checkpoint is at step {checkpoint}"
     )
     why = f" ({_stopped_by(run)})" if _stopped_by(run) else ""
+    # A command under with-tfconfig may save no checkpoint and write no summary.json.
+    at = f" at step {step}" if step is not None else f" ({kept})"
     said = {
-        "done": f"done at step {step}"
+        "done": f"done{at}"
         + (f": {_pairs(_shown(run['eval']), 4)}" if _shown(run["eval"]) else "")
-        + f"; summary in {paths.summary}",
-        "requeued": f"stopped at step {step}{why} and requeued: job {run['job_id']} resumes it "
-        "from the checkpoint",
-        "continued": f"stopped at step {step}{why}; it goes on in job {run['continued_as']}, "
-        "from the checkpoint",
-        "stopped": f"stopped at step {step}{why} with a checkpoint; run it again with the same "
+        + (f"; summary in {paths.summary}" if paths.summary.is_file() else ""),
+        "requeued": f"stopped{at}{why} and requeued: job {run['job_id']} resumes it from the "
+        "checkpoint",
+        "continued": f"stopped{at}{why}; it goes on in job {run['continued_as']}, from the "
+        "checkpoint",
+        "stopped": f"stopped{at}{why} with a checkpoint; run it again with the same "
         "experiment id to resume",
         "failed": f"failed ({kept}); first to fail: {run['first_failure'] or 'not recorded'}",
-    }.get(state, f"{state} at step {step}")
+    }.get(state, f"{state}{at}")
     restarted = f"; {_restarted(run)}" if run["restarts"] else ""
     return f"{folder}: {said}{restarted}{_logs(paths)}"
 

@@ -7,12 +7,12 @@ as with-tfconfig supervises a coordinator's step (process/supervision/supervise.
   parameter servers, split across them by size), restores the model directory's latest
   checkpoint and trains the steps left to --train_steps with model.fit, each worker reading
   its own share of the experiment's dataset("train", params) (_worker_batches).
-- fit runs in epochs of --log_every_steps steps, after each of which the coordinator logs the
-  loss and examples/s and checkpoints where one is due (process/task/cadence.py: by steps,
-  or by time, the clock read at each epoch's end). The coordinator
-  schedules a whole epoch's steps at once unless held back: _InFlight keeps at most two steps
-  a worker scheduled and not done, so that a stop signal ends fit within those steps (not at
-  the epoch's end), with a checkpoint of the step.
+- fit runs in epochs of --log_every_steps steps (at most half the run's), after each of which
+  the coordinator logs the loss and examples/s and checkpoints where one is due
+  (process/task/cadence.py: by steps, or by time, the clock read at each epoch's end). The
+  coordinator schedules a whole epoch's steps at once unless held back: _InFlight keeps at
+  most two steps a worker scheduled and not done, so that a stop signal ends fit within those
+  steps (not at the epoch's end), with a checkpoint of the step.
 - At the end it takes the final checkpoint's metrics from the run's evaluator (--evaluator:
   sidecar.py), or evaluates it in a process of its own (evaluate.py), and writes summary.json
   and the eval/ scalars, as the other backends do.
@@ -86,11 +86,13 @@ class CoordinatorBackend(TrainingBackendBase):
                 self._report(epochs, started)
             return end(Ending(stopped_on))
 
-        epochs = _Epochs(coordinator, settings, self._stop, finish)
-        left = settings.train_steps - epochs.step
+        left = settings.train_steps - coordinator.saver.last
+        # Half the steps left at most: the first epoch only starts the clock (start-up is in
+        # it), so a run of one --log_every_steps would log no loss after it and no rate.
+        every = max(1, min(settings.log_every_steps, left // 2))
+        epochs = _Epochs(coordinator, settings, self._stop, finish, every)
         if left <= 0:
             return finish()
-        every = max(1, min(settings.log_every_steps, left))
         batches = keras.utils.experimental.DatasetCreator(
             partial(_worker_batches, self._experiment, settings.params, self._cluster_role.workers)
         )
@@ -268,11 +270,13 @@ class _Epochs(keras.callbacks.Callback):  # type: ignore[misc]
         settings: TrainingSettings,
         stop: preemption.StopRequest,
         finish: Callable[[], Any],
+        every: int,
     ) -> None:
         super().__init__()
         self.step = coordinator.saver.last
         self.stopped_on: str | None = None
-        self.meter = Throughput(settings.log_every_steps)
+        # A line each epoch of `every` steps.
+        self.meter = Throughput(every)
         self.result: Any = None
         self._train_steps = settings.train_steps
         self._batch_size = settings.params["batch_size"]

@@ -87,7 +87,10 @@ class Throughput:
         mark = Mark(time.monotonic(), self._local_steps, global_step, self._examples)
         if self._first is None:
             self._first = self._window = mark
-            logging.info("first step done (global step %d)", global_step)
+            # Steps counted in bulk (a coordinator's epoch) have a loss worth saying; their
+            # rate, start-up in it, is not.
+            over = "" if steps == 1 or loss is None else f": loss {loss:.4g} over its {steps} steps"
+            logging.info("first step done (global step %d)%s", global_step, over)
             return None
         self._last = mark
         assert self._window is not None
