@@ -305,6 +305,12 @@ def test_a_keras3_experiment_without_jax_or_with_a_tensorflow_flag_is_one_line(
     (line,) = coordinated.stderr.strip().splitlines()
     assert "--coordinator: lays the step out for ParameterServerStrategy" in line
     assert "a Keras 3 experiment trains on JAX" in line
+    # All-reduce, chief and workers only: no parameter server, no evaluator.
+    for cluster in ("ps=1,workers=1", "workers=1,evaluator=1"):
+        refused = train(tmp_path, f"--local_cluster={cluster}")
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        (line,) = refused.stderr.strip().splitlines()
+        assert f"--local_cluster: is '{cluster}': a Keras experiment trains all-reduce" in line
     assert not list(tmp_path.iterdir())
 
 

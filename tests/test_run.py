@@ -607,6 +607,9 @@ def test_an_empty_output_root_variable_is_as_if_unset() -> None:
         ("--roles=ps,foo", "--roles: has 'foo'"),
         ("--port_base=5", "--port_base: is 5"),
         ("--coordinator", "--coordinator: lays the step out"),
+        # mnist_deep's HPARAMS are literal: read from its source, with no TensorFlow.
+        ("--hparams=nosuch=1", "--hparams: sets 'nosuch', which the experiment's HPARAMS"),
+        ("--hparams=dropout=abc", "--hparams: sets dropout='abc', expected a finite float"),
     ],
 )
 def test_print_model_dir_refuses_the_flags_every_task_would(

@@ -364,6 +364,13 @@ MALFORMED = [
         "CUDA_VISIBLE_DEVICES",
     ),
     ("GPUs bound per task", (), captured("gpus_per_task_2x2", "task-1"), "CUDA_VISIBLE_DEVICES"),
+    # For the all-reduce layout too (with-tfconfig --keras3's): it lays out a node's GPUs itself.
+    (
+        "GPUs bound per task, all-reduce",
+        ("--all_reduce",),
+        captured("gpus_per_task_2x2", "task-1"),
+        "CUDA_VISIBLE_DEVICES",
+    ),
     ("GPUs hidden", (), _block_task_4_with(CUDA_VISIBLE_DEVICES=""), "CUDA_VISIBLE_DEVICES"),
     (
         "more GPUs than SLURM gave",

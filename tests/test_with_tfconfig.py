@@ -419,15 +419,17 @@ def test_a_step_told_to_stop_leaves_each_trainer_its_own_stop(
         assert re.search(r"ps \d at localhost:\d+ has not answered for 2\d s", logs), logs
 
 
-def test_a_finished_trainer_s_wrapper_still_ends_on_sigterm() -> None:
-    """Once its command has exited there is nothing to pass a signal on to: scancel ends it."""
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_finished_trainer_s_wrapper_still_ends_on_sigterm(number: signal.Signals) -> None:
+    """Once its command has exited there is nothing to pass a signal on to: scancel ends it,
+    as do SIGINT and SIGHUP."""
     base = free_port_block(4)
     step = wrap_step(base, 4, {2: "1"}, "600")
     try:
         # Its command done, the wrapper answers WAITING for worker 0, below it in the tree.
         assert wait_until(lambda: answer_of(f"localhost:{base + 2}") == WAITING, 30.0)
-        step[2].terminate()
-        assert step[2].wait(timeout=30) == -signal.SIGTERM
+        step[2].send_signal(number)
+        assert step[2].wait(timeout=30) == -number
     finally:
         ended(step, 0)
 
@@ -586,23 +588,27 @@ def test_told_its_model_dir_the_chief_says_the_run_is_done(tmp_path: Path) -> No
     assert json.loads((model_dir / "state.json").read_text()) == state
 
 
-def test_told_its_model_dir_a_chief_sent_sigterm_says_the_run_stopped(tmp_path: Path) -> None:
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_told_its_model_dir_a_chief_sent_sigterm_says_the_run_stopped(
+    tmp_path: Path, number: signal.Signals
+) -> None:
+    """SIGINT and SIGHUP alike: each reaches the command, which stops on it."""
     base, model_dir = free_port_block(4), tmp_path / "mine"
     step = [wrapped(base, 4, rank, f"--model_dir={model_dir}", *SERVER, "600") for rank in range(4)]
     state = model_dir / "state.json"
     try:
         assert wait_until(state.exists, 30.0)
         assert json.loads(state.read_text())["state"] == "running"
-        step[2].terminate()
-        assert step[2].wait(timeout=30) == 128 + signal.SIGTERM
+        step[2].send_signal(number)
+        assert step[2].wait(timeout=30) == 128 + number
     finally:
         _, logs = ended(step, 0)
     said = json.loads(state.read_text())
-    assert (said["state"], said["signal"]) == ("stopped", "SIGTERM")
+    assert (said["state"], said["signal"]) == ("stopped", number.name)
     # A stop, not a failure, in the log as in the state.
-    assert "chief 0: its command stopped on SIGTERM; saying so on its port" in logs, logs
+    assert f"chief 0: its command stopped on {number.name}; saying so on its port" in logs, logs
     assert "chief 0: its command failed" not in logs
-    assert re.search(r"^mine +stopped \(SIGTERM\) ", runs_table(tmp_path), re.M)
+    assert re.search(rf"^mine +stopped \({number.name}\) ", runs_table(tmp_path), re.M)
 
 
 # One node of 4 tasks laid out for ParameterServerStrategy: ps 0, the coordinator (chief 0),
