@@ -66,8 +66,10 @@ def test_an_incomplete_data_dir_is_refused_and_no_data_dir_trains_on_the_digits(
     in a task's log: the job succeeded on other data than it was given."""
     for stem in list(_STEMS)[:3]:
         _write_idx(tmp_path, stem, zipped=False)
-    with pytest.raises(ValueError, match=r"--data_dir=\S+ lacks t10k-labels-idx1-ubyte \(nor"):
+    with pytest.raises(ValueError, match=r"is \S+, which lacks t10k-labels-idx1-ubyte \(nor"):
         mnist_data.load_examples(str(tmp_path), True)
+    with pytest.raises(ValueError, match=r"which lacks t10k-labels-idx1-ubyte"):
+        mnist_data.check_data(str(tmp_path))
     train_images, _ = mnist_data.load_examples(None, True)
     test_images, test_labels = mnist_data.load_examples(None, False)
     assert (len(train_images), len(test_images)) == (1438, 359)

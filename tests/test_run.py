@@ -322,6 +322,13 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
             "def model_fn(features, labels, mode, params): pass\n"
             "def input_fn(mode, params): pass\n",
         ),
+        (
+            ("--experiment={module}",),
+            "my_experiment.check_data is an int, not a function",
+            "check_data = 3\n"
+            "def model_fn(features, labels, mode, params): pass\n"
+            "def input_fn(mode, params): pass\n",
+        ),
         (("--train_steps=10",), "--experiment", None),
         (
             ("--experiment=mnist_deep", "--model_dir=/tmp/x"),
@@ -355,6 +362,12 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
         (("--experiment=mnist_deep", "--preempt_signal=KILL"), "--preempt_signal", None),
         (("--experiment=mnist_deep", "--max_requeues=-1"), "--max_requeues", None),
         (("--experiment=mnist_deep", "--data_dir=/no/such/dir"), "--data_dir", None),
+        # A directory without the MNIST files: the experiment's check_data says so.
+        (
+            ("--experiment=mnist_deep", "--data_dir=/etc"),
+            "--data_dir: is /etc, which lacks train-images-idx3-ubyte, ",
+            None,
+        ),
         (
             ("--experiment=mnist_deep", "--experiment_id=../x"),
             "--experiment_id: is '../x', not the name of a folder",

@@ -59,7 +59,7 @@ def _settings(
                 runtime_flags.TRAIN_STEPS.value,
             ),
             "batch_size": runtime_flags.BATCH_SIZE.value,
-            "data_dir": runtime_flags.DATA_DIR.value,
+            "data_dir": experiment_lib.checked_data_dir(experiment, runtime_flags.DATA_DIR.value),
             "num_trainers": shard.num_shards,
             "trainer_index": shard.shard_index,
         },

@@ -77,6 +77,12 @@ def batches(params: Mapping[str, Any], *, training: bool) -> Iterator[Examples]:
 
 
 @functools.cache
+def check_data(data_dir: str) -> None:
+    """Refuses a --data_dir without the four MNIST files (the runtime calls it before
+    training, and says the ValueError's words in one line)."""
+    _idx_files(data_dir)
+
+
 def load_examples(data_dir: str | None, training: bool) -> Examples:
     """Images as float32 [n, 28, 28, 1] in [0, 1] and labels as int32 [n]."""
     idx_files = _idx_files(data_dir)
@@ -101,9 +107,8 @@ def _idx_files(data_dir: str | None) -> dict[bool, tuple[Path, Path]] | None:
     if data_dir:
         # Trained on the digits instead, a run would succeed on other data than it was given.
         raise ValueError(
-            f"mnist: --data_dir={data_dir} lacks {', '.join(missing)} (nor .gz, nor with a dot "
-            "before idx, as Kaggle's copy names them): give the directory of the four MNIST IDX "
-            "files, or leave --data_dir out to train on the digits that ship with tfconfig-slurm"
+            f"is {data_dir}, which lacks {', '.join(missing)} (nor .gz, nor with a dot before "
+            "idx, as Kaggle's copy names them), so it holds no MNIST"
         )
     logging.info(
         "mnist: no --data_dir; using the 1797 handwritten digits that ship with tfconfig-slurm, "

@@ -14,6 +14,7 @@ import tf_keras as keras
 from tfconfig_slurm.experiments.mnist_data import (
     CLASSES,
     IMAGE_SIZE,
+    check_data,  # noqa: F401 (the runtime calls it: a bad --data_dir is one line)
     check_hparams,  # noqa: F401 (the runtime calls it: a bad --hparams value is one line)
 )
 from tfconfig_slurm.experiments.mnist_pipeline import dataset as mnist_dataset

@@ -18,6 +18,7 @@ from tfconfig_slurm.experiments.mnist_data import (
     IMAGE_SIZE,
     Examples,
     batches,
+    check_data,  # noqa: F401 (the runtime calls it: a bad --data_dir is one line)
     check_hparams,  # noqa: F401 (the runtime calls it: a bad --hparams value is one line)
 )
 

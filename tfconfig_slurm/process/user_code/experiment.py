@@ -39,6 +39,9 @@ from tfconfig_slurm.process.console import a_or_an
 from tfconfig_slurm.process.user_code import versions
 from tfconfig_slurm.process.user_code.hparams import HparamsCheck
 
+# An experiment's check of --data_dir: raises ValueError for a directory it cannot train on.
+DataCheck = Callable[[str], None]
+
 # The experiments installed with the package, where `--experiment NAME` looks for NAME.py
 # after the working directory's experiments/.
 _SHIPPED = Path(__file__).resolve().parents[2] / "experiments"
@@ -64,6 +67,7 @@ class Experiment:
     hparams: Mapping[str, Any]
     check_hparams: HparamsCheck | None
     serving_input_receiver_fn: Callable[[], Any] | None
+    check_data: DataCheck | None = None
 
 
 def locate(spec: str) -> tuple[str, Path | None]:
@@ -123,6 +127,7 @@ class KerasExperiment:
     dataset: Callable[[str, Mapping[str, Any]], Any]
     hparams: Mapping[str, Any]
     check_hparams: HparamsCheck | None
+    check_data: DataCheck | None = None
     # Keras 3's: the LayoutMap of the given devices (the run's, in process order) to shard the
     # variables by; None to train data-parallel.
     layout_map: Callable[[list[Any], Mapping[str, Any]], Any] | None = None
@@ -290,6 +295,7 @@ def load_keras(spec: str) -> KerasExperiment:
         dataset=functions["dataset"],  # type: ignore[arg-type]
         hparams=_hparams(module),
         check_hparams=_check_hparams(module),
+        check_data=_check_data(module),
         layout_map=layout_map,
     )
 
@@ -361,6 +367,7 @@ def load(spec: str) -> Experiment:
         hparams=_hparams(module),
         check_hparams=_check_hparams(module),
         serving_input_receiver_fn=getattr(module, "serving_input_receiver_fn", None),
+        check_data=_check_data(module),
     )
 
 
@@ -376,6 +383,36 @@ def _check_hparams(module: ModuleType) -> HparamsCheck | None:
         )
     _check_call(module, "check_hparams", "check_hparams(hparams)", {})
     return check  # type: ignore[no-any-return]
+
+
+def _check_data(module: ModuleType) -> DataCheck | None:
+    check = getattr(module, "check_data", None)
+    if check is None:
+        return None
+    if not callable(check):
+        raise UsageError(
+            "--experiment",
+            f"{_named(module)}.check_data is {a_or_an(type(check).__name__)}, not a function",
+            "define check_data(data_dir), raising ValueError for a --data_dir it cannot train on",
+        )
+    _check_call(module, "check_data", "check_data(data_dir)", "")
+    return check  # type: ignore[no-any-return]
+
+
+def checked_data_dir(experiment: Experiment | KerasExperiment, data_dir: str | None) -> str | None:
+    """`data_dir` (--data_dir), passed by the experiment's check_data where it has one: its
+    ValueError's words refuse the run in one line, not a traceback in each task's input."""
+    if data_dir is not None and experiment.check_data is not None:
+        try:
+            experiment.check_data(data_dir)
+        except ValueError as error:
+            raise UsageError(
+                "--data_dir",
+                str(error),
+                "give the directory that holds the data, or leave --data_dir out for the "
+                "experiment's default (the shipped ones train on digits they ship with)",
+            ) from None
+    return data_dir
 
 
 def _hparams(module: ModuleType) -> dict[str, Any]:
