@@ -19,6 +19,7 @@ from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.process.job import lost_nodes, restarts
 from tfconfig_slurm.process.records import reports
 from tfconfig_slurm.process.records.failure import Failure
+from tfconfig_slurm.process.supervision import watchdog
 
 JOB = SlurmJob(42, None, None, 1)
 LOST = Failure(
@@ -79,6 +80,9 @@ def test_without_a_record_srun_s_message_and_the_task_s_log_name_it(tmp_path: Pa
     [
         # A task killed: its watcher saw it stop answering; with-tfconfig's command by a signal.
         (LOST, "", True),
+        # A peer whose port refused once a collective with it failed (watchdog.REFUSED).
+        (Failure("worker 2", "n2", watchdog.REFUSED.recorded, None, "worker 1", 1.0), "", True),
+        (Failure("ps 0", "n1", watchdog.silence(4.0).recorded, None, "chief 0", 1.0), "", True),
         (Failure("worker 1", "n2", "its command was killed by SIGKILL", 137, None, 1.0), "", True),
         # No record, and srun names a kill, or the out-of-memory killer.
         (None, "srun: error: node2: task 3: Killed", True),

@@ -338,6 +338,10 @@ def test_a_run_s_standing_in_one_line_as_a_job_s_out_ends(tmp_path: Path) -> Non
     assert run_module("tfconfig_slurm.commands", "runs", f"--run={script}").stdout == (
         f"{script}: done (no checkpoint)\n"
     )
+    (script / "state.json").write_text(json.dumps({"state": "stopped", "signal": "SIGTERM"}))
+    assert run_module("tfconfig_slurm.commands", "runs", f"--run={script}").stdout == (
+        f"{script}: stopped (SIGTERM) with no checkpoint\n"
+    )
     failed = run_dir(tmp_path, "failed", {"state": "failed"}, None, 220)
     assert run_module("tfconfig_slurm.commands", "runs", f"--run={failed}").stdout.startswith(
         f"{failed}: failed (its latest checkpoint is at step 220); first to fail: "

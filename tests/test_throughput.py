@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tfconfig_slurm.process.task.throughput import LossSinceLastLine, Throughput
+from tfconfig_slurm.process.task.throughput import LossSinceLastLine, Throughput, epoch_steps
 
 
 @pytest.fixture
@@ -132,3 +132,16 @@ def test_steps_counted_in_bulk_say_their_loss_in_the_first_line(
         "first step done (global step 50): loss 0.4123 over its 50 steps",
         "step 100: loss 0.3, 1600.0 examples/s, 25.00 global steps/s",
     ]
+
+
+@pytest.mark.parametrize(
+    ("left", "every", "steps"),
+    [(1000, 100, 100), (1050, 100, 100), (100, 100, 50), (30, 40, 15), (25, 100, 5),
+     (7, 100, 1), (1, 100, 1), (0, 100, 1)],
+)  # fmt: skip
+def test_a_coordinator_s_epochs_are_its_log_interval_or_whole_halves_or_less_of_a_short_run(
+    left: int, every: int, steps: int
+) -> None:
+    """A run no longer than one interval still has two epochs or more, its last ending the
+    run (one fit), so that the second logs a rate."""
+    assert epoch_steps(left, every) == steps

@@ -110,3 +110,12 @@ def test_without_parameter_servers_a_loss_travels_the_tree_of_trainers() -> None
                 front = {watcher for lost in front for watcher in watchers[lost]} - ended
                 ended |= front
             assert ended == set(tasks), (trainers, name)
+
+
+def test_a_trainer_s_other_trainers_start_after_it_and_leave_it_out() -> None:
+    """Each trainer whose collective failed probes them in turn, each from its own place:
+    not every one of thousands at the chief first."""
+    tasks = roles(4, 0)
+    assert list(watch_plan.other_trainers(tasks["worker 1"])) == ["worker 2", "chief 0", "worker 0"]
+    assert list(watch_plan.other_trainers(tasks["chief 0"])) == ["worker 0", "worker 1", "worker 2"]
+    assert watch_plan.other_trainers(tasks["worker 2"])["chief 0"] == tasks["chief 0"].address

@@ -153,7 +153,7 @@ class EndedError(Exception):
     """exits.end_now, in a test: the status the process would have ended with."""
 
 
-def test_a_failed_collective_names_at_once_the_peers_whose_port_refuses(
+def test_a_failed_collective_names_a_peer_whose_port_refuses_the_error_s_host_first(
     listener: tuple[socket.socket, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Not only the watched ones, and not after the watch's grace; the peer the error names
@@ -212,6 +212,17 @@ def test_a_failed_collective_in_a_run_that_failed_names_the_first_failure(
 
     monkeypatch.setattr(watchdog, "_refuses", refuses)
     watch = PeerWatch({}, others={"chief 0": "127.0.0.1:1"})
-    with pytest.raises(EndedError) as ended:
-        watch.end_for_a_lost_peer("all-reduce failed")
+    try:
+        with pytest.raises(EndedError) as ended:
+            watch.end_for_a_lost_peer("all-reduce failed")
+    finally:
+        watch.stop()
     assert ended.value.args == (EXIT_PEER_LOST,) and probed == []
+    # Nor does a watch stopped once its peers finished: one of them leaving is no loss.
+    (tmp_path / "failures").rename(tmp_path / "gone")
+    assert failure.first() is None
+    finished = PeerWatch({}, others={"chief 0": "127.0.0.1:1"}, **FAST)
+    finished.stop()
+    with pytest.raises(EndedError):
+        finished.end_for_a_lost_peer("all-reduce failed")
+    assert probed == []

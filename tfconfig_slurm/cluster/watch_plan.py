@@ -14,8 +14,9 @@ the same way. Three watches from any task to any other.
 A cluster without parameter servers (all-reduce training) has only trainers: each watches its
 neighbours in the tree of trainers below (its parent and children), so a loss travels along
 the tree, at most twice its depth (3 levels at 4,000 trainers). A trainer whose collective
-fails probes every other trainer once, unless the run has recorded its failure already: the
-few whose collective fails first name the lost one at once, whichever their neighbours are.
+fails probes the other trainers in turn until one refuses or the run has recorded its
+failure: the few whose collective fails first name the lost one, whichever their neighbours
+are, at once where the error names its address.
 
 In a step laid out for ParameterServerStrategy (`coordinator`), a lost worker is the
 coordinator's to tolerate: nobody watches the workers. The coordinator watches every ps; the
@@ -85,9 +86,11 @@ def other_servers(role: ClusterRole) -> dict[str, str]:
 
 
 def other_trainers(role: ClusterRole) -> dict[str, str]:
-    """Every trainer but this one, by name: the peers of a collective that failed, each
-    probed once (watchdog.PeerWatch.end_for_a_lost_peer)."""
-    return _trainers(role, (t for t in range(role.trainers) if t != role.trainer_id))
+    """Every trainer but this one, by name, from the one after it on (round to the one
+    before): the peers a trainer whose collective failed probes in turn
+    (watchdog.PeerWatch.end_for_a_lost_peer), each trainer starting elsewhere."""
+    after = range(role.trainer_id + 1, role.trainer_id + role.trainers)
+    return _trainers(role, (t % role.trainers for t in after))
 
 
 def children(role: ClusterRole) -> dict[str, str]:

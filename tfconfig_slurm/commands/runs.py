@@ -173,17 +173,20 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
     )
     why = f" ({_stopped_by(run)})" if _stopped_by(run) else ""
     # A command under with-tfconfig may save no checkpoint and write no summary.json.
-    at = f" at step {step}" if step is not None else f" ({kept})"
+    at = f" at step {step}" if step is not None else ""
+    resumes = " from the checkpoint" if checkpoint is not None else ""
     said = {
-        "done": f"done{at}"
+        "done": f"done{at or f' ({kept})'}"
         + (f": {_pairs(_shown(run['eval']), 4)}" if _shown(run["eval"]) else "")
         + (f"; summary in {paths.summary}" if paths.summary.is_file() else ""),
-        "requeued": f"stopped{at}{why} and requeued: job {run['job_id']} resumes it from the "
-        "checkpoint",
-        "continued": f"stopped{at}{why}; it goes on in job {run['continued_as']}, from the "
-        "checkpoint",
-        "stopped": f"stopped{at}{why} with a checkpoint; run it again with the same "
-        "experiment id to resume",
+        "requeued": f"stopped{at}{why} and requeued: job {run['job_id']} resumes it{resumes}",
+        "continued": f"stopped{at}{why}; it goes on in job {run['continued_as']}{resumes}",
+        "stopped": f"stopped{at}{why} with "
+        + (
+            "a checkpoint; run it again with the same experiment id to resume"
+            if checkpoint is not None
+            else "no checkpoint"
+        ),
         "failed": f"failed ({kept}); first to fail: {run['first_failure'] or 'not recorded'}",
     }.get(state, f"{state}{at}")
     restarted = f"; {_restarted(run)}" if run["restarts"] else ""

@@ -76,13 +76,13 @@ def batches(params: Mapping[str, Any], *, training: bool) -> Iterator[Examples]:
             yield images[chosen], labels[chosen]
 
 
-@functools.cache
 def check_data(data_dir: str) -> None:
     """Refuses a --data_dir without the four MNIST files (the runtime calls it before
     training, and says the ValueError's words in one line)."""
     _idx_files(data_dir)
 
 
+@functools.cache
 def load_examples(data_dir: str | None, training: bool) -> Examples:
     """Images as float32 [n, 28, 28, 1] in [0, 1] and labels as int32 [n]."""
     idx_files = _idx_files(data_dir)

@@ -7,10 +7,10 @@ as with-tfconfig supervises a coordinator's step (process/supervision/supervise.
   parameter servers, split across them by size), restores the model directory's latest
   checkpoint and trains the steps left to --train_steps with model.fit, each worker reading
   its own share of the experiment's dataset("train", params) (_worker_batches).
-- fit runs in epochs of --log_every_steps steps (at most half the run's), after each of which
-  the coordinator logs the loss and examples/s and checkpoints where one is due
-  (process/task/cadence.py: by steps, or by time, the clock read at each epoch's end). The
-  coordinator schedules a whole epoch's steps at once unless held back: _InFlight keeps at
+- fit runs in epochs of --log_every_steps steps (fewer where no more are left: epoch_steps),
+  after each of which the coordinator logs the loss and examples/s and checkpoints where one
+  is due (process/task/cadence.py: by steps, or by time, the clock read at each epoch's end).
+  The coordinator schedules a whole epoch's steps at once unless held back: _InFlight keeps at
   most two steps a worker scheduled and not done, so that a stop signal ends fit within those
   steps (not at the epoch's end), with a checkpoint of the step.
 - At the end it takes the final checkpoint's metrics from the run's evaluator (--evaluator:
@@ -49,7 +49,7 @@ from tfconfig_slurm.process.records import reports
 from tfconfig_slurm.process.task import cadence
 from tfconfig_slurm.process.task.lifecycle import Ending
 from tfconfig_slurm.process.task.settings import TrainingSettings
-from tfconfig_slurm.process.task.throughput import Throughput
+from tfconfig_slurm.process.task.throughput import Throughput, epoch_steps
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
 # A variable smaller than this stays whole on one parameter server.
@@ -87,9 +87,7 @@ class CoordinatorBackend(TrainingBackendBase):
             return end(Ending(stopped_on))
 
         left = settings.train_steps - coordinator.saver.last
-        # Half the steps left at most: the first epoch only starts the clock (start-up is in
-        # it), so a run of one --log_every_steps would log no loss after it and no rate.
-        every = max(1, min(settings.log_every_steps, left // 2))
+        every = epoch_steps(left, settings.log_every_steps)
         epochs = _Epochs(coordinator, settings, self._stop, finish, every)
         if left <= 0:
             return finish()

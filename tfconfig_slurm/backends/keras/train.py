@@ -137,7 +137,7 @@ class KerasBackend(TrainingBackendBase):
             if trainer.peers is None:
                 raise
             trainer.peers.end_for_a_lost_peer(
-                f"the trainers' all-reduce failed ({type(error).__name__})"
+                f"the trainers' all-reduce failed ({type(error).__name__})", str(error)
             )
 
     def _evaluate(self, trainer: _Trainer, step: int) -> dict[str, Any]:

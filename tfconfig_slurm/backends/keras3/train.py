@@ -134,7 +134,7 @@ class Keras3Backend:
             if process.peers is None or not processes.lost_a_peer(error):
                 raise
             process.peers.end_for_a_lost_peer(
-                f"the processes' collective failed ({processes.first_line(error)})"
+                f"the processes' collective failed ({processes.first_line(error)})", str(error)
             )
         if progress.stopped_on is None and progress.step < settings.train_steps:
             raise UsageError(

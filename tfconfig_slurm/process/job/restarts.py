@@ -174,9 +174,9 @@ def _trained(model_dir: Path, step: Step) -> bool:
 
 
 def _of_record(first: Failure) -> Verdict:
+    if first.is_loss():
+        return Verdict(again=True, why=f"{first.task} stopped answering")
     if first.seen_by is not None:
-        if first.exit_status is None and first.what.startswith("stopped answering"):
-            return Verdict(again=True, why=f"{first.task} stopped answering")
         # A peer that said its command failed: the command's own error.
         return Verdict(again=False, why=f"{first.task}'s command failed")
     # SIGKILL, as by a person or the out-of-memory killer; a crash (SIGSEGV, SIGABRT) would

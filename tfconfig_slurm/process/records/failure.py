@@ -30,6 +30,10 @@ from tfconfig_slurm.process.records.run_dir import RunDir
 
 # An error's text is cut here (_one_line).
 _MAX_ERROR_CHARS = 400
+# How a watcher's record of a peer it lost begins, silent or refusing connections: a loss,
+# which a restart may cure (process/job/restarts.py), where a peer that said its command
+# failed is not.
+STOPPED_ANSWERING = "stopped answering"
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,14 @@ class Failure:
     # The watcher that found the task lost; None when the task said it itself.
     seen_by: str | None
     time: float
+
+    def is_loss(self) -> bool:
+        """Whether a watcher recorded the task lost (killed, or its node cut off), not failed."""
+        return (
+            self.seen_by is not None
+            and self.exit_status is None
+            and self.what.startswith(STOPPED_ANSWERING)
+        )
 
     def line(self) -> str:
         """One line for a person: `worker 0 on node2: ValueError: ... (exit 1)`."""

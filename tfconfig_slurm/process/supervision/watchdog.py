@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Callable, NamedTuple, NoReturn
 
 from absl import logging
@@ -60,7 +60,7 @@ def silence(silent_for: float) -> Loss:
         return Loss("says its command failed", "its command failed")
     return Loss(
         f"has not answered for {silent_for:.0f} s: it died or its node is cut off",
-        "stopped answering: killed, or its node cut off",
+        f"{failure.STOPPED_ANSWERING}: killed, or its node cut off",
     )
 
 
@@ -68,7 +68,7 @@ def silence(silent_for: float) -> Loss:
 # has ended (a live one's port listens from before its first collective).
 REFUSED = Loss(
     "refuses connections since a collective with it failed: its process is gone",
-    "its process is gone: its port refuses connections",
+    f"{failure.STOPPED_ANSWERING}: its port refuses connections, its process gone",
 )
 
 
@@ -160,29 +160,20 @@ class PeerWatch:
         says which."""
         time.sleep(2 * self._interval + self._lost_after + timing.CONNECT_TIMEOUT_SECONDS)
 
-    def end_for_a_lost_peer(self, what_failed: str) -> NoReturn:
-        """For a task whose collective failed, as they do when a peer is gone: names the peers
-        among `others` whose port refuses (the one the error names first), else waits for the
-        watch to name the peer (naming it ends the process), then ends the process anyway, as
-        the peer lost is not one this task watches.
+    def end_for_a_lost_peer(self, what_failed: str, error: str = "") -> NoReturn:
+        """For a task whose collective failed, as they do when a peer is gone: names the first
+        of `others` whose port refuses (_name_a_refusing_peer), else waits for the watch to
+        name the peer (naming it ends the process), then ends the process anyway, as the peer
+        lost is not one this task watches. `error` is the collective's error in full, whose
+        text may name the lost peer's address.
 
         At once, not after the watch's grace: the process holding JAX's coordination service
         was seen aborted by gloo within 0.1 s of another's loss, and JAX's client then aborts
         every other process within milliseconds."""
         logging.warning("%s; finding which peer is gone", what_failed)
-        first = failure.first()
-        if first is not None:
-            _say_failed_first(first.line(), "a peer")
-            exits.end_now(EXIT_PEER_LOST, "the run failed")
-        gone = sorted(
-            (name for name, address in self._others.items() if _refuses(address)),
-            key=lambda name: not _named_in(self._others[name], what_failed),
-        )
-        if gone:
-            self.stop()
-            for name in gone:
-                report_lost(name, self._others[name], REFUSED)
-            exits.end_now(EXIT_PEER_LOST, f"{gone[0]} is lost")
+        # A watch stopped, its peers finished: one of them leaving is no loss.
+        if not self._stopped.is_set():
+            self._name_a_refusing_peer(error or what_failed)
         # Every peer had started: the collective ran with all of them before.
         self.snap(started=True)
         self.await_loss()
@@ -192,6 +183,26 @@ class PeerWatch:
             EXIT_PEER_LOST,
         )
         exits.end_now(EXIT_PEER_LOST, "a peer is gone")
+
+    def _name_a_refusing_peer(self, error: str) -> None:
+        """Ends this process naming the first of `others` whose port refuses: those on a host
+        whose address `error` names first, back to back, then the rest in their order (from
+        this task's place on: watch_plan.other_trainers), at most PROBES_PER_SECOND a second,
+        until the run has recorded its failure, which is named instead. Returns where none
+        refuses (a node cut off times out, which the watch names)."""
+        named = _named_hosts(self._others.values(), error)
+        suspects = sorted(self._others, key=lambda name: _host(self._others[name]) not in named)
+        for probed, name in enumerate(suspects):
+            if probed % _RECORD_LOOK_EVERY == 0 and (first := failure.first()) is not None:
+                _say_failed_first(first.line(), "a peer")
+                exits.end_now(EXIT_PEER_LOST, "the run failed")
+            address = self._others[name]
+            if _refuses(address):
+                self.stop()
+                report_lost(name, address, REFUSED)
+                exits.end_now(EXIT_PEER_LOST, f"{name} is lost")
+            if _host(address) not in named:
+                time.sleep(1 / timing.PROBES_PER_SECOND)
 
     @property
     def peers(self) -> list[str]:
@@ -262,6 +273,12 @@ class PeerWatch:
         self._on_lost(name, self._addresses[name], silent_for)
 
 
+# How often a task probing the peers of a failed collective looks whether the run has
+# recorded its failure meanwhile: a probe of a live peer takes a fraction of a millisecond.
+_RECORD_LOOK_EVERY = 16
+# An IPv4 address in an error's text.
+_IPV4 = re.compile(r"(?<![0-9.])(?:[0-9]{1,3}\.){3}[0-9]{1,3}(?![0-9])")
+
 # The watches of this process, for a snap check of all of them (snap_all).
 _LIVE: weakref.WeakSet[PeerWatch] = weakref.WeakSet()
 
@@ -272,14 +289,25 @@ def snap_all() -> None:
         watch.snap()
 
 
-def _named_in(address: str, text: str) -> bool:
-    """Whether `text` names the IP address `address`'s host resolves to, as an error's text
-    may name a peer (gloo's "Connection closed by peer [10.251.0.12]:21391")."""
-    try:
-        ip = socket.gethostbyname(address.rpartition(":")[0])
-    except OSError:
-        return False
-    return re.search(rf"(?<![0-9.]){re.escape(ip)}(?![0-9])", text) is not None
+def _named_hosts(addresses: Iterable[str], text: str) -> set[str]:
+    """The hosts of `addresses` whose IP address `text` names, as an error's text may name a
+    peer (gloo's "Connection closed by peer [10.251.0.12]:21391"); each host resolved once,
+    and none where `text` names no IP address."""
+    ips = set(_IPV4.findall(text))
+    if not ips:
+        return set()
+    named = set()
+    for host in {_host(address) for address in addresses}:
+        try:
+            if socket.gethostbyname(host) in ips:
+                named.add(host)
+        except OSError:
+            pass
+    return named
+
+
+def _host(address: str) -> str:
+    return address.rpartition(":")[0]
 
 
 def _refuses(address: str) -> bool:

@@ -57,6 +57,17 @@ def report_progress_to(path: Path) -> None:
     _PROGRESS.path = path
 
 
+def epoch_steps(left: int, every: int) -> int:
+    """The steps of each epoch of a trainer that counts its steps an epoch at a time (a
+    coordinator): `every` (--log_every_steps), or where no more steps than that are left, the
+    largest divisor of them up to half. One epoch would log no rate (the first, start-up in
+    it, only starts the clock), and a divisor makes them whole epochs of one fit: each fit
+    more leaves its workers' input behind (backends/keras/coordinator.py)."""
+    if left > every:
+        return every
+    return max((steps for steps in range(1, left // 2 + 1) if left % steps == 0), default=1)
+
+
 class Throughput:
     """Counts this trainer's steps and examples, and logs its progress."""
 
