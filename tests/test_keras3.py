@@ -29,7 +29,7 @@ from tests.cli import (
     run_module,
     wait_until,
 )
-from tests.slurm_cluster import SlurmCluster, submit, warn_and_requeue
+from tests.slurm_cluster import SlurmCluster, finish, submit, warn_and_requeue
 from tests.slurm_envs import task_env
 from tests.test_keras import (
     LOST_PEER,
@@ -418,6 +418,48 @@ def test_usr1_requeues_a_keras3_job_that_resumes_from_the_step_it_stopped_at(
     assert checkpoint_step(model_dir) == 200
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["global_step"] == 200 and summary["eval"]["accuracy"] > 0.9, summary
+
+
+@pytest.mark.slurm
+def test_a_killed_keras3_process_restarts_the_step_in_its_job_from_the_checkpoint(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """launch/train.sbatch's restart for Keras 3, as test_faults holds it for Estimator: the
+    process killed is the run's first failure, recorded by a process whose collective failed
+    (its port refused: a loss, worth a restart), and the step starts again in the same job,
+    resumes from the checkpoint and finishes."""
+    job = submit(
+        slurm_cluster, tmp_path, "restarted", f"--experiment={PACED_KERAS3}",
+        "--train_steps=120", "--save_checkpoints_steps=20", "--log_every_steps=1",
+        sbatch_options=("--ntasks-per-node=1",),
+        environ={"TFCONFIG_SLURM_PYTHON": str(KERAS3_PYTHON)},
+    )  # fmt: skip
+    logs = tmp_path / "restarted" / "logs"
+    try:
+        assert wait_until(
+            lambda: "checkpoint of step 40 written" in read_logs(logs), START_SECONDS
+        ), read_logs(logs)[-3000:]
+        os.kill(slurm_cluster.task_pid(1), signal.SIGKILL)
+        ended = finish(slurm_cluster, job)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert (ended["JobState"], ended["ExitCode"], ended["Restarts"]) == ("COMPLETED", "0:0", "0")
+    output = (tmp_path / f"train-{ended['JobId']}.out").read_text()
+    again = re.search(
+        rf"starting the step again in job {ended['JobId']} \(restart 1 of at most 2\), from "
+        r"the checkpoint of step (\d+): (worker 0 stopped answering|a task was killed)",
+        output,
+    )
+    assert again is not None, output
+    assert int(again[1]) >= 40
+    assert re.search(
+        rf"(chief|worker) 0 on node\d .* resuming from step {again[1]}", read_logs(logs)
+    )
+    assert re.search(
+        rf"done at step 120: .*; restarted 1x in its job: {again[2]}; task logs", output
+    ), output
+    assert checkpoint_step(tmp_path / "restarted") == 120
 
 
 WITH_TFCONFIG = REPOSITORY / "launch" / "with-tfconfig"
