@@ -371,32 +371,34 @@ def load(spec: str) -> Experiment:
     )
 
 
-def _check_hparams(module: ModuleType) -> HparamsCheck | None:
-    check = getattr(module, "check_hparams", None)
+def _optional_check(
+    module: ModuleType, function: str, call: str, refuses: str, *probe: Any
+) -> Callable[..., None] | None:
+    """The experiment's optional `function` (check_hparams, check_data), None where it
+    defines none; refused in one line where it is no function callable as `call`."""
+    check = getattr(module, function, None)
     if check is None:
         return None
     if not callable(check):
         raise UsageError(
             "--experiment",
-            f"{_named(module)}.check_hparams is {a_or_an(type(check).__name__)}, not a function",
-            "define check_hparams(hparams), raising ValueError for values it cannot train with",
+            f"{_named(module)}.{function} is {a_or_an(type(check).__name__)}, not a function",
+            f"define {call}, raising ValueError for {refuses}",
         )
-    _check_call(module, "check_hparams", "check_hparams(hparams)", {})
+    _check_call(module, function, call, *probe)
     return check  # type: ignore[no-any-return]
+
+
+def _check_hparams(module: ModuleType) -> HparamsCheck | None:
+    return _optional_check(
+        module, "check_hparams", "check_hparams(hparams)", "values it cannot train with", {}
+    )
 
 
 def _check_data(module: ModuleType) -> DataCheck | None:
-    check = getattr(module, "check_data", None)
-    if check is None:
-        return None
-    if not callable(check):
-        raise UsageError(
-            "--experiment",
-            f"{_named(module)}.check_data is {a_or_an(type(check).__name__)}, not a function",
-            "define check_data(data_dir), raising ValueError for a --data_dir it cannot train on",
-        )
-    _check_call(module, "check_data", "check_data(data_dir)", "")
-    return check  # type: ignore[no-any-return]
+    return _optional_check(
+        module, "check_data", "check_data(data_dir)", "a --data_dir it cannot train on", ""
+    )
 
 
 def checked_data_dir(experiment: Experiment | KerasExperiment, data_dir: str | None) -> str | None:
