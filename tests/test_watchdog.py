@@ -186,6 +186,9 @@ def test_a_failed_collective_names_a_peer_whose_port_refuses_the_error_s_host_fi
     first = failure.read(tmp_path, "7.0.0")
     assert first is not None and first.task == "worker 1", first
     assert first.what == watchdog.REFUSED.recorded
+    # A host named as the error's address resolves back to: one lookup, not one a host.
+    named = watchdog._named_hosts(["localhost:1", "elsewhere:2"], "closed by peer [127.0.0.1]:5")
+    assert named == {"localhost"}
 
 
 def test_a_failed_collective_in_a_run_that_failed_names_the_first_failure(

@@ -290,19 +290,22 @@ def snap_all() -> None:
 
 
 def _named_hosts(addresses: Iterable[str], text: str) -> set[str]:
-    """The hosts of `addresses` whose IP address `text` names, as an error's text may name a
-    peer (gloo's "Connection closed by peer [10.251.0.12]:21391"); each host resolved once,
-    and none where `text` names no IP address."""
+    """The hosts of `addresses` at an IP address `text` names, as an error's text may name a
+    peer (gloo's "Connection closed by peer [10.251.0.12]:21391"): a host given as that
+    address, or as a name that address resolves back to (one lookup an address named, not
+    one a host: thousands of trainers on hundreds of nodes)."""
     ips = set(_IPV4.findall(text))
-    if not ips:
-        return set()
-    named = set()
-    for host in {_host(address) for address in addresses}:
+    hosts = {_host(address) for address in addresses}
+    named = hosts & ips
+    for ip in ips:
         try:
-            if socket.gethostbyname(host) in ips:
-                named.add(host)
+            name, aliases, _ = socket.gethostbyaddr(ip)
         except OSError:
-            pass
+            continue
+        names = {name, *aliases}
+        # node2 where the resolver says node2.cluster.example, or the other way round.
+        names |= {each.split(".")[0] for each in names}
+        named |= {host for host in hosts if host in names or host.split(".")[0] in names}
     return named
 
 
