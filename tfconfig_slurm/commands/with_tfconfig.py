@@ -140,10 +140,6 @@ def main(argv: Sequence[str]) -> int:
             f"cannot be run ({error.strerror})",
             "give a program on PATH or a path to an executable file",
         ) from None
-    if owner is not None:
-        # The command said apart from the runtime's experiments: a user's scripts may share
-        # a directory (one trains, one evaluates), and the runtime resumes none of theirs.
-        owner.say("running", None, command=command)
     with _port_answered(role):
         status = supervise.supervise(
             group, role, owner, WORKER_RESTARTS.value, keras_3=KERAS3.value

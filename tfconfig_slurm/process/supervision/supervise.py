@@ -32,7 +32,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Callable
+from typing import Callable, cast
 
 from absl import logging
 
@@ -69,10 +69,10 @@ def supervise(
     keras_3: bool = False,
 ) -> int:
     """Runs the command started in `command` as `role`'s task to its end; the exit status to
-    leave with. The run's `owner` (the chief, told its run directory) says in state.json how
-    the command ended: done, stopped on a signal, or failed. A coordinator's worker whose
-    command fails starts it again, at most `restarts` times. A `keras_3` command trains Keras 3
-    on JAX: a traceback through Keras 3 is no sign of the wrong Keras there."""
+    leave with. The run's `owner` (the chief, told its run directory) says in state.json that
+    the command runs, and how it ended: done, stopped on a signal, or failed. A coordinator's
+    worker whose command fails starts it again, at most `restarts` times. A `keras_3` command
+    trains Keras 3 on JAX: a traceback through Keras 3 is no sign of the wrong Keras there."""
     explained = functools.partial(_its_failure, keras_3=keras_3)
     (child,) = command.started
     stopped_by: list[signal.Signals] = []
@@ -84,6 +84,13 @@ def supervise(
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
+    if owner is not None:
+        # Once signals are passed on: a stop before would end this wrapper, its command with
+        # it, and leave the run "running". The command said apart from the runtime's
+        # experiments: a user's scripts may share a directory (one trains, one evaluates), and
+        # the runtime resumes none of theirs.
+        # Group.start gives Popen the command as a list.
+        owner.say("running", None, command=cast("list[str]", child.args))
 
     def lost(name: str, address: str, silent_for: float) -> None:
         if stopped_by:
