@@ -10,6 +10,8 @@ lost it logs which (role, index, address, since when) and ends this process with
 EXIT_PEER_LOST: `srun --kill-on-bad-exit` or the local cluster's supervisor then ends the
 rest, and each task that was waiting on this one notices it the same way, but at its first
 probe that finds no answer: the run has recorded its failure by then (failure.run_failed).
+A trainer whose collective fails need not wait for that: it probes the other trainers itself
+(PeerWatch.end_for_a_lost_peer).
 
 No TensorFlow here: only sockets and a thread.
 """
@@ -118,7 +120,7 @@ class PeerWatch:
     """Watches peers (`{"ps 0": "node1:10256", ...}`) from a daemon thread until each is
     released: a peer that has finished its work may go away without being lost. With
     `on_finished`, a peer that answers FINISHED is released, and on_finished told. `others`
-    are the other peers of this task's collectives, probed once where one fails
+    are the other peers of this task's collectives, probed in turn where one fails
     (end_for_a_lost_peer)."""
 
     def __init__(
@@ -297,7 +299,8 @@ def _named_hosts(addresses: Iterable[str], text: str) -> set[str]:
     ips = set(_IPV4.findall(text))
     hosts = {_host(address) for address in addresses}
     named = hosts & ips
-    for ip in ips:
+    # A lookup may wait seconds on a resolver that knows no address's name.
+    for ip in ips if not named else ():
         try:
             name, aliases, _ = socket.gethostbyaddr(ip)
         except OSError:
