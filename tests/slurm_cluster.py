@@ -196,6 +196,13 @@ def finish(cluster: SlurmCluster, job: subprocess.Popen[str]) -> dict[str, str]:
     return fields
 
 
+def completed_in_its_job(ended: Mapping[str, str], workdir: Path) -> str:
+    """The `.out` of a job that `finish` saw end, which must have completed, exit 0, without a
+    requeue (a restart inside the job is none)."""
+    assert (ended["JobState"], ended["ExitCode"], ended["Restarts"]) == ("COMPLETED", "0:0", "0")
+    return (workdir / f"train-{ended['JobId']}.out").read_text()
+
+
 def wait_for_end(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
     """Waits for the job `job_id` to end; its `scontrol show job` fields then."""
     over = wait_until(lambda: cluster.job(job_id)["JobState"] not in _LIVE_STATES, CALL_SECONDS)

@@ -29,7 +29,13 @@ from tests.cli import (
     run_module,
     wait_until,
 )
-from tests.slurm_cluster import SlurmCluster, finish, submit, warn_and_requeue
+from tests.slurm_cluster import (
+    SlurmCluster,
+    completed_in_its_job,
+    finish,
+    submit,
+    warn_and_requeue,
+)
 from tests.slurm_envs import task_env
 from tests.test_keras import (
     LOST_PEER,
@@ -444,8 +450,7 @@ def test_a_killed_keras3_process_restarts_the_step_in_its_job_from_the_checkpoin
     finally:
         if job.poll() is None:
             job.kill()
-    assert (ended["JobState"], ended["ExitCode"], ended["Restarts"]) == ("COMPLETED", "0:0", "0")
-    output = (tmp_path / f"train-{ended['JobId']}.out").read_text()
+    output = completed_in_its_job(ended, tmp_path)
     again = re.search(
         rf"starting the step again in job {ended['JobId']} \(restart 1 of at most 2\), from "
         r"the checkpoint of step (\d+): (worker 0 stopped answering|a task was killed)",
