@@ -196,6 +196,20 @@ def finish(cluster: SlurmCluster, job: subprocess.Popen[str]) -> dict[str, str]:
     return fields
 
 
+def said_requeued(log: str, job_id: str) -> bool:
+    """Whether the task that requeues the job said it did: its `scontrol requeue` answered, or
+    the requeue ended it, scontrol's own process among the job's, before the answer came,
+    and the job's record said Restarts=1 (process/job/preemption.py)."""
+    return (
+        re.search(
+            rf"requeued job {job_id} \(restart 1 of at most 3\)"
+            rf"|`scontrol requeue {job_id}` said exit status -15, but the job was requeued",
+            log,
+        )
+        is not None
+    )
+
+
 def completed_in_its_job(ended: Mapping[str, str], workdir: Path) -> str:
     """The `.out` of a job that `finish` saw end, which must have completed, exit 0, without a
     requeue (a restart inside the job is none)."""

@@ -36,6 +36,7 @@ from tests.slurm_cluster import (
     finish,
     job_id_of,
     release,
+    said_requeued,
     submit,
     wait_for_end,
     warn_and_requeue,
@@ -246,7 +247,7 @@ def test_usr1_checkpoints_requeues_and_resumes_losing_no_step(
         int(step) for step in re.findall(r"stopping on SIGUSR1 at global step (\d+)", log)
     ]
     assert len(stopped_at) == 2  # the chief and the worker, each at a step boundary
-    assert f"requeued job {job_id} (restart 1 of at most 3)" in log
+    assert said_requeued(log, job_id), log[-3000:]
     resumed = re.findall(r"chief 0 on node\d .* resuming from step (\d+)", log)
     assert resumed == [str(max(stopped_at))]  # every step taken before the signal is kept
     assert checkpoint_step(tmp_path / "preempted") >= 300
@@ -375,7 +376,7 @@ def test_a_time_limit_without_signal_stops_requeues_and_a_raised_limit_moves_the
         int(step) for step in re.findall(r"stopping on SIGUSR1 at global step (\d+)", first)
     ]
     assert len(stopped_at) == 1, first[-3000:]  # the chief, its one trainer
-    assert f"requeued job {job_id} (restart 1 of at most 3)" in first
+    assert said_requeued(first, job_id), first[-3000:]
     assert first_checkpoint == stopped_at[0]
     # The second run: the limit raised, it did not stop again, and lost no step.
     assert (ended["JobState"], ended["ExitCode"], ended["Restarts"]) == ("COMPLETED", "0:0", "1")

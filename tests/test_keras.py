@@ -30,7 +30,7 @@ from tests.cli import (
     wait_for,
     wait_until,
 )
-from tests.slurm_cluster import TRAINING, SlurmCluster, submit, warn_and_requeue
+from tests.slurm_cluster import TRAINING, SlurmCluster, said_requeued, submit, warn_and_requeue
 from tests.test_local_cluster import alive, started_pids
 from tests.test_signals import ended
 from tests.test_signals import start as start_console
@@ -658,7 +658,7 @@ def test_a_coordinator_job_with_an_evaluator_stops_on_usr1_requeues_resumes_and_
     assert sorted(read) == [0, 1], sorted(read)
     assert not read[0] & read[1] and read[0] | read[1] == set(range(EXAMPLES)), read
     (stopped_at,) = re.findall(r"stopping on SIGUSR1 at global step (\d+)", log)
-    assert f"requeued job {job_id} (restart 1 of at most 3)" in log
+    assert said_requeued(log, job_id), log[-3000:]
     assert re.search(rf"chief 0 on node1 at node1:\d+ .* resuming from step {stopped_at}\b", log)
     assert re.search(rf"step {PACED_STEPS}: loss [\d.]+, [\d.]+ examples/s", log), log[-3000:]
     assert "ps 1: the coordinator finished; ending its command" in log
@@ -739,7 +739,7 @@ def test_usr1_requeues_a_keras_job_that_resumes_from_the_step_it_stopped_at(
     assert (ended["JobState"], ended["ExitCode"], ended["Restarts"]) == ("COMPLETED", "0:0", "1")
     stopped_at = re.findall(r"stopping on SIGUSR1 at global step (\d+)", log)
     assert len(stopped_at) == 2 and len(set(stopped_at)) == 1, log[-3000:]
-    assert f"requeued job {job_id} (restart 1 of at most 3)" in log
+    assert said_requeued(log, job_id), log[-3000:]
     # Every step taken before the signal is kept: the second run starts where both stopped.
     resumed = re.findall(r"(chief|worker) 0 on node\d .* resuming from step (\d+)", log)
     assert sorted(resumed) == [("chief", stopped_at[0]), ("worker", stopped_at[0])]

@@ -33,6 +33,7 @@ from tests.slurm_cluster import (
     SlurmCluster,
     completed_in_its_job,
     finish,
+    said_requeued,
     submit,
     warn_and_requeue,
 )
@@ -411,13 +412,7 @@ def test_usr1_requeues_a_keras3_job_that_resumes_from_the_step_it_stopped_at(
     ), log[-3000:]
     stopped_at = re.findall(r"stopping on SIGUSR1 at global step (\d+)", log)
     assert len(stopped_at) == 2 and len(set(stopped_at)) == 1, log[-3000:]
-    # The requeue ends the job's processes, scontrol's own among them where its answer has
-    # not come yet: the record's Restarts says then that it was requeued.
-    assert re.search(
-        rf"requeued job {job_id} \(restart 1 of at most 3\)"
-        rf"|`scontrol requeue {job_id}` said exit status -15, but the job was requeued",
-        log,
-    ), log[-3000:]
+    assert said_requeued(log, job_id), log[-3000:]
     resumed = re.findall(r"(chief|worker) 0 on node\d .* resuming from step (\d+)", log)
     assert sorted(resumed) == [("chief", stopped_at[0]), ("worker", stopped_at[0])]
     model_dir = tmp_path / "preempted"
