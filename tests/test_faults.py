@@ -12,11 +12,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
+from tests import fake_backend
 from tests.cli import (
     PACED,
     REPOSITORY,
@@ -41,8 +42,12 @@ from tests.slurm_cluster import (
     wait_for_end,
     warn_and_requeue,
 )
+from tfconfig_slurm.process import timing
 
-pytestmark = pytest.mark.tensorflow
+# The tests of the machinery around the steps train the test suite's fake backend
+# (tests/fake_backend.py), which starts no TensorFlow; those marked tensorflow train Estimator,
+# each the end-to-end test of a behaviour that Estimator's checkpoints or barriers could fail.
+FAKE = fake_backend.environ()
 
 # Every fault must end the job within this; a hang is what the test exists to catch.
 END_SECONDS = 60.0
@@ -57,24 +62,26 @@ RESTARTED_STEPS = 150
 
 @pytest.mark.slurm
 @pytest.mark.parametrize(
-    ("rank", "victim", "resume"),
+    ("rank", "victim", "environ"),
     [
-        (2, r"ps 1 at node\d:", False),
-        (3, r"worker 0 at node\d:", False),
-        # Resumed once: the checkpoint is the chief's whichever task died.
-        (1, r"chief 0 at node\d:", True),
+        (2, r"ps 1 at node\d:", FAKE),
+        (3, r"worker 0 at node\d:", FAKE),
+        # Estimator's, resumed once: the checkpoint is the chief's whichever task died.
+        pytest.param(1, r"chief 0 at node\d:", {}, marks=pytest.mark.tensorflow),
     ],
+    ids=["ps-fake", "worker-fake", "chief"],
 )
 def test_a_killed_task_ends_the_step_and_is_named(
-    slurm_cluster: SlurmCluster, tmp_path: Path, rank: int, victim: str, resume: bool
+    slurm_cluster: SlurmCluster, tmp_path: Path, rank: int, victim: str, environ: dict[str, str]
 ) -> None:
-    step = srun_training(slurm_cluster, tmp_path, "first", *TRAIN_FOREVER[1:])
+    step = srun_training(slurm_cluster, tmp_path, "first", *TRAIN_FOREVER[1:], environ=environ)
     logs = tmp_path / "first"
     try:
         wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
         # A checkpoint interval or more into training.
         model_dir = tmp_path / "paced"
         assert wait_until(lambda: saved_step(model_dir) >= CHECKPOINT_STEPS, START_SECONDS)
+        heard_of_each_other()
         reached = highest_step(read_logs(logs))
         os.kill(slurm_cluster.task_pid(rank), signal.SIGKILL)
         ended_within(step, END_SECONDS)
@@ -90,7 +97,7 @@ def test_a_killed_task_ends_the_step_and_is_named(
     # checkpoint. (Steps the others took after the kill, until the watchdog ended them,
     # could never be saved by a dead chief.)
     assert reached - checkpoint_step(model_dir) <= CHECKPOINT_STEPS + 2
-    if not resume:
+    if environ:
         return
     # The next run resumes from that checkpoint: on one node, a ps and the chief, as the
     # checkpoint does not depend on the layout.
@@ -113,11 +120,16 @@ def test_a_killed_task_ends_the_step_and_is_named(
 
 
 def srun_training(
-    cluster: SlurmCluster, root: Path, logs: str, *flags: str, nodes: str = "node[1-2]"
+    cluster: SlurmCluster,
+    root: Path,
+    logs: str,
+    *flags: str,
+    nodes: str = "node[1-2]",
+    environ: Mapping[str, str] = {},
 ) -> subprocess.Popen[str]:
     """The paced experiment in a step of a ps and a trainer a node, one log per task in
-    root/logs; no --kill-on-bad-exit: SLURM then waits for every task, so only the runtime can
-    end the survivors of a fault."""
+    root/logs, `environ` in its environment; no --kill-on-bad-exit: SLURM then waits for every
+    task, so only the runtime can end the survivors of a fault."""
     (root / logs).mkdir()
     return subprocess.Popen(
         [
@@ -128,7 +140,7 @@ def srun_training(
             f"--save_checkpoints_steps={CHECKPOINT_STEPS}",
             *flags,
         ],
-        env=cluster.environ(),
+        env=cluster.environ(**environ),
         cwd=REPOSITORY,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -146,6 +158,7 @@ def test_a_killed_local_task_ends_the_cluster_and_is_named(tmp_path: Path, victi
                 "--local_cluster=ps=1,workers=2",
                 *TRAIN_FOREVER,
             ],
+            env={**os.environ, **FAKE},
             cwd=REPOSITORY,
             stdout=output,
             stderr=subprocess.STDOUT,
@@ -166,6 +179,7 @@ PREMADE = REPOSITORY / "tests" / "fixtures" / "premade_estimator.py"
 WITH_TFCONFIG = REPOSITORY / "launch" / "with-tfconfig"
 
 
+@pytest.mark.tensorflow
 @pytest.mark.slurm
 @pytest.mark.parametrize(("victim", "rank"), [("ps 1", 2), ("chief 0", 1)])
 def test_a_killed_script_under_with_tfconfig_ends_a_plain_srun_step(
@@ -202,6 +216,7 @@ def test_a_killed_script_under_with_tfconfig_ends_a_plain_srun_step(
 STOCK_STEPS = 3000
 
 
+@pytest.mark.tensorflow
 @pytest.mark.slurm
 def test_a_stock_script_s_killed_worker_under_with_tfconfig_restarts_the_step_in_its_job(
     slurm_cluster: SlurmCluster, tmp_path: Path
@@ -236,7 +251,14 @@ def test_usr1_checkpoints_requeues_and_resumes_losing_no_step(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     """As `#SBATCH --signal=USR1@90` warns a job before its time limit."""
-    job = submit(slurm_cluster, tmp_path, "preempted", f"--experiment={PACED}", "--train_steps=300")
+    job = submit(
+        slurm_cluster,
+        tmp_path,
+        "preempted",
+        f"--experiment={PACED}",
+        "--train_steps=300",
+        environ=FAKE,
+    )
     logs = tmp_path / "preempted" / "logs"
     job_id, ended = warn_and_requeue(
         slurm_cluster, job, logs, start_seconds=START_SECONDS, end_seconds=END_SECONDS
@@ -271,6 +293,7 @@ def test_a_job_that_may_not_requeue_goes_on_in_a_new_job_losing_no_step(
         "--train_steps=300",
         nodes="node[1-2]",
         sbatch_options=["--no-requeue"],
+        environ=FAKE,
     )
     logs = tmp_path / "continued" / "logs"
     next_id = ""
@@ -315,6 +338,7 @@ def test_a_job_that_may_not_requeue_goes_on_in_a_new_job_losing_no_step(
 # each other in the same files.
 LIMITED_SCRIPT = """#!/bin/bash
 #SBATCH --requeue
+export TFCONFIG_SLURM_TEST_BACKEND={backend} PYTHONPATH={repository}
 srun --cpu-bind=none --open-mode=append --output={logs}/%t.log {python} -m tfconfig_slurm.run \\
     --experiment={experiment} --output_root={root} --train_steps={steps} --log_every_steps=1 \\
     --save_checkpoints_steps=20
@@ -339,7 +363,13 @@ def test_a_time_limit_without_signal_stops_requeues_and_a_raised_limit_moves_the
     script = tmp_path / "limited.sbatch"
     script.write_text(
         LIMITED_SCRIPT.format(
-            logs=logs, python=sys.executable, root=tmp_path, experiment=PACED, steps=LIMITED_STEPS
+            logs=logs,
+            python=sys.executable,
+            root=tmp_path,
+            experiment=PACED,
+            steps=LIMITED_STEPS,
+            backend=fake_backend.FAKE,
+            repository=REPOSITORY,
         )
     )
     submitted = slurm_cluster.run(
@@ -390,13 +420,21 @@ def test_a_time_limit_without_signal_stops_requeues_and_a_raised_limit_moves_the
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("updates", [(), ("--sync_replicas",)], ids=["async", "sync"])
+@pytest.mark.parametrize(
+    ("updates", "environ"),
+    [((), FAKE), pytest.param(("--sync_replicas",), {}, marks=pytest.mark.tensorflow)],
+    ids=["async-fake", "sync"],
+)
 def test_scancel_checkpoints_every_step_taken_and_resubmitting_resumes(
-    slurm_cluster: SlurmCluster, tmp_path: Path, updates: tuple[str, ...]
+    slurm_cluster: SlurmCluster,
+    tmp_path: Path,
+    updates: tuple[str, ...],
+    environ: dict[str, str],
 ) -> None:
     """scancel, a time limit and a preemption without --signal send SIGTERM, then SIGKILL
-    after KillWait (30 s): every step taken before it is kept, synchronous updates too."""
-    job = submit(slurm_cluster, tmp_path, "cancelled", *TRAIN_FOREVER, *updates)
+    after KillWait (30 s): every step taken before it is kept, Estimator's synchronous updates
+    too."""
+    job = submit(slurm_cluster, tmp_path, "cancelled", *TRAIN_FOREVER, *updates, environ=environ)
     logs = tmp_path / "cancelled" / "logs"
     try:
         wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
@@ -414,14 +452,14 @@ def test_scancel_checkpoints_every_step_taken_and_resubmitting_resumes(
         int(step) for step in re.findall(r"stopping on SIGTERM at global step (\d+)", log)
     ]
     assert len(stopped_at) == 2, log[-3000:]  # the chief and the worker, before SIGKILL
-    assert re.search(r"ps 0: 2 of 2 trainers finished", log)
+    assert environ or re.search(r"ps 0: 2 of 2 trainers finished", log)
     assert checkpoint_step(tmp_path / "cancelled") == max(stopped_at)
 
     # Resumed on one node: a ps and the chief.
     again = submit(
         slurm_cluster, tmp_path, "cancelled", f"--experiment={PACED}",
         f"--train_steps={max(stopped_at) + 5}", *updates,
-        nodes="node1", sbatch_options=("--nodes=1",),
+        nodes="node1", sbatch_options=("--nodes=1",), environ=environ,
     )  # fmt: skip
     resumed = finish(slurm_cluster, again)
     assert (resumed["JobState"], resumed["ExitCode"]) == ("COMPLETED", "0:0"), resumed["stderr"]
@@ -435,22 +473,28 @@ def paced_job(
     nodes: str = "",
     sbatch_options: Sequence[str] = (),
 ) -> tuple[subprocess.Popen[str], Path]:
-    """The paced run to RESTARTED_STEPS, a checkpoint every CHECKPOINT_STEPS, submitted as
-    `name`: the sbatch --wait client and the run's task logs."""
+    """The paced run to RESTARTED_STEPS on the fake backend, a checkpoint every
+    CHECKPOINT_STEPS, submitted as `name`: the sbatch --wait client and the run's task logs."""
     job = submit(
         cluster, root, name, f"--experiment={PACED}", f"--train_steps={RESTARTED_STEPS}",
         "--log_every_steps=1", f"--save_checkpoints_steps={CHECKPOINT_STEPS}", nodes=nodes,
-        sbatch_options=sbatch_options,
+        sbatch_options=sbatch_options, environ=FAKE,
     )  # fmt: skip
     return job, root / name / "logs"
 
 
+def heard_of_each_other() -> None:
+    """Waits two watchdog probe rounds (of a task's one peer): a task lost before any watcher
+    heard from it is waited for as one still starting (timing.START_SECONDS). The fake
+    backend's trainers reach a checkpoint within a second of their start."""
+    time.sleep(2 * timing.PROBE_SECONDS)
+
+
 def at_step_40(logs: Path) -> None:
-    """Waits for the run of `logs` to train to step 40: two watchdog probe rounds into
-    training, as a task lost before any watcher heard from it is waited for as one still
-    starting."""
+    """Waits for the run of `logs` to train to step 40, its tasks heard of each other."""
     wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
     assert wait_until(lambda: highest_step(read_logs(logs)) >= 40, START_SECONDS)
+    heard_of_each_other()
 
 
 def trained_to_step_40(
@@ -612,24 +656,23 @@ def runtime_left(cluster: SlurmCluster) -> list[str]:
 def test_an_error_in_the_experiment_ends_the_job_at_once_not_restarted(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """The experiment's input raises at each trainer's 20th batch: the job ends FAILED, not
-    requeued, its step run once, the first to fail named with the error, and said not to
-    start again (a bug would fail the same way)."""
-    raising = REPOSITORY / "tests" / "fixtures" / "raising.py"
+    """The chief raises at its 20th step: the job ends FAILED, not requeued, its step run
+    once, the first to fail named with the error, and said not to start again (a bug would
+    fail the same way)."""
     ended = finish(
         slurm_cluster,
         submit(
-            slurm_cluster, tmp_path, "raising", f"--experiment={raising}", "--train_steps=1000",
-            environ={"PYTHONPATH": str(REPOSITORY)},
+            slurm_cluster, tmp_path, "paced", f"--experiment={PACED}", "--train_steps=1000",
+            environ={**FAKE, fake_backend.FAIL_AS: "chief 0@20"},
         ),
     )  # fmt: skip
     assert (ended["JobState"], ended["Restarts"]) == ("FAILED", "0"), ended
     output = (tmp_path / f"train-{ended['JobId']}.out").read_text()
     assert output.count("the step failed") == 1, output
-    assert re.search(r"first to fail: (chief|worker) 0 on node\d: .*bad example", output), output
+    assert re.search(r"first to fail: chief 0 on node\d: .*breaks on purpose", output), output
     said = "tfconfig-slurm srun: not starting the step again: an error in the run's code"
     assert said in output, output
-    assert "restarts" not in json.loads((tmp_path / "raising" / "state.json").read_text())
+    assert "restarts" not in json.loads((tmp_path / "paced" / "state.json").read_text())
 
 
 @pytest.mark.slurm

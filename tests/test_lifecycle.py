@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import pytest
 
+from tests.cli import PACED, checkpoint_step, run_module
+from tests.fake_backend import environ as fake_environ
 from tfconfig_slurm.commands import runtime_backends
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.job import preemption
@@ -40,6 +42,9 @@ class Backend:
 
     def train(self, end: Callable[[lifecycle.Ending], Any]) -> Any:
         return end(lifecycle.Ending(None, result="trained")) if self._ends else "returned"
+
+
+FAKE = fake_environ()
 
 
 def task(model_dir: Path) -> lifecycle.TaskRun:
@@ -180,3 +185,26 @@ def test_the_job_that_last_trained_a_run_is_named_not_one_that_only_evaluated(
     record["attempts"] = [{"job_id": "3_0", "from_step": None}, {"job_id": "17", "from_step": 50}]
     (tmp_path / "state.json").write_text(json.dumps(record))
     assert f"(last trained by job 17 at {at}, done)" in history.before_start(tmp_path, 200)
+
+
+def test_the_test_suite_s_backend_trains_resumes_and_a_bad_name_of_it_is_one_line(
+    tmp_path: Path,
+) -> None:
+    """The runtime with the fake backend (tests/fake_backend.py) trains, checkpoints and
+    resumes as with Estimator, importing no TensorFlow; a variable that names no backend is
+    refused in one line that names it, before anything is made."""
+    flags = (f"--experiment={PACED}", f"--output_root={tmp_path}", "--save_checkpoints_steps=10")
+    first = run_module("tfconfig_slurm.run", *flags, "--train_steps=15", environ=FAKE)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert checkpoint_step(tmp_path / "paced") == 15
+    again = run_module("tfconfig_slurm.run", *flags, "--train_steps=25", environ=FAKE)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from step 15; the test suite's fake backend" in again.stderr
+    assert json.loads((tmp_path / "paced" / "summary.json").read_text())["global_step"] == 25
+    assert "tensorflow" not in again.stderr.lower()
+    wrong = {**FAKE, runtime_backends.TEST_BACKEND: "tests.nothing:backend"}
+    refused = run_module("tfconfig_slurm.run", *flags, "--output_root=/tmp/none", environ=wrong)
+    assert refused.returncode == 2
+    (line,) = refused.stderr.splitlines()
+    assert line.startswith(f"tfconfig-slurm-run: {runtime_backends.TEST_BACKEND}: is ")
+    assert not Path("/tmp/none").exists()

@@ -197,10 +197,7 @@ def _start(
     )
     if policy.coordinator:
         return _coordinated(task, hparams)
-    backend = {
-        experiment_lib.KERAS: runtime_backends.keras,
-        experiment_lib.KERAS3: runtime_backends.keras3,
-    }.get(kind, runtime_backends.estimator)
+    backend = runtime_backends.for_kind(kind, os.environ)
     lifecycle.run_to_exit(
         task, runtime_backends.kind_of(kind, False), partial(backend, task, hparams)
     )

@@ -6,8 +6,10 @@ loading; and each task's thread pools, sized by its role."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -18,12 +20,47 @@ from tfconfig_slurm.cluster.layout import EVALUATOR
 from tfconfig_slurm.cluster.role import input_shard
 from tfconfig_slurm.cluster.threads import Threads
 from tfconfig_slurm.commands import runtime_flags
+from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import console
 from tfconfig_slurm.process.records import history, reports
 from tfconfig_slurm.process.task import lifecycle, native_noise, place
 from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.user_code import experiment as experiment_lib
 from tfconfig_slurm.process.user_code import hparams as hparams_lib
+
+# What makes a backend for a task, with the run's --hparams.
+Factory = Callable[[lifecycle.TaskRun, str], lifecycle.Backend]
+
+# A backend of the test suite (tests/fake_backend.py), as `module:function`, that trains in
+# place of the experiment's: the tests of the process machinery around the training then
+# start no TensorFlow, whose import took 4-6 s a process (docs/development.md).
+TEST_BACKEND = "TFCONFIG_SLURM_TEST_BACKEND"
+
+
+def for_kind(kind: str, environ: Mapping[str, str]) -> Factory:
+    """The factory of the backend that trains an experiment of `kind` (but a coordinator's):
+    the test backend `environ` names, else the kind's own."""
+    named = environ.get(TEST_BACKEND)
+    if named:
+        return _test_backend(named)
+    return {
+        experiment_lib.KERAS: keras,
+        experiment_lib.KERAS3: keras3,
+    }.get(kind, estimator)
+
+
+def _test_backend(named: str) -> Factory:
+    module, _, function = named.partition(":")
+    try:
+        factory: Factory = getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise UsageError(
+            TEST_BACKEND,
+            f"is {named!r}, which names no function to import ({error})",
+            "it is the test suite's, as module:function (tests.fake_backend:backend); "
+            "unset it to train with the experiment's own backend",
+        ) from None
+    return factory
 
 
 def kind_of(kind: str, coordinator: bool) -> lifecycle.BackendKind:
