@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import fake_backend
 from tests.cli import PACED, run_module
 from tfconfig_slurm.process.supervision import local_cluster
-
-pytestmark = pytest.mark.tensorflow
 
 RUN = "tfconfig_slurm.run"
 
@@ -105,6 +104,7 @@ def again(model_dir: Path, *flags: str):  # type: ignore[no-untyped-def]
     return run_cluster(model_dir.parent, *flags, experiment=str(model_dir.parent / "probe.py"))
 
 
+@pytest.mark.tensorflow
 def test_params_tell_each_trainer_its_share_of_the_data(cluster_run) -> None:  # type: ignore[no-untyped-def]
     shares = {path.stem: json.loads(path.read_text())["share"] for path in cluster_run[2].iterdir()}
     # Three trainers (chief, worker 0, worker 1) read shards 0, 1 and 2 of three.
@@ -112,6 +112,7 @@ def test_params_tell_each_trainer_its_share_of_the_data(cluster_run) -> None:  #
     assert trained == {"chief0-train": [3, 0], "worker0-train": [3, 1], "worker1-train": [3, 2]}
 
 
+@pytest.mark.tensorflow
 def test_every_task_exits_0_and_none_is_left_behind(cluster_run) -> None:  # type: ignore[no-untyped-def]
     model_dir, log, _ = cluster_run
     pids = started_pids(log)
@@ -121,6 +122,7 @@ def test_every_task_exits_0_and_none_is_left_behind(cluster_run) -> None:  # typ
     assert "ps 0: 3 of 3 trainers finished" in (model_dir / "logs" / "ps-0.log").read_text()
 
 
+@pytest.mark.tensorflow
 def test_no_trainer_warns_of_a_global_step_it_saw_twice(cluster_run) -> None:  # type: ignore[no-untyped-def]
     """Three trainers share the steps: each may read one global step twice, which Estimator's
     step counter takes for an optimizer that counts none, and says so in every task log."""
@@ -129,6 +131,7 @@ def test_no_trainer_warns_of_a_global_step_it_saw_twice(cluster_run) -> None:  #
     assert "It seems that global step" not in logs
 
 
+@pytest.mark.tensorflow
 def test_every_event_file_reads_back_whole(cluster_run) -> None:  # type: ignore[no-untyped-def]
     """Trainers sharing a host must not share an event file (v1 names carry no pid)."""
     import tensorflow as tf  # noqa: PLC0415
@@ -143,6 +146,7 @@ def test_every_event_file_reads_back_whole(cluster_run) -> None:  # type: ignore
     assert "examples_per_sec" in tags["worker-0"] and "examples_per_sec" in tags["worker-1"]
 
 
+@pytest.mark.tensorflow
 def test_the_chief_reports_every_trainer(cluster_run) -> None:  # type: ignore[no-untyped-def]
     model_dir, _, _ = cluster_run
     summary = json.loads((model_dir / "summary.json").read_text())
@@ -163,6 +167,7 @@ def test_the_chief_reports_every_trainer(cluster_run) -> None:  # type: ignore[n
         assert (model_dir / "logs" / f"{task}.log").stat().st_size > 0
 
 
+@pytest.mark.tensorflow
 def test_a_finished_model_ends_every_task_at_once(cluster_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Nothing left to train: trainers still release the ps, and all exit 0."""
     model_dir = copy_of(cluster_run, tmp_path)
@@ -171,6 +176,7 @@ def test_a_finished_model_ends_every_task_at_once(cluster_run, tmp_path: Path) -
     assert "ps 0: 3 of 3 trainers finished" in result.stderr
 
 
+@pytest.mark.tensorflow
 def test_resumes_in_a_cluster(cluster_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     model_dir = copy_of(cluster_run, tmp_path)
     first_step = json.loads((model_dir / "summary.json").read_text())["global_step"]
@@ -183,29 +189,24 @@ def test_resumes_in_a_cluster(cluster_run, tmp_path: Path) -> None:  # type: ign
     assert [trainer["train_steps"] for trainer in summary["trainers"]] == [80, 80, 80]
 
 
-FAILING_WORKER = """
-import json, os
-from tests.fixtures.paced import HPARAMS, input_fn, model_fn as _model_fn
-
-def model_fn(features, labels, mode, params):
-    if json.loads(os.environ["TF_CONFIG"])["task"]["type"] == "worker":
-        raise RuntimeError("this worker breaks on purpose")
-    return _model_fn(features, labels, mode, params)
-"""
-
-
 def test_a_failing_task_stops_the_others(tmp_path: Path) -> None:
-    experiment = tmp_path / "breaks.py"
-    experiment.write_text(FAILING_WORKER)
-    result = run_cluster(tmp_path, "--train_steps=100000", experiment=str(experiment))
+    """Worker 1 of the fake backend (tests/fake_backend.py) raises at its first step."""
+    result = run_module(
+        RUN,
+        f"--experiment={PACED}",
+        f"--output_root={tmp_path}",
+        "--local_cluster=ps=1,workers=2",
+        "--train_steps=100000",
+        environ=fake_backend.environ(**{fake_backend.FAIL_AS: "worker 1"}),
+    )
     assert result.returncode == 1
-    assert re.search(r"worker \d \(pid \d+\) failed with exit status 1", result.stderr)
+    assert re.search(r"worker 1 \(pid \d+\) failed with exit status 1", result.stderr)
     # The run keeps the first failure: the worker that raised, not a peer that saw it go.
-    (record,) = (tmp_path / "breaks" / "failures").glob("local-*.json")
+    (record,) = (tmp_path / "paced" / "failures").glob("local-*.json")
     first = json.loads(record.read_text())
-    assert re.fullmatch(r"worker \d", first["task"]), first
-    assert (first["what"], first["exit_status"], first["seen_by"]) == (
-        "RuntimeError: this worker breaks on purpose",
+    assert (first["task"], first["what"], first["exit_status"], first["seen_by"]) == (
+        "worker 1",
+        "RuntimeError: this task breaks on purpose",
         1,
         None,
     )
@@ -223,6 +224,7 @@ def test_a_failing_task_stops_the_others(tmp_path: Path) -> None:
     assert not [pid for pid in pids.values() if alive(pid)]
 
 
+@pytest.mark.tensorflow
 def test_an_evaluator_evaluates_instead_of_the_chief(tmp_path: Path) -> None:
     leave_stale_reports(tmp_path / "paced", 40)
     result = run_module(
@@ -305,6 +307,7 @@ _BUILT_HPARAMS = (
 )
 
 
+@pytest.mark.tensorflow
 @pytest.mark.parametrize(
     ("flags", "module", "culprit"),
     [
@@ -335,6 +338,7 @@ def test_bad_input_found_in_the_tasks_is_one_line_and_exit_2(
     assert not [pid for pid in started_pids(result.stderr).values() if alive(pid)]
 
 
+@pytest.mark.tensorflow
 def test_sync_replicas_take_one_gradient_from_every_trainer_each_step(tmp_path: Path) -> None:
     """Asynchronous trainers would each make about half the global steps; synchronous ones
     make every step together, from the first, and the chief's session closes without the
@@ -387,6 +391,7 @@ def model_fn(features, labels, mode, params):
 """
 
 
+@pytest.mark.tensorflow
 @pytest.mark.parametrize(
     ("first", "signal"), [("chief", "SIGUSR1"), ("worker", "SIGUSR1"), ("worker", "SIGTERM")]
 )
@@ -419,6 +424,7 @@ def test_a_cluster_far_larger_than_the_machine_warns() -> None:
     assert warning.startswith("the local cluster has 202 tasks for this machine's 2 CPUs")
 
 
+@pytest.mark.tensorflow
 def test_each_task_of_a_local_cluster_takes_the_threads_explain_gives(cluster_run) -> None:  # type: ignore[no-untyped-def]
     """A chief, two workers and a ps on this machine's CPUs, as the table of one node of 4
     tasks with those CPUs says."""

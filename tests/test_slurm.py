@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests import fake_backend
 from tests.cli import (
     PACED,
     REPOSITORY,
@@ -44,6 +45,8 @@ ONE_IMPORT = REPOSITORY / "tests" / "fixtures" / "one_import_estimator.py"
 # 2 nodes x (1 ps + 1 trainer), no GPUs: ps 0 and the chief on the first node, ps 1 and
 # worker 0 on the second.
 TWO_BY_TWO = ("--nodes=2", "--ntasks-per-node=2")
+# The tests of the runs table and the claim train the fake backend (tests/fake_backend.py).
+FAKE = fake_backend.environ()
 
 
 def by_rank(output: str) -> dict[int, list[str]]:
@@ -148,13 +151,22 @@ def test_two_jobs_on_one_id_the_second_stops_at_start_naming_the_first(
     """The second is submitted once the first holds the run: its batch script stops before
     srun, in one line, exit 2 (it used to say so after srun's noise, exit 143)."""
     endless = (f"--experiment={PACED}", "--train_steps=1000000")
-    first = submit(slurm_cluster, tmp_path, "shared", *endless, sbatch_options=("--nodes=1",))
+    first = submit(
+        slurm_cluster, tmp_path, "shared", *endless, sbatch_options=("--nodes=1",), environ=FAKE
+    )
     try:
         assert wait_until((tmp_path / "shared" / "run.lock").exists, 300)
         first_id = job_id_of(tmp_path / "shared" / "logs")
         loser = finish(
             slurm_cluster,
-            submit(slurm_cluster, tmp_path, "shared", *endless, sbatch_options=("--nodes=1",)),
+            submit(
+                slurm_cluster,
+                tmp_path,
+                "shared",
+                *endless,
+                sbatch_options=("--nodes=1",),
+                environ=FAKE,
+            ),
         )
     finally:
         slurm_cluster.run(["scancel", "--user=root"])
@@ -196,7 +208,13 @@ def test_a_lock_left_by_a_job_that_ended_is_taken_over(
     (tmp_path / "stale").mkdir()
     gone = {"job": "999999", "host": "node1", "pid": 1}
     (tmp_path / "stale" / "run.lock").write_text(json.dumps(gone))
-    job = finish(slurm_cluster, submit(slurm_cluster, tmp_path, "stale", "--train_steps=10"))
+    job = finish(
+        slurm_cluster,
+        submit(
+            slurm_cluster, tmp_path, "stale", f"--experiment={PACED}", "--train_steps=10",
+            environ=FAKE,
+        ),
+    )  # fmt: skip
     assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), job["stderr"]
     assert checkpoint_step(tmp_path / "stale") >= 10
 
@@ -457,7 +475,7 @@ def test_the_runs_table_follows_a_run_through_running_requeued_stopped_and_faile
     job, other = (
         submit(
             slurm_cluster, tmp_path, name, *endless, *extra, nodes=node,
-            sbatch_options=("--nodes=1",),
+            sbatch_options=("--nodes=1",), environ=FAKE,
         )
         for name, node, extra in (
             ("long", "node1", ()), ("killed", "node2", ("--max_restarts=0",))
