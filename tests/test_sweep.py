@@ -356,6 +356,31 @@ def test_a_run_s_standing_in_one_line_as_a_job_s_out_ends(tmp_path: Path) -> Non
     ), root.stderr
 
 
+def test_a_run_s_last_update_moves_with_its_logged_step_and_one_that_wrote_nothing_has_none(
+    tmp_path: Path,
+) -> None:
+    """A run between checkpoints (Estimator's are 10 minutes apart) logs its step to
+    progress.json: its update is that, not its last checkpoint's. A step whose tasks failed at
+    their start left only its failure record."""
+    running = run_dir(tmp_path, "training", {"state": "running"}, None, 20)
+    hour_ago = time.time() - 3600
+    for name in ("state.json", "checkpoint"):
+        os.utime(running / name, (hour_ago, hour_ago))
+    (running / "progress.json").write_text(json.dumps({"global_step": 35, "time": time.time()}))
+    failed = tmp_path / "failed-at-start" / "failures"
+    failed.mkdir(parents=True)
+    first = {"task": "chief 0", "node": "node3", "what": "refused", "exit_status": 2,
+             "seen_by": None, "time": time.time()}  # fmt: skip
+    (failed / "7.0.0.json").write_text(json.dumps(first))
+    table = run_module("tfconfig_slurm.commands", "runs", str(tmp_path), "--json")
+    assert table.returncode == 0, table.stderr
+    updated = {run["experiment_id"]: run["updated"] for run in json.loads(table.stdout)}
+    assert updated["training"] == (running / "progress.json").stat().st_mtime
+    assert updated["failed-at-start"] is None
+    shown = run_module("tfconfig_slurm.commands", "runs", str(tmp_path))
+    assert "d ago" not in shown.stdout, shown.stdout
+
+
 def test_the_runs_table_refuses_an_unknown_metric_and_a_missing_root(tmp_path: Path) -> None:
     run_dir(tmp_path, "a", {"state": "done"}, {"eval": {"accuracy": 0.9}}, 5)
     unknown = run_module("tfconfig_slurm.commands", "runs", str(tmp_path), "--sort=acc")

@@ -287,9 +287,12 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         # How SLURM ended the run's job where the run could not say: cancelled, node failure,
         # out of memory, time limit, preempted.
         "ended_by": slurm_said if said in ("stopped", "failed") else None,
+        # A training run's progress.json moves with its STEP, between checkpoints minutes
+        # apart; None where the run wrote none of them (a step that failed at its start).
         "updated": max(
-            _modified(path) for path in (paths.state, paths.summary, paths.checkpoint_index)
-        ),
+            map(_modified, (paths.state, paths.summary, paths.checkpoint_index, paths.progress))
+        )
+        or None,
         # A job refused at its start since the run's last attempt began (the directory was
         # held by another job, say).
         "refused": refused._asdict()
@@ -408,6 +411,7 @@ def _queued_jobs() -> dict[str, str] | None:
 
 
 def _modified(path: Path) -> float:
+    """The file's modification time; 0.0 where there is no file."""
     try:
         return path.stat().st_mtime
     except OSError:
