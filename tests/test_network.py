@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import run_module
+from tests import fake_backend
+from tests.cli import PACED, free_port_block, run_module
+from tests.slurm_envs import task_env
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.supervision.network import check_addresses_resolve, check_port_free
 
@@ -77,3 +79,26 @@ def test_the_runtime_stops_at_once_with_one_line(tmp_path: Path, problem: str) -
     culprit = "--port_base" if problem == "busy port" else "--address_template"
     assert result.stderr.startswith(f"tfconfig-slurm-run: {culprit}: ")
     assert not (tmp_path / "mnist_deep").exists()
+
+
+def test_a_task_of_a_step_refused_its_port_is_the_run_s_first_failure(tmp_path: Path) -> None:
+    """Its peers, whose ports are free, would otherwise record it lost once it has gone: a
+    newcomer's runs table said the chief was killed."""
+    environ = {**task_env(["localhost"], [2], 1), **fake_backend.environ()}
+    flags = (
+        f"--experiment={PACED}",
+        f"--output_root={tmp_path}",
+        f"--port_base={free_port_block(4)}",
+    )
+    shown = run_module("tfconfig_slurm.tfconfig", *flags[2:], environ=environ)
+    config = json.loads(shown.stdout)
+    assert config["task"] == {"type": "chief", "index": 0}, shown.stderr
+    port = int(config["cluster"]["chief"][0].rpartition(":")[2])
+    with socket.create_server(("0.0.0.0", port)):
+        result = run_module("tfconfig_slurm.run", *flags, environ=environ)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.startswith("tfconfig-slurm-run: --port_base: gives chief 0 port ")
+    (record,) = (tmp_path / "paced" / "failures").glob("4242.0.0.json")
+    first = json.loads(record.read_text())
+    assert (first["task"], first["exit_status"], first["seen_by"]) == ("chief 0", 2, None)
+    assert first["what"].startswith("--port_base: gives chief 0 port "), first

@@ -132,7 +132,8 @@ def record_lost(name: str, address: str, what: str) -> Failure | None:
 def _record(attached: _Attached, failure: Failure) -> None:
     path = RunDir(attached.model_dir).failure(attached.role.run_id or "")
     with contextlib.suppress(OSError):
-        path.parent.mkdir(exist_ok=True)
+        # A task may fail before any has made the run's directory (its port refused).
+        path.parent.mkdir(parents=True, exist_ok=True)
         # Written aside, then linked in place: a reader sees all of it or nothing, and a
         # second link of the same name fails, so the first failure stays.
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as stream:

@@ -125,14 +125,17 @@ def run_to_exit(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]
 def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, returns: bool) -> Any:
     role = task.place.role
     _check_layout(kind.layout, task.place)
-    if role is not None:
-        network.check_task(role)
     model_dir.check_free(task.model_dir, role, task.naming, task.job)
+    failure.attach(task.model_dir, role, task.place.node)
+    if role is not None:
+        # This task's own port or peers refused are the run's first failure: its peers,
+        # whose checks pass, would otherwise record it lost once it has gone.
+        with failure.recording_errors():
+            network.check_task(role)
     history.check_resumable(task.model_dir, kind.checkpoints, task.naming)
     trainer = backend()
     history.check_same_experiment(task.model_dir, trainer.experiment, task.naming)
     held = model_dir.hold(task.model_dir, role, task.naming, task.job)
-    failure.attach(task.model_dir, role, task.place.node)
     if role is not None and role.run_id is not None:
         threading.Thread(
             target=_end_if_failed_while_stopping,
