@@ -95,6 +95,46 @@ def test_a_sweep_is_one_array_task_a_line_reading_its_kept_lines(tmp_path: Path)
     assert not (tmp_path / "out").exists()
 
 
+# An Estimator experiment that imports no TensorFlow: what the sweep reads of it is its source.
+NO_TENSORFLOW = (
+    "HPARAMS = {'learning_rate': 0.1, 'dropout': 0.5}\n"
+    "def model_fn(features, labels, mode, params): pass\n"
+    "def input_fn(mode, params): pass\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("left", "said"),
+    [
+        ('model_checkpoint_path: "ckpt-101"', "whose latest checkpoint (ckpt-101) is tf-keras's"),
+        ('{"experiment": "other", "state": "done"}', "a run of 'other', not of 'model'"),
+    ],
+    ids=["other backend", "other experiment"],
+)
+def test_a_line_whose_run_directory_every_task_would_refuse_stops_the_sweep(
+    tmp_path: Path, left: str, said: str
+) -> None:
+    """Checked as each array task checks its directory, but before anything is submitted;
+    the fix named is a sweep's, not --experiment_id's, which a sweep sets itself."""
+    (tmp_path / "model.py").write_text(NO_TENSORFLOW)
+    run = tmp_path / "out" / "three-2"
+    run.mkdir(parents=True)
+    if left.startswith("{"):
+        (run / "state.json").write_text(left)
+    else:
+        (run / "checkpoint").write_text(left + "\n")
+        (run / "ckpt-101.index").write_text("")
+    result = sweep(
+        tmp_path, THREE, "--dry_run", "three.sweep", "--experiment=model.py", "--output_root=out"
+    )
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"sweep: SWEEP_FILE: names out/three-2, {said}"), line
+    assert line.endswith("HINT: give the sweep a file name of its own: its runs are named after "
+                         "it (three-0, three-1, ...)"), line  # fmt: skip
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["three-2"]
+
+
 @pytest.mark.tensorflow
 def test_a_sweep_sbatch_refused_keeps_no_lines_and_its_retry_is_not_blocked(
     tmp_path: Path, slurm_cluster: SlurmCluster

@@ -34,12 +34,26 @@ def output_root() -> str:
 
 def naming() -> claim.Naming:
     """How this command's user named the model directory, for the errors about it: the
-    output root by --output_root, or by the variable where that chose it."""
-    if runtime_flags.OUTPUT_ROOT.value or not os.environ.get(run_dir.OUTPUT_ROOT_VARIABLE):
-        return claim.CLI_NAMING
-    return claim.CLI_NAMING._replace(
-        root=run_dir.OUTPUT_ROOT_VARIABLE,
-        root_example=f"{run_dir.OUTPUT_ROOT_VARIABLE}=/scratch/$USER/tf-output",
+    output root by --output_root, or by the variable where that chose it; a sweep's run by
+    its sweep file."""
+    named = claim.CLI_NAMING
+    if not runtime_flags.OUTPUT_ROOT.value and os.environ.get(run_dir.OUTPUT_ROOT_VARIABLE):
+        named = named._replace(
+            root=run_dir.OUTPUT_ROOT_VARIABLE,
+            root_example=f"{run_dir.OUTPUT_ROOT_VARIABLE}=/scratch/$USER/tf-output",
+        )
+    if runtime_flags.SWEEP_FILE.value:
+        named = of_sweep(named, Path(runtime_flags.SWEEP_FILE.value).stem)
+    return named
+
+
+def of_sweep(named: claim.Naming, sweep: str) -> claim.Naming:
+    """`named`, for the runs of the sweep `sweep` (its file's stem), which take their ids
+    from it: --experiment_id and EXPERIMENT_ID do not name them."""
+    return named._replace(
+        run="SWEEP_FILE",
+        run_fix=f"give the sweep a file name of its own: its runs are named after it ({sweep}-0, "
+        f"{sweep}-1, ...)",
     )
 
 

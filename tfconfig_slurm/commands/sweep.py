@@ -131,6 +131,7 @@ def main(argv: Sequence[str]) -> int:
             )
     _check_name(sweep_file)
     lines = _checked_lines(sweep_file)
+    _check_run_directories(sweep_file.stem, len(lines))
     kept = Path(run_directory.output_root(), SWEEPS, f"{sweep_file.stem}.txt").absolute()
     model_dir.check_room(kept.parent, run_directory.naming())
     text = "".join(f"{line}\n" for line in lines)
@@ -209,7 +210,7 @@ def _checked_lines(sweep_file: Path) -> list[str]:
             f"{sweep_file} has no lines of hparams",
             "write one --hparams value a line, e.g. learning_rate=0.001,dropout=0.3",
         )
-    spec = runtime_flags.EXPERIMENT.value or "mnist_deep"
+    spec = _experiment()
     kind = experiment_lib.require_runtime(spec)
     if kind == experiment_lib.KERAS3:
         experiment_lib.choose_jax(os.environ)
@@ -228,6 +229,30 @@ def _checked_lines(sweep_file: Path) -> list[str]:
                 f"SWEEP_FILE {sweep_file}, run {number} ({line!r})", error.problem, error.hint
             ) from None
     return lines
+
+
+def _experiment() -> str:
+    """The experiment the sweep trains: --experiment, or the runtime's default."""
+    return runtime_flags.EXPERIMENT.value or "mnist_deep"
+
+
+def _check_run_directories(sweep: str, count: int) -> None:
+    """Each line's run directory, as its task will check it at its start: one trained by
+    another experiment or backend would refuse every task of the array, once submitted."""
+    from tfconfig_slurm.commands import layout_flags, runtime_backends  # noqa: PLC0415
+    from tfconfig_slurm.process.records import history  # noqa: PLC0415
+    from tfconfig_slurm.process.user_code import experiment as experiment_lib  # noqa: PLC0415
+
+    spec = _experiment()
+    name, _ = experiment_lib.locate(spec)
+    kind = runtime_backends.kind_of(
+        experiment_lib.require_runtime(spec), layout_flags.step_policy().coordinator
+    )
+    named = run_directory.of_sweep(run_directory.naming(), sweep)
+    for number in range(count):
+        directory = Path(run_directory.output_root(), f"{sweep}-{number}")
+        history.check_resumable(directory, kind.checkpoints, named)
+        history.check_same_experiment(directory, name, named)
 
 
 def run() -> None:
