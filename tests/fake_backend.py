@@ -38,7 +38,7 @@ from typing import Any, Callable
 from absl import logging
 
 from tfconfig_slurm.cluster import watch_plan
-from tfconfig_slurm.cluster.layout import CHIEF, PS
+from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.commands import runtime_flags
 from tfconfig_slurm.process.records import history, reports
@@ -71,7 +71,7 @@ def backend(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     name, _ = experiment_lib.locate(spec)
     literal = experiment_lib.literal_hparams(spec) or {}
     role = task.place.role
-    if role is not None and (role.role not in (CHIEF, PS, "worker") or not role.ps_count):
+    if role is not None and (role.role not in (CHIEF, PS, WORKER) or not role.ps_count):
         raise NotImplementedError(f"the fake backend plays no {role.task_id} of this layout")
     return FakeBackend(task, name, hparams_lib.with_overrides(literal, hparams))
 
