@@ -21,6 +21,8 @@ ps barrier, its sessions) keeps its tests with real TensorFlow.
   parameter server answers until its herald says FINISHED (the chief for ps 0, ps 0 for the
   others). Watches of each other's ports are the runtime's (watchdog.PeerWatch).
 - FAIL_AS (`worker 0`, or `worker 0@5`: at step 5) makes that task raise once it trains.
+- HOLD (`60:/path/release`) holds the trainers at step 60 until the file is there: a test
+  kills a task or cuts a node off while the run cannot finish, then lets its restart train on.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ PACE_SECONDS = 0.05
 # The global step the trainers share, beside the checkpoints.
 COUNTER = "fake-global-step.json"
 FAIL_AS = "TFCONFIG_SLURM_TEST_FAIL_AS"
+HOLD = "TFCONFIG_SLURM_TEST_HOLD"
 # What a fake step reports, for the lines and records that carry one.
 LOSS = 0.25
 ACCURACY = 0.9
@@ -89,6 +92,8 @@ class FakeBackend:
         self._every = runtime_flags.SAVE_CHECKPOINTS_STEPS.value or 100
         self._batch = runtime_flags.BATCH_SIZE.value
         self._fail_at = _fail_at(self._role)
+        held_at, _, release = os.environ.get(HOLD, "").partition(":")
+        self._hold = (int(held_at), Path(release)) if release else None
 
     def checkpoint_step(self) -> int | None:
         return history.checkpoint_step(self._dir)
@@ -147,9 +152,14 @@ class FakeBackend:
                 closed = counter.close(stop.signal_name) if chief else None
                 logging.info("stopping on %s at global step %d", stop.signal_name, counter.step())
                 return meter, closed
-            step, closed = counter.take(self.train_steps)
+            held = self._hold is not None and not self._hold[1].exists()
+            last = min(self.train_steps, self._hold[0]) if self._hold and held else self.train_steps
+            step, closed = counter.take(last)
             if closed is not None:
                 logging.info("stopping on %s at global step %d", closed, counter.step())
+            if closed is None and step is None and held:
+                time.sleep(PACE_SECONDS)
+                continue
             if closed is not None or step is None:
                 return meter, closed
             if self._fail_at is not None and step >= self._fail_at:

@@ -56,7 +56,10 @@ START_SECONDS = 180.0
 # Every trainer logs its global step at every step, so that a test knows the last one reached.
 TRAIN_FOREVER = (f"--experiment={PACED}", "--train_steps=1000000", "--log_every_steps=1")
 CHECKPOINT_STEPS = 20
-# A run restarted in its job: long enough to be cut short after its second checkpoint.
+# A run restarted in its job, on the fake backend: its trainers are held at HELD_STEP until
+# the test has killed a task or cut a node off (fake_backend.HOLD), as 40 global steps a
+# second would otherwise finish it first (seen in CI), then train to RESTARTED_STEPS.
+HELD_STEP = 60
 RESTARTED_STEPS = 150
 
 
@@ -474,13 +477,21 @@ def paced_job(
     sbatch_options: Sequence[str] = (),
 ) -> tuple[subprocess.Popen[str], Path]:
     """The paced run to RESTARTED_STEPS on the fake backend, a checkpoint every
-    CHECKPOINT_STEPS, submitted as `name`: the sbatch --wait client and the run's task logs."""
+    CHECKPOINT_STEPS, held at HELD_STEP until let_train_on, submitted as `name`: the sbatch
+    --wait client and the run's task logs."""
+    held = {fake_backend.HOLD: f"{HELD_STEP}:{root / f'{name}-released'}"}
     job = submit(
         cluster, root, name, f"--experiment={PACED}", f"--train_steps={RESTARTED_STEPS}",
         "--log_every_steps=1", f"--save_checkpoints_steps={CHECKPOINT_STEPS}", nodes=nodes,
-        sbatch_options=sbatch_options, environ=FAKE,
+        sbatch_options=sbatch_options, environ={**FAKE, **held},
     )  # fmt: skip
     return job, root / name / "logs"
+
+
+def let_train_on(root: Path, name: str) -> None:
+    """paced_job's run `name`, held at HELD_STEP, trains on (its restart, once a fault has
+    ended its step)."""
+    (root / f"{name}-released").touch()
 
 
 def heard_of_each_other() -> None:
@@ -585,6 +596,8 @@ def test_a_node_cut_off_restarts_a_no_kill_job_and_continues_one_that_may_not_re
         first = job_id_of(continued_logs)
         with node2_cut_off(slurm_cluster) as cut:
             reached = highest_step(read_logs(logs))
+            for name in jobs:
+                let_train_on(tmp_path, name)
             ended_first = finish(slurm_cluster, cut_short)
             took_first = time.monotonic() - cut
             # Seconds from the cut to each run's resumption, as each comes.
@@ -689,6 +702,7 @@ def test_a_killed_task_restarts_the_step_in_the_job_from_the_checkpoint(
         reached = highest_step(read_logs(logs))
         os.kill(slurm_cluster.task_pid(rank), signal.SIGKILL)
         killed = time.monotonic()
+        let_train_on(tmp_path, "named")
         wait_for(lambda: read_logs(logs), r"resuming from step", START_SECONDS)
         took = time.monotonic() - killed
         ended = finish(slurm_cluster, job)
