@@ -1,8 +1,9 @@
 """Fixtures shared by test modules: the real SLURM test cluster; two lanes, the tests on the
 cluster in one (one cluster; they check what jobs leave on its nodes) and the others in the
-other, each lane one test at a time (tests bind the ports of the same captured SLURM steps; the
-cluster's nodes have network stacks of their own), run side by side by tests/lanes (`--lane`
-picks one) or as pytest-xdist's two workers (`-n 2 --dist loadgroup`); and the TensorFlow 2.16+
+other, run side by side by tests/lanes (`--lane` picks one) or as pytest-xdist's two workers
+(`-n 2 --dist loadgroup`): the cluster's one test at a time, the other's TensorFlow-free tests
+eight at a time in tests/lanes (each that runs a command on ports takes a free block of its
+own), its TensorFlow ones one at a time; and the TensorFlow 2.16+
 tests (marked tf2) skipped, with the reason, where tf-keras is not installed, and the Keras 3
 ones (marked keras3) where .venv-keras3 is not made."""
 

@@ -1,7 +1,7 @@
 """A backend for the tests of the process machinery: it trains no model and imports no
 TensorFlow, so a task starts in a fraction of a second where TensorFlow's import took 4-6 s.
 
-Named in TFCONFIG_SLURM_TEST_BACKEND (`tests.fake_backend:backend`, FAKE below), the runtime
+Named in TFCONFIG_SLURM_TEST_BACKEND (`tests.fake_backend:backend`, FACTORY below), the runtime
 trains an Estimator-kind experiment (tests/fixtures/paced.py) with it instead of Estimator,
 through the same Backend protocol (tfconfig_slurm/process/task/lifecycle.py). Everything
 around the steps is the runtime's own: the place, the lifecycle, the claim and the records,
@@ -10,7 +10,9 @@ ps barrier, its sessions) keeps its tests with real TensorFlow.
 
 - A step is a pause of PACE_SECONDS (paced.py's); the global step is a counter in the model
   directory (COUNTER), which the chief sets from the checkpoint at its start and every trainer
-  counts on under a lock, as Estimator's trainers share the one on the parameter servers.
+  counts on under a lock, as Estimator's trainers share the one on the parameter servers; a
+  trainer takes a step only while its parameter servers answer, as Estimator's blocks on a
+  dead one.
 - A checkpoint is Estimator's `checkpoint` index with an empty model.ckpt-N.index beside it,
   written by the chief (or a single process) every --save_checkpoints_steps and at its end.
 - Told to stop, the chief closes the counter with the signal's name, at a step that is then
@@ -42,7 +44,8 @@ from absl import logging
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.commands import runtime_flags
+from tfconfig_slurm.commands import runtime_backends, runtime_flags
+from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.records import history, reports
 from tfconfig_slurm.process.records.run_dir import RunDir
 from tfconfig_slurm.process.supervision import answering, supervise, watchdog
@@ -50,7 +53,7 @@ from tfconfig_slurm.process.task import lifecycle, throughput
 from tfconfig_slurm.process.user_code import experiment as experiment_lib
 from tfconfig_slurm.process.user_code import hparams as hparams_lib
 
-FAKE = "tests.fake_backend:backend"
+FACTORY = "tests.fake_backend:backend"
 PACE_SECONDS = 0.05
 # The global step the trainers share, beside the checkpoints.
 COUNTER = "fake-global-step.json"
@@ -65,7 +68,7 @@ def environ(**extra: str) -> dict[str, str]:
     """What a test adds to a task's environment for the fake backend to train: the variable,
     and the repository on the path, wherever the task's working directory is."""
     repository = str(Path(__file__).resolve().parent.parent)
-    return {"TFCONFIG_SLURM_TEST_BACKEND": FAKE, "PYTHONPATH": repository, **extra}
+    return {runtime_backends.TEST_BACKEND: FACTORY, "PYTHONPATH": repository, **extra}
 
 
 def backend(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
@@ -75,7 +78,11 @@ def backend(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     literal = experiment_lib.literal_hparams(spec) or {}
     role = task.place.role
     if role is not None and (role.role not in (CHIEF, PS, WORKER) or not role.ps_count):
-        raise NotImplementedError(f"the fake backend plays no {role.task_id} of this layout")
+        raise UsageError(
+            runtime_backends.TEST_BACKEND,
+            f"names the test suite's backend, which plays no {role.task_id} of this layout",
+            "it trains a chief, workers and parameter servers, or a single process",
+        )
     return FakeBackend(task, name, hparams_lib.with_overrides(literal, hparams))
 
 
@@ -99,7 +106,7 @@ class FakeBackend:
         return history.checkpoint_step(self._dir)
 
     def start_details(self) -> tuple[str, ...]:
-        return ("the test suite's fake backend",)
+        return (f"the test suite's fake backend ({runtime_backends.TEST_BACKEND})",)
 
     def write_hparams(self, hparams: Mapping[str, Any], trial_id: str) -> None:
         (self._dir / "fake-hparams.json").write_text(json.dumps({"trial": trial_id, **hparams}))
@@ -146,6 +153,7 @@ class FakeBackend:
         closed on (None: it was not)."""
         meter = throughput.Throughput(runtime_flags.LOG_EVERY_STEPS.value)
         stop, chief = self._task.stop, self._role is None or self._role.role == CHIEF
+        servers = list(watch_plan.paired(self._role).values()) if self._role else []
         saved = counter.step()
         while True:
             if stop.requested:
@@ -153,6 +161,9 @@ class FakeBackend:
                 logging.info("stopping on %s at global step %d", stop.signal_name, counter.step())
                 return meter, closed
             held = self._hold is not None and not self._hold[1].exists()
+            if not all(map(watchdog.answers, servers)):
+                time.sleep(PACE_SECONDS)
+                continue
             last = min(self.train_steps, self._hold[0]) if self._hold and held else self.train_steps
             step, closed = counter.take(last)
             if closed is not None:

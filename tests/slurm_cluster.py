@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -263,15 +263,18 @@ def warn_and_requeue(
     start_seconds: float,
     end_seconds: float,
     training: str = TRAINING,
+    signalled: Callable[[], None] = lambda: None,
 ) -> tuple[str, dict[str, str]]:
     """Warns a submitted job with SIGUSR1 once its logs say `training`, as `#SBATCH
-    --signal=USR1@90` warns it before its time limit; waits for the job to requeue itself,
-    lets it start again at once, and waits for its end: its id and `finish`'s fields."""
+    --signal=USR1@90` warns it before its time limit (then calls `signalled`); waits for the
+    job to requeue itself, lets it start again at once, and waits for its end: its id and
+    `finish`'s fields."""
     try:
         wait_for(lambda: read_logs(logs), training, start_seconds)
         job_id = job_id_of(logs)
-        signalled = cluster.run(["scancel", "--signal=USR1", job_id])
-        assert signalled.returncode == 0, signalled.stderr
+        warned = cluster.run(["scancel", "--signal=USR1", job_id])
+        assert warned.returncode == 0, warned.stderr
+        signalled()
         wait_for(
             lambda: cluster.run(["scontrol", "show", "job", job_id]).stdout,
             r"(?s)JobState=PENDING.*Restarts=1",

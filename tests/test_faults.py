@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -260,11 +261,16 @@ def test_usr1_checkpoints_requeues_and_resumes_losing_no_step(
         "preempted",
         f"--experiment={PACED}",
         "--train_steps=300",
-        environ=FAKE,
+        environ=held(tmp_path, "preempted"),
     )
     logs = tmp_path / "preempted" / "logs"
     job_id, ended = warn_and_requeue(
-        slurm_cluster, job, logs, start_seconds=START_SECONDS, end_seconds=END_SECONDS
+        slurm_cluster,
+        job,
+        logs,
+        start_seconds=START_SECONDS,
+        end_seconds=END_SECONDS,
+        signalled=lambda: let_train_on(tmp_path, "preempted"),
     )
     assert (ended["JobState"], ended["ExitCode"], ended["Restarts"]) == ("COMPLETED", "0:0", "1")
     log = read_logs(logs)
@@ -296,7 +302,7 @@ def test_a_job_that_may_not_requeue_goes_on_in_a_new_job_losing_no_step(
         "--train_steps=300",
         nodes="node[1-2]",
         sbatch_options=["--no-requeue"],
-        environ=FAKE,
+        environ=held(tmp_path, "continued"),
     )
     logs = tmp_path / "continued" / "logs"
     next_id = ""
@@ -305,6 +311,7 @@ def test_a_job_that_may_not_requeue_goes_on_in_a_new_job_losing_no_step(
         job_id = job_id_of(logs)
         signalled = slurm_cluster.run(["scancel", "--signal=USR1", job_id])
         assert signalled.returncode == 0, signalled.stderr
+        let_train_on(tmp_path, "continued")
         first = finish(slurm_cluster, job)
         pattern = r"so the run goes on in job (\d+)"
         next_id = wait_for(lambda: read_logs(logs), pattern, END_SECONDS).group(1)
@@ -341,7 +348,7 @@ def test_a_job_that_may_not_requeue_goes_on_in_a_new_job_losing_no_step(
 # each other in the same files.
 LIMITED_SCRIPT = """#!/bin/bash
 #SBATCH --requeue
-export TFCONFIG_SLURM_TEST_BACKEND={backend} PYTHONPATH={repository}
+export {fake}
 srun --cpu-bind=none --open-mode=append --output={logs}/%t.log {python} -m tfconfig_slurm.run \\
     --experiment={experiment} --output_root={root} --train_steps={steps} --log_every_steps=1 \\
     --save_checkpoints_steps=20
@@ -371,8 +378,7 @@ def test_a_time_limit_without_signal_stops_requeues_and_a_raised_limit_moves_the
             root=tmp_path,
             experiment=PACED,
             steps=LIMITED_STEPS,
-            backend=fake_backend.FAKE,
-            repository=REPOSITORY,
+            fake=shlex.join(f"{name}={value}" for name, value in FAKE.items()),
         )
     )
     submitted = slurm_cluster.run(
@@ -479,18 +485,22 @@ def paced_job(
     """The paced run to RESTARTED_STEPS on the fake backend, a checkpoint every
     CHECKPOINT_STEPS, held at HELD_STEP until let_train_on, submitted as `name`: the sbatch
     --wait client and the run's task logs."""
-    held = {fake_backend.HOLD: f"{HELD_STEP}:{root / f'{name}-released'}"}
     job = submit(
         cluster, root, name, f"--experiment={PACED}", f"--train_steps={RESTARTED_STEPS}",
         "--log_every_steps=1", f"--save_checkpoints_steps={CHECKPOINT_STEPS}", nodes=nodes,
-        sbatch_options=sbatch_options, environ={**FAKE, **held},
+        sbatch_options=sbatch_options, environ=held(root, name),
     )  # fmt: skip
     return job, root / name / "logs"
 
 
+def held(root: Path, name: str) -> dict[str, str]:
+    """The environment of a run `name` on the fake backend whose trainers take no step past
+    HELD_STEP until let_train_on: a fault or a signal then comes before it could finish."""
+    return {**FAKE, fake_backend.HOLD: f"{HELD_STEP}:{root / f'{name}-released'}"}
+
+
 def let_train_on(root: Path, name: str) -> None:
-    """paced_job's run `name`, held at HELD_STEP, trains on (its restart, once a fault has
-    ended its step)."""
+    """The held run `name` trains on (its restart or its requeued run)."""
     (root / f"{name}-released").touch()
 
 
@@ -596,8 +606,6 @@ def test_a_node_cut_off_restarts_a_no_kill_job_and_continues_one_that_may_not_re
         first = job_id_of(continued_logs)
         with node2_cut_off(slurm_cluster) as cut:
             reached = highest_step(read_logs(logs))
-            for name in jobs:
-                let_train_on(tmp_path, name)
             ended_first = finish(slurm_cluster, cut_short)
             took_first = time.monotonic() - cut
             # Seconds from the cut to each run's resumption, as each comes.
@@ -610,6 +618,10 @@ def test_a_node_cut_off_restarts_a_no_kill_job_and_continues_one_that_may_not_re
                 return len(back) == len(jobs)
 
             assert wait_until(resumed_both, 60.0 + START_SECONDS), back
+            # Only now: the trainers cut off count on through the shared disk until their
+            # watchdogs end them, and could otherwise finish the run before its restart.
+            for name in jobs:
+                let_train_on(tmp_path, name)
             ended = finish(slurm_cluster, kept)
     finally:
         for job, _ in jobs.values():
@@ -629,7 +641,7 @@ def test_a_node_cut_off_restarts_a_no_kill_job_and_continues_one_that_may_not_re
     )
     assert again is not None, output[-3000:]
     resumed = re.search(r"resuming from step (\d+)", read_logs(logs))
-    assert resumed is not None and int(resumed[1]) == int(again[1]) >= CHECKPOINT_STEPS
+    assert resumed is not None and HELD_STEP >= int(resumed[1]) == int(again[1]) >= CHECKPOINT_STEPS
     # Laid out again on node1 alone: its ps and the chief, which trained to the end.
     assert re.search(r"chief 0 on node1 .*(?s:.*)resuming from step", read_logs(logs))
     assert checkpoint_step(tmp_path / "nokill") >= RESTARTED_STEPS
@@ -653,7 +665,7 @@ def test_a_node_cut_off_restarts_a_no_kill_job_and_continues_one_that_may_not_re
     ), after
     # The run's first line in the new job: its chief restored the checkpoint.
     continued = re.search(r"resuming from step (\d+)", read_logs(continued_logs))
-    assert continued is not None and int(continued[1]) >= CHECKPOINT_STEPS
+    assert continued is not None and HELD_STEP >= int(continued[1]) >= CHECKPOINT_STEPS
     assert checkpoint_step(tmp_path / "continued") >= RESTARTED_STEPS
     print(f"node2 cut off at step {reached}: the --no-kill run resumed {back['nokill']:.1f} s "
           f"later, from step {resumed[1]}; the --no-requeue job {first} ended {took_first:.1f} "
@@ -702,8 +714,8 @@ def test_a_killed_task_restarts_the_step_in_the_job_from_the_checkpoint(
         reached = highest_step(read_logs(logs))
         os.kill(slurm_cluster.task_pid(rank), signal.SIGKILL)
         killed = time.monotonic()
-        let_train_on(tmp_path, "named")
         wait_for(lambda: read_logs(logs), r"resuming from step", START_SECONDS)
+        let_train_on(tmp_path, "named")
         took = time.monotonic() - killed
         ended = finish(slurm_cluster, job)
     finally:
@@ -728,7 +740,8 @@ def test_a_killed_task_restarts_the_step_in_the_job_from_the_checkpoint(
     )
     assert again is not None, output
     resumed_from = int(again[1])
-    assert resumed_from >= CHECKPOINT_STEPS
+    # The restart trained: it resumed from the step the run was held at.
+    assert CHECKPOINT_STEPS <= resumed_from <= HELD_STEP
     assert f"resuming from step {resumed_from}" in read_logs(logs)
     # Two trainers on parameter servers may both take the last step.
     assert checkpoint_step(tmp_path / "named") >= RESTARTED_STEPS

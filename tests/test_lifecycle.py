@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 import pytest
 
+from tests import fake_backend
 from tests.cli import PACED, checkpoint_step, run_module
-from tests.fake_backend import environ as fake_environ
 from tfconfig_slurm.commands import runtime_backends
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.job import preemption
@@ -44,7 +44,7 @@ class Backend:
         return end(lifecycle.Ending(None, result="trained")) if self._ends else "returned"
 
 
-FAKE = fake_environ()
+FAKE = fake_backend.environ()
 
 
 def task(model_dir: Path) -> lifecycle.TaskRun:
@@ -193,18 +193,23 @@ def test_the_test_suite_s_backend_trains_resumes_and_a_bad_name_of_it_is_one_lin
     """The runtime with the fake backend (tests/fake_backend.py) trains, checkpoints and
     resumes as with Estimator, importing no TensorFlow; a variable that names no backend is
     refused in one line that names it, before anything is made."""
+    # A TensorFlow that fails to import, first on the path.
+    (tmp_path / "poison" / "tensorflow").mkdir(parents=True)
+    (tmp_path / "poison" / "tensorflow" / "__init__.py").write_text("raise ImportError('no')\n")
+    fake = {**FAKE, "PYTHONPATH": f"{tmp_path / 'poison'}:{FAKE['PYTHONPATH']}"}
     flags = (f"--experiment={PACED}", f"--output_root={tmp_path}", "--save_checkpoints_steps=10")
-    first = run_module("tfconfig_slurm.run", *flags, "--train_steps=15", environ=FAKE)
+    first = run_module("tfconfig_slurm.run", *flags, "--train_steps=15", environ=fake)
     assert first.returncode == 0, first.stderr[-3000:]
     assert checkpoint_step(tmp_path / "paced") == 15
-    again = run_module("tfconfig_slurm.run", *flags, "--train_steps=25", environ=FAKE)
+    again = run_module("tfconfig_slurm.run", *flags, "--train_steps=25", environ=fake)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "resuming from step 15; the test suite's fake backend" in again.stderr
+    said = "resuming from step 15; the test suite's fake backend"
+    assert f"{said} ({runtime_backends.TEST_BACKEND})" in again.stderr
     assert json.loads((tmp_path / "paced" / "summary.json").read_text())["global_step"] == 25
-    assert "tensorflow" not in again.stderr.lower()
     wrong = {**FAKE, runtime_backends.TEST_BACKEND: "tests.nothing:backend"}
-    refused = run_module("tfconfig_slurm.run", *flags, "--output_root=/tmp/none", environ=wrong)
+    elsewhere = f"--output_root={tmp_path / 'none'}"
+    refused = run_module("tfconfig_slurm.run", *flags, elsewhere, environ=wrong)
     assert refused.returncode == 2
     (line,) = refused.stderr.splitlines()
     assert line.startswith(f"tfconfig-slurm-run: {runtime_backends.TEST_BACKEND}: is ")
-    assert not Path("/tmp/none").exists()
+    assert not (tmp_path / "none").exists()

@@ -1,4 +1,5 @@
-"""--local_cluster: chief, parameter server and workers as real processes talking gRPC."""
+"""--local_cluster: chief, parameter server and workers as real processes, talking gRPC (on
+the fake backend of tests/fake_backend.py, only the watchdog's ports)."""
 
 from __future__ import annotations
 
@@ -189,27 +190,47 @@ def test_resumes_in_a_cluster(cluster_run, tmp_path: Path) -> None:  # type: ign
     assert [trainer["train_steps"] for trainer in summary["trainers"]] == [80, 80, 80]
 
 
-def test_a_failing_task_stops_the_others(tmp_path: Path) -> None:
-    """Worker 1 of the fake backend (tests/fake_backend.py) raises at its first step."""
+# Estimator's workers raise in their model_fn: the error comes through its session.
+FAILING_WORKER = """
+import json, os
+from tests.fixtures.paced import HPARAMS, input_fn, model_fn as _model_fn
+
+def model_fn(features, labels, mode, params):
+    if json.loads(os.environ["TF_CONFIG"])["task"]["type"] == "worker":
+        raise RuntimeError("this worker breaks on purpose")
+    return _model_fn(features, labels, mode, params)
+"""
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [pytest.param("estimator", marks=pytest.mark.tensorflow), "fake"],
+)
+def test_a_failing_task_stops_the_others(tmp_path: Path, backend: str) -> None:
+    """Estimator's workers raise in their model_fn; the fake backend's (tests/fake_backend.py)
+    worker 1 at its first step."""
+    if backend == "fake":
+        experiment, environ = PACED, fake_backend.environ(**{fake_backend.FAIL_AS: "worker 1"})
+        failed, error = "worker 1", "RuntimeError: this task breaks on purpose"
+    else:
+        experiment, environ = tmp_path / "paced.py", {}
+        experiment.write_text(FAILING_WORKER)
+        failed, error = r"worker \d", "RuntimeError: this worker breaks on purpose"
     result = run_module(
         RUN,
-        f"--experiment={PACED}",
+        f"--experiment={experiment}",
         f"--output_root={tmp_path}",
         "--local_cluster=ps=1,workers=2",
         "--train_steps=100000",
-        environ=fake_backend.environ(**{fake_backend.FAIL_AS: "worker 1"}),
+        environ=environ,
     )
     assert result.returncode == 1
-    assert re.search(r"worker 1 \(pid \d+\) failed with exit status 1", result.stderr)
+    assert re.search(rf"{failed} \(pid \d+\) failed with exit status 1", result.stderr)
     # The run keeps the first failure: the worker that raised, not a peer that saw it go.
     (record,) = (tmp_path / "paced" / "failures").glob("local-*.json")
     first = json.loads(record.read_text())
-    assert (first["task"], first["what"], first["exit_status"], first["seen_by"]) == (
-        "worker 1",
-        "RuntimeError: this task breaks on purpose",
-        1,
-        None,
-    )
+    assert re.fullmatch(failed, first["task"]), first
+    assert (first["what"], first["exit_status"], first["seen_by"]) == (error, 1, None)
     assert f"first to fail: {first['task']} on {first['node']}: RuntimeError:" in result.stderr
     # Stopped by the launcher, the chief has nothing to save once the run failed: it leaves at
     # once, where it would checkpoint and wait for the workers; told to stop, or finding its
@@ -307,7 +328,6 @@ _BUILT_HPARAMS = (
 )
 
 
-@pytest.mark.tensorflow
 @pytest.mark.parametrize(
     ("flags", "module", "culprit"),
     [

@@ -102,3 +102,11 @@ def test_a_task_of_a_step_refused_its_port_is_the_run_s_first_failure(tmp_path: 
     first = json.loads(record.read_text())
     assert (first["task"], first["exit_status"], first["seen_by"]) == ("chief 0", 2, None)
     assert first["what"].startswith("--port_base: gives chief 0 port "), first
+    # The job was refused at its start, as its refusal says (its record too): not failed.
+    table = run_module("tfconfig_slurm.commands", "runs", str(tmp_path), "--json")
+    (run,) = json.loads(table.stdout)
+    assert (run["state"], run["job_id"], run["refused"]["line"]) == (
+        "refused",
+        "4242",
+        result.stderr.strip().removeprefix("tfconfig-slurm-run: "),
+    ), run

@@ -152,10 +152,7 @@ def _start(
         # or experiment trained it) stops a batch script, or a local cluster's launcher, here,
         # in one line, before any task starts.
         model_dir.check_free(directory, None, named, job)
-        history.check_resumable(
-            directory, runtime_backends.kind_of(kind, policy.coordinator).checkpoints, named
-        )
-        history.check_same_experiment(directory, experiment_lib.locate(spec)[0], named)
+        run_directory.check_trainable(directory, spec, kind, policy.coordinator, named)
     if runtime_flags.PRINT_MODEL_DIR.value:
         sys.stdout.write(f"{directory}\n")
         # On stderr, which a batch script's .out holds: which run a job is about to carry on.

@@ -11,7 +11,8 @@ from pathlib import Path
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.commands import runtime_flags
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process.records import claim, model_dir, run_dir
+from tfconfig_slurm.process.records import claim, history, model_dir, run_dir
+from tfconfig_slurm.process.user_code import experiment as experiment_lib
 from tfconfig_slurm.process.user_code import hparams as hparams_lib
 
 ID_VARIABLE = "EXPERIMENT_ID"
@@ -55,6 +56,20 @@ def of_sweep(named: claim.Naming, sweep: str) -> claim.Naming:
         run_fix=f"give the sweep a file name of its own: its runs are named after it ({sweep}-0, "
         f"{sweep}-1, ...)",
     )
+
+
+def check_trainable(
+    directory: Path, spec: str, kind: str, coordinator: bool, named: claim.Naming
+) -> None:
+    """Refuses, in one line, a run directory every task of a run of the experiment `spec` (of
+    `kind`, laid out for a `coordinator` or not) would refuse at its start: another backend's
+    checkpoints, another experiment's run."""
+    # Here, not at the top: the sweep's command reads no more than it needs.
+    from tfconfig_slurm.commands import runtime_backends  # noqa: PLC0415
+
+    writes = runtime_backends.kind_of(kind, coordinator).checkpoints
+    history.check_resumable(directory, writes, named)
+    history.check_same_experiment(directory, experiment_lib.locate(spec)[0], named)
 
 
 def _swept(sweep_file: Path, job: SlurmJob | None) -> tuple[str, str]:

@@ -33,7 +33,7 @@ from absl import flags
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.commands import json_flag
 from tfconfig_slurm.commands.cli import run_cli
-from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.errors import USAGE_EXIT_CODE, UsageError
 from tfconfig_slurm.process import polling
 from tfconfig_slurm.process.job import continuation
 from tfconfig_slurm.process.records import claim, failure, history, refusal, reports, run_dir
@@ -247,8 +247,13 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     step = history.checkpoint_step(folder)
     first = failure.latest(folder)
     refused = refusal.read(folder)
-    if not state and not paths.checkpoint_index.exists() and first is None:
-        return None if refused is None else _refused_only(folder, refused)
+    if not state and not paths.checkpoint_index.exists():
+        # A task refused at its start records that as the run's failure too (its peers would
+        # record it lost): the job was refused, as its refusal says.
+        if refused is not None and (first is None or _refused_itself(first)):
+            return _refused_only(folder, refused)
+        if first is None:
+            return None
     # A trainer that took no step (a resume with nothing left to train) has no speed to add.
     speeds = [
         speed
@@ -321,6 +326,11 @@ def _refused_only(folder: Path, refused: refusal.Refusal) -> dict[str, Any]:
         "eval": {},
         "hparams": {},
     }
+
+
+def _refused_itself(first: failure.Failure) -> bool:
+    """Whether the failure is a task's refusal of its input, said by itself."""
+    return first.exit_status == USAGE_EXIT_CODE and first.seen_by is None
 
 
 def _logged_step(paths: run_dir.RunDir, state: Mapping[str, Any]) -> int | None:

@@ -239,20 +239,15 @@ def _experiment() -> str:
 def _check_run_directories(sweep: str, count: int) -> None:
     """Each line's run directory, as its task will check it at its start: one trained by
     another experiment or backend would refuse every task of the array, once submitted."""
-    from tfconfig_slurm.commands import layout_flags, runtime_backends  # noqa: PLC0415
-    from tfconfig_slurm.process.records import history  # noqa: PLC0415
+    from tfconfig_slurm.commands import layout_flags  # noqa: PLC0415
     from tfconfig_slurm.process.user_code import experiment as experiment_lib  # noqa: PLC0415
 
     spec = _experiment()
-    name, _ = experiment_lib.locate(spec)
-    kind = runtime_backends.kind_of(
-        experiment_lib.require_runtime(spec), layout_flags.step_policy().coordinator
-    )
+    kind, coordinator = experiment_lib.require_runtime(spec), layout_flags.step_policy().coordinator
     named = run_directory.of_sweep(run_directory.naming(), sweep)
     for number in range(count):
         directory = Path(run_directory.output_root(), f"{sweep}-{number}")
-        history.check_resumable(directory, kind.checkpoints, named)
-        history.check_same_experiment(directory, name, named)
+        run_directory.check_trainable(directory, spec, kind, coordinator, named)
 
 
 def run() -> None:

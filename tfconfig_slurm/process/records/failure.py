@@ -8,8 +8,10 @@ at all, and a requeued attempt has a run id of its own. A single process, which 
 own console, records nothing, nor does a command under with-tfconfig unless it is told its
 run directory (--model_dir); then a command that failed is recorded by its exit status.
 
-The lifecycle attaches the task's run directory once it holds it (`attach`); the watchdog,
-which ends the process from its own thread, records through that. No TensorFlow here.
+The lifecycle attaches the task's run directory (`attach`) once no other run holds it, before
+the task's own start checks: a task whose port is taken fails there, and its peers would
+otherwise record it lost. The watchdog, which ends the process from its own thread, records
+through that. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -132,8 +134,10 @@ def record_lost(name: str, address: str, what: str) -> Failure | None:
 def _record(attached: _Attached, failure: Failure) -> None:
     path = RunDir(attached.model_dir).failure(attached.role.run_id or "")
     with contextlib.suppress(OSError):
-        # A task may fail before any has made the run's directory (its port refused).
-        path.parent.mkdir(parents=True, exist_ok=True)
+        # A task may fail before any task has made the run's directory (its port refused);
+        # not a whole tree, for a directory a typo named.
+        path.parent.parent.mkdir(exist_ok=True)
+        path.parent.mkdir(exist_ok=True)
         # Written aside, then linked in place: a reader sees all of it or nothing, and a
         # second link of the same name fails, so the first failure stays.
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as stream:

@@ -4,8 +4,9 @@ a later attempt of the run starts. Only the .out of such a job said why before, 
 trained nothing left no run of its own for the table to list.
 
 Written only inside a SLURM job, and only into a directory that exists (its batch script made
-its logs there, or another run holds it): at a terminal the line is said there, and bad input
-makes no directory. A refusal before the model directory is known (a flag) stays in the .out.
+its logs there, another run holds it, or a task's failure record made it): at a terminal the
+line is said there, and bad input makes no directory. A refusal before the model directory is
+known (a flag) stays in the .out.
 """
 
 from __future__ import annotations

@@ -110,7 +110,8 @@ def run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) -> Any
     """Runs this task to its end with the backend `backend()` makes, of `kind` (ESTIMATOR,
     TF_KERAS, TF_KERAS_COORDINATOR, KERAS_3), and returns the backend's result (the Python API); a
     parameter server and a task told to stop end the process instead. Bad input raises
-    UsageError before anything is made."""
+    UsageError before anything is made, but a task of a cluster whose own port or peers are
+    refused: that is recorded as the run's failure (process/records/failure.py)."""
     return _run(task, kind, backend, returns=True)
 
 
