@@ -119,7 +119,6 @@ def test_release_leaves_a_lock_another_run_took_over(tmp_path: Path) -> None:
     assert (RunDir(tmp_path).lock).exists()
 
 
-@pytest.mark.tensorflow
 def test_the_runtime_refuses_a_held_directory_with_one_line(
     tmp_path: Path, other_process: subprocess.Popen[bytes]
 ) -> None:

@@ -19,8 +19,6 @@ from tests.slurm_envs import captured
 
 RUN = "tfconfig_slurm.run"
 
-pytestmark = pytest.mark.tensorflow
-
 
 def train(output_root: Path, *flags: str, environ: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
     return run_module(
@@ -49,6 +47,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return root / "first", result.stderr
 
 
+@pytest.mark.tensorflow
 def test_a_layout_flag_in_one_process_is_said_to_change_nothing(trained: tuple[Path, str]) -> None:
     _, log = trained
     assert (
@@ -57,6 +56,7 @@ def test_a_layout_flag_in_one_process_is_said_to_change_nothing(trained: tuple[P
     ) in log
 
 
+@pytest.mark.tensorflow
 def test_trains_evaluates_and_reports(trained: tuple[Path, str]) -> None:
     model_dir, log = trained
     summary = json.loads((model_dir / "summary.json").read_text())
@@ -77,6 +77,7 @@ def test_trains_evaluates_and_reports(trained: tuple[Path, str]) -> None:
     assert written == ["0", "10", "20"], log[-3000:]
 
 
+@pytest.mark.tensorflow
 def test_event_files_hold_loss_accuracy_and_throughput(trained: tuple[Path, str]) -> None:
     import tensorflow as tf  # noqa: PLC0415
 
@@ -93,6 +94,7 @@ def test_event_files_hold_loss_accuracy_and_throughput(trained: tuple[Path, str]
     assert {"loss", "accuracy"} <= eval_tags
 
 
+@pytest.mark.tensorflow
 def test_launch_tensorboard_serves_the_output_root(trained: tuple[Path, str]) -> None:
     model_dir, _ = trained
     with (
@@ -203,6 +205,7 @@ def test_a_launch_script_without_the_package_says_which_python_in_one_line(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.tensorflow
 def test_resumes_from_the_latest_checkpoint(trained: tuple[Path, str], tmp_path: Path) -> None:
     # A copy: the shared run stays at step 20 for the tests that read it, in any order.
     model_dir = shutil.copytree(trained[0], tmp_path / "first")
@@ -214,6 +217,7 @@ def test_resumes_from_the_latest_checkpoint(trained: tuple[Path, str], tmp_path:
     assert (model_dir / "model.ckpt-30.index").is_file()
 
 
+@pytest.mark.tensorflow
 def test_a_run_already_at_its_steps_says_there_is_nothing_to_train(
     trained: tuple[Path, str], tmp_path: Path
 ) -> None:
@@ -251,7 +255,13 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
         (("--experiment=no_such_experiment",), "--experiment", None),
         (("--experiment=mnist_dep",), "HINT: did you mean mnist_deep?", None),
         (("--experiment=missing/file.py",), "--experiment", None),
-        (("--experiment={module}",), "defines no model_fn", BAD_EXPERIMENT),
+        # Its module imports TensorFlow.
+        pytest.param(
+            ("--experiment={module}",),
+            "defines no model_fn",
+            BAD_EXPERIMENT,
+            marks=pytest.mark.tensorflow,
+        ),
         (
             ("--experiment={module}",),
             "input_fn(params) cannot be called as input_fn(mode, params)",
@@ -306,10 +316,12 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
         ),
         (("--experiment=mnist_deep", "--hparams=shuffle_buffer=1" + "0" * 400), "--hparams", None),
         # The experiment's own check_hparams, before anything is written.
-        (
+        # mnist_deep's check_hparams, which an import of it (and of TensorFlow) reads.
+        pytest.param(
             ("--experiment=mnist_deep", "--hparams=dropout=1.5"),
             "--hparams: sets dropout=1.5, expected from 0 to below 1",
             None,
+            marks=pytest.mark.tensorflow,
         ),
         (
             ("--experiment={module}", "--hparams=layers=0"),
@@ -363,10 +375,11 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
         (("--experiment=mnist_deep", "--max_requeues=-1"), "--max_requeues", None),
         (("--experiment=mnist_deep", "--data_dir=/no/such/dir"), "--data_dir", None),
         # A directory without the MNIST files: the experiment's check_data says so.
-        (
+        pytest.param(
             ("--experiment=mnist_deep", "--data_dir=/etc"),
             "--data_dir: is /etc, which lacks train-images-idx3-ubyte, ",
             None,
+            marks=pytest.mark.tensorflow,
         ),
         (
             ("--experiment=mnist_deep", "--experiment_id=../x"),
@@ -495,6 +508,7 @@ def node_names(slurm_cluster: SlurmCluster) -> None:
     test cluster has put them in /etc/hosts: these tests run beside it, in its lane."""
 
 
+@pytest.mark.tensorflow
 @pytest.mark.parametrize("flag", ["--ps_per_node=0", "--all_reduce"])
 @pytest.mark.usefixtures("node_names")
 def test_a_step_without_parameter_servers_is_refused(tmp_path: Path, flag: str) -> None:
@@ -508,6 +522,7 @@ def test_a_step_without_parameter_servers_is_refused(tmp_path: Path, flag: str) 
     assert not (tmp_path / "mnist_deep").exists()
 
 
+@pytest.mark.tensorflow
 @pytest.mark.usefixtures("node_names")
 def test_an_estimator_experiment_refuses_a_coordinator_s_layout_as_flag_and_as_tf_config(
     tmp_path: Path,
@@ -636,6 +651,7 @@ def test_print_model_dir_refuses_the_flags_every_task_would(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.tensorflow
 @pytest.mark.usefixtures("node_names")
 def test_a_tf_config_inherited_into_a_step_is_set_aside(tmp_path: Path) -> None:
     """Exported in the shell that ran sbatch, it reaches every task: the task takes its place
@@ -648,6 +664,7 @@ def test_a_tf_config_inherited_into_a_step_is_set_aside(tmp_path: Path) -> None:
     assert result.stderr.splitlines()[-1].startswith("tfconfig-slurm-run: --ps_per_node: ")
 
 
+@pytest.mark.tensorflow
 @pytest.mark.usefixtures("node_names")
 def test_a_tf_config_made_for_the_step_is_taken(tmp_path: Path) -> None:
     environ = captured("uneven_n10_cpu", "task-0")
@@ -729,6 +746,7 @@ def model_fn(features, labels, mode, params):
 """
 
 
+@pytest.mark.tensorflow
 @pytest.mark.parametrize(("threads", "held"), [(1, True), (2, False)])
 def test_thread_flags_hold_a_single_process(tmp_path: Path, threads: int, held: bool) -> None:
     """TensorFlow 2 sizes a process's thread pools once, from its eager context; a Session's
