@@ -42,6 +42,24 @@ def test_imports_no_tensorflow(module: str) -> None:
     assert result.stdout.strip() == "[]"
 
 
+def test_collecting_the_suite_imports_no_tensorflow() -> None:
+    """Every pytest process collects every test module (make check's eight workers, each
+    lane's sessions): a module that imported TensorFlow as it was collected cost each of them
+    4-6 s."""
+    code = (
+        "import sys, pytest; "
+        "pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', 'tests']); "
+        "print(sorted(m for m in ('tensorflow', 'tf_keras', 'jax') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
+        cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "tests collected" in result.stdout, result.stdout[-3000:]
+    assert result.stdout.splitlines()[-1] == "[]"
+
+
 def test_one_module_ends_a_process_at_once() -> None:
     """os._exit, which skips every writer's flush, is called in process/exits.py only, after
     it flushed the logs and said why."""

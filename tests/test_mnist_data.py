@@ -1,4 +1,5 @@
-"""The shipped experiments' MNIST data: the IDX files when all four are there, else digits."""
+"""The shipped experiments' MNIST data: the IDX files when all four are there, else digits.
+Its module reads them with numpy alone: these tests start no TensorFlow."""
 
 from __future__ import annotations
 
@@ -10,9 +11,6 @@ from types import ModuleType
 
 import numpy as np
 import pytest
-
-pytest.importorskip("tensorflow")
-pytestmark = pytest.mark.tensorflow
 
 _DATA = Path(__file__).parents[1] / "tfconfig_slurm" / "experiments" / "mnist_data.py"
 _STEMS = {

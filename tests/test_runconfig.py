@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import ModuleType
 
 import pytest
 
@@ -10,9 +11,15 @@ from tests.slurm_envs import task_env
 from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step
 from tfconfig_slurm.cluster.render import tf_config_json
 
-tf = pytest.importorskip("tensorflow")
-
 NODES = ["n1", "n2"]
+
+
+@pytest.fixture
+def tf() -> ModuleType:
+    """TensorFlow, imported by the tests that use it only: at collection, every pytest process
+    (make check's eight workers too) would pay its import of 4-6 s."""
+    tensorflow: ModuleType = pytest.importorskip("tensorflow")
+    return tensorflow
 
 
 @pytest.mark.parametrize(
@@ -30,6 +37,7 @@ NODES = ["n1", "n2"]
 )
 @pytest.mark.tensorflow
 def test_run_config_reads_each_role(
+    tf: ModuleType,
     monkeypatch: pytest.MonkeyPatch,
     rank: int,
     policy: LayoutPolicy,
@@ -49,7 +57,7 @@ def test_run_config_reads_each_role(
 
 @pytest.mark.tensorflow
 def test_a_users_estimator_remade_for_a_task_keeps_its_settings_and_takes_the_cluster(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+    tf: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: object
 ) -> None:
     from tfconfig_slurm.backends.estimator import estimators  # noqa: PLC0415
 
