@@ -83,7 +83,8 @@ venvs:
 	@$(MAKE) --no-print-directory -j2 $(STAMP) $(STAMP_TF2) $(STAMP_KERAS3)
 
 # The Estimator suite (TensorFlow 2.15) and the TensorFlow 2.16+ one, in its own environment,
-# in two lanes at once: the SLURM test cluster's tests and the others (tests/lanes).
+# in three lanes at once: the tests on each partition of the SLURM test cluster, and the
+# others (tests/lanes).
 test: venvs
 	$(BIN)/lint-imports
 	@# The package's own bytecode too, for each Python (see install above).

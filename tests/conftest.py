@@ -1,9 +1,10 @@
-"""Fixtures shared by test modules: the real SLURM test cluster; two lanes, the tests on the
-cluster in one (one cluster; they check what jobs leave on its nodes) and the others in the
-other, run side by side by tests/lanes (`--lane` picks one) or as pytest-xdist's two workers
-(`-n 2 --dist loadgroup`): the cluster's one test at a time, the other's TensorFlow-free tests
-eight at a time in tests/lanes (each that runs a command on ports takes a free block of its
-own), its TensorFlow ones one at a time; and the TensorFlow 2.16+
+"""Fixtures shared by test modules: the real SLURM test cluster; three lanes, run side by side
+by tests/lanes (`--lane` picks one) or as pytest-xdist's workers (`-n 3 --dist loadgroup`):
+the tests on each of the cluster's two partitions in a lane of its own (slurm: the Estimator
+suite's, on node1-3; slurm2: the TensorFlow 2.16+ and Keras 3 suites', on node4-5), one test
+at a time (they check what jobs leave on their nodes), and the others in the host lane, its
+TensorFlow-free tests eight at a time in tests/lanes (each that runs a command on ports takes
+a free block of its own), its TensorFlow ones one at a time; and the TensorFlow 2.16+
 tests (marked tf2) skipped, with the reason, where tf-keras is not installed, and the Keras 3
 ones (marked keras3) where .venv-keras3 is not made."""
 
@@ -13,17 +14,21 @@ import importlib.util
 
 import pytest
 
-from tests.cli import KERAS3_PYTHON
+# Its asserts rewritten as a plugin's are, though this module imports it first.
+pytest.register_assert_rewrite("tests.slurm_cluster")
+
+from tests.cli import KERAS3_PYTHON  # noqa: E402
+from tests.slurm_cluster import second_partition  # noqa: E402
 
 pytest_plugins = ["tests.slurm_cluster"]
 
 
-LANES = ("host", "slurm")
+LANES = ("host", "slurm", "slurm2")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
-        "--lane", choices=LANES, help="only the tests of this lane (tests/lanes runs both)"
+        "--lane", choices=LANES, help="only the tests of this lane (tests/lanes runs each)"
     )
 
 
@@ -34,7 +39,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     kept: list[pytest.Item] = []
     left: list[pytest.Item] = []
     for item in items:
-        lane = "slurm" if "slurm_cluster" in getattr(item, "fixturenames", ()) else "host"
+        lane = _lane(item)
         item.add_marker(pytest.mark.xdist_group(lane))
         (kept if chosen in (None, lane) else left).append(item)
     if left:
@@ -53,3 +58,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "tf2" in item.keywords:
             item.add_marker(skip)
+
+
+def _lane(item: pytest.Item) -> str:
+    """A test's lane: a test on the cluster runs on its partition's (slurm_cluster's choice)."""
+    if "slurm_cluster" not in getattr(item, "fixturenames", ()):
+        return "host"
+    return "slurm2" if second_partition(item) else "slurm"

@@ -25,7 +25,10 @@ from tests.cli import REPOSITORY, read_logs, wait_for, wait_until
 
 SCRIPT = REPOSITORY / "tests" / "slurm" / "cluster"
 STATE = Path("/tmp/tfconfig-slurm-cluster")
-NODES = ("node1", "node2", "node3")
+# The cluster's partitions and their nodes (tests/slurm/cluster): the Estimator suite's tests
+# run on the first, the TensorFlow 2.16+ and Keras 3 suites' on the second, side by side in
+# tests/lanes; each test sees only its own partition's jobs and nodes.
+PARTITIONS = {"debug": ("node1", "node2", "node3"), "second": ("node4", "node5")}
 # A pending srun or sbatch --wait blocks forever: every call has a deadline.
 CALL_SECONDS = 240.0
 # In the logs of a 2-node job: both trainers have taken their first step.
@@ -45,18 +48,25 @@ _LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "
 
 @dataclass(frozen=True)
 class SlurmCluster:
-    """Runs Slurm's client commands against the test cluster."""
+    """Runs Slurm's client commands against one partition of the test cluster."""
 
     conf: Path
+    partition: str = "debug"
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return PARTITIONS[self.partition]
 
     def environ(self, **extra: str) -> dict[str, str]:
-        """What a user's shell would hold: the cluster's config, this Python first on PATH."""
+        """What a user's shell would hold: the cluster's config, this Python first on PATH,
+        and (sbatch, srun and salloc read it) the partition."""
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
         return {
             "PATH": path,
             "HOME": os.environ.get("HOME", "/root"),
             "SLURM_CONF": str(self.conf),
             "TFCONFIG_SLURM_PYTHON": sys.executable,
+            **{f"{client}_PARTITION": self.partition for client in ("SBATCH", "SLURM", "SALLOC")},
             **extra,
         }
 
@@ -84,6 +94,11 @@ class SlurmCluster:
         assert submitted.returncode == 0, submitted.stderr
         return submitted.stdout.strip().split(";")[0]
 
+    def cancel_all(self) -> None:
+        """Cancels every job of this partition's, as one left behind would start again amid
+        later tests."""
+        self.run(["scancel", "--user=root", f"--partition={self.partition}"])
+
     def job(self, job_id: str) -> dict[str, str]:
         """`scontrol show job` as a dict (there is no accounting database to ask sacct)."""
         shown = self.run(["scontrol", "show", "job", "--oneliner", job_id])
@@ -100,7 +115,7 @@ class SlurmCluster:
     def node_pids(self) -> dict[str, list[int]]:
         """The processes still running on each node, found by its network namespace."""
         found = {}
-        for node in NODES:
+        for node in self.nodes:
             listed = subprocess.run(
                 ["ip", "netns", "pids", f"tfs-{node}"], capture_output=True, text=True, check=True
             )
@@ -285,7 +300,7 @@ def warn_and_requeue(
     finally:
         # A requeued job left behind would start again in 2 minutes, amid later tests.
         if job.poll() is None:
-            cluster.run(["scancel", "--user=root"])
+            cluster.cancel_all()
             job.kill()
 
 
@@ -312,9 +327,22 @@ def unavailable(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
+@pytest.fixture
+def slurm_cluster(request: pytest.FixtureRequest, slurm_conf: Path) -> SlurmCluster:
+    """The test's partition of the cluster (second_partition)."""
+    return SlurmCluster(slurm_conf, "second" if second_partition(request.node) else "debug")
+
+
+def second_partition(item: pytest.Item) -> bool:
+    """Whether a test on the cluster runs on its second partition: those of the TensorFlow
+    2.16+ and Keras 3 suites."""
+    return any(mark in item.keywords for mark in ("tf2", "keras3"))
+
+
 @pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[SlurmCluster]:
-    """The cluster, started for the session unless it was already up (then left up)."""
+def slurm_conf() -> Iterator[Path]:
+    """The cluster's config, the cluster started for the session unless it was already up
+    (then left up)."""
     if os.geteuid() != 0:
         unavailable("the SLURM test cluster needs root (network namespaces, Slurm daemons)")
     was_up = subprocess.run([str(SCRIPT), "status"], capture_output=True, check=False)
@@ -325,7 +353,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         if started.returncode != 0:
             unavailable(f"could not start the SLURM test cluster: {started.stderr.strip()}")
     try:
-        yield SlurmCluster(STATE / "slurm.conf")
+        yield STATE / "slurm.conf"
     finally:
         if was_up.returncode != 0:
             subprocess.run([str(SCRIPT), "down"], capture_output=True, timeout=120, check=False)

@@ -293,7 +293,9 @@ def test_a_requeue_already_done_is_not_submitted_again_as_a_new_job(
             status = preemption.requeue(
                 environ, read_slurm_job(environ), 3, "SIGUSR1", tmp_path / "run"
             )
-        listed = slurm_cluster.run(["squeue", "--noheader", "--format=%i"]).stdout.split()
+        listed = slurm_cluster.run(
+            ["squeue", "--noheader", "--format=%i", f"--partition={slurm_cluster.partition}"]
+        ).stdout.split()
     finally:
         slurm_cluster.run(["scancel", job])
     assert status == 0
@@ -321,7 +323,9 @@ def test_a_requeue_that_fails_where_slurm_may_requeue_submits_no_second_job(
             status = preemption.requeue(
                 environ, read_slurm_job(environ), 3, "SIGUSR1", tmp_path / "run"
             )
-        listed = slurm_cluster.run(["squeue", "--noheader", "--format=%i"]).stdout.split()
+        listed = slurm_cluster.run(
+            ["squeue", "--noheader", "--format=%i", f"--partition={slurm_cluster.partition}"]
+        ).stdout.split()
     finally:
         slurm_cluster.run(["scancel", held_job])
     assert status == errors.EXIT_NOT_REQUEUED

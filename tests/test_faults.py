@@ -325,7 +325,7 @@ def test_a_job_that_may_not_requeue_goes_on_in_a_new_job_losing_no_step(
         second = wait_for_end(slurm_cluster, next_id)
     finally:
         if not next_id or slurm_cluster.job(next_id)["JobState"] != "COMPLETED":
-            slurm_cluster.run(["scancel", "--user=root"])
+            slurm_cluster.cancel_all()
     assert (first["JobState"], first["ExitCode"], first["Requeue"]) == ("COMPLETED", "0:0", "0")
     assert (second["JobState"], second["ExitCode"]) == ("COMPLETED", "0:0"), second
     assert second["Command"] == first["Command"]  # the same script, with its arguments

@@ -605,16 +605,18 @@ def test_a_sweep_of_a_keras_experiment_is_checked_against_its_hparams(tmp_path: 
 def test_two_nodes_train_all_reduce_under_plain_srun(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """One task a node: the chief on node1, worker 0 on node2, no parameter server. (A resume
-    on the cluster: the requeue test below; mnist_keras's own training: its own test.)"""
+    """One task a node: the chief on the first, worker 0 on the second, no parameter server.
+    (A resume on the cluster: the requeue test below; mnist_keras's own training: its own
+    test.)"""
     command = [
         "srun", "--nodes=2", "--ntasks-per-node=1", "--label", "python", "-m", RUN,
         f"--experiment={PACED_KERAS}", f"--output_root={tmp_path}", "--log_every_steps=20",
     ]  # fmt: skip
     first = slurm_cluster.run([*command, "--train_steps=40"])
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "0: " in first.stderr and "chief 0 on node1" in first.stderr
-    assert "worker 0 on node2" in first.stderr and "2 replicas" in first.stderr
+    chief_node, worker_node = slurm_cluster.nodes
+    assert "0: " in first.stderr and f"chief 0 on {chief_node}" in first.stderr
+    assert f"worker 0 on {worker_node}" in first.stderr and "2 replicas" in first.stderr
     model_dir = tmp_path / "paced_keras"
     summary = json.loads((model_dir / "summary.json").read_text())
     assert set(summary) == SUMMARY_KEYS
@@ -628,13 +630,13 @@ def test_two_nodes_train_all_reduce_under_plain_srun(
 def test_a_coordinator_job_with_an_evaluator_stops_on_usr1_requeues_resumes_and_ends(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """--coordinator --evaluator (ParameterServerStrategy) in launch/train.sbatch: node1 runs
-    ps 0, the coordinator and worker 0, node2 ps 1, worker 1 and the evaluator. Each worker
-    reads its own half of the examples (the fixture records which). The warning reaches every
-    task; the servers ignore it, the coordinator stops at the next epoch's end with a
-    checkpoint and requeues the job, whose second run resumes there and trains to the end; the
-    evaluator evaluates the checkpoints, the final one for summary.json; the coordinator's end
-    ends the servers."""
+    """--coordinator --evaluator (ParameterServerStrategy) in launch/train.sbatch: the first
+    node runs ps 0, the coordinator and worker 0, the second ps 1, worker 1 and the
+    evaluator. Each worker reads its own half of the examples (the fixture records which). The
+    warning reaches every task; the servers ignore it, the coordinator stops at the next
+    epoch's end with a checkpoint and requeues the job, whose second run resumes there and
+    trains to the end; the evaluator evaluates the checkpoints, the final one for
+    summary.json; the coordinator's end ends the servers."""
     record = tmp_path / "examples-read.txt"
     job = submit(
         slurm_cluster, tmp_path, "coordinated", f"--experiment={PACED_KERAS}", "--coordinator",
@@ -659,11 +661,14 @@ def test_a_coordinator_job_with_an_evaluator_stops_on_usr1_requeues_resumes_and_
     assert not read[0] & read[1] and read[0] | read[1] == set(range(EXAMPLES)), read
     (stopped_at,) = re.findall(r"stopping on SIGUSR1 at global step (\d+)", log)
     assert said_requeued(log, job_id), log[-3000:]
-    assert re.search(rf"chief 0 on node1 at node1:\d+ .* resuming from step {stopped_at}\b", log)
+    first, second = slurm_cluster.nodes
+    resumed = rf"chief 0 on {first} at {first}:\d+ .* resuming from step {stopped_at}\b"
+    assert re.search(resumed, log)
     assert re.search(rf"step {PACED_STEPS}: loss [\d.]+, [\d.]+ examples/s", log), log[-3000:]
     assert "ps 1: the coordinator finished; ending its command" in log
-    # The evaluator is outside the cluster, on node2, without a GPU (worker 1 has them).
-    assert re.search(r"evaluator 0 on node2 at - with GPUs \[\],", log), log[-3000:]
+    # The evaluator is outside the cluster, on the second node, without a GPU (worker 1 has
+    # them).
+    assert re.search(rf"evaluator 0 on {second} at - with GPUs \[\],", log), log[-3000:]
     (final,) = re.findall(rf"evaluator 0: step {PACED_STEPS}: accuracy ([\d.]+)", log)
     model_dir = tmp_path / "coordinated"
     assert checkpoint_step(model_dir) == PACED_STEPS

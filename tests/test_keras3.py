@@ -327,9 +327,9 @@ def srun_keras3(cluster: SlurmCluster, root: Path, *flags: str) -> subprocess.Po
     survivors of a fault."""
     (root / "logs").mkdir()
     return subprocess.Popen(
-        # node1 and node2, as the tests that kill a process expect: the 2 nodes free at
-        # the moment were once node2 and node3, the node before still ending its last job.
-        ["srun", "--nodelist=node[1-2]", "--ntasks-per-node=2", f"--output={root}/logs/%t.log",
+        # Both nodes of the partition, in order, as the tests that kill a process expect.
+        ["srun", f"--nodelist={','.join(cluster.nodes)}", "--ntasks-per-node=2",
+         f"--output={root}/logs/%t.log",
          str(KERAS3_PYTHON), "-m", RUN, f"--experiment={PACED_KERAS3}", f"--output_root={root}",
          *flags],
         env=cluster.environ(), cwd=REPOSITORY,
@@ -350,7 +350,8 @@ def test_two_nodes_of_two_tasks_train_mnist_keras3_to_the_same_weights(
     ]  # fmt: skip
     done = slurm_cluster.run(command, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "chief 0 on node1" in done.stderr and "worker 2 on node2" in done.stderr
+    first, second = slurm_cluster.nodes
+    assert f"chief 0 on {first}" in done.stderr and f"worker 2 on {second}" in done.stderr
     assert "4 processes and 4 devices on JAX" in done.stderr
     same = _SAME_WEIGHTS.findall(done.stderr)
     assert len(same) == 4 and len(set(same)) == 1 and same[0][0] == "4", done.stderr[-3000:]
@@ -513,7 +514,7 @@ def test_a_killed_process_of_a_keras3_script_ends_its_step_named(
             step.kill()
     assert step.returncode != 0
     first = json.loads(next((tmp_path / "failures").glob("*.json")).read_text())
-    assert first["line"].startswith("worker 2 on node2"), first
+    assert first["line"].startswith(f"worker 2 on {slurm_cluster.nodes[1]}"), first
     # The others' tracebacks, where they print one, run through Keras 3: no mistake here.
     assert "build the model with tf-keras" not in read_logs(logs)
     assert slurm_cluster.left_behind() == {}

@@ -25,7 +25,6 @@ from tests.cli import (
     wait_until,
 )
 from tests.slurm_cluster import (
-    NODES,
     ONE_TASK,
     SBATCH,
     SMALL_JOB,
@@ -89,11 +88,11 @@ def test_every_task_of_a_gpu_step_agrees_on_one_cluster(slurm_cluster: SlurmClus
             gpus_taken[node].append(exports["CUDA_VISIBLE_DEVICES"])
         # From inside this node's network stack, every node's name resolves to its address.
         resolved = dict(line.split()[::-1] for line in lines if line.startswith("10.251."))
-        assert resolved == {name: f"10.251.0.1{name[-1]}" for name in NODES}
+        assert resolved == {name: f"10.251.0.1{name[-1]}" for name in slurm_cluster.nodes}
     assert len(clusters) == 1
     assert roles == {"chief": 1, "ps": 3, "worker": 5}
     assert {node: sorted(gpus) for node, gpus in gpus_taken.items()} == {
-        node: ["0", "1"] for node in NODES
+        node: ["0", "1"] for node in slurm_cluster.nodes
     }
 
 
@@ -257,7 +256,7 @@ def test_a_stock_estimator_script_under_with_tfconfig_ends_by_itself(
     for ps in ("ps 0", "ps 1"):
         assert f"{ps}: every trainer finished; ending its command" in step.stderr
     assert checkpoint_step(tmp_path / "model") == 200
-    assert left_behind(slurm_cluster) == {node: [] for node in NODES}
+    assert left_behind(slurm_cluster) == {node: [] for node in slurm_cluster.nodes}
 
 
 def test_a_one_import_script_under_plain_srun_trains_as_a_cluster_and_resumes(
@@ -282,7 +281,7 @@ def test_a_one_import_script_under_plain_srun_trains_as_a_cluster_and_resumes(
     assert {trainer["run"] for trainer in summary["trainers"]} == {summary["trainers"][0]["run"]}
     # The script's RunConfig keeps 2 checkpoints; the cluster did not change that.
     assert len(list(model_dir.glob("model.ckpt-*.index"))) == 2
-    assert left_behind(slurm_cluster) == {node: [] for node in NODES}
+    assert left_behind(slurm_cluster) == {node: [] for node in slurm_cluster.nodes}
     reached = checkpoint_step(model_dir)
     # Resumed by a script that ran a TensorFlow op first: too late for CUDA_VISIBLE_DEVICES.
     again = slurm_cluster.run([*command, "300"], EARLY_OP="1")
@@ -303,8 +302,9 @@ def left_behind(cluster: SlurmCluster) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def first_job(
-    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+    slurm_conf: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, dict[str, str]]:
+    slurm_cluster = SlurmCluster(slurm_conf)
     workdir = tmp_path_factory.mktemp("sbatch")
     job = submit(slurm_cluster, workdir, "e2e", "--train_steps=30", "--save_checkpoints_steps=15")
     return workdir, finish(slurm_cluster, job)
@@ -323,7 +323,7 @@ def test_sbatch_trains_to_the_end_and_leaves_nothing_behind(
         job["stderr"],
         [(model_dir / "logs" / name).read_text()[-2000:] for name in task_logs],
     )
-    assert left_behind(slurm_cluster) == {node: [] for node in NODES}
+    assert left_behind(slurm_cluster) == {node: [] for node in slurm_cluster.nodes}
     assert checkpoint_step(model_dir) >= 30
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["global_step"] == checkpoint_step(model_dir)

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.tf2
 
 WITH_TFCONFIG = REPOSITORY / "launch" / "with-tfconfig"
 MWMS = REPOSITORY / "tests" / "fixtures" / "mwms_keras.py"
-# One task on each of two nodes: the chief on node1, worker 0 on node2.
+# One task on each of two nodes: the chief on the first, worker 0 on the second.
 TWO_NODES = ("--nodes=2", "--ntasks-per-node=1")
 
 
@@ -83,8 +83,9 @@ def test_a_stock_multi_worker_mirrored_script_trains_all_reduce_under_with_tfcon
     assert {report["replicas"] for report in trained.values()} == {2}
     # All-reduce: both replicas end with the same weights.
     assert trained["chief-0"]["weights"] == pytest.approx(trained["worker-0"]["weights"])
-    assert "rank 0 on node1 is chief 0" in step.stderr
-    assert "rank 1 on node2 is worker 0" in step.stderr
+    first, second = slurm_cluster.nodes
+    assert f"rank 0 on {first} is chief 0" in step.stderr
+    assert f"rank 1 on {second} is worker 0" in step.stderr
     assert slurm_cluster.left_behind() == {}
 
 
@@ -232,7 +233,6 @@ def test_a_crashed_all_reduce_worker_ends_the_step_by_name(
     )  # fmt: skip
     assert step.returncode != 0
     assert "worker 0: its command failed" in step.stderr, step.stderr[-3000:]
-    # Slurm picks the step's nodes: node1 may still be completing the last job.
     by_name = re.search(r"worker 0 at node\d:\d+ says its command failed", step.stderr)
     ended = by_name and "ending this task (exit 3)" in step.stderr
     # Else the chief's all-reduce failed of the reset connection, named by its own exception.
@@ -295,7 +295,7 @@ def test_a_multi_worker_mirrored_script_in_a_parameter_server_layout_ends_with_a
 
 
 PSS = REPOSITORY / "tests" / "fixtures" / "pss_keras.py"
-# node1: ps 0 and the coordinator; node2: ps 1 and worker 0.
+# The first node: ps 0 and the coordinator; the second: ps 1 and worker 0.
 COORDINATED = ("--nodes=2", "--ntasks-per-node=2")
 
 
@@ -335,7 +335,8 @@ def test_a_killed_parameter_server_ends_the_step_and_a_new_one_resumes(
     assert step.returncode != 0
     assert "ps 0: its command was killed by SIGKILL (exit 137)" in step.stderr, step.stderr[-3000:]
     assert "run the step again to resume from the last checkpoint" in step.stderr
-    named = "ps 0 at node1:" in step.stderr and "says its command failed" in step.stderr
+    said = f"ps 0 at {slurm_cluster.nodes[0]}:" in step.stderr
+    named = said and "says its command failed" in step.stderr
     # Else the coordinator's own call to the dead ps failed first, named by its exception.
     own = re.search(r"chief 0: its command failed: [\w.]+(Error|Exception)\b", step.stderr)
     assert named or own, step.stderr[-3000:]

@@ -599,6 +599,9 @@ def test_told_its_model_dir_a_chief_sent_sigterm_says_the_run_stopped(
     try:
         assert wait_until(state.exists, 30.0)
         assert json.loads(state.read_text())["state"] == "running"
+        # Once the command listens: a Python signalled as it starts (importing its site
+        # module) exits 1, its own fatal error, before it could stop on the signal.
+        assert wait_until(lambda: answer_of(f"localhost:{base + 2}") == b"", 30.0)
         step[2].send_signal(number)
         assert step[2].wait(timeout=30) == 128 + number
     finally:
