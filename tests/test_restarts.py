@@ -157,6 +157,26 @@ def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
     assert cause == "worker 0 stopped answering"
 
 
+@pytest.mark.parametrize(
+    ("srun_said", "said"),
+    [
+        ("srun: unrecognized option '--bogus'\n", ": srun's own last line: srun: unrecognized "
+         "option '--bogus'"),
+        ("", ", nor any line of srun's"),
+    ],
+)  # fmt: skip
+def test_a_step_that_names_no_task_says_srun_s_own_last_line_or_that_it_said_none(
+    tmp_path: Path, srun_said: str, said: str
+) -> None:
+    job = SlurmJob(9, 7, 2, 0)
+    step = restarts.read_step(
+        tmp_path, job, status=255, started=0.0, checkpoint_at_start=None, srun_said=srun_said
+    )
+    assert restarts.line(tmp_path, job, step, "mine") == (
+        f"mine: the step failed (exit 255) with no task named{said}"
+    )
+
+
 def test_a_node_that_left_the_job_starts_the_step_again_on_the_nodes_left(
     tmp_path: Path,
 ) -> None:

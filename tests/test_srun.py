@@ -48,9 +48,10 @@ if [[ $case == stopped || $case == hup || $case == usr1 || $case == usr2 ]]; the
 fi
 sleep 1
 """
+# A second argument is one more option for srun.
 BATCH = """#!/bin/bash
 #SBATCH --nodes=1 --ntasks-per-node=2 --output=%x.out
-exec tfconfig-slurm srun --model_dir="$PWD/$1" -- bash "$PWD/step.sh" "$1"
+exec tfconfig-slurm srun --model_dir="$PWD/$1" -- ${2:+"$2"} bash "$PWD/step.sh" "$1"
 """
 
 
@@ -60,13 +61,17 @@ def test_a_killed_task_starts_the_step_again_in_the_job_and_a_bug_does_not(
 ) -> None:
     (tmp_path / "step.sh").write_text(f"WITH_TFCONFIG={WITH_TFCONFIG}\n{STEP}")
     (tmp_path / "job.sbatch").write_text(BATCH)
-    cases = ("once", "bug", "always", "untrained", "raising")
+    cases = ("once", "bug", "always", "untrained", "raising", "refused")
     jobs = {}
     for case in cases:
-        jobs[case] = submitted(slurm_cluster, tmp_path, case)
+        jobs[case] = submitted(slurm_cluster, tmp_path, case, *(["--bogus"] * (case == "refused")))
     ended = {case: wait_for_end(slurm_cluster, job) for case, job in jobs.items()}
     said = {case: (tmp_path / f"{case}.out").read_text() for case in cases}
-    tries = {case: len((tmp_path / case / "tries").read_text().splitlines()) for case in cases}
+    tries = {
+        case: len(tried.read_text().splitlines()) if (tried := tmp_path / case / "tries").exists()
+        else 0
+        for case in cases
+    }  # fmt: skip
     restarts = {
         case: [each["cause"] for each in json.loads(state.read_text()).get("restarts", [])]
         if (state := tmp_path / case / "state.json").exists()
@@ -76,15 +81,18 @@ def test_a_killed_task_starts_the_step_again_in_the_job_and_a_bug_does_not(
     states = {case: ended[case]["JobState"] for case in cases}
     assert states == {
         "once": "COMPLETED", "bug": "FAILED", "always": "FAILED", "untrained": "FAILED",
-        "raising": "FAILED",
+        "raising": "FAILED", "refused": "FAILED",
     }, said  # fmt: skip
-    assert tries == {"once": 2, "bug": 1, "always": 3, "untrained": 2, "raising": 1}, said
+    assert tries == {
+        "once": 2, "bug": 1, "always": 3, "untrained": 2, "raising": 1, "refused": 0,
+    }, said  # fmt: skip
     assert restarts == {
         "once": ["a task was killed"],
         "bug": [],
         "always": ["a task was killed"] * 2,
         "untrained": ["a task was killed"],
         "raising": [],
+        "refused": [],
     }, said
     job = jobs["once"]
     assert re.search(
@@ -111,12 +119,17 @@ def test_a_killed_task_starts_the_step_again_in_the_job_and_a_bug_does_not(
         r"tfconfig-slurm srun: not starting the step again: an error in the run's code\n$",
         said["raising"],
     ), said["raising"]
+    # srun refused its options: its own line says why (it names itself as it was called).
+    assert (
+        "the step failed (exit 255) with no task named: srun's own last line: srun: "
+        "unrecognized option '--bogus'"
+    ) in said["refused"], said["refused"]
 
 
-def submitted(cluster: SlurmCluster, workdir: Path, case: str) -> str:
+def submitted(cluster: SlurmCluster, workdir: Path, case: str, *srun_option: str) -> str:
     """The job of `case`, submitted from `workdir` (which holds step.sh and job.sbatch)."""
     (workdir / case).mkdir()
-    return cluster.sbatch(workdir, f"--job-name={case}", "job.sbatch", case)
+    return cluster.sbatch(workdir, f"--job-name={case}", "job.sbatch", case, *srun_option)
 
 
 @pytest.mark.slurm

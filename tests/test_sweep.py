@@ -430,6 +430,24 @@ def test_the_runs_table_refuses_an_unknown_metric_and_a_missing_root(tmp_path: P
     assert missing.returncode == 2 and "OUTPUT_ROOT:" in missing.stderr
 
 
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (("--settle=5",), "--settle: goes with --run"),
+        (("--run=RUN", "--json"), "--json: goes with the table of runs, not --run's one line"),
+        (("--run=RUN", "--sort=loss"), "--sort: goes with the table of runs"),
+    ],
+)
+def test_a_runs_flag_without_the_one_it_goes_with_is_one_line(
+    tmp_path: Path, flags: tuple[str, ...], said: str
+) -> None:
+    run_dir(tmp_path, "a", {"state": "done"}, {"eval": {"loss": 0.1}}, 5)
+    given = [flag.replace("RUN", str(tmp_path / "a")) for flag in flags]
+    refused = run_module("tfconfig_slurm.commands", "runs", *given, str(tmp_path))
+    assert (refused.returncode, refused.stdout) == (2, ""), refused.stderr
+    assert refused.stderr.count("\n") == 1 and said in refused.stderr, refused.stderr
+
+
 def test_the_runs_table_says_a_run_whose_files_it_cannot_read_is_unreadable(
     tmp_path: Path,
 ) -> None:
@@ -445,16 +463,25 @@ def test_the_runs_table_says_a_run_whose_files_it_cannot_read_is_unreadable(
     ).unlink()
     (tmp_path / "cut").mkdir()
     (tmp_path / "cut" / "state.json").write_text("{garbage")
+    # Beside a checkpoint and a summary that would make it done: the run's job and hparams
+    # are in the file that cannot be read.
+    run_dir(tmp_path, "edited", {}, {"eval": {"accuracy": 0.9}}, 5).joinpath(
+        "state.json"
+    ).write_text("{bad")
+    run_dir(tmp_path, "arrayed", {"state": "done"}, None, 5).joinpath("summary.json").write_text(
+        "[1, 2]"
+    )
     table = run_module("tfconfig_slurm.commands", "runs", str(tmp_path), "--json")
     assert table.returncode == 0, table.stderr
     states = {run["experiment_id"]: run["state"] for run in json.loads(table.stdout)}
     assert states == {
-        "cut": "unreadable", "good": "done", "listed": "unreadable", "summed": "unreadable",
-        "typed": "unreadable", "worded": "unreadable",
+        "arrayed": "unreadable", "cut": "unreadable", "edited": "unreadable", "good": "done",
+        "listed": "unreadable", "summed": "unreadable", "typed": "unreadable",
+        "worded": "unreadable",
     }  # fmt: skip
     # The table, and a batch script's last line, as well.
     text = run_module("tfconfig_slurm.commands", "runs", str(tmp_path))
-    assert text.returncode == 0 and text.stdout.count(" unreadable ") == 5, text.stderr
+    assert text.returncode == 0 and text.stdout.count(" unreadable ") == 7, text.stderr
     typed = run_module("tfconfig_slurm.commands", "runs", f"--run={tmp_path / 'typed'}")
     assert typed.returncode == 0, typed.stderr
     assert typed.stdout == (

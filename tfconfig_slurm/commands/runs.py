@@ -80,6 +80,7 @@ _ENDING = "ENDING"
 def main(argv: Sequence[str]) -> int:
     if len(argv) > 2:
         raise UsageError(repr(argv[2]), "is one word too many", f"{PROGRAM} [OUTPUT_ROOT]")
+    _check_flags_go_together()
     if RUN.value is not None:
         sys.stdout.write(_standing(Path(RUN.value), argv) + "\n")
         return 0
@@ -110,6 +111,21 @@ def main(argv: Sequence[str]) -> int:
     else:
         sys.stdout.write(_table(runs))
     return 0
+
+
+def _check_flags_go_together() -> None:
+    """--settle goes with --run's one line; --sort and --json with the table."""
+    if RUN.value is None and SETTLE.present:
+        raise UsageError("--settle", "goes with --run", f"{PROGRAM} --run=MODEL_DIR --settle=20")
+    if RUN.value is None:
+        return
+    for holder in (SORT, json_flag.JSON):
+        if holder.present:
+            raise UsageError(
+                f"--{holder.name}",
+                "goes with the table of runs, not --run's one line",
+                f"leave --run out: {PROGRAM} OUTPUT_ROOT --{holder.name}",
+            )
 
 
 def _standing(folder: Path, argv: Sequence[str]) -> str:
@@ -217,6 +233,8 @@ def _readable_run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any
     """A run's line, or one that says its files cannot be read (state.json or summary.json
     edited, cut short or of another program), rather than a traceback or no line at all."""
     try:
+        if _damaged(run_dir.RunDir(folder)):
+            raise ValueError("state.json or summary.json holds no JSON object")
         run = _run(folder, jobs)
         if run is not None:
             _table([run])  # what its line shows is of the types it expects
@@ -237,6 +255,22 @@ def _readable_run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any
         "eval": {},
         "hparams": {},
     }
+
+
+def _damaged(paths: run_dir.RunDir) -> bool:
+    """Whether state.json or summary.json is there but holds no JSON object, where reading it
+    as none would show a run done without its job or hparams (the runtime writes each whole,
+    with an atomic rename)."""
+    for path in (paths.state, paths.summary):
+        try:
+            value = json.loads(path.read_text())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError):
+            return True
+        if not isinstance(value, dict):
+            return True
+    return False
 
 
 def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:

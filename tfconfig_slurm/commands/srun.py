@@ -98,7 +98,9 @@ def main(argv: Sequence[str]) -> int:
         model_dir_flag.made(),
         job,
         _allocation(),
-        [srun, *srun_args],
+        # By its name, not the path found: srun names itself as called in its own lines
+        # ("srun: unrecognized option"), which the step's end reads by that name.
+        ["srun", *srun_args],
         max_restarts_flag.MAX_RESTARTS.value,
     )
 

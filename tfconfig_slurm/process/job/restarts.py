@@ -103,8 +103,9 @@ def line(model_dir: Path, job: SlurmJob, step: Step, who: str, left: Sequence[st
         return f"{failed}; first to fail: {step.first.line()}{where}"
     named = first_task_said(step.srun_said)
     if named is None:
-        srun_last = step.srun_said.strip().splitlines()[-1:] or [""]
-        return f"{failed} with no task named: srun's own last line: {srun_last[0]}{where}"
+        last = step.srun_said.strip().splitlines()[-1:]
+        said = f": srun's own last line: {last[0]}" if last else ", nor any line of srun's"
+        return f"{failed} with no task named{said}{where}"
     task_log = _text(logs / f"job{job.name}-task{named[1]}.log")
     role = _ROLE.search(task_log)
     # Its own last line, not slurmstepd's: a task that refused its input said why there.
