@@ -137,7 +137,7 @@ run: $(STAMP)
 	$(BIN)/tfconfig-slurm-run --experiment mnist_deep --experiment_id=mnist_deep-local \
 	  --train_steps=600 --save_checkpoints_steps=200
 
-# The test suite's SLURM cluster (3 nodes x 2 fake GPUs in network namespaces); needs root.
+# The test suite's SLURM cluster (5 nodes x 2 fake GPUs in network namespaces); needs root.
 # The SLURM tests start and stop it themselves; these keep one up between runs.
 slurm-up:
 	tests/slurm/cluster up

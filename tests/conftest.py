@@ -1,12 +1,12 @@
 """Fixtures shared by test modules: the real SLURM test cluster; three lanes, run side by side
-by tests/lanes (`--lane` picks one) or as pytest-xdist's workers (`-n 3 --dist loadgroup`):
-the tests on each of the cluster's two partitions in a lane of its own (slurm: the Estimator
-suite's, on node1-3; slurm2: the TensorFlow 2.16+ and Keras 3 suites', on node4-5), one test
-at a time (they check what jobs leave on their nodes), and the others in the host lane, its
+by tests/lanes (`--lane` picks one): the tests on each of the cluster's two partitions in a
+lane of its own (slurm: the Estimator suite's, on node1-3; slurm2: the TensorFlow 2.16+ and
+Keras 3 suites', and the Estimator ones marked second_partition, on node4-5), one test at a
+time (they check what jobs leave on their nodes), and the others in the host lane, its
 TensorFlow-free tests eight at a time in tests/lanes (each that runs a command on ports takes
-a free block of its own), its TensorFlow ones one at a time; and the TensorFlow 2.16+
-tests (marked tf2) skipped, with the reason, where tf-keras is not installed, and the Keras 3
-ones (marked keras3) where .venv-keras3 is not made."""
+a free block of its own), its TensorFlow ones one at a time; and the TensorFlow 2.16+ tests
+(marked tf2) skipped, with the reason, where tf-keras is not installed, and the Keras 3 ones
+(marked keras3) where .venv-keras3 is not made."""
 
 from __future__ import annotations
 
@@ -32,16 +32,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# First: pytest-xdist reads the group marks in its own hook of this name.
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     chosen = config.getoption("lane")
     kept: list[pytest.Item] = []
     left: list[pytest.Item] = []
     for item in items:
-        lane = _lane(item)
-        item.add_marker(pytest.mark.xdist_group(lane))
-        (kept if chosen in (None, lane) else left).append(item)
+        (kept if chosen in (None, _lane(item)) else left).append(item)
     if left:
         config.hook.pytest_deselected(items=left)
         items[:] = kept

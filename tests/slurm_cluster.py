@@ -1,7 +1,10 @@
-"""The test suite's real SLURM cluster (tests/slurm/cluster), as a session-scoped fixture.
+"""The test suite's real SLURM cluster (tests/slurm/cluster), as fixtures: the cluster up for
+the session (slurm_conf), and each test's partition of it (slurm_cluster).
 
 Where it cannot start (not root, no apt), the tests that need it skip with the reason; with
-TFCONFIG_SLURM_REQUIRE_SLURM=1, as in CI, that is a failure instead.
+TFCONFIG_SLURM_REQUIRE_SLURM=1, as in CI, that is a failure instead. Under tests/lanes, whose
+lanes share the cluster, it is up before they start (LANES_CLUSTER), and no session starts or
+stops it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from tests.cli import REPOSITORY, read_logs, wait_for, wait_until
 
 SCRIPT = REPOSITORY / "tests" / "slurm" / "cluster"
 STATE = Path("/tmp/tfconfig-slurm-cluster")
+# Set by tests/lanes, which starts the cluster for its lanes (and stops it after them), to the
+# log of that start.
+LANES_CLUSTER = "TFCONFIG_SLURM_TEST_LANES_CLUSTER"
 # The cluster's partitions and their nodes (tests/slurm/cluster): the Estimator suite's tests
 # run on the first, the TensorFlow 2.16+ and Keras 3 suites' on the second, side by side in
 # tests/lanes; each test sees only its own partition's jobs and nodes.
@@ -335,16 +341,24 @@ def slurm_cluster(request: pytest.FixtureRequest, slurm_conf: Path) -> SlurmClus
 
 def second_partition(item: pytest.Item) -> bool:
     """Whether a test on the cluster runs on its second partition: those of the TensorFlow
-    2.16+ and Keras 3 suites."""
-    return any(mark in item.keywords for mark in ("tf2", "keras3"))
+    2.16+ and Keras 3 suites, and those marked to even the two lanes out."""
+    return any(mark in item.keywords for mark in ("tf2", "keras3", "second_partition"))
 
 
 @pytest.fixture(scope="session")
 def slurm_conf() -> Iterator[Path]:
     """The cluster's config, the cluster started for the session unless it was already up
-    (then left up)."""
+    (then left up), or tests/lanes started it."""
     if os.geteuid() != 0:
         unavailable("the SLURM test cluster needs root (network namespaces, Slurm daemons)")
+    conf = STATE / "slurm.conf"
+    lanes_log = os.environ.get(LANES_CLUSTER)
+    if lanes_log:
+        # Never `status` here: it says down while another lane's test has a node cut off.
+        if not conf.exists():
+            unavailable(f"tests/lanes could not start the SLURM test cluster (see {lanes_log})")
+        yield conf
+        return
     was_up = subprocess.run([str(SCRIPT), "status"], capture_output=True, check=False)
     if was_up.returncode != 0:
         started = subprocess.run(
@@ -353,7 +367,7 @@ def slurm_conf() -> Iterator[Path]:
         if started.returncode != 0:
             unavailable(f"could not start the SLURM test cluster: {started.stderr.strip()}")
     try:
-        yield STATE / "slurm.conf"
+        yield conf
     finally:
         if was_up.returncode != 0:
             subprocess.run([str(SCRIPT), "down"], capture_output=True, timeout=120, check=False)

@@ -1,5 +1,6 @@
-"""End to end on the real SLURM test cluster: 3 nodes x 4 CPUs x 2 fake GPUs, each node its
-own network stack (tests/slurm/cluster). The commands are the ones a user types."""
+"""End to end on the real SLURM test cluster, on its partition debug: 3 nodes x 4 CPUs x 2 fake
+GPUs, each node its own network stack (tests/slurm/cluster). The commands are the ones a user
+types."""
 
 from __future__ import annotations
 
@@ -168,7 +169,7 @@ def test_two_jobs_on_one_id_the_second_stops_at_start_naming_the_first(
             ),
         )
     finally:
-        slurm_cluster.run(["scancel", "--user=root"])
+        slurm_cluster.cancel_all()
         first.wait(timeout=60)
     assert (loser["JobState"], loser["ExitCode"]) == ("FAILED", "2:0")
     output = (tmp_path / f"train-{loser['JobId']}.out").read_text()
@@ -374,14 +375,19 @@ def test_resubmitting_the_same_id_resumes(
 def test_two_jobs_on_the_same_nodes_at_once_both_complete(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
+    """Their tasks' ports differ: each task of the fake backend answers on its own, as a
+    TensorFlow server listens on it."""
     jobs = [
         submit(
             slurm_cluster,
             tmp_path,
             name,
-            "--train_steps=20",
+            f"--experiment={PACED}",
+            # 3 s of training (one trainer a job): the two, started together, overlap.
+            "--train_steps=60",
             nodes="node2",
             sbatch_options=("--nodes=1",),
+            environ=FAKE,
         )
         for name in ("first", "second")
     ]
@@ -396,7 +402,7 @@ def test_two_jobs_on_the_same_nodes_at_once_both_complete(
     )
     assert {job["NodeList"] for job in ended} == {"node2"}
     for name in ("first", "second"):
-        assert checkpoint_step(tmp_path / name) >= 20
+        assert checkpoint_step(tmp_path / name) == 60
 
 
 SWEEP = REPOSITORY / "launch" / "sweep"
@@ -523,8 +529,8 @@ def test_a_heterogeneous_step_trains_with_its_parameter_server_on_the_cpu_compon
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     """srun's ':' makes a heterogeneous job: a CPU task on node1, and a GPU node whose two
-    tasks train. The explanation comes from a task that sees the GPUs; the run trains with
-    its ps on node1 and a trainer on each GPU."""
+    tasks train. The explanation comes from a task that sees the GPUs; the run (of the fake
+    backend) trains with its ps on node1 and a trainer on each GPU."""
     explain = ["python", "-m", "tfconfig_slurm.tfconfig", "--explain", "--json"]
     planned = slurm_cluster.run(
         ["srun", "--nodelist=node1", "-N1", "-n1", *explain, ":",
@@ -538,7 +544,8 @@ def test_a_heterogeneous_step_trains_with_its_parameter_server_on_the_cpu_compon
         ("node2", "worker", ["1"]),
     ]
     train = [
-        "python", "-m", "tfconfig_slurm.run", "--experiment=mnist_deep", "--train_steps=20",
+        "env", *(f"{name}={value}" for name, value in FAKE.items()),
+        "python", "-m", "tfconfig_slurm.run", f"--experiment={PACED}", "--train_steps=20",
         f"--output_root={tmp_path}",
     ]  # fmt: skip
     trained = slurm_cluster.run(
@@ -546,7 +553,7 @@ def test_a_heterogeneous_step_trains_with_its_parameter_server_on_the_cpu_compon
          "--nodelist=node2", "-N1", "-n2", "--gres=gpu:2", *train],
     )  # fmt: skip
     assert trained.returncode == 0, trained.stderr[-3000:]
-    summary = json.loads((tmp_path / "mnist_deep" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "paced" / "summary.json").read_text())
     assert [address.split(":")[0] for address in summary["layout"]["ps"]] == ["node1"]
     assert summary["global_step"] >= 20
     assert slurm_cluster.left_behind() == {}

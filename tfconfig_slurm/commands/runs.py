@@ -232,8 +232,10 @@ def _say_no_runs(root: Path) -> None:
 def _readable_run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     """A run's line, or one that says its files cannot be read (state.json or summary.json
     edited, cut short or of another program), rather than a traceback or no line at all."""
+    paths = run_dir.RunDir(folder)
     try:
-        if _damaged(run_dir.RunDir(folder)):
+        # Only a run's: another program's summary.json in a folder of its own is no run.
+        if paths.state.exists() and _damaged(paths):
             raise ValueError("state.json or summary.json holds no JSON object")
         run = _run(folder, jobs)
         if run is not None:
@@ -244,7 +246,7 @@ def _readable_run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any
     except (AttributeError, TypeError, ValueError, LookupError):
         pass
     else:
-        if not run_dir.RunDir(folder).state.exists():
+        if not paths.state.exists():
             return None
     return {
         "experiment_id": folder.name,

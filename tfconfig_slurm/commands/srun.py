@@ -91,8 +91,7 @@ def main(argv: Sequence[str]) -> int:
             "is not set: this is no batch job",
             f"call it from a batch script: {_USAGE}",
         )
-    srun = shutil.which("srun")
-    if srun is None:
+    if shutil.which("srun") is None:
         raise UsageError("srun", "is not on PATH", "call it from a batch script on the cluster")
     return _steps(
         model_dir_flag.made(),
