@@ -100,6 +100,8 @@ def test_the_data_path_flags_refused_out_of_place(flags: tuple[str, ...], culpri
         ("13MB", "205 MB", "65.5 ms", "25.6 MB"),
         # In plain figures, never in exponent notation (it said 1.58e+04 MB, 5.04e+03 ms).
         ("1GB", "15.8 GB", "5.04 s", "1.97 GB"),
+        # From bytes up: 13 (meant as 13 MB) had said 0 MB and 0 ms.
+        ("13", "205 bytes", "65.5 ns", "25.6 bytes"),
     ],
 )
 def test_the_explain_table_says_the_data_path_and_the_layout_that_moves_less(

@@ -124,11 +124,13 @@ def describe(path: DataPath, gbits_per_second: float, gbits_given: bool) -> str:
 
 
 def _mb(size: float) -> str:
-    return _three_figures(size / 1e6, ("MB", "GB", "TB", "PB"), 1000)
+    # From bytes up: a size of a few bytes (a --model_bytes of 13 meant as 13 MB) said as 0 MB
+    # would hide the slip.
+    return _three_figures(size, ("bytes", "kB", "MB", "GB", "TB", "PB"), 1000)
 
 
 def _ms(seconds: float) -> str:
-    return _three_figures(seconds * 1e3, ("ms", "s"), 1000)
+    return _three_figures(seconds * 1e9, ("ns", "µs", "ms", "s"), 1000)
 
 
 def _three_figures(value: float, units: tuple[str, ...], step: float) -> str:
