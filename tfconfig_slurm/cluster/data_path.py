@@ -130,7 +130,7 @@ def _mb(size: float) -> str:
 
 
 def _ms(seconds: float) -> str:
-    return _three_figures(seconds * 1e9, ("ns", "µs", "ms", "s"), 1000)
+    return _three_figures(seconds * 1e9, ("ns", "us", "ms", "s"), 1000)
 
 
 def _three_figures(value: float, units: tuple[str, ...], step: float) -> str:
