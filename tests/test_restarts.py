@@ -157,6 +157,22 @@ def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
     assert cause == "worker 0 stopped answering"
 
 
+def test_a_task_that_never_ran_is_named_with_slurmstepd_s_error(tmp_path: Path) -> None:
+    """A command not found: the task wrote no line of its own, and slurmstepd said why."""
+    job = SlurmJob(9, 7, 2, 0)
+    srun_said = (
+        "slurmstepd-node3: error: execve(): nosuchcmd: No such file or directory\n"
+        "srun: error: node3: task 0: Exited with exit code 2\n"
+    )
+    step = restarts.read_step(
+        tmp_path, job, status=2, started=0.0, checkpoint_at_start=None, srun_said=srun_said
+    )
+    assert restarts.line(tmp_path, job, step, "mine") == (
+        "mine: the step failed (exit 2); first to fail: node3: task 0: Exited with exit code 2; "
+        "slurmstepd-node3: error: execve(): nosuchcmd: No such file or directory"
+    )
+
+
 @pytest.mark.parametrize(
     ("srun_said", "said"),
     [
