@@ -22,7 +22,9 @@ ps barrier, its sessions) keeps its tests with real TensorFlow.
   trainers, as with-tfconfig's supervisor does for a script (supervise.say_finished); a
   parameter server answers until its herald says FINISHED (the chief for ps 0, ps 0 for the
   others). Watches of each other's ports are the runtime's (watchdog.PeerWatch).
-- FAIL_AS (`worker 0`, or `worker 0@5`: at step 5) makes that task raise once it trains.
+- FAIL_AS (`worker 0`, or `worker 0@5`: at step 5) makes that task raise once it trains;
+  REFUSE_AS (`worker 0`) makes it refuse its input at its start, as where its node lacks the
+  data.
 - HOLD (`60:/path/release`) holds the trainers at step 60 until the file is there: a test
   kills a task or cuts a node off while the run cannot finish, then lets its restart train on.
 """
@@ -58,6 +60,7 @@ PACE_SECONDS = 0.05
 # The global step the trainers share, beside the checkpoints.
 COUNTER = "fake-global-step.json"
 FAIL_AS = "TFCONFIG_SLURM_TEST_FAIL_AS"
+REFUSE_AS = "TFCONFIG_SLURM_TEST_REFUSE_AS"
 HOLD = "TFCONFIG_SLURM_TEST_HOLD"
 # What a fake step reports, for the lines and records that carry one.
 LOSS = 0.25
@@ -83,6 +86,8 @@ def backend(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
             f"names the test suite's backend, which plays no {role.task_id} of this layout",
             "it trains a chief, workers and parameter servers, or a single process",
         )
+    if role is not None and os.environ.get(REFUSE_AS) == str(role.task_id):
+        raise UsageError(REFUSE_AS, f"names {role.task_id}, which refuses on purpose", "unset it")
     return FakeBackend(task, name, hparams_lib.with_overrides(literal, hparams))
 
 

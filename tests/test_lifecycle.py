@@ -4,6 +4,10 @@ the run's state and the task's end are, whatever the backend does. No TensorFlow
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,9 +16,10 @@ from typing import Any, Callable
 import pytest
 
 from tests import fake_backend
-from tests.cli import PACED, checkpoint_step, run_module
+from tests.cli import PACED, checkpoint_step, free_port_block, run_module
+from tests.slurm_envs import task_env
 from tfconfig_slurm.commands import runtime_backends
-from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.errors import EXIT_PEER_LOST, UsageError
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import claim, history
 from tfconfig_slurm.process.task import lifecycle
@@ -185,6 +190,47 @@ def test_the_job_that_last_trained_a_run_is_named_not_one_that_only_evaluated(
     record["attempts"] = [{"job_id": "3_0", "from_step": None}, {"job_id": "17", "from_step": 50}]
     (tmp_path / "state.json").write_text(json.dumps(record))
     assert f"(last trained by job 17 at {at}, done)" in history.before_start(tmp_path, 200)
+
+
+def test_a_task_of_a_step_that_refuses_its_input_at_its_start_ends_its_peers(
+    tmp_path: Path,
+) -> None:
+    """Worker 0 of a 3-task step refuses at its start (as one whose node lacks the data), in a
+    step srun runs without --kill-on-bad-exit: it says FAILED on its port before it exits, and
+    its ps, which never heard from it, ends at once rather than wait for it as for a task still
+    starting (timing.START_SECONDS, 600 s); the chief ends with its ps."""
+    environ = {
+        "PATH": os.environ["PATH"],
+        **fake_backend.environ(**{fake_backend.REFUSE_AS: "worker 0"}),
+    }
+    flags = (
+        f"--experiment={PACED}", f"--output_root={tmp_path}", "--train_steps=1000000",
+        f"--port_base={free_port_block(3)}",
+    )  # fmt: skip
+    step = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tfconfig_slurm.run", *flags],
+            env={**environ, **task_env(["localhost"], [3], rank)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(3)
+    ]
+    try:
+        ended = [process.wait(timeout=60) for process in step]
+    finally:
+        for process in step:
+            process.kill()
+    said = [process.communicate()[1] for process in step]
+    # Ranks: ps 0, the chief, worker 0.
+    assert ended == [EXIT_PEER_LOST, EXIT_PEER_LOST, 2], said
+    assert "worker 0: it refused its input (TFCONFIG_SLURM_TEST_REFUSE_AS); saying so" in said[2]
+    assert said[2].endswith(
+        "tfconfig-slurm-run: TFCONFIG_SLURM_TEST_REFUSE_AS: names worker 0, which refuses on "
+        "purpose. HINT: unset it\n"
+    ), said[2]
+    assert re.search(r"worker 0 at localhost:\d+ says its command failed", said[0]), said[0]
 
 
 def test_the_test_suite_s_backend_trains_resumes_and_a_bad_name_of_it_is_one_line(

@@ -9,10 +9,11 @@ TensorFlow here: the backend is made only once the start checks have passed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, NoReturn, Protocol, Union
@@ -28,7 +29,7 @@ from tfconfig_slurm.process.job import continuation, preemption, time_limit
 from tfconfig_slurm.process.records import claim, failure, history, model_dir
 from tfconfig_slurm.process.records.owner import RunOwner, owns_run
 from tfconfig_slurm.process.records.run_dir import RunDir
-from tfconfig_slurm.process.supervision import network, watchdog
+from tfconfig_slurm.process.supervision import answering, network, watchdog
 from tfconfig_slurm.process.task import throughput
 from tfconfig_slurm.process.task.place import Place
 
@@ -133,10 +134,11 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
         # whose checks pass, would otherwise record it lost once it has gone.
         with failure.recording_errors():
             network.check_task(role)
-    history.check_resumable(task.model_dir, kind.checkpoints, task.naming)
-    trainer = backend()
-    history.check_same_experiment(task.model_dir, trainer.experiment, task.naming)
-    held = model_dir.hold(task.model_dir, role, task.naming, task.job)
+    with _refusal_said_on_its_port(role):
+        history.check_resumable(task.model_dir, kind.checkpoints, task.naming)
+        trainer = backend()
+        history.check_same_experiment(task.model_dir, trainer.experiment, task.naming)
+        held = model_dir.hold(task.model_dir, role, task.naming, task.job)
     if role is not None and role.run_id is not None:
         threading.Thread(
             target=_end_if_failed_while_stopping,
@@ -155,6 +157,20 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
             if held is not None:
                 held.release()
             raise
+
+
+@contextlib.contextmanager
+def _refusal_said_on_its_port(role: ClusterRole | None) -> Iterator[None]:
+    """A task of a SLURM step that refuses its input at its start (its node lacks the data,
+    say) answers FAILED on its port before it exits: under srun without --kill-on-bad-exit
+    its peers, which never heard from it, would wait for it as for one still starting
+    (timing.START_SECONDS). A local cluster's launcher stops the others itself."""
+    try:
+        yield
+    except TfconfigSlurmError as error:
+        if role is not None and not role.in_local_cluster:
+            answering.say_failed(role, f"it refused its input ({error.culprit})")
+        raise
 
 
 def _keep_time_limit(task: TaskRun) -> time_limit.TimeLimit | None:
