@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 from absl import logging
 
+from tfconfig_slurm.cluster.layout import EVALUATOR
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.supervision import watchdog
@@ -58,9 +59,10 @@ def answering(role: ClusterRole) -> Iterator[list[bytes]]:
 def say_failed(role: ClusterRole, why: str) -> None:
     """Says why this task ends, and answers FAILED on its port long enough for every watcher
     to probe it twice: a task that died before its server listened would otherwise be waited
-    for as one still starting (timing.START_SECONDS). A task alone in its cluster has no
-    watcher to tell, and returns at once."""
-    if sum(map(len, role.cluster.values())) == 1 and not role.has_evaluator:
+    for as one still starting (timing.START_SECONDS). A task alone in its cluster, or an
+    evaluator (outside it, with no port), has no watcher to tell, and returns at once."""
+    alone = sum(map(len, role.cluster.values())) == 1 and not role.has_evaluator
+    if alone or role.role == EVALUATOR:
         logging.error("%s %d: %s; exiting", role.role, role.index, why)
         return
     seconds = 2 * watchdog.round_seconds(max(role.ps_count, 1)) + timing.LOST_AFTER_SECONDS
