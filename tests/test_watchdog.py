@@ -15,7 +15,7 @@ from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import EXIT_PEER_LOST
 from tfconfig_slurm.process import exits
 from tfconfig_slurm.process.records import failure
-from tfconfig_slurm.process.supervision import answering, watchdog
+from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.supervision.watchdog import PeerWatch
 
 FAST: dict[str, Any] = {"lost_after": 0.3, "probe_seconds": 0.05}
@@ -229,19 +229,3 @@ def test_a_failed_collective_in_a_run_that_failed_names_the_first_failure(
     with pytest.raises(EndedError):
         finished.end_for_a_lost_peer("all-reduce failed")
     assert probed == []
-
-
-@pytest.mark.parametrize(
-    ("role", "index", "cluster"),
-    [
-        ("evaluator", 0, {"chief": ("localhost:1",), "ps": ("localhost:2",)}),
-        ("chief", 0, {"chief": ("localhost:1",)}),
-    ],
-)
-def test_a_task_with_no_watcher_says_it_failed_and_answers_on_no_port(
-    role: str, index: int, cluster: dict[str, tuple[str, ...]], caplog: pytest.LogCaptureFixture
-) -> None:
-    """An evaluator (outside the cluster: no port) and a task alone have nobody to tell."""
-    task = ClusterRole(cluster=cluster, role=role, index=index, has_evaluator=role == "evaluator")
-    answering.say_failed(task, "it refused its input (--data_dir)")
-    assert caplog.messages == [f"{role} 0: it refused its input (--data_dir); exiting"]

@@ -1,21 +1,18 @@
 """The port a task answers on for its watchers (watchdog.py) while it has no server of its
-own there: a with-tfconfig supervisor, a Keras 3 process (JAX listens only on the chief's), a
-task that failed or refused its input at its start (say_failed). The kernel completes a
-watcher's connection; the answer says alive (WAITING), FINISHED or FAILED."""
+own there: a with-tfconfig supervisor, a Keras 3 process (JAX listens only on the chief's).
+The kernel completes a watcher's connection; the answer says alive (WAITING), FINISHED or
+FAILED."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
 import threading
-import time
 from collections.abc import Iterator
 
 from absl import logging
 
-from tfconfig_slurm.cluster.layout import EVALUATOR
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.supervision import watchdog
 
 # The answers of the port this process serves, while a block of answering holds it: a block
@@ -54,28 +51,6 @@ def answering(role: ClusterRole) -> Iterator[list[bytes]]:
         _SERVING.remove(answer)
         stopped.set()
         listener.close()
-
-
-def say_failed(role: ClusterRole, why: str) -> None:
-    """Says why this task ends, and answers FAILED on its port long enough for every watcher
-    to probe it twice: a task that died before its server listened would otherwise be waited
-    for as one still starting (timing.START_SECONDS). A task alone in its cluster, or an
-    evaluator (outside it, with no port), has no watcher to tell, and returns at once."""
-    alone = sum(map(len, role.cluster.values())) == 1 and not role.has_evaluator
-    if alone or role.role == EVALUATOR:
-        logging.error("%s %d: %s; exiting", role.role, role.index, why)
-        return
-    seconds = 2 * watchdog.round_seconds(max(role.ps_count, 1)) + timing.LOST_AFTER_SECONDS
-    logging.error(
-        "%s %d: %s; saying so on its port for %.0f s, then exiting",
-        role.role,
-        role.index,
-        why,
-        seconds,
-    )
-    with answering(role) as answer:
-        answer.append(watchdog.FAILED)
-        time.sleep(seconds)
 
 
 def _answer(listener: socket.socket, stopped: threading.Event, answer: list[bytes]) -> None:

@@ -116,7 +116,7 @@ def supervise(
             owner.say("failed", None, lost=name)
         # Its own watchers may never have heard from it (its command died before listening):
         # they learn it at once, as from a failed command.
-        answering.say_failed(role, f"it ends, as {name} is lost")
+        _say_failed(role, f"it ends, as {name} is lost")
         exits.end_now(EXIT_PEER_LOST, f"{name} is lost")
 
     # Taken by the one thread that ends this task for a failure: a watch that saw a peer lost
@@ -251,6 +251,26 @@ def _its_failure(
     return f"its command failed: {why}" if why else "its command failed"
 
 
+def _say_failed(role: ClusterRole, why: str = "its command failed") -> None:
+    """Answers FAILED on the task's port long enough for every watcher to probe it twice: a
+    command that died before its server listened would otherwise be waited for. A task alone
+    in its cluster has no watcher to tell, and exits at once."""
+    if sum(map(len, role.cluster.values())) == 1 and not role.has_evaluator:
+        logging.error("%s %d: %s; exiting", role.role, role.index, why)
+        return
+    seconds = 2 * watchdog.round_seconds(max(role.ps_count, 1)) + timing.LOST_AFTER_SECONDS
+    logging.error(
+        "%s %d: %s; saying so on its port for %.0f s, then exiting",
+        role.role,
+        role.index,
+        why,
+        seconds,
+    )
+    with answering.answering(role) as answer:
+        answer.append(watchdog.FAILED)
+        time.sleep(seconds)
+
+
 def _run_watched(
     command: children.Group,
     role: ClusterRole,
@@ -276,9 +296,9 @@ def _run_watched(
     if status != 0:
         _claim_the_end(ending)
         if stopped_by:
-            answering.say_failed(role, f"its command stopped on {stopped_by[0].name}")
+            _say_failed(role, f"its command stopped on {stopped_by[0].name}")
         else:
-            answering.say_failed(role, its_failure(command, child, role))
+            _say_failed(role, its_failure(command, child, role))
     return status
 
 
@@ -364,7 +384,7 @@ def _serve(
                 _server_failure_hint(role, child.returncode),
             )
             _claim_the_end(ending)
-            answering.say_failed(role, its_failure(command, child, role))
+            _say_failed(role, its_failure(command, child, role))
         return status
     logging.info(
         "%s: %s; ending its command (a server's join() never returns; %s said so)",

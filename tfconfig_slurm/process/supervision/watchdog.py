@@ -18,6 +18,7 @@ No TensorFlow here: only sockets and a thread.
 
 from __future__ import annotations
 
+import functools
 import re
 import socket
 import sys
@@ -241,6 +242,9 @@ class PeerWatch:
         while not self._stopped.wait(self._interval):
             with self._lock:
                 watched = sorted(self._watched)
+            # The run's failure record, read at most once a round: a ps may wait on hundreds of
+            # trainers still starting.
+            run_failed = functools.cache(failure.run_failed)
             for name in watched:
                 if self._stopped.is_set():
                     return
@@ -260,11 +264,11 @@ class PeerWatch:
                     continue
                 since = failing_since.setdefault(name, now)
                 answered = last_answer[name]
-                if answered is None and now - started >= self._start_seconds:
+                # A peer that never answered yet is given its start, unless the run failed
+                # meanwhile (it refused its input at its start, say): then it will not come.
+                if answered is None and (now - started >= self._start_seconds or run_failed()):
                     self._lose(name, now - started)
-                elif answered is not None and (
-                    now - since >= self._lost_after or failure.run_failed()
-                ):
+                elif answered is not None and (now - since >= self._lost_after or run_failed()):
                     self._lose(name, now - answered)
 
     def _lose(self, name: str, silent_for: float) -> None:

@@ -29,7 +29,7 @@ from tfconfig_slurm.process.job import continuation, preemption, time_limit
 from tfconfig_slurm.process.records import claim, failure, history, model_dir
 from tfconfig_slurm.process.records.owner import RunOwner, owns_run
 from tfconfig_slurm.process.records.run_dir import RunDir
-from tfconfig_slurm.process.supervision import answering, network, watchdog
+from tfconfig_slurm.process.supervision import network, watchdog
 from tfconfig_slurm.process.task import throughput
 from tfconfig_slurm.process.task.place import Place
 
@@ -134,7 +134,7 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
         # whose checks pass, would otherwise record it lost once it has gone.
         with failure.recording_errors():
             network.check_task(role)
-    with _refusal_said_on_its_port(role):
+    with _refusal_recorded(role):
         history.check_resumable(task.model_dir, kind.checkpoints, task.naming)
         trainer = backend()
         history.check_same_experiment(task.model_dir, trainer.experiment, task.naming)
@@ -160,17 +160,18 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
 
 
 @contextlib.contextmanager
-def _refusal_said_on_its_port(role: ClusterRole | None) -> Iterator[None]:
-    """A task of a SLURM step that refuses its input at its start (its node lacks the data,
-    say) answers FAILED on its port before it exits: under srun without --kill-on-bad-exit
-    its peers, which never heard from it, would wait for it as for one still starting
-    (timing.START_SECONDS). A local cluster's launcher stops the others itself."""
-    try:
+def _refusal_recorded(role: ClusterRole | None) -> Iterator[None]:
+    """A task of a SLURM step (or of a given TF_CONFIG's cluster) that refuses its input at its
+    start (its node lacks the data, say) records that as the run's failure, as a refused port
+    is: its peers, which never heard from it, then lose it at once (watchdog.PeerWatch), where
+    under srun without --kill-on-bad-exit they waited for it as for a task still starting
+    (timing.START_SECONDS). A local cluster's launcher stops the others itself, and leaves no
+    record of bad input."""
+    if role is None or role.in_local_cluster:
         yield
-    except TfconfigSlurmError as error:
-        if role is not None and not role.in_local_cluster:
-            answering.say_failed(role, f"it refused its input ({error.culprit})")
-        raise
+        return
+    with failure.recording_errors():
+        yield
 
 
 def _keep_time_limit(task: TaskRun) -> time_limit.TimeLimit | None:
