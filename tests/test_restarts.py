@@ -158,10 +158,12 @@ def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
 
 
 def test_a_task_that_never_ran_is_named_with_slurmstepd_s_error(tmp_path: Path) -> None:
-    """A command not found: the task wrote no line of its own, and slurmstepd said why."""
+    """A command not found: the task wrote no line of its own, and its node's slurmstepd said
+    why (another node's error is not its)."""
     job = SlurmJob(9, 7, 2, 0)
     srun_said = (
         "slurmstepd-node3: error: execve(): nosuchcmd: No such file or directory\n"
+        "slurmstepd-node1: error: couldn't chdir to `/gone': No such file or directory\n"
         "srun: error: node3: task 0: Exited with exit code 2\n"
     )
     step = restarts.read_step(

@@ -110,11 +110,13 @@ def line(model_dir: Path, job: SlurmJob, step: Step, who: str, left: Sequence[st
     role = _ROLE.search(task_log)
     # Its own last line, not slurmstepd's: a task that refused its input said why there.
     own = [each for each in task_log.splitlines() if not each.startswith("slurmstepd")]
-    # A task that never ran (a command not found) said nothing: slurmstepd's error says why.
+    # A task that never ran (a command not found) said nothing: its node's slurmstepd's
+    # error says why.
+    node = named[0].partition(":")[0]
     stepd = [
         each
         for each in step.srun_said.splitlines()
-        if each.startswith("slurmstepd") and ": error: " in each and "***" not in each
+        if each.startswith(f"slurmstepd-{node}: error: ") and "***" not in each
     ]
     why = f"; its last line: {own[-1]}" if own else f"; {stepd[-1]}" if stepd else ""
     return f"{failed}; first to fail: {named[0]}{f' ({role[0]})' if role else ''}{why}{where}"
