@@ -110,26 +110,26 @@ def describe(path: DataPath, gbits_per_second: float, gbits_given: bool) -> str:
         )
     speed = f"{gbits_per_second:g} Gbit/s" + ("" if gbits_given else " (--link_gbits; a guess)")
     line = (
-        f"data path: each step {path.node} sends and receives {_mb(path.bytes_each_way)} each "
+        f"data path: each step {path.node} sends and receives {_size(path.bytes_each_way)} each "
         "way to the parameter servers and trainers of other nodes, "
-        f"{_ms(path.seconds(gbits_per_second))} at {speed}"
+        f"{_duration(path.seconds(gbits_per_second))} at {speed}"
     )
     if path.one_trainer_a_node is not None:
         factor = path.bytes_each_way / max(path.one_trainer_a_node, 1.0)
         line += (
             f"; one trainer a node that sums its GPUs' gradients first (ParameterServerStrategy, "
-            f"--coordinator) would move {_mb(path.one_trainer_a_node)}, {factor:.3g}x less"
+            f"--coordinator) would move {_size(path.one_trainer_a_node)}, {factor:.3g}x less"
         )
     return line
 
 
-def _mb(size: float) -> str:
+def _size(size: float) -> str:
     # From bytes up: a size of a few bytes (a --model_bytes of 13 meant as 13 MB) said as 0 MB
     # would hide the slip.
     return _three_figures(size, ("bytes", "kB", "MB", "GB", "TB", "PB"), 1000)
 
 
-def _ms(seconds: float) -> str:
+def _duration(seconds: float) -> str:
     return _three_figures(seconds * 1e9, ("ns", "us", "ms", "s"), 1000)
 
 
