@@ -421,6 +421,8 @@ MALFORMED = [
         BLOCK_TASK_4,
         "--ps_per_nodes: is not a flag of tfconfig-slurm; did you mean --ps_per_node?",
     ),
+    # absl takes one dash too: named as typed, where the user looks for it.
+    ("unknown short flag", ("--explain", "-m"), {}, "tfconfig-slurm: -m: is not a flag of"),
     (
         "unknown flag close to two",
         ("--explain", "--gpu_per_node=2"),

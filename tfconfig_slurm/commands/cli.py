@@ -160,13 +160,20 @@ def flag_error(
         if familiar and familiar[0] in flags.FLAGS:
             guess = f"; {familiar[1]}"
         return UsageError(
-            f"--{unknown.group(1)}{_in_flagfile(unknown.group(1), argv)}",
+            f"{_as_typed(unknown.group(1), argv)}{_in_flagfile(unknown.group(1), argv)}",
             f"is not a flag of {command}{guess}",
             f"{usage}; {command} --help lists the flags"
             if usage
             else f"{command} --help lists the flags",
         )
     return UsageError("the command line", text.rstrip("."), f"{command} --help lists the flags")
+
+
+def _as_typed(name: str, argv: Sequence[str]) -> str:
+    """An unknown flag as the user typed it: `-m` where it was given with one dash (absl takes
+    either, and names it without its dashes), else `--m`."""
+    one_dash = re.compile(rf"-{re.escape(name)}(=|$)")
+    return f"-{name}" if any(one_dash.match(word) for word in argv[1:]) else f"--{name}"
 
 
 def _typed_here(words: Sequence[str], argv: Sequence[str]) -> bool:
