@@ -35,7 +35,6 @@ import contextlib
 import fcntl
 import json
 import os
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -287,26 +286,14 @@ class _Counter:
 
 
 def _serve(role: ClusterRole) -> None:
-    """A parameter server: answers until its herald says FINISHED, watching its paired
-    trainers and the other parameter servers meanwhile, then says FINISHED itself; ps 0 until
-    the others have gone."""
-    herald = watch_plan.herald(role)
-    finished = threading.Event()
-
-    def on_finished(name: str) -> None:
-        if name in herald:
-            finished.set()
-
-    with answering.answering(role) as answer:
-        near = watchdog.PeerWatch({**watch_plan.paired(role), **herald}, on_finished=on_finished)
-        mesh = {n: a for n, a in watch_plan.other_servers(role).items() if n not in herald}
-        far = watchdog.PeerWatch(mesh, on_finished=lambda name: None)
-        finished.wait()
-        near.stop()
-        far.stop()
-        answer.append(watchdog.FINISHED)
-        if role.index == 0:
-            watchdog.until_gone(watch_plan.other_servers(role))
+    """A parameter server: answers on its port until its herald says FINISHED, watched and
+    watching as with-tfconfig's supervisor of one (supervise.ServerWatch), then says FINISHED
+    there itself (supervise.say_served, in the same block: the port is never free between)."""
+    with answering.answering(role):
+        watch = supervise.ServerWatch.start(role, watchdog.exit_on_lost)
+        watch.heard.wait()
+        watch.stop()
+        supervise.say_served(role)
 
 
 def _fail_at(role: ClusterRole | None) -> int | None:

@@ -32,7 +32,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Callable, cast
+from typing import Callable, NamedTuple, cast
 
 from absl import logging
 
@@ -334,22 +334,9 @@ def _serve(
     watches its paired trainers (none with a coordinator) and the other parameter servers. A
     command that fails is started again `restarts` times, each said in the log, unless a
     stopping signal (`stopped_by`) ended it."""
-    herald = watch_plan.herald(role)
-    everyone = threading.Event()
-
-    def on_finished(name: str) -> None:
-        if name in herald:
-            everyone.set()
-
-    trainers = watch_plan.paired(role) if role.role == PS and not role.coordinator else {}
-    near = watchdog.PeerWatch({**trainers, **herald}, on_lost=lost, on_finished=on_finished)
-    mesh = watch_plan.other_servers(role) if role.role == PS else {}
-    for name in herald:
-        mesh.pop(name, None)
-    # Another ps that ended its command says FINISHED: released, not lost.
-    far = watchdog.PeerWatch(mesh, on_lost=lost, on_finished=lambda name: None)
+    watch = ServerWatch.start(role, lost)
     child, restarted = command.started[-1], 0
-    while not everyone.wait(0.2):
+    while not watch.heard.wait(0.2):
         if child.poll() is None:
             continue
         if child.returncode == 0 or restarted == restarts or ending.locked() or stopped_by:
@@ -364,9 +351,8 @@ def _serve(
         )
         child = command.start_again(child)
     _unless_ending(ending)
-    near.stop()
-    far.stop()
-    if not everyone.is_set():
+    watch.stop()
+    if not watch.heard.is_set():
         status = exits.exit_status(child.wait())
         _after_command()
         # SLURM signals every process of a step it stops (scancel, a requeue, a time limit):
@@ -390,18 +376,53 @@ def _serve(
         "%s: %s; ending its command (a server's join() never returns; %s said so)",
         role.task_id,
         "the coordinator finished" if role.coordinator else "every trainer finished",
-        next(iter(herald)),
+        next(iter(watch_plan.herald(role))),
     )
     command.stop(timing.END_GRACE_SECONDS)
-    # The other parameter servers learn it from ps 0, and a coordinator's workers from their
-    # paired parameter servers; each watches its own meanwhile.
+    say_served(role)
+    return 0
+
+
+class ServerWatch(NamedTuple):
+    """The watches of a task that serves (a ps, a coordinator's worker) until its herald says
+    FINISHED (watch_plan.herald): `near` its herald and, a ps without a coordinator, its
+    paired trainers; `far` the other parameter servers, each released as it says FINISHED
+    (it ended its command: not lost). `heard` is set once the herald has said it."""
+
+    heard: threading.Event
+    near: watchdog.PeerWatch
+    far: watchdog.PeerWatch
+
+    @classmethod
+    def start(cls, role: ClusterRole, lost: watchdog.OnLost) -> ServerWatch:
+        herald = watch_plan.herald(role)
+        heard = threading.Event()
+
+        def on_finished(name: str) -> None:
+            if name in herald:
+                heard.set()
+
+        trainers = watch_plan.paired(role) if role.role == PS and not role.coordinator else {}
+        near = watchdog.PeerWatch({**trainers, **herald}, on_lost=lost, on_finished=on_finished)
+        servers = watch_plan.other_servers(role) if role.role == PS else {}
+        mesh = {name: address for name, address in servers.items() if name not in herald}
+        return cls(heard, near, watchdog.PeerWatch(mesh, on_lost=lost, on_finished=lambda _: None))
+
+    def stop(self) -> None:
+        self.near.stop()
+        self.far.stop()
+
+
+def say_served(role: ClusterRole) -> None:
+    """Says FINISHED on the port of a task that has served: ps 0 until the other parameter
+    servers have gone, as they learn it from ps 0, and a coordinator's ps until its paired
+    workers have, as they learn it from their parameter servers."""
     waiting = watch_plan.other_servers(role) if role.role == PS and role.index == 0 else {}
     if role.coordinator and role.role == PS:
         waiting.update(watch_plan.paired_workers(role))
     with answering.answering(role) as answer:
         answer.append(watchdog.FINISHED)
         watchdog.until_gone(waiting)
-    return 0
 
 
 def _server_failure_hint(role: ClusterRole, returncode: int) -> str:
