@@ -54,6 +54,16 @@ def test_the_first_record_of_this_step_names_the_task(tmp_path: Path) -> None:
     )
 
 
+def said_of_step(model_dir: Path, status: int, srun_said: str) -> str:
+    """The line `mine` says of a step of job 7_2 that ended with `status`, srun having said
+    `srun_said`, and no failure recorded."""
+    job = SlurmJob(9, 7, 2, 0)
+    step = restarts.read_step(
+        model_dir, job, status=status, started=0.0, checkpoint_at_start=None, srun_said=srun_said
+    )
+    return restarts.line(model_dir, job, step, "mine")
+
+
 def test_without_a_record_srun_s_message_and_the_task_s_log_name_it(tmp_path: Path) -> None:
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "job7_2-task3.log").write_text(
@@ -61,14 +71,10 @@ def test_without_a_record_srun_s_message_and_the_task_s_log_name_it(tmp_path: Pa
         "tfconfig-slurm-run: --roles: wrong. HINT: fix it\n"
         "slurmstepd: error: *** STEP 7.0 CANCELLED ***\n"
     )
-    job = SlurmJob(9, 7, 2, 0)
     srun_said = (
         "srun: error: node2: tasks 3-5: Exited with exit code 2\nsrun: Terminating StepId=7.0\n"
     )
-    step = restarts.read_step(
-        tmp_path, job, status=2, started=0.0, checkpoint_at_start=None, srun_said=srun_said
-    )
-    assert restarts.line(tmp_path, job, step, "mine") == (
+    assert said_of_step(tmp_path, 2, srun_said) == (
         "mine: the step failed (exit 2); first to fail: node2: tasks 3-5: Exited with exit code "
         "2 (worker 1 on node2); its last line: tfconfig-slurm-run: --roles: wrong. HINT: fix "
         f"it; task logs in {tmp_path / 'logs'}"
@@ -160,16 +166,12 @@ def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
 def test_a_task_that_never_ran_is_named_with_slurmstepd_s_error(tmp_path: Path) -> None:
     """A command not found: the task wrote no line of its own, and its node's slurmstepd said
     why (another node's error is not its)."""
-    job = SlurmJob(9, 7, 2, 0)
     srun_said = (
         "slurmstepd-node3: error: execve(): nosuchcmd: No such file or directory\n"
         "slurmstepd-node1: error: couldn't chdir to `/gone': No such file or directory\n"
         "srun: error: node3: task 0: Exited with exit code 2\n"
     )
-    step = restarts.read_step(
-        tmp_path, job, status=2, started=0.0, checkpoint_at_start=None, srun_said=srun_said
-    )
-    assert restarts.line(tmp_path, job, step, "mine") == (
+    assert said_of_step(tmp_path, 2, srun_said) == (
         "mine: the step failed (exit 2); first to fail: node3: task 0: Exited with exit code 2; "
         "slurmstepd-node3: error: execve(): nosuchcmd: No such file or directory"
     )
@@ -186,11 +188,7 @@ def test_a_task_that_never_ran_is_named_with_slurmstepd_s_error(tmp_path: Path) 
 def test_a_step_that_names_no_task_says_srun_s_own_last_line_or_that_it_said_none(
     tmp_path: Path, srun_said: str, said: str
 ) -> None:
-    job = SlurmJob(9, 7, 2, 0)
-    step = restarts.read_step(
-        tmp_path, job, status=255, started=0.0, checkpoint_at_start=None, srun_said=srun_said
-    )
-    assert restarts.line(tmp_path, job, step, "mine") == (
+    assert said_of_step(tmp_path, 255, srun_said) == (
         f"mine: the step failed (exit 255) with no task named{said}"
     )
 

@@ -152,7 +152,7 @@ def _start(
         # or experiment trained it) stops a batch script, or a local cluster's launcher, here,
         # in one line, before any task starts.
         model_dir.check_free(directory, None, named, job)
-        run_directory.check_trainable(directory, spec, kind, policy.coordinator, named)
+        run_directory.check_trainable([directory], spec, kind, policy.coordinator, named)
     if runtime_flags.PRINT_MODEL_DIR.value:
         sys.stdout.write(f"{directory}\n")
         # On stderr, which a batch script's .out holds: which run a job is about to carry on.

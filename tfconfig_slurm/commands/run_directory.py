@@ -6,6 +6,7 @@ about the directory."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from tfconfig_slurm.cluster.step import SlurmJob
@@ -59,17 +60,20 @@ def of_sweep(named: claim.Naming, sweep: str) -> claim.Naming:
 
 
 def check_trainable(
-    directory: Path, spec: str, kind: str, coordinator: bool, named: claim.Naming
+    directories: Iterable[Path], spec: str, kind: str, coordinator: bool, named: claim.Naming
 ) -> None:
-    """Refuses, in one line, a run directory every task of a run of the experiment `spec` (of
-    `kind`, laid out for a `coordinator` or not) would refuse at its start: another backend's
-    checkpoints, another experiment's run."""
+    """Refuses, in one line, the first of the run directories that every task of a run of the
+    experiment `spec` (of `kind`, laid out for a `coordinator` or not) would refuse at its
+    start: another backend's checkpoints, another experiment's run. The experiment is found
+    once, for all of a sweep's directories."""
     # Here, not at the top: the sweep's command reads no more than it needs.
     from tfconfig_slurm.commands import runtime_backends  # noqa: PLC0415
 
     writes = runtime_backends.kind_of(kind, coordinator).checkpoints
-    history.check_resumable(directory, writes, named)
-    history.check_same_experiment(directory, experiment_lib.locate(spec)[0], named)
+    name, _ = experiment_lib.locate(spec)
+    for directory in directories:
+        history.check_resumable(directory, writes, named)
+        history.check_same_experiment(directory, name, named)
 
 
 def _swept(sweep_file: Path, job: SlurmJob | None) -> tuple[str, str]:

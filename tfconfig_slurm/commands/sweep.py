@@ -245,9 +245,9 @@ def _check_run_directories(sweep: str, count: int) -> None:
     spec = _experiment()
     kind, coordinator = experiment_lib.require_runtime(spec), layout_flags.step_policy().coordinator
     named = run_directory.of_sweep(run_directory.naming(), sweep)
-    for number in range(count):
-        directory = Path(run_directory.output_root(), f"{sweep}-{number}")
-        run_directory.check_trainable(directory, spec, kind, coordinator, named)
+    root = run_directory.output_root()
+    directories = (Path(root, f"{sweep}-{number}") for number in range(count))
+    run_directory.check_trainable(directories, spec, kind, coordinator, named)
 
 
 def run() -> None:
