@@ -3,6 +3,7 @@ node, the layout tools and the runs table stay fast, and run where TensorFlow is
 
 from __future__ import annotations
 
+import ast
 import pkgutil
 import re
 import subprocess
@@ -96,26 +97,64 @@ def test_slurm_s_environment_is_read_only_at_the_doors() -> None:
 
 
 def test_the_process_s_environment_is_written_only_at_the_doors() -> None:
-    """The commands own their process's environment; below them nothing writes os.environ (a
-    child's environment is built, not this one changed) but where TensorFlow's own API reads
-    it, in one place each: Estimator's RunConfig reads TF_CONFIG (estimators.py), the Python
-    API hands the local cluster's layout on (api.py, a door), and the final evaluation's own
-    process keeps tf-keras (evaluate.py, its main)."""
+    """The commands own their process's environment; below them nothing writes it (a child's
+    environment is built, not this one changed; finding a task's place changes nothing) but
+    the doors, each in one place: the Python API (its local cluster's layout handed on, the
+    task's variables set), the resolvers a user's script calls (the task's GPUs, Keras 3's
+    backend and JAX's variables), Estimator's RunConfig, which reads TF_CONFIG, and the final
+    evaluation's own process (its main keeps tf-keras). A write is os.environ's, or an
+    `environ` handed down that may be it."""
     package = Path(cluster.__file__).parents[1]
-    writing = re.compile(
-        r"\bos\.environ\[[^\]]+\]\s*=|\bos\.environ\.(pop|setdefault|update|clear)\("
-        r"|\bos\.(putenv|unsetenv)\("
-    )
-    below = sorted(
-        str(path.relative_to(package))
+    writers = sorted(
+        f"{path.relative_to(package)}:{function}"
         for path in package.rglob("*.py")
-        if writing.search(path.read_text()) and path.parent.name != "commands"
+        if path.parent.name != "commands"
+        for function in _functions_writing_the_environment(ast.parse(path.read_text()))
     )
-    assert below == [
-        "backends/estimator/api.py",
-        "backends/estimator/estimators.py",
-        "backends/keras/evaluate.py",
+    assert writers == [
+        "backends/estimator/api.py:_run",
+        "backends/estimator/estimators.py:tf_config_environment",
+        "backends/keras/evaluate.py:main",
+        "backends/keras3/distribution.py:keras_distribution",
+        "process/task/place.py:Place.set_in",
     ]
+
+
+def _functions_writing_the_environment(module: ast.Module) -> set[str]:
+    """The qualified names of the functions in `module` that change os.environ, or a mapping
+    named `environ`: item assignment or deletion, pop, setdefault, update, clear, putenv."""
+
+    def is_environ(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "environ") or (
+            isinstance(node, ast.Attribute) and node.attr == "environ"
+        )
+
+    def writes(node: ast.AST) -> bool:
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            return any(
+                isinstance(target, ast.Subscript) and is_environ(target.value) for target in targets
+            )
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            method = node.func
+            return (
+                method.attr in ("pop", "setdefault", "update", "clear") and is_environ(method.value)
+            ) or method.attr in ("putenv", "unsetenv")
+        return False
+
+    found: set[str] = set()
+
+    def visit(node: ast.AST, scope: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, f"{scope}{child.name}.")
+                continue
+            if writes(child):
+                found.add(scope.rstrip(".") or "<module>")
+            visit(child, scope)
+
+    visit(module, "")
+    return found
 
 
 def test_every_command_s_flags_can_be_defined_in_one_process() -> None:

@@ -68,23 +68,45 @@ def test_a_variable_s_hint_gives_a_value_it_accepts(variable: str) -> None:
 
 
 def test_outside_a_step_a_process_trains_alone_and_drops_a_tf_config_it_was_not_given() -> None:
-    environ = {"SLURM_JOB_ID": "7"}
-    where = place.find(environ, LayoutPolicy(), "--ps_per_node")
+    where = place.find({"SLURM_JOB_ID": "7"}, LayoutPolicy(), "--ps_per_node")
     assert where.role is None
     assert where.layout_source == "--ps_per_node"
+    # A step of one task, with a TF_CONFIG the submitting shell left: set aside, and unset.
+    inherited = {"cluster": {"chief": ["elsewhere:2222"]}, "task": {"type": "chief", "index": 0}}
+    environ = {**task_env(["n1"], [1], 0), "TF_CONFIG": json.dumps(inherited)}
+    alone = place.find(environ, LayoutPolicy(), "--ps_per_node")
+    assert alone.role is None
+    assert "TF_CONFIG" in environ
+    alone.set_in(environ)
+    assert "TF_CONFIG" not in environ
 
 
-def test_in_a_step_the_task_takes_its_role_and_its_environment_is_set() -> None:
+def test_in_a_step_the_task_takes_its_role_and_the_door_sets_its_environment() -> None:
     environ = task_env(NODES, [2, 2], 3, gpus="0")
+    before = dict(environ)
     where = place.find(environ, LayoutPolicy(), "--ps_per_node")
     assert where.role is not None
     assert (where.role.role, where.role.index, where.node) == ("worker", 0, "n2")
+    # Finding the place changes nothing: the door sets the task's variables.
+    assert environ == before
+    where.set_in(environ)
     assert json.loads(environ["TF_CONFIG"])["task"] == {"type": "worker", "index": 0}
     assert environ["CUDA_VISIBLE_DEVICES"] == where.gpus
     # The same environment again: the TF_CONFIG now set is this step's, and is taken as given.
     again = place.find(environ, LayoutPolicy(ps_per_node=0), "--ps_per_node")
     assert again.role == where.role
     assert again.layout_source == "TF_CONFIG"
+
+
+def test_a_resolver_s_environment_keeps_no_tf_config_made_for_it_but_one_given() -> None:
+    environ = task_env(NODES, [2, 2], 3, gpus="0")
+    place.find(environ, LayoutPolicy(), "--ps_per_node").set_in(environ, tf_config=False)
+    assert "TF_CONFIG" not in environ
+    assert environ["CUDA_VISIBLE_DEVICES"] == "0"
+    given = place.find(task_env(NODES, [2, 2], 3, gpus="0"), LayoutPolicy(), "--ps_per_node")
+    given.set_in(environ)
+    place.find(environ, LayoutPolicy(), "--ps_per_node").set_in(environ, tf_config=False)
+    assert environ["TF_CONFIG"] == given.environment["TF_CONFIG"]
 
 
 def test_a_single_task_step_trains_alone() -> None:
@@ -98,7 +120,7 @@ def test_a_single_task_step_trains_alone() -> None:
 )
 def test_trainer_i_of_n_reads_shard_i_and_the_rest_read_everything(rank: int, shard: Shard) -> None:
     environ = task_env(NODES, [2, 2], rank)
-    place.find(environ, LayoutPolicy(), "--ps_per_node")
+    place.find(environ, LayoutPolicy(), "--ps_per_node").set_in(environ)
     assert input_shard(environ) == shard
 
 

@@ -176,6 +176,7 @@ def _start(
     # peers does not.
     stop.listen(signal.SIGINT)
     where = place.find(os.environ, policy, place.servers_flag(policy))
+    where.set_in(os.environ)
     if where.role is None:
         _check_one_process()
     task = lifecycle.TaskRun(

@@ -151,7 +151,7 @@ def keras(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
 
 def keras3(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     """The Keras 3 experiment, and Keras 3 on JAX, as its backend."""
-    experiment_lib.choose_jax(os.environ)
+    os.environ.update(experiment_lib.choose_jax(os.environ))
     experiment = experiment_lib.load_keras(runtime_flags.EXPERIMENT.value or "")
     settings = _settings(task.model_dir, hparams, experiment)
     from tfconfig_slurm.backends.keras3.train import Keras3Backend  # noqa: PLC0415

@@ -213,7 +213,7 @@ def _checked_lines(sweep_file: Path) -> list[str]:
     spec = _experiment()
     kind = experiment_lib.require_runtime(spec)
     if kind == experiment_lib.KERAS3:
-        experiment_lib.choose_jax(os.environ)
+        os.environ.update(experiment_lib.choose_jax(os.environ))
     # An experiment that imports TensorFlow 2.16+ would write its start-up notes here.
     with native_noise.start_up_notes_held(gpus_asked=False):
         experiment = experiment_lib.load_for(kind, spec)

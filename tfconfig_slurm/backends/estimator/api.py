@@ -151,6 +151,7 @@ def _run(
         )
     except TfconfigSlurmError as error:
         raise error if layout else place.in_variables(error) from None
+    where.set_in(os.environ)
     if (
         where.role is not None
         and where.layout_source != "TF_CONFIG"

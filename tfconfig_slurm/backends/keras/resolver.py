@@ -56,15 +56,16 @@ def cluster_resolver(
     policy = _policy(place.policy_from_environ(environ), layout)
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     where = place.find(environ, policy, _SOURCE)
+    # What TensorFlow's own resolver would read (an evaluator's names only itself): the
+    # TF_CONFIG given, or the one made for the task, which the environment does not keep.
+    tf_config = where.environment.get("TF_CONFIG") or environ.get("TF_CONFIG", "{}")
+    where.set_in(environ, tf_config=False)
     if environ is os.environ and environ.get("CUDA_VISIBLE_DEVICES") != visible:
         _check_devices_not_listed(visible, environ.get("CUDA_VISIBLE_DEVICES", ""))
     if where.role is None:
         return _alone(policy)
     role = where.role
-    # What TensorFlow's own resolver would read: an evaluator's names only itself.
-    cluster = json.loads(environ["TF_CONFIG"])["cluster"]
-    if where.layout_source != "TF_CONFIG":
-        environ.pop("TF_CONFIG")
+    cluster = json.loads(tf_config)["cluster"]
     # A wrapper that gave the TF_CONFIG checked the port; a second resolver of this process
     # would find it held by this process's own server.
     if role.role != EVALUATOR and where.layout_source != "TF_CONFIG":

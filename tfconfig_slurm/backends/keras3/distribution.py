@@ -46,12 +46,10 @@ def keras_distribution(environ: MutableMapping[str, str] | None = None) -> Keras
         environ = os.environ
     # Read by Keras as it is first imported, which comes after this call.
     environ.setdefault("KERAS_BACKEND", "jax")
-    given = environ.get("TF_CONFIG")
     policy = dataclasses.replace(place.policy_from_environ(environ), all_reduce=True)
     where = place.find(environ, policy, _SOURCE)
-    if given is None:
-        # No environment string carries the cluster, as with the tf.distribute resolver.
-        environ.pop("TF_CONFIG", None)
+    # No environment string carries the cluster, as with the tf.distribute resolver.
+    where.set_in(environ, tf_config=False)
     if where.role is None:
         return KerasDistribution(f"localhost:{_free_port()}", 1, 0)
     if where.role.trainer_id == 0:

@@ -1,8 +1,10 @@
 """Where this process trains: the task a TF_CONFIG gives it, its task in a SLURM step's layout,
 or a single process. Shared by the CLI, the Python API and `with-tfconfig`; no TensorFlow.
 
-In a step, the task's environment (TF_CONFIG, CUDA_VISIBLE_DEVICES) is set in the process's
-own environment, before TensorFlow looks at its devices.
+Finding the place reads the environment and changes nothing: the door that found it (the
+runtime, the Python API, a resolver) sets the task's variables (TF_CONFIG,
+CUDA_VISIBLE_DEVICES) in its process's environment (Place.set_in), before TensorFlow looks at
+its devices.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import NamedTuple
 
 from absl import logging
@@ -50,6 +53,20 @@ class Place(NamedTuple):
     layout_source: str
     # Whether SLURM bound this task to CPUs of its own, which it then shares with no task.
     own_cpus: bool = False
+    # The variables the task's process takes (render.task_environment's, in a step); None
+    # unsets one: a TF_CONFIG set aside, which TensorFlow's own resolvers would read.
+    environment: Mapping[str, str | None] = MappingProxyType({})
+
+    def set_in(self, environ: MutableMapping[str, str], *, tf_config: bool = True) -> None:
+        """Sets the task's variables in `environ`, the door's own process environment (where
+        TensorFlow reads them: CUDA_VISIBLE_DEVICES as it first looks at devices, TF_CONFIG in
+        Estimator's RunConfig and its strategies' resolvers). Without `tf_config`, for a
+        resolver that carries the cluster itself, a TF_CONFIG stays only where it was given."""
+        for name, value in self.environment.items():
+            if value is None or (name == "TF_CONFIG" and not tf_config):
+                environ.pop(name, None)
+            else:
+                environ[name] = value
 
     @property
     def gpu_ids(self) -> tuple[str, ...] | None:
@@ -94,8 +111,8 @@ def warn_idle_gpus(layout: ClusterLayout) -> None:
         logging.warning("%s", warning)
 
 
-def find(environ: MutableMapping[str, str], policy: LayoutPolicy, policy_source: str) -> Place:
-    """This process's place; in a step, sets its task environment into `environ`.
+def find(environ: Mapping[str, str], policy: LayoutPolicy, policy_source: str) -> Place:
+    """This process's place, from `environ`; in a step, with the task's environment to set.
 
     A TF_CONFIG given to this task wins (launch/with-tfconfig, --local_cluster; in a job step
     only one made for it, see given_tf_config); otherwise, inside a SLURM step of several
@@ -112,14 +129,12 @@ def find(environ: MutableMapping[str, str], policy: LayoutPolicy, policy_source:
         role = ClusterRole.from_json(given)
         return Place(role, node, "" if role.role == PS else gpus, "TF_CONFIG")
     if step is None or step.shape.num_tasks == 1:
-        environ.pop("TF_CONFIG", None)
-        return Place(None, node, gpus, policy_source)
+        return Place(None, node, gpus, policy_source, environment={"TF_CONFIG": None})
     layout = step_layout(step, policy)
     environment = render.task_environment(layout, step.rank)
-    environ.update(environment)
     role = ClusterRole.from_json(environment["TF_CONFIG"])
     gpus = environment["CUDA_VISIBLE_DEVICES"]
-    return Place(role, layout.task(step.rank).node, gpus, policy_source, step.own_cpus)
+    return Place(role, layout.task(step.rank).node, gpus, policy_source, step.own_cpus, environment)
 
 
 def given_tf_config(environ: Mapping[str, str], shape: StepShape | None) -> str | None:

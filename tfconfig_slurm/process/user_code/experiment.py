@@ -26,7 +26,7 @@ import inspect
 import numbers
 import sys
 import traceback
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -243,9 +243,11 @@ def require_runtime(spec: str) -> str:
     return found
 
 
-def choose_jax(environ: MutableMapping[str, str]) -> None:
-    """Keras 3, which reads its backend as it is first imported, on JAX: the one backend with
-    a multi-process path (keras.distribution). Another backend set is said to be replaced."""
+def choose_jax(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variable that sets Keras 3, which reads its backend as it is first imported, on
+    JAX: the one backend with a multi-process path (keras.distribution). Another backend set
+    in `environ` is said to be replaced. The command that owns the process's environment
+    sets it."""
     chosen = environ.get(KERAS_BACKEND, "jax")
     if chosen != "jax":
         logging.warning(
@@ -254,7 +256,7 @@ def choose_jax(environ: MutableMapping[str, str]) -> None:
             KERAS_BACKEND,
             chosen,
         )
-    environ[KERAS_BACKEND] = "jax"
+    return {KERAS_BACKEND: "jax"}
 
 
 KERAS_BACKEND = "KERAS_BACKEND"
