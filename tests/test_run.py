@@ -118,6 +118,24 @@ def test_launch_tensorboard_refuses_a_port_that_is_none(tmp_path: Path, port: st
     assert "Traceback" not in refused.stderr
 
 
+@pytest.mark.parametrize(
+    ("argument", "variable", "named"),
+    [("missing", "", "OUTPUT_ROOT"), ("", "missing", "TFCONFIG_SLURM_OUTPUT")],
+)
+def test_launch_tensorboard_names_what_chose_a_root_that_is_none(
+    tmp_path: Path, argument: str, variable: str, named: str
+) -> None:
+    refused = subprocess.run(
+        [str(REPOSITORY / "launch" / "tensorboard"), *filter(None, [argument])],
+        env={"PATH": os.environ["PATH"], "TFCONFIG_SLURM_PYTHON": sys.executable,
+             "TFCONFIG_SLURM_OUTPUT": variable},
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith(f"tensorboard: {named}: 'missing' is not a directory")
+    assert refused.stderr.count("\n") == 1
+
+
 def test_launch_tensorboard_says_its_help_and_serves_the_network_when_asked(
     tmp_path: Path,
 ) -> None:
@@ -159,6 +177,17 @@ def test_the_batch_script_run_outside_a_job_says_to_submit_it(tmp_path: Path, sc
     refused = batch_script(script, tmp_path)
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.startswith(f"{script}: SLURM_JOB_ID: not set"), refused.stderr
+    assert refused.stderr.count("\n") == 1 and "HINT: submit it: sbatch" in refused.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_batch_script_run_in_salloc_s_shell_says_to_submit_it(tmp_path: Path) -> None:
+    """salloc's shell has a job id, but not the batch shell's node variables: the script
+    stopped half-way there, with a bash error, and left its run folder."""
+    salloc = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node3", "SLURM_SUBMIT_DIR": str(tmp_path)}
+    refused = batch_script("train.sbatch", tmp_path, **salloc)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith("train.sbatch: SLURM_CPUS_ON_NODE: not set"), refused.stderr
     assert refused.stderr.count("\n") == 1 and "HINT: submit it: sbatch" in refused.stderr
     assert list(tmp_path.iterdir()) == []
 

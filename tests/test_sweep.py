@@ -142,11 +142,13 @@ def test_a_sweep_sbatch_refused_keeps_no_lines_and_its_retry_is_not_blocked(
     # The test cluster's sbatch, without its SLURM_CONF (the environment below has none),
     # finds no controller and refuses, as on a login node set up wrongly.
     refused = sweep(tmp_path, THREE, "three.sweep", "--train_steps=10", "--output_root=out")
-    assert refused.returncode == 1, refused.stderr
-    assert "nothing was submitted" in refused.stderr
+    assert refused.returncode == 2, refused.stderr
+    said = refused.stderr.splitlines()[-1]
+    assert said.startswith("sweep: sbatch: refused the array (exit 1), so nothing was submitted")
+    assert "HINT: fix what they name" in said
     assert not (tmp_path / "out").exists()  # neither the lines nor the folders made for them
     retry = sweep(tmp_path, "learning_rate=0.1\n", "three.sweep", "--output_root=out")
-    assert retry.returncode == 1, retry.stderr
+    assert retry.returncode == 2, retry.stderr
     assert "submitted before" not in retry.stderr
 
 

@@ -158,6 +158,7 @@ def test_flagfile(tmp_path: Path) -> None:
         ("--port_base=high", "--port_base (in --flagfile={}): is 'high', expected a whole number"),
         ("--ps_per_nod=0", "--ps_per_nod (in --flagfile={}): is not a flag of tfconfig-slurm"),
         ("garbage line", "'garbage line' (in --flagfile={}): is not a flag"),
+        ("--noall_reduce=1", "--noall_reduce (in --flagfile={}): is given a value ('1')"),
     ],
 )
 def test_a_bad_flag_in_a_flagfile_names_the_file(tmp_path: Path, line: str, said: str) -> None:
@@ -490,6 +491,14 @@ MALFORMED = [
         {},
         "--distribution",
     ),
+    # absl raises a plain ValueError for the first, which came out as a traceback.
+    (
+        "negated boolean given a value",
+        ("--explain", "--nodelist=n1", "--noall_reduce=1"),
+        {},
+        "--noall_reduce: is given a value ('1'), but it only turns --all_reduce off",
+    ),
+    ("flag without its value", ("--explain", "--nodelist"), {}, "--nodelist: is given no value"),
 ]
 
 

@@ -65,7 +65,8 @@ def run_cli(
     own = _own_words(sys.argv, stop_at_first_argument)
     try:
         argv = flags.FLAGS(sys.argv)
-    except (flags.Error, UnicodeDecodeError) as error:
+    except (flags.Error, UnicodeDecodeError, ValueError) as error:
+        # absl raises a plain ValueError for a negated boolean given a value (--noFLAG=1).
         fail(program, flag_error(error, command, own, usage).one_line())
     quoted = _quoted_in_flagfile(own)
     if quoted is not None:
@@ -151,6 +152,17 @@ def flag_error(
             said,
             f"{command} --help says what --{name} takes",
         )
+    return _said_in_words(text, command, argv, usage) or UsageError(
+        "the command line", text.rstrip("."), f"{command} --help lists the flags"
+    )
+
+
+def _said_in_words(
+    text: str, command: str, argv: Sequence[str], usage: str | None
+) -> UsageError | None:
+    """absl's refusals that name a flag in words, as our error: a flag unknown, one given
+    without its value, or a negated boolean given one (--noFLAG=1, which absl raises as a
+    plain ValueError); else None."""
     unknown = re.match(r"Unknown command line flag '([^']+)'(?:\. Did you mean: (.+?) \?)?", text)
     if unknown:
         # absl's "Did you mean: a, b ?" names flags without their dashes.
@@ -166,7 +178,23 @@ def flag_error(
             if usage
             else f"{command} --help lists the flags",
         )
-    return UsageError("the command line", text.rstrip("."), f"{command} --help lists the flags")
+    negated = re.match(r"-+no(\w+)=(.*) does not take an argument$", text, re.S)
+    if negated:
+        name, given = negated.groups()
+        return UsageError(
+            f"--no{name}{_in_flagfile('no' + name, argv, given)}",
+            f"is given a value ({given!r}), but it only turns --{name} off",
+            f"write --no{name} alone, or --{name}=true or --{name}=false",
+        )
+    missing = re.match(r"Missing value for flag -+(\w+)$", text)
+    if missing is None:
+        return None
+    name = missing.group(1)
+    return UsageError(
+        f"{_as_typed(name, argv)}{_in_flagfile(name, argv)}",
+        "is given no value",
+        f"e.g. --{name}=VALUE; {command} --help says what --{name} takes",
+    )
 
 
 def _as_typed(name: str, argv: Sequence[str]) -> str:

@@ -168,8 +168,13 @@ def main(argv: Sequence[str]) -> int:
         for folder in made:
             folder.rmdir()
         sys.stderr.write(submitted.stderr)
-        sys.stderr.write(f"{PROGRAM}: sbatch refused the array; nothing was submitted\n")
-        return submitted.returncode
+        raise UsageError(
+            "sbatch",
+            f"refused the array (exit {submitted.returncode}), so nothing was submitted; its "
+            "lines above say why",
+            "fix what they name (an --sbatch_option, a #SBATCH line of the batch script, or "
+            "SLURM_CONF); --dry_run prints the sbatch command",
+        )
     job = submitted.stdout.strip().split(";")[0]
     sys.stdout.write(f"{job}\n")
     runs = (
