@@ -9,7 +9,8 @@ if ! command -v "$python" >/dev/null; then
   echo "$1: $where is not a program. HINT: activate the environment tfconfig-slurm is installed in (source .venv/bin/activate), or set TFCONFIG_SLURM_PYTHON to its python" >&2
   exit 2
 fi
-if ! "$python" -c 'import tfconfig_slurm' 2>/dev/null; then
-  echo "$1: $where cannot import tfconfig_slurm. HINT: activate the environment tfconfig-slurm is installed in (source .venv/bin/activate), or set TFCONFIG_SLURM_PYTHON to its python" >&2
+# Its word back, not only its status: any program that exits 0 (/usr/bin/true) passed that.
+if [[ $("$python" -c 'import tfconfig_slurm; print("importable")' 2>/dev/null) != importable ]]; then
+  echo "$1: $where is no Python that imports tfconfig_slurm. HINT: activate the environment tfconfig-slurm is installed in (source .venv/bin/activate), or set TFCONFIG_SLURM_PYTHON to its python" >&2
   exit 2
 fi

@@ -212,10 +212,13 @@ BARE_PYTHON = str(Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}"
 @pytest.mark.parametrize(
     ("script", "python", "said"),
     [
-        ("with-tfconfig", BARE_PYTHON, f"TFCONFIG_SLURM_PYTHON: '{BARE_PYTHON}' cannot import"),
-        ("sweep", BARE_PYTHON, f"TFCONFIG_SLURM_PYTHON: '{BARE_PYTHON}' cannot import"),
+        ("with-tfconfig", BARE_PYTHON, f"TFCONFIG_SLURM_PYTHON: '{BARE_PYTHON}' is no Python"),
+        ("sweep", BARE_PYTHON, f"TFCONFIG_SLURM_PYTHON: '{BARE_PYTHON}' is no Python"),
         ("with-tfconfig", "no-such-python", "TFCONFIG_SLURM_PYTHON: 'no-such-python' is not a"),
-        ("train.sbatch", BARE_PYTHON, f"TFCONFIG_SLURM_PYTHON: '{BARE_PYTHON}' cannot import"),
+        ("train.sbatch", BARE_PYTHON, f"TFCONFIG_SLURM_PYTHON: '{BARE_PYTHON}' is no Python"),
+        # A program that exits 0 for any arguments, as an import that worked would.
+        ("with-tfconfig", "true", "TFCONFIG_SLURM_PYTHON: 'true' is no Python that imports"),
+        ("train.sbatch", "true", "TFCONFIG_SLURM_PYTHON: 'true' is no Python that imports"),
     ],
 )
 def test_a_launch_script_without_the_package_says_which_python_in_one_line(
@@ -225,7 +228,8 @@ def test_a_launch_script_without_the_package_says_which_python_in_one_line(
         [str(REPOSITORY / "launch" / script), "--train_steps=10"],
         env={"PATH": os.environ["PATH"], "TFCONFIG_SLURM_PYTHON": python,
              # As a batch job would have them.
-             "SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(tmp_path)},
+             "SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_CPUS_ON_NODE": "2",
+             "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_NAME": "train"},
         cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert refused.returncode == 2, refused.stderr
