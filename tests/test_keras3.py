@@ -153,7 +153,12 @@ def test_mnist_keras3_trains_in_one_process_and_resumes_to_the_step(tmp_path: Pa
         'all_model_checkpoint_paths: "ckpt-40.weights.h5"\n'
         'all_model_checkpoint_paths: "ckpt-80.weights.h5"\n'
     )
-    # Each run that trained to its end exported the model as one .keras file.
+    # Each run that trained to its end exported the model as one .keras file; a rerun that
+    # trains no step evaluates it again, but does not export it again.
+    third = train(tmp_path, "--train_steps=80")
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "evaluating the model of step 80 on the whole eval set" in third.stderr
+    assert "exported the model" not in third.stderr
     exports = sorted((model_dir / "export" / "mnist_keras3").glob("*/model.keras"))
     assert len(exports) == 2
     with zipfile.ZipFile(exports[-1]) as archive:

@@ -83,10 +83,10 @@ class KerasBackend(TrainingBackendBase):
 
     def train(self, end: Callable[[Ending], Any]) -> Any:
         trainer, settings, role = self._set_up(), self._settings, self._role
-        started = time.monotonic()
+        started, resumed_at = time.monotonic(), trainer.saver.last
         progress = _Progress(
             strategy=trainer.strategy,
-            start_step=trainer.saver.last,
+            start_step=resumed_at,
             settings=settings,
             examples_per_step=settings.params["batch_size"]
             * _local_replicas(trainer.strategy, role),
@@ -102,8 +102,12 @@ class KerasBackend(TrainingBackendBase):
             # A stop agreed on at the last step is no stop: the run is done.
             stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
             metrics = None if stopped_on else self._evaluate(trainer, progress.step)
-            if metrics is not None:
-                export(trainer.model, settings.model_dir, self._experiment.name, role)
+            name = self._experiment.name
+            trained = progress.step > resumed_at
+            if metrics is not None and model_dir.export_due(
+                settings.model_dir, name, trained=trained
+            ):
+                export(trainer.model, settings.model_dir, name, role)
             # Before the reports: a worker that has reported leaves, and is not lost.
             if trainer.peers is not None:
                 trainer.peers.stop()

@@ -110,9 +110,9 @@ class Keras3Backend:
 
     def _train(self, end: Callable[[Ending], Any]) -> Any:
         process, settings, role = self._set_up(), self._settings, self._role
-        started = time.monotonic()
+        started, resumed_at = time.monotonic(), process.checkpoints.last
         progress = _Progress(
-            start_step=process.checkpoints.last,
+            start_step=resumed_at,
             settings=settings,
             examples_per_step=settings.params["batch_size"],
             events=process.events,
@@ -150,10 +150,11 @@ class Keras3Backend:
             _check_same_weights(process.model, role)
             process.checkpoints.save(progress.step)
             metrics = self._evaluate(process, progress.step)
+            name, trained = self._experiment.name, progress.step > resumed_at
             if metrics is None:
                 stopped_on = self._task.stop.signal_name
-            else:
-                export(process.model, settings.model_dir, self._experiment.name, role)
+            elif model_dir.export_due(settings.model_dir, name, trained=trained):
+                export(process.model, settings.model_dir, name, role)
         # Before the reports: a process that has reported leaves, and is not lost.
         process.stop_watching()
         if metrics is not None:

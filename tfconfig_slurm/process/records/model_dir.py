@@ -14,6 +14,7 @@ from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.records import claim
+from tfconfig_slurm.process.records.run_dir import RunDir
 
 # Less than this free, a run would fail at its first checkpoint, with a partial file left.
 _MIN_FREE_BYTES = 64 * 2**20
@@ -88,6 +89,15 @@ def _exists(path: Path) -> bool:
         return path.exists()
     except PermissionError:
         return True
+
+
+def export_due(model_dir: Path, name: str, *, trained: bool) -> bool:
+    """Whether a run whose final checkpoint was evaluated exports its model: unless it trained
+    no step (a rerun of a finished run) and the model was exported already, as Estimator
+    exports a checkpoint once. Every trainer answers alike, as their collective export needs:
+    a run that trained no step writes no export."""
+    exported = RunDir(model_dir).export(name)
+    return trained or not (exported.is_dir() and any(exported.iterdir()))
 
 
 def check_same_start(model_dir: Path, steps: Sequence[int], who: str) -> None:
