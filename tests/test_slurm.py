@@ -285,9 +285,11 @@ def test_a_one_import_script_under_plain_srun_trains_as_a_cluster_and_resumes(
     assert left_behind(slurm_cluster) == {node: [] for node in slurm_cluster.nodes}
     reached = checkpoint_step(model_dir)
     # Resumed by a script that ran a TensorFlow op first: too late for CUDA_VISIBLE_DEVICES.
-    again = slurm_cluster.run([*command, "300"], EARLY_OP="1")
+    # On one node, a ps and the chief: the checkpoint does not depend on the layout.
+    one_node = ["srun", "--nodes=1", "--ntasks=2", "--label", "python", str(ONE_IMPORT)]
+    again = slurm_cluster.run([*one_node, str(model_dir), "300"], EARLY_OP="1")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stderr.count("CUDA_VISIBLE_DEVICES: set to [] for this task after") == 4
+    assert again.stderr.count("CUDA_VISIBLE_DEVICES: set to [] for this task after") == 2
     resumed = re.search(r"chief 0 on node\d at .* resuming from step (\d+)$", again.stderr, re.M)
     # A checkpoint may hold a step or two past its name: asynchronous workers move the ps's
     # global step while the chief writes it (as in test_faults).
@@ -349,25 +351,32 @@ def test_sbatch_trains_to_the_end_and_leaves_nothing_behind(
     assert nodes["ps 0"] == nodes["chief 0"] != nodes["ps 1"] == nodes["worker 0"], nodes
 
 
-def test_resubmitting_the_same_id_resumes(
-    slurm_cluster: SlurmCluster, first_job: tuple[Path, dict[str, str]]
-) -> None:
-    workdir, _ = first_job
-    model_dir = workdir / "e2e"
+def test_resubmitting_the_same_id_resumes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """The job's and the run's part, on the fake backend: the id, the claim, the history line
+    of the .out. Estimator's own resume from its checkpoint keeps its tests (test_faults,
+    test_local_cluster, test_run)."""
+    paced = (f"--experiment={PACED}", "--save_checkpoints_steps=15")
+    first = finish(
+        slurm_cluster,
+        submit(slurm_cluster, tmp_path, "e2e", *paced, "--train_steps=30", environ=FAKE),
+    )
+    assert (first["JobState"], first["ExitCode"]) == ("COMPLETED", "0:0"), first["stderr"]
+    model_dir = tmp_path / "e2e"
     reached = checkpoint_step(model_dir)
+    assert reached == 30
     job = finish(
         slurm_cluster,
-        submit(slurm_cluster, workdir, "e2e", "--train_steps=60", "--save_checkpoints_steps=15"),
+        submit(slurm_cluster, tmp_path, "e2e", *paced, "--train_steps=60", environ=FAKE),
     )
     assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), job["stderr"]
     chief_log = (model_dir / "logs" / f"job{job['JobId']}-task1.log").read_text()
     assert re.search(r"chief 0 on (node\d) at \1:", chief_log)
     assert f"resuming from step {reached}" in chief_log
     assert checkpoint_step(model_dir) >= 60
-    output = (workdir / f"train-{job['JobId']}.out").read_text()
+    output = (tmp_path / f"train-{job['JobId']}.out").read_text()
     assert re.search(
         rf"{model_dir}: resumes the run at step {reached}, to step 60 \(last trained by job "
-        rf"{first_job[1]['JobId']} at [\d-]+ [\d:]+, done\)\n",
+        rf"{first['JobId']} at [\d-]+ [\d:]+, done\)\n",
         output,
     ), output
 

@@ -60,8 +60,23 @@ def test_a_bool_default_takes_true_or_false_never_a_number() -> None:
         with_overrides(defaults, "augment=2.5")
 
 
+# An Estimator experiment that imports no TensorFlow, with mnist_deep's hparams and their
+# check: what the sweep reads of it is its source and HPARAMS, and calls check_hparams.
+NO_TENSORFLOW = (
+    "from tfconfig_slurm.experiments.mnist_data import check_hparams\n"
+    "HPARAMS = {'learning_rate': 0.1, 'dropout': 0.5}\n"
+    "def model_fn(features, labels, mode, params): pass\n"
+    "def input_fn(mode, params): pass\n"
+)
+
+
 def sweep(tmp_path: Path, text: str, *arguments: str) -> subprocess.CompletedProcess[str]:
+    """launch/sweep of `text` as three.sweep; of NO_TENSORFLOW's model.py unless `arguments`
+    name an experiment (the sweep loads the experiment: mnist_deep would start TensorFlow)."""
     (tmp_path / "three.sweep").write_text(text)
+    (tmp_path / "model.py").write_text(NO_TENSORFLOW)
+    if not any(argument.startswith("--experiment") for argument in arguments):
+        arguments = (*arguments, "--experiment=model.py")
     return subprocess.run(
         [str(SWEEP), *arguments],
         env={"PATH": os.environ["PATH"], "TFCONFIG_SLURM_PYTHON": sys.executable},
@@ -73,7 +88,6 @@ def sweep(tmp_path: Path, text: str, *arguments: str) -> subprocess.CompletedPro
     )
 
 
-@pytest.mark.tensorflow
 def test_a_sweep_is_one_array_task_a_line_reading_its_kept_lines(tmp_path: Path) -> None:
     result = sweep(
         tmp_path, THREE, "--dry_run", "--max_running=2", "--sbatch_option=--nodes=1",
@@ -89,18 +103,11 @@ def test_a_sweep_is_one_array_task_a_line_reading_its_kept_lines(tmp_path: Path)
     assert command[7:] == [
         "--train_steps=10",
         "--output_root=out",
+        "--experiment=model.py",
         f"--sweep_file={tmp_path}/out/sweeps/three.txt",
     ]
     # A dry run submits nothing and keeps nothing.
     assert not (tmp_path / "out").exists()
-
-
-# An Estimator experiment that imports no TensorFlow: what the sweep reads of it is its source.
-NO_TENSORFLOW = (
-    "HPARAMS = {'learning_rate': 0.1, 'dropout': 0.5}\n"
-    "def model_fn(features, labels, mode, params): pass\n"
-    "def input_fn(mode, params): pass\n"
-)
 
 
 @pytest.mark.parametrize(
@@ -116,7 +123,6 @@ def test_a_line_whose_run_directory_every_task_would_refuse_stops_the_sweep(
 ) -> None:
     """Checked as each array task checks its directory, but before anything is submitted;
     the fix named is a sweep's, not --experiment_id's, which a sweep sets itself."""
-    (tmp_path / "model.py").write_text(NO_TENSORFLOW)
     run = tmp_path / "out" / "three-2"
     run.mkdir(parents=True)
     if left.startswith("{"):
@@ -135,7 +141,6 @@ def test_a_line_whose_run_directory_every_task_would_refuse_stops_the_sweep(
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["three-2"]
 
 
-@pytest.mark.tensorflow
 def test_a_sweep_sbatch_refused_keeps_no_lines_and_its_retry_is_not_blocked(
     tmp_path: Path, slurm_cluster: SlurmCluster
 ) -> None:
@@ -161,7 +166,6 @@ def test_a_sweep_file_whose_name_cannot_name_runs_is_refused(tmp_path: Path, nam
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.tensorflow
 def test_an_output_root_that_cannot_hold_the_sweep_is_refused_even_in_a_dry_run(
     tmp_path: Path,
 ) -> None:
@@ -175,14 +179,12 @@ def test_an_output_root_that_cannot_hold_the_sweep_is_refused_even_in_a_dry_run(
     )
 
 
-@pytest.mark.tensorflow
 def test_a_dry_run_prints_a_command_a_shell_runs_as_is(tmp_path: Path) -> None:
     result = sweep(tmp_path, THREE, "three.sweep", "--output_root=my runs", "--dry_run")
     assert result.returncode == 0, result.stderr
     assert shlex.split(result.stdout)[-1] == f"--sweep_file={tmp_path}/my runs/sweeps/three.txt"
 
 
-@pytest.mark.tensorflow
 def test_the_sweep_s_own_flags_after_the_file_are_the_sweep_s(tmp_path: Path) -> None:
     """Not passed on to the runtime, which does not know them (its array tasks failed so)."""
     result = sweep(
@@ -199,11 +201,11 @@ def test_the_sweep_s_own_flags_after_the_file_are_the_sweep_s(tmp_path: Path) ->
     assert command[8:] == [
         "--train_steps=10",
         "--output_root=out",
+        "--experiment=model.py",
         f"--sweep_file={tmp_path}/out/sweeps/three.txt",
     ]
 
 
-@pytest.mark.tensorflow
 @pytest.mark.parametrize(
     ("text", "arguments", "culprit"),
     [
