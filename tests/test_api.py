@@ -107,51 +107,40 @@ def test_usr1_stops_at_a_step_with_its_checkpoint_and_ends_the_process(tmp_path:
     assert not (model_dir / "summary.json").exists()
 
 
-@pytest.mark.parametrize(
-    ("variable", "value"),
-    [("TFCONFIG_SLURM_LOCAL_CLUSTER", "ps=0,workers=1"), ("TFCONFIG_SLURM_PS_PER_NODE", "two")],
-)
-def test_a_bad_setting_is_one_line_naming_it_and_nothing_is_made(
-    tmp_path: Path, variable: str, value: str
-) -> None:
-    result = script(tmp_path / "model", 100, **{variable: value})
-    assert result.returncode == 2
-    # After what TensorFlow says as it is imported.
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"one_import_estimator.py: {variable}: "), result.stderr
-    assert "HINT: e.g." in last
+# Bad settings, each with the start of the one line it ends the script with, exit 2.
+BAD_SETTINGS = [
+    ({"TFCONFIG_SLURM_LOCAL_CLUSTER": "ps=0,workers=1"}, "TFCONFIG_SLURM_LOCAL_CLUSTER: "),
+    ({"TFCONFIG_SLURM_PS_PER_NODE": "two"}, "TFCONFIG_SLURM_PS_PER_NODE: "),
+    (
+        {"SWAPPED": "1"},
+        "train_spec: is an EvalSpec, not a tf.estimator.TrainSpec. HINT: ",
+    ),
+    (
+        {"BAD_LAYOUT": "ps_per_node=2"},
+        "layout: is a str, not a tfconfig_slurm.LayoutPolicy. HINT: e.g. "
+        "layout=tfconfig_slurm.LayoutPolicy(ps_per_node=2), or leave it out",
+    ),
+    # In a step of 2 tasks, TFCONFIG_SLURM_ROLES lists 3: the script was given no flag.
+    (
+        {**task_env(["node1"], [2], 0), "TFCONFIG_SLURM_ROLES": "ps,chief,worker"},
+        "TFCONFIG_SLURM_ROLES: lists 3 roles for a step of 2 tasks",
+    ),
+]
+
+
+def test_each_bad_setting_is_one_line_naming_it_and_nothing_is_made(tmp_path: Path) -> None:
+    """Each a call of the script in one process (the fixture's BAD_CASES), which starts
+    TensorFlow once for all: each call ends as its own process would, in one line naming the
+    setting and SystemExit(2)."""
+    cases = [variables for variables, _ in BAD_SETTINGS]
+    result = script(tmp_path / "model", 100, BAD_CASES=json.dumps(cases))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == [f"case {n}: exit 2" for n in range(len(cases))]
+    # What each call wrote, after what TensorFlow says as it is imported.
+    written = re.split(r"^case \d+:\n", result.stderr, flags=re.M)[1:]
+    for (_, said), lines in zip(BAD_SETTINGS, written, strict=True):
+        last = lines.strip().splitlines()[-1]
+        assert last.startswith(f"one_import_estimator.py: {said}"), lines
+        assert "HINT: " in last
     assert "Traceback" not in result.stderr
-    assert not (tmp_path / "model").exists()
-
-
-def test_specs_in_the_wrong_order_are_one_line_naming_the_argument(tmp_path: Path) -> None:
-    result = script(tmp_path / "model", 100, SWAPPED="1")
-    assert result.returncode == 2
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith(
-        "one_import_estimator.py: train_spec: is an EvalSpec, not a tf.estimator.TrainSpec. HINT: "
-    ), result.stderr
-    assert "Traceback" not in result.stderr
-    assert not (tmp_path / "model").exists()
-
-
-def test_a_layout_that_is_no_layout_policy_is_one_line(tmp_path: Path) -> None:
-    result = script(tmp_path / "model", 100, BAD_LAYOUT="ps_per_node=2")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == (
-        "one_import_estimator.py: layout: is a str, not a tfconfig_slurm.LayoutPolicy. HINT: "
-        "e.g. layout=tfconfig_slurm.LayoutPolicy(ps_per_node=2), or leave it out"
-    ), result.stderr
-    assert not (tmp_path / "model").exists()
-
-
-def test_a_layout_error_names_the_variable_not_the_flag(tmp_path: Path) -> None:
-    """In a step of 2 tasks, TFCONFIG_SLURM_ROLES lists 3: the script was given no flag."""
-    step = task_env(["node1"], [2], 0)
-    result = script(tmp_path / "model", 100, **step, TFCONFIG_SLURM_ROLES="ps,chief,worker")
-    assert result.returncode == 2
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith(
-        "one_import_estimator.py: TFCONFIG_SLURM_ROLES: lists 3 roles for a step of 2 tasks"
-    ), result.stderr
     assert not (tmp_path / "model").exists()
