@@ -491,6 +491,13 @@ MALFORMED = [
         {},
         "--distribution",
     ),
+    # A plan's hint names its flags, not the #SBATCH lines of a job.
+    (
+        "more trainers planned than GPUs",
+        ("--explain", "--nodelist=gpu[01-02]", "--gpus_per_node=2", "--ntasks_per_node=5"),
+        {},
+        "HINT: one trainer per GPU: --ntasks_per_node=3; or --gpus_per_node=4",
+    ),
     # absl raises a plain ValueError for the first, which came out as a traceback.
     (
         "negated boolean given a value",

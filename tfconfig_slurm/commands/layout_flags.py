@@ -110,6 +110,13 @@ def policy_from_flags() -> LayoutPolicy:
     )
 
 
+# The #SBATCH lines the core's hints name, by the planning flag that sets the same.
+_PLANNED_BY = {
+    "#SBATCH --ntasks-per-node=": "--ntasks_per_node=",
+    "#SBATCH --gres=gpu:": "--gpus_per_node=",
+}
+
+
 def resolve_layout(environ: Mapping[str, str]) -> ResolvedLayout:
     """This task's layout from SLURM's variables, or a planned one when --nodelist is given;
     the caller says the idle-GPU warning its own way."""
@@ -121,9 +128,12 @@ def resolve_layout(environ: Mapping[str, str]) -> ResolvedLayout:
             # Too few tasks for the parameter servers, where the user chose the tasks and
             # left the servers at their default: the count given is the one to change.
             chosen = plan_flags.NTASKS_PER_NODE.present and not flags.FLAGS["ps_per_node"].present
-            if error.culprit != "--ps_per_node" or not chosen:
-                raise
-            raise LayoutError("--ntasks_per_node", error.problem, error.hint) from None
+            culprit = "--ntasks_per_node" if error.culprit == "--ps_per_node" and chosen else None
+            hint = error.hint
+            # The core names the #SBATCH lines that shape a job; a plan's shape is its flags.
+            for line, flag in _PLANNED_BY.items():
+                hint = hint.replace(line, flag)
+            raise LayoutError(culprit or error.culprit, error.problem, hint) from None
     planning = [f"--{name}" for name in _PLAN_FLAGS if flags.FLAGS[name].present]
     if planning and not in_job_step(environ):
         raise UsageError(
