@@ -10,7 +10,8 @@ if ! command -v "$python" >/dev/null; then
   exit 2
 fi
 # Its word back, not only its status: any program that exits 0 (/usr/bin/true) passed that.
-if [[ $("$python" -c 'import tfconfig_slurm; print("importable")' 2>/dev/null) != importable ]]; then
+# Its last line: a user's sitecustomize may print first.
+if [[ $("$python" -c 'import tfconfig_slurm; print("importable")' 2>/dev/null | tail -n 1) != importable ]]; then
   echo "$1: $where is no Python that imports tfconfig_slurm. HINT: activate the environment tfconfig-slurm is installed in (source .venv/bin/activate), or set TFCONFIG_SLURM_PYTHON to its python" >&2
   exit 2
 fi

@@ -329,7 +329,9 @@ def test_sbatch_trains_to_the_end_and_leaves_nothing_behind(
     assert left_behind(slurm_cluster) == {node: [] for node in slurm_cluster.nodes}
     assert checkpoint_step(model_dir) >= 30
     summary = json.loads((model_dir / "summary.json").read_text())
-    assert summary["global_step"] == checkpoint_step(model_dir)
+    # The step stored in a checkpoint may be a step or two past its name: the worker moves
+    # the ps's global step while the chief writes it (seen: ckpt-31 held 32).
+    assert checkpoint_step(model_dir) <= summary["global_step"] <= checkpoint_step(model_dir) + 2
     # The job's .out says which run it trains, and, last, how it ended and where to look.
     output = (workdir / f"train-{job['JobId']}.out").read_text().splitlines()
     assert f"{model_dir}: a new run, to step 30" in output
