@@ -454,8 +454,11 @@ def test_scancel_checkpoints_every_step_taken_and_resubmitting_resumes(
 ) -> None:
     """scancel, a time limit and a preemption without --signal send SIGTERM, then SIGKILL
     after KillWait (30 s): every step taken before it is kept, Estimator's synchronous updates
-    too."""
-    job = submit(slurm_cluster, tmp_path, "cancelled", *TRAIN_FOREVER, *updates, environ=environ)
+    too. One node: a ps, the chief and a worker (SLURM signals every node's tasks alike)."""
+    job = submit(
+        slurm_cluster, tmp_path, "cancelled", *TRAIN_FOREVER, *updates, nodes="node1",
+        sbatch_options=("--nodes=1", "--ntasks-per-node=3", "--gres=gpu:2"), environ=environ,
+    )  # fmt: skip
     logs = tmp_path / "cancelled" / "logs"
     try:
         wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
