@@ -70,7 +70,8 @@ RESTARTED_STEPS = 150
     [
         (2, r"ps 1 at node\d:", FAKE),
         (3, r"worker 0 at node\d:", FAKE),
-        # Estimator's, resumed once: the checkpoint is the chief's whichever task died.
+        # Estimator's, resumed once: the checkpoint is the chief's whichever task died. One
+        # node of a ps, the chief and a worker (the fake cases span the nodes).
         pytest.param(1, r"chief 0 at node\d:", {}, marks=pytest.mark.tensorflow),
     ],
     ids=["ps-fake", "worker-fake", "chief"],
@@ -78,7 +79,10 @@ RESTARTED_STEPS = 150
 def test_a_killed_task_ends_the_step_and_is_named(
     slurm_cluster: SlurmCluster, tmp_path: Path, rank: int, victim: str, environ: dict[str, str]
 ) -> None:
-    step = srun_training(slurm_cluster, tmp_path, "first", *TRAIN_FOREVER[1:], environ=environ)
+    one_node = {} if environ else {"nodes": "node1", "tasks_per_node": 3}
+    step = srun_training(
+        slurm_cluster, tmp_path, "first", *TRAIN_FOREVER[1:], environ=environ, **one_node
+    )
     logs = tmp_path / "first"
     try:
         wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)
@@ -130,14 +134,17 @@ def srun_training(
     *flags: str,
     nodes: str = "node[1-2]",
     environ: Mapping[str, str] = {},
+    tasks_per_node: int = 2,
 ) -> subprocess.Popen[str]:
-    """The paced experiment in a step of a ps and a trainer a node, one log per task in
-    root/logs, `environ` in its environment; no --kill-on-bad-exit: SLURM then waits for every
-    task, so only the runtime can end the survivors of a fault."""
+    """The paced experiment in a step of a ps and trainers on each node (one, by default), a
+    GPU each, one log per task in root/logs, `environ` in its environment; no
+    --kill-on-bad-exit: SLURM then waits for every task, so only the runtime can end the
+    survivors of a fault."""
     (root / logs).mkdir()
     return subprocess.Popen(
         [
-            *("srun", f"--nodelist={nodes}", "--ntasks-per-node=2", "--gres=gpu:1"),
+            *("srun", f"--nodelist={nodes}", f"--ntasks-per-node={tasks_per_node}"),
+            f"--gres=gpu:{tasks_per_node - 1}",
             f"--output={root / logs}/%t.log",
             *(sys.executable, "-m", "tfconfig_slurm.run", f"--output_root={root}"),
             f"--experiment={PACED}",

@@ -222,16 +222,16 @@ def test_a_lock_left_by_a_job_that_ended_is_taken_over(
 def test_array_tasks_train_their_own_experiment_into_their_own_directories(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    """No EXPERIMENT_ID: the id follows --experiment, and each array task gets its own."""
-    shutil.copy(
-        REPOSITORY / "tfconfig_slurm" / "experiments" / "mnist_deep.py", tmp_path / "digits.py"
-    )
+    """No EXPERIMENT_ID: the id follows --experiment, and each array task gets its own. The
+    paced experiment, as a file of the submit directory, on the fake backend."""
+    shutil.copy(PACED, tmp_path / "digits.py")
     # Not sbatch --wait, which looks every 10 s.
     submitted = slurm_cluster.run(
         ["sbatch", "--parsable", "--array=0-1", *ONE_TASK, str(SBATCH),
          "--experiment=digits.py", "--train_steps=10"],
         cwd=tmp_path,
         TFCONFIG_SLURM_OUTPUT=str(tmp_path),
+        **FAKE,
     )  # fmt: skip
     assert submitted.returncode == 0, submitted.stderr
     assert wait_until(lambda: not queued(slurm_cluster, submitted.stdout.strip()), 300)
