@@ -79,10 +79,11 @@ RESTARTED_STEPS = 150
 def test_a_killed_task_ends_the_step_and_is_named(
     slurm_cluster: SlurmCluster, tmp_path: Path, rank: int, victim: str, environ: dict[str, str]
 ) -> None:
-    one_node = {} if environ else {"nodes": "node1", "tasks_per_node": 3}
+    nodes, tasks_per_node = ("node[1-2]", 2) if environ else ("node1", 3)
     step = srun_training(
-        slurm_cluster, tmp_path, "first", *TRAIN_FOREVER[1:], environ=environ, **one_node
-    )
+        slurm_cluster, tmp_path, "first", *TRAIN_FOREVER[1:], nodes=nodes,
+        environ=environ, tasks_per_node=tasks_per_node,
+    )  # fmt: skip
     logs = tmp_path / "first"
     try:
         wait_for(lambda: read_logs(logs), TRAINING, START_SECONDS)

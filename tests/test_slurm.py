@@ -26,6 +26,7 @@ from tests.cli import (
     wait_until,
 )
 from tests.slurm_cluster import (
+    CALL_SECONDS,
     ONE_TASK,
     SBATCH,
     SMALL_JOB,
@@ -229,7 +230,8 @@ def test_array_tasks_train_their_own_experiment_into_their_own_directories(
     submitted = slurm_cluster.run(
         ["sbatch", "--parsable", "--array=0-1", *ONE_TASK, str(SBATCH),
          "--experiment=digits.py", "--train_steps=10"],
-        cwd=tmp_path,
+        tmp_path,
+        CALL_SECONDS,
         TFCONFIG_SLURM_OUTPUT=str(tmp_path),
         **FAKE,
     )  # fmt: skip
