@@ -21,6 +21,10 @@ child dies with the supervisor (children.py), so no task outlives its srun. Arou
   watchers end at once, even if its command died before it ever listened.
 - An evaluator is only supervised.
 
+The task's state is explicit (task_state.py): starting, running, stopping, and done, failed or
+lost. A watch that loses a peer takes the task's end and kills the command; the main thread,
+back from it, ends the task. No thread waits for another to end the process.
+
 No TensorFlow here: processes, signals and sockets.
 """
 
@@ -32,7 +36,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Callable, NamedTuple, cast
+from typing import Callable, NamedTuple, NoReturn, cast
 
 from absl import logging
 
@@ -44,6 +48,7 @@ from tfconfig_slurm.process import exits, timing
 from tfconfig_slurm.process.records import failure
 from tfconfig_slurm.process.records.owner import RunOwner
 from tfconfig_slurm.process.supervision import answering, children, watchdog
+from tfconfig_slurm.process.supervision.task_state import LostPeer, State, TaskState
 from tfconfig_slurm.process.user_code import versions
 
 # The signals a supervisor passes on to its command.
@@ -75,15 +80,16 @@ def supervise(
     trains Keras 3 on JAX: a traceback through Keras 3 is no sign of the wrong Keras there."""
     explained = functools.partial(_its_failure, keras_3=keras_3)
     (child,) = command.started
-    stopped_by: list[signal.Signals] = []
+    state = TaskState()
 
     def forward(number: int, frame: object) -> None:
         if number in children.STOPPING:
-            stopped_by.append(signal.Signals(number))
+            state.told_to_stop(signal.Signals(number))
         command.signal(number)
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
+    state.running()
     if owner is not None:
         # Once signals are passed on: a stop before would end this wrapper, its command with
         # it, and leave the run "running". The command said apart from the runtime's
@@ -93,7 +99,10 @@ def supervise(
         owner.say("running", None, command=cast("list[str]", child.args))
 
     def lost(name: str, address: str, silent_for: float) -> None:
-        if stopped_by:
+        """A watch lost `name`: unless this task finishes its own stop meanwhile, or its
+        command fails of its own, the watch takes the task's end and kills the command; the
+        main thread, back from it, ends the task (_end_lost)."""
+        if state.stopped_by is not None:
             since = time.monotonic()
             if _stops_meanwhile(command, role, name):
                 return
@@ -102,46 +111,33 @@ def supervise(
         # (one script, one traceback): then this task names its own failure, not the peer.
         if silent_for == 0 and _fails_itself(command):
             return
-        _claim_the_end(ending)
-        command.signal(signal.SIGKILL)
-        # Its port is free once it is gone, and its last output passed on.
-        for started in command.started:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                started.wait(timeout=timing.END_GRACE_SECONDS)
-            relay = command.relay(started)
-            if relay is not None:
-                relay.finish(1.0)
-        watchdog.report_lost(name, address, watchdog.silence(silent_for))
-        if owner is not None:
-            owner.say("failed", None, lost=name)
-        # Its own watchers may never have heard from it (its command died before listening):
-        # they learn it at once, as from a failed command.
-        _say_failed(role, f"it ends, as {name} is lost")
-        exits.end_now(EXIT_PEER_LOST, f"{name} is lost")
+        if state.take_end(State.LOST, LostPeer(name, address, silent_for)):
+            command.signal(signal.SIGKILL)
 
-    # Taken by the one thread that ends this task for a failure: a watch that saw a peer lost
-    # (then the main thread, back from the killed command, leaves the end to it), or the main
-    # thread for a command that failed; any other waits for it to end the process.
-    ending = threading.Lock()
+    end_lost = functools.partial(_end_lost, command, role, owner)
+
+    def end_if_lost() -> None:
+        if state.lost is not None:
+            end_lost(state.lost)
 
     if role.role == PS or (role.coordinator and role.role == WORKER):
         return _serve(
             command,
             role,
             lost,
-            ending,
+            state,
+            end_lost,
             restarts=restarts if role.role == WORKER else 0,
-            stopped_by=stopped_by,
             its_failure=explained,
         )
     ended = functools.partial(
         _run_watched,
         command,
         role,
-        lost,
-        ending,
+        lost=lost,
+        state=state,
+        end_lost=end_lost,
         owner=owner,
-        stopped_by=stopped_by,
         its_failure=explained,
     )
     if role.coordinator and role.role == CHIEF:
@@ -149,12 +145,34 @@ def supervise(
     if role.role in (CHIEF, WORKER):
         status = ended(watch_plan.paired(role) if role.ps_count else watch_plan.neighbours(role))
         if status == 0:
-            say_finished(role, lost)
+            say_finished(role, lost, end_if_lost)
+            end_if_lost()
         return status
     status = exits.exit_status(child.wait())
-    if status != 0 and not stopped_by:
+    if status != 0 and state.stopped_by is None:
         logging.error("%s: %s", role.task_id, explained(command, child, role))
     return status
+
+
+def _end_lost(
+    command: children.Group, role: ClusterRole, owner: RunOwner | None, lost: LostPeer
+) -> NoReturn:
+    """Ends the task whose watch lost a peer (and killed its command): once the command has
+    gone, its port free and its last output passed on, says which peer, records it as the
+    run's failure (the owner in state.json too), and says FAILED on the task's port."""
+    for started in command.started:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            started.wait(timeout=timing.END_GRACE_SECONDS)
+        relay = command.relay(started)
+        if relay is not None:
+            relay.finish(1.0)
+    watchdog.report_lost(lost.name, lost.address, watchdog.silence(lost.silent_for))
+    if owner is not None:
+        owner.say("failed", None, lost=lost.name)
+    # Its own watchers may never have heard from it (its command died before listening):
+    # they learn it at once, as from a failed command.
+    _say_failed(role, f"it ends, as {lost.name} is lost")
+    exits.end_now(EXIT_PEER_LOST, f"{lost.name} is lost")
 
 
 def _stops_meanwhile(command: children.Group, role: ClusterRole, name: str) -> bool:
@@ -195,25 +213,13 @@ def _wait_for_end(
             child.wait(timeout=max(0.0, min(timing.PROBE_SECONDS, deadline - time.monotonic())))
 
 
-def _say_how_it_ended(owner: RunOwner, status: int, stopped_by: list[signal.Signals]) -> None:
+def _say_how_it_ended(owner: RunOwner, status: int, stopped_by: signal.Signals | None) -> None:
     if status == 0:
         owner.say("done", None)
-    elif stopped_by:
-        owner.say("stopped", None, signal=stopped_by[0].name)
+    elif stopped_by is not None:
+        owner.say("stopped", None, signal=stopped_by.name)
     else:
         owner.say("failed", None, exit_status=status)
-
-
-def _unless_ending(ending: threading.Lock) -> None:
-    """Returns, unless a lost peer is ending this task: then waits for that to end it."""
-    if ending.locked():
-        threading.Event().wait()
-
-
-def _claim_the_end(ending: threading.Lock) -> None:
-    """Returns to the first thread that ends this task for a failure; blocks any other."""
-    if not ending.acquire(blocking=False):
-        threading.Event().wait()
 
 
 def _after_command() -> None:
@@ -225,6 +231,8 @@ def _after_command() -> None:
 
 # _its_failure, as one supervisor explains its command's failure.
 _Explain = Callable[[children.Group, children.Child, ClusterRole], str]
+# _end_lost, for one supervisor's command, role and owner.
+_EndLost = Callable[[LostPeer], NoReturn]
 
 
 def _its_failure(
@@ -274,29 +282,33 @@ def _say_failed(role: ClusterRole, why: str = "its command failed") -> None:
 def _run_watched(
     command: children.Group,
     role: ClusterRole,
-    lost: watchdog.OnLost,
-    ending: threading.Lock,
     watched: dict[str, str],
     *,
+    lost: watchdog.OnLost,
+    state: TaskState,
+    end_lost: _EndLost,
     owner: RunOwner | None,
-    stopped_by: list[signal.Signals],
     its_failure: _Explain,
 ) -> int:
     """Runs a trainer's or coordinator's command while `watched` are watched; once it exits,
     the run's owner says how, and a failure is recorded and said on the task's port. The
-    command's exit status."""
+    command's exit status; a lost peer ends the task."""
     (child,) = command.started
     peers = watchdog.PeerWatch(watched, on_lost=lost)
     status = exits.exit_status(child.wait())
-    _unless_ending(ending)
     peers.stop()
+    if state.lost is not None:
+        end_lost(state.lost)
     _after_command()
+    if status == 0:
+        state.finished()
     if owner is not None:
-        _say_how_it_ended(owner, status, stopped_by)
+        _say_how_it_ended(owner, status, state.stopped_by)
     if status != 0:
-        _claim_the_end(ending)
-        if stopped_by:
-            _say_failed(role, f"its command stopped on {stopped_by[0].name}")
+        if not state.take_end(State.FAILED) and state.lost is not None:
+            end_lost(state.lost)
+        if state.stopped_by is not None:
+            _say_failed(role, f"its command stopped on {state.stopped_by.name}")
         else:
             _say_failed(role, its_failure(command, child, role))
     return status
@@ -323,23 +335,23 @@ def _serve(
     command: children.Group,
     role: ClusterRole,
     lost: watchdog.OnLost,
-    ending: threading.Lock,
+    state: TaskState,
+    end_lost: _EndLost,
     *,
     restarts: int,
-    stopped_by: list[signal.Signals],
     its_failure: _Explain,
 ) -> int:
     """A task that serves (a ps, a coordinator's worker) until its herald says FINISHED
     (watch_plan.herald), then ends its command, whose server.join() never returns. A ps also
     watches its paired trainers (none with a coordinator) and the other parameter servers. A
     command that fails is started again `restarts` times, each said in the log, unless a
-    stopping signal (`stopped_by`) ended it."""
+    stopping signal ended it, or a lost peer ends the task."""
     watch = ServerWatch.start(role, lost)
     child, restarted = command.started[-1], 0
     while not watch.heard.wait(0.2):
         if child.poll() is None:
             continue
-        if child.returncode == 0 or restarted == restarts or ending.locked() or stopped_by:
+        if child.returncode == 0 or restarted == restarts or state.state is not State.RUNNING:
             break
         restarted += 1
         logging.warning(
@@ -350,14 +362,15 @@ def _serve(
             restarts,
         )
         child = command.start_again(child)
-    _unless_ending(ending)
     watch.stop()
+    if state.lost is not None:
+        end_lost(state.lost)
     if not watch.heard.is_set():
         status = exits.exit_status(child.wait())
         _after_command()
         # SLURM signals every process of a step it stops (scancel, a requeue, a time limit):
         # the command may die of it before this supervisor's own copy has come.
-        if status != 0 and (stopped_by or -child.returncode in children.STOPPING):
+        if status != 0 and (state.stopped_by or -child.returncode in children.STOPPING):
             logging.info("%s: its command %s", role.task_id, exits.how_it_ended(child.returncode))
             return status
         if status != 0:
@@ -369,7 +382,8 @@ def _serve(
                 f"{how} (exit {status})" if child.returncode < 0 else how,
                 _server_failure_hint(role, child.returncode),
             )
-            _claim_the_end(ending)
+            if not state.take_end(State.FAILED) and state.lost is not None:
+                end_lost(state.lost)
             _say_failed(role, its_failure(command, child, role))
         return status
     logging.info(
@@ -454,11 +468,16 @@ def _ps_failure_hint(found: versions.Installed) -> str:
     return mirrored[0].upper() + mirrored[1:]
 
 
-def say_finished(role: ClusterRole, lost: watchdog.OnLost) -> None:
+def say_finished(
+    role: ClusterRole, lost: watchdog.OnLost, each_probe: Callable[[], None] = lambda: None
+) -> None:
     """A trainer whose command exited 0: waits until each of its children in the tree of
     trainers says FINISHED (its port answering meanwhile that it is alive), then says
     FINISHED itself until its paired parameter servers have gone (they need only see it
-    once), and until its parent has seen it: its parent may finish much later."""
+    once), and until its parent has seen it: its parent may finish much later. A child lost
+    meanwhile is `lost`'s; `each_probe`, called every probe interval while the port answers,
+    may end the task (with-tfconfig's, once `lost` took its end: its FAILED then goes out on
+    the port that said WAITING, which it could not bind twice)."""
     with answering.answering(role) as answer:
         children = watch_plan.children(role)
         if children:
@@ -471,8 +490,8 @@ def say_finished(role: ClusterRole, lost: watchdog.OnLost) -> None:
                     done.set()
 
             watch = watchdog.PeerWatch(children, on_lost=lost, on_finished=on_finished)
-            # A child lost meanwhile ends this process.
-            done.wait()
+            while not done.wait(timing.PROBE_SECONDS):
+                each_probe()
             watch.stop()
         logging.info(
             "%s %d: its command and the %d trainers below it finished",
