@@ -12,6 +12,7 @@ suite's time follows their number. Not part of `make bench`: it runs the whole s
 from __future__ import annotations
 
 import collections
+import os
 import re
 import subprocess
 import sys
@@ -21,13 +22,25 @@ from pathlib import Path
 REPOSITORY = Path(__file__).resolve().parent.parent
 ENVIRONMENTS = (".venv", ".venv-tf2")
 HOOK = "zz_tensorflow_starts.pth"
-# One line, as a .pth file runs it: where the flag file exists, each import of tensorflow
-# appends the process id and its command line to the log beside it.
-LINE = (
-    "import os, sys; os.path.exists({flag!r}) and sys.addaudithook(lambda event, args, "
-    "_os=os: event == 'import' and args[0] == 'tensorflow' and open({log!r}, 'a').write("
-    "'%d %s\\n' % (_os.getpid(), ' '.join(sys.argv)[:200])))\n"
-)
+# One line, as a .pth file runs it: while the flag file exists and this script lives, a
+# process's first import of tensorflow appends its command line to the log, once; a log that
+# cannot be written loses the line, never the import.
+HOOK_SOURCE = """
+def _tensorflow_start(event, args):
+    import os, sys
+    if event != "import" or args[0] != "tensorflow" or getattr(sys, "_tensorflow_started", 0):
+        return
+    if not (os.path.exists({flag!r}) and os.path.exists("/proc/{bench}")):
+        return
+    sys._tensorflow_started = 1
+    try:
+        with open({log!r}, "a") as log:
+            log.write(" ".join(sys.argv)[:200] + "\\n")
+    except OSError:
+        pass
+sys.addaudithook(_tensorflow_start)
+"""
+LINE = "import sys; exec({source!r})\n"
 
 
 def site_packages(environment: str) -> Path:
@@ -40,26 +53,27 @@ def site_packages(environment: str) -> Path:
 
 
 def main(command: list[str]) -> int:
+    missing = [name for name in ENVIRONMENTS if not (REPOSITORY / name / "bin" / "python").exists()]
+    if missing:
+        sys.stderr.write(f"tensorflow_starts: {missing[0]} is missing. HINT: make venvs\n")
+        return 2
     with tempfile.TemporaryDirectory(prefix="tensorflow-starts-") as scratch:
         flag, log = Path(scratch) / "on", Path(scratch) / "starts.log"
+        source = HOOK_SOURCE.format(flag=str(flag), log=str(log), bench=os.getpid())
         hooks = [site_packages(environment) / HOOK for environment in ENVIRONMENTS]
         try:
             for hook in hooks:
-                hook.write_text(LINE.format(flag=str(flag), log=str(log)))
+                hook.write_text(LINE.format(source=source))
             flag.touch()
             status = subprocess.run(command, cwd=REPOSITORY, check=False).returncode
         finally:
             flag.unlink(missing_ok=True)
             for hook in hooks:
                 hook.unlink(missing_ok=True)
-        starts: dict[str, str] = {}
-        for line in log.read_text().splitlines() if log.exists() else []:
-            pid, _, argv = line.partition(" ")
-            starts.setdefault(pid, argv)
+        starts = log.read_text().splitlines() if log.exists() else []
     # Commands grouped without their temporary paths, which differ from test to test.
     grouped = collections.Counter(
-        re.sub(r"/tmp/pytest-of-\w+/pytest-\d+/(popen-gw\d+/)?", "", argv)[:110]
-        for argv in starts.values()
+        re.sub(r"/tmp/pytest-of-\w+/pytest-\d+/(popen-gw\d+/)?", "", argv)[:110] for argv in starts
     )
     print(f"{len(starts)} processes imported tensorflow; {' '.join(command)}: exit {status}")
     for argv, count in grouped.most_common(25):

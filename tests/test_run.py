@@ -136,6 +136,21 @@ def test_launch_tensorboard_names_what_chose_a_root_that_is_none(
     assert refused.stderr.count("\n") == 1
 
 
+def test_launch_tensorboard_refuses_a_program_that_is_no_python_with_tensorboard(
+    tmp_path: Path,
+) -> None:
+    """`true` exits 0 for any arguments, as an import that worked would."""
+    refused = subprocess.run(
+        [str(REPOSITORY / "launch" / "tensorboard"), str(tmp_path)],
+        env={"PATH": os.environ["PATH"], "TFCONFIG_SLURM_PYTHON": "true"},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith(
+        "tensorboard: TFCONFIG_SLURM_PYTHON: 'true' has no tensorboard"
+    )
+
+
 def test_launch_tensorboard_says_its_help_and_serves_the_network_when_asked(
     tmp_path: Path,
 ) -> None:

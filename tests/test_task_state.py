@@ -1,5 +1,6 @@
 """A supervised task's state (process/supervision/task_state.py): it only moves on, the first
-stopping signal is the one said, and its end is taken once. No TensorFlow."""
+stopping signal is the one said, and its end is taken once, by a watch or by the main thread
+as it closes it. No TensorFlow."""
 
 from __future__ import annotations
 
@@ -9,30 +10,37 @@ import threading
 from tfconfig_slurm.process.supervision.task_state import LostPeer, State, TaskState
 
 
-def test_a_task_runs_stops_on_its_first_signal_and_keeps_it() -> None:
+def test_a_task_stops_on_its_first_signal_and_closes_done() -> None:
     state = TaskState()
     seen = [state.state]
-    state.running()
-    seen.append(state.state)
     state.told_to_stop(signal.SIGTERM)
     state.told_to_stop(signal.SIGINT)
     seen.append(state.state)
-    state.running()  # a stop is not undone
+    assert state.close()
     seen.append(state.state)
-    assert seen == [State.STARTING, State.RUNNING, State.STOPPING, State.STOPPING]
+    assert seen == [State.RUNNING, State.STOPPING, State.DONE]
     assert state.stopped_by is signal.SIGTERM
+    # Closed, it takes no end: a watch's loss found after the main thread left is none.
+    assert not state.take_end(State.LOST, LostPeer("ps 0", "node1:2222", 4.0))
+    assert state.lost is None
 
 
-def test_the_end_is_taken_once_and_a_signal_after_it_leaves_it_as_it_was() -> None:
+def test_a_watch_s_end_is_taken_once_and_the_main_thread_is_told_as_it_closes() -> None:
     state = TaskState()
-    state.running()
     peer = LostPeer("ps 0", "node1:2222", 4.0)
     assert state.take_end(State.LOST, peer)
     # The main thread, whose command the watch killed, comes second: the end stays the watch's.
     assert not state.take_end(State.FAILED)
     state.told_to_stop(signal.SIGTERM)
-    state.finished()
+    assert not state.close()
     assert (state.state, state.lost, state.stopped_by) == (State.LOST, peer, signal.SIGTERM)
+
+
+def test_a_failure_the_main_thread_took_closes_as_it_was() -> None:
+    state = TaskState()
+    assert state.take_end(State.FAILED)
+    assert state.close()
+    assert state.state is State.FAILED
 
 
 def test_of_threads_that_end_the_task_at_once_exactly_one_takes_it() -> None:

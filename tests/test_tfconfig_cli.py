@@ -121,6 +121,16 @@ def test_plan_defaults_to_one_trainer_per_gpu_plus_a_ps() -> None:
     assert len(records) == 10
 
 
+def test_a_plan_s_idle_gpus_are_said_with_its_flags_not_a_job_s_sbatch_lines() -> None:
+    result = run_module(
+        TFCONFIG, "--explain", "--nodelist=gpu[01-02]", "--gpus_per_node=4",
+        "--ntasks_per_node=2",
+    )  # fmt: skip
+    (warning,) = [line for line in result.stdout.splitlines() if line.startswith("(warning:")]
+    assert "(gpu01: 1,2,3; gpu02: 1,2,3)" in warning, warning
+    assert warning.endswith("HINT: one trainer per GPU: --ntasks_per_node=5)"), warning
+
+
 def test_a_heterogeneous_plan_puts_the_parameter_servers_on_the_cpu_nodes() -> None:
     result = run_module(
         TFCONFIG, "--explain", "--nodelist=gpu[01-02]", "--gpus_per_node=2",

@@ -65,8 +65,7 @@ def run_cli(
     own = _own_words(sys.argv, stop_at_first_argument)
     try:
         argv = flags.FLAGS(sys.argv)
-    except (flags.Error, UnicodeDecodeError, ValueError) as error:
-        # absl raises a plain ValueError for a negated boolean given a value (--noFLAG=1).
+    except FLAG_ERRORS as error:
         fail(program, flag_error(error, command, own, usage).one_line())
     quoted = _quoted_in_flagfile(own)
     if quoted is not None:
@@ -97,6 +96,11 @@ def run_cli(
     except TfconfigSlurmError as error:
         fail(program, error.one_line())
 
+
+# What absl raises for a command line it refuses (flag_error says each as ours): a plain
+# ValueError for a negated boolean given a value (--noFLAG=1), UnicodeDecodeError for a
+# --flagfile that is no text.
+FLAG_ERRORS = (flags.Error, UnicodeDecodeError, ValueError)
 
 # Flags a user brings from Estimator scripts, by the flag of ours that does their work (where
 # the command has it) and what to say: absl's closest name, --log_dir, is its logging's.

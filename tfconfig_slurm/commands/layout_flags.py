@@ -117,6 +117,14 @@ _PLANNED_BY = {
 }
 
 
+def as_planned(text: str) -> str:
+    """The core's words for a job (its hints name the #SBATCH lines that shape it), for a
+    plan, whose shape its flags give."""
+    for line, flag in _PLANNED_BY.items():
+        text = text.replace(line, flag)
+    return text
+
+
 def resolve_layout(environ: Mapping[str, str]) -> ResolvedLayout:
     """This task's layout from SLURM's variables, or a planned one when --nodelist is given;
     the caller says the idle-GPU warning its own way."""
@@ -129,11 +137,9 @@ def resolve_layout(environ: Mapping[str, str]) -> ResolvedLayout:
             # left the servers at their default: the count given is the one to change.
             chosen = plan_flags.NTASKS_PER_NODE.present and not flags.FLAGS["ps_per_node"].present
             culprit = "--ntasks_per_node" if error.culprit == "--ps_per_node" and chosen else None
-            hint = error.hint
-            # The core names the #SBATCH lines that shape a job; a plan's shape is its flags.
-            for line, flag in _PLANNED_BY.items():
-                hint = hint.replace(line, flag)
-            raise LayoutError(culprit or error.culprit, error.problem, hint) from None
+            raise LayoutError(
+                culprit or error.culprit, error.problem, as_planned(error.hint)
+            ) from None
     planning = [f"--{name}" for name in _PLAN_FLAGS if flags.FLAGS[name].present]
     if planning and not in_job_step(environ):
         raise UsageError(

@@ -29,7 +29,7 @@ from pathlib import Path
 from absl import flags
 
 from tfconfig_slurm.commands import run_directory, runtime_flags
-from tfconfig_slurm.commands.cli import flag_error, run_cli
+from tfconfig_slurm.commands.cli import FLAG_ERRORS, flag_error, run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.records import model_dir
 from tfconfig_slurm.process.records.run_dir import SWEEPS
@@ -105,7 +105,7 @@ def main(argv: Sequence[str]) -> int:
     flags.FLAGS.set_gnu_getopt(True)
     try:
         stray = flags.FLAGS([PROGRAM, *runtime_flags])[1:]
-    except flags.Error as error:
+    except FLAG_ERRORS as error:
         # The sweep's own flags may come after SWEEP_FILE too.
         own = re.match(rf"flag --({'|'.join(_OWN_FLAGS)})=", str(error))
         whose = COMMAND if own else "tfconfig-slurm-run"

@@ -104,6 +104,8 @@ def main(argv: Sequence[str]) -> None:
             output = json.dumps(render.explain_records(layout), indent=1) + "\n"
         else:
             output = render.explain_table(layout)
+            if rank is None:
+                output = layout_flags.as_planned(output)
             if model_bytes is not None:
                 output += _data_path_line(layout, model_bytes)
             if rank is None and layout_flags.PORT_BASE.value is None:

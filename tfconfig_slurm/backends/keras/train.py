@@ -101,12 +101,12 @@ class KerasBackend(TrainingBackendBase):
             """Saves, evaluates and reports the run (or its stop), and ends it."""
             # A stop agreed on at the last step is no stop: the run is done.
             stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
-            metrics = None if stopped_on else self._evaluate(trainer, progress.step)
+            # Decided before the evaluation, whose collectives no trainer passes before every
+            # one has: so none has begun an export that another would find.
             name = self._experiment.name
-            trained = progress.step > resumed_at
-            if metrics is not None and model_dir.export_due(
-                settings.model_dir, name, trained=trained
-            ):
+            due = model_dir.export_due(settings.model_dir, name, trained=progress.step > resumed_at)
+            metrics = None if stopped_on else self._evaluate(trainer, progress.step)
+            if metrics is not None and due:
                 export(trainer.model, settings.model_dir, name, role)
             # Before the reports: a worker that has reported leaves, and is not lost.
             if trainer.peers is not None:

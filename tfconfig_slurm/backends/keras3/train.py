@@ -147,13 +147,16 @@ class Keras3Backend:
         stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
         metrics = None
         if stopped_on is None:
+            # Decided before the collectives below, which no process passes before every one
+            # has: so none has begun an export that another would find.
+            name = self._experiment.name
+            due = model_dir.export_due(settings.model_dir, name, trained=progress.step > resumed_at)
             _check_same_weights(process.model, role)
             process.checkpoints.save(progress.step)
             metrics = self._evaluate(process, progress.step)
-            name, trained = self._experiment.name, progress.step > resumed_at
             if metrics is None:
                 stopped_on = self._task.stop.signal_name
-            elif model_dir.export_due(settings.model_dir, name, trained=trained):
+            elif due:
                 export(process.model, settings.model_dir, name, role)
         # Before the reports: a process that has reported leaves, and is not lost.
         process.stop_watching()

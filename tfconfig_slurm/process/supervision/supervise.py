@@ -89,7 +89,6 @@ def supervise(
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
-    state.running()
     if owner is not None:
         # Once signals are passed on: a stop before would end this wrapper, its command with
         # it, and leave the run "running". The command said apart from the runtime's
@@ -120,15 +119,23 @@ def supervise(
         if state.lost is not None:
             end_lost(state.lost)
 
+    def closed(status: int) -> int:
+        """`status`, once no watch may take the task's end any more; unless one took it."""
+        if not state.close():
+            end_if_lost()
+        return status
+
     if role.role == PS or (role.coordinator and role.role == WORKER):
-        return _serve(
-            command,
-            role,
-            lost,
-            state,
-            end_lost,
-            restarts=restarts if role.role == WORKER else 0,
-            its_failure=explained,
+        return closed(
+            _serve(
+                command,
+                role,
+                lost,
+                state,
+                end_lost,
+                restarts=restarts if role.role == WORKER else 0,
+                its_failure=explained,
+            )
         )
     ended = functools.partial(
         _run_watched,
@@ -141,25 +148,26 @@ def supervise(
         its_failure=explained,
     )
     if role.coordinator and role.role == CHIEF:
-        return _coordinate(role, ended(role.named(PS)))
+        return closed(_coordinate(role, ended(role.named(PS))))
     if role.role in (CHIEF, WORKER):
         status = ended(watch_plan.paired(role) if role.ps_count else watch_plan.neighbours(role))
         if status == 0:
             say_finished(role, lost, end_if_lost)
-            end_if_lost()
-        return status
+        return closed(status)
     status = exits.exit_status(child.wait())
     if status != 0 and state.stopped_by is None:
         logging.error("%s: %s", role.task_id, explained(command, child, role))
-    return status
+    return closed(status)
 
 
 def _end_lost(
     command: children.Group, role: ClusterRole, owner: RunOwner | None, lost: LostPeer
 ) -> NoReturn:
-    """Ends the task whose watch lost a peer (and killed its command): once the command has
-    gone, its port free and its last output passed on, says which peer, records it as the
-    run's failure (the owner in state.json too), and says FAILED on the task's port."""
+    """Ends the task whose watch lost a peer: once its command has gone (killed, again: one
+    started again meanwhile too), its port free and its last output passed on, says which
+    peer, records it as the run's failure (the owner in state.json too), and says FAILED on
+    the task's port."""
+    command.signal(signal.SIGKILL)
     for started in command.started:
         with contextlib.suppress(subprocess.TimeoutExpired):
             started.wait(timeout=timing.END_GRACE_SECONDS)
@@ -198,6 +206,14 @@ def _fails_itself(command: children.Group) -> bool:
     child = command.started[-1]
     _wait_for_end(child, timing.OWN_FAILURE_SECONDS)
     return child.returncode not in (None, 0)
+
+
+def _ends_within(child: children.Child, seconds: float) -> bool:
+    """Whether `child` has ended, waiting at most `seconds` for it (from the main thread,
+    which reaps it)."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=seconds)
+    return child.returncode is not None
 
 
 def _wait_for_end(
@@ -295,13 +311,16 @@ def _run_watched(
     command's exit status; a lost peer ends the task."""
     (child,) = command.started
     peers = watchdog.PeerWatch(watched, on_lost=lost)
-    status = exits.exit_status(child.wait())
+    # A lost peer ends the task even where its killed command does not end (a process in
+    # uninterruptible sleep): _end_lost waits for it a while only.
+    while not _ends_within(child, timing.PROBE_SECONDS):
+        if state.lost is not None:
+            end_lost(state.lost)
+    status = exits.exit_status(child.returncode)
     peers.stop()
     if state.lost is not None:
         end_lost(state.lost)
     _after_command()
-    if status == 0:
-        state.finished()
     if owner is not None:
         _say_how_it_ended(owner, status, state.stopped_by)
     if status != 0:
@@ -348,7 +367,7 @@ def _serve(
     stopping signal ended it, or a lost peer ends the task."""
     watch = ServerWatch.start(role, lost)
     child, restarted = command.started[-1], 0
-    while not watch.heard.wait(0.2):
+    while not watch.heard.wait(0.2) and state.lost is None:
         if child.poll() is None:
             continue
         if child.returncode == 0 or restarted == restarts or state.state is not State.RUNNING:
@@ -499,6 +518,8 @@ def say_finished(
             role.index,
             watch_plan.trainers_below(role),
         )
+        # A peer lost as the command ended, found now: FAILED, not FINISHED.
+        each_probe()
         answer.append(watchdog.FINISHED)
         # A command that finished at once (a script rerun with nothing left to train) may
         # finish before its parameter servers listen: their supervisors, which probe this

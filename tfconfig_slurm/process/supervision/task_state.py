@@ -1,12 +1,13 @@
 """The state of a task that with-tfconfig supervises, explicit, and only ever moving on:
-starting, running, stopping (told to, by a signal), and how it ended: done, failed (its
-command), or lost (a peer it watched).
+running, stopping (told to, by a signal), and how it ended: done, failed (its command), or
+lost (a peer it watched).
 
-The supervisor's threads move it: its main thread (the command started, and ended), its signal
-handler (told to stop), and the watches of its peers (one lost). The end of a task that fails
-is taken once (take_end): by a watch that lost a peer, which then kills the command, or by the
-main thread, whose command failed. The main thread ends the process either way, as the state
-says, and a watch that comes second leaves it to do so. No TensorFlow here.
+The supervisor's threads move it: its main thread (its command ended), its signal handler
+(told to stop), and the watches of its peers (one lost). The end is taken once: by a watch
+that lost a peer (take_end), which then kills the command; by the main thread, whose command
+failed; or by the main thread as it returns (close), after which a watch takes nothing. The
+main thread ends the task as the state says; a watch that comes second leaves it to do so.
+No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from typing import NamedTuple
 
 
 class State(enum.Enum):
-    STARTING = "starting"
     RUNNING = "running"
     STOPPING = "stopping"
     DONE = "done"
@@ -36,19 +36,19 @@ class LostPeer(NamedTuple):
 
 
 class TaskState:
-    """A supervised task's state."""
+    """A supervised task's state, from its command's start."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._progress = State.STARTING
-        # Kept apart from the progress, which the signal handler moves without the lock.
+        # Kept apart from the end, as the signal handler sets it without the lock.
+        self._stopping = False
         self._end: State | None = None
         self._stopped_by: signal.Signals | None = None
         self._lost: LostPeer | None = None
 
     @property
     def state(self) -> State:
-        return self._end or self._progress
+        return self._end or (State.STOPPING if self._stopping else State.RUNNING)
 
     @property
     def stopped_by(self) -> signal.Signals | None:
@@ -60,27 +60,27 @@ class TaskState:
         """The peer whose loss ended the task, once a watch has taken its end."""
         return self._lost
 
-    def running(self) -> None:
-        if self._progress is State.STARTING:
-            self._progress = State.RUNNING
-
     def told_to_stop(self, signum: signal.Signals) -> None:
         """A stopping signal came. Called from the signal handler, it takes no lock: the main
         thread it interrupts may hold it. The first signal is the one to say."""
         if self._stopped_by is None:
             self._stopped_by = signum
-        if self._progress in (State.STARTING, State.RUNNING):
-            self._progress = State.STOPPING
-
-    def finished(self) -> None:
-        """The command exited 0."""
-        self._progress = State.DONE
+        self._stopping = True
 
     def take_end(self, state: State, lost: LostPeer | None = None) -> bool:
         """Takes the end of the task as `state` (FAILED, or LOST with the peer): True for
-        the first caller, which ends the task; False where another has taken it."""
+        the first caller, which ends the task; False where it is taken or closed already."""
         with self._lock:
             if self._end is not None:
                 return False
             self._end, self._lost = state, lost
         return True
+
+    def close(self) -> bool:
+        """The main thread's last word, as it leaves with its command's status: from now on a
+        watch takes no end. False where a watch took it first (a peer lost): the main
+        thread ends the task for that instead."""
+        with self._lock:
+            if self._end is None:
+                self._end = State.DONE
+            return self._end is not State.LOST
