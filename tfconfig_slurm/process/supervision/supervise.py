@@ -21,9 +21,10 @@ child dies with the supervisor (children.py), so no task outlives its srun. Arou
   watchers end at once, even if its command died before it ever listened.
 - An evaluator is only supervised.
 
-The task's state is explicit (task_state.py): starting, running, stopping, and done, failed or
-lost. A watch that loses a peer takes the task's end and kills the command; the main thread,
-back from it, ends the task. No thread waits for another to end the process.
+The task's state is explicit (task_state.py): running, stopping, and done, failed or lost. A
+watch that loses a peer takes the task's end and kills the command; the main thread, which
+looks at the state each probe interval, ends the task; every way out of supervise() closes the
+state. No thread waits for another to end the process.
 
 No TensorFlow here: processes, signals and sockets.
 """
