@@ -202,8 +202,8 @@ def _said_in_words(
 
 
 def _as_typed(name: str, argv: Sequence[str]) -> str:
-    """An unknown flag as the user typed it: `-m` where it was given with one dash (absl takes
-    either, and names it without its dashes), else `--m`."""
+    """A flag absl names (unknown, or given no value) as the user typed it: `-m` where it was
+    given with one dash (absl takes either, and names it without its dashes), else `--m`."""
     one_dash = re.compile(rf"-{re.escape(name)}(=|$)")
     return f"-{name}" if any(one_dash.match(word) for word in argv[1:]) else f"--{name}"
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import signal
 import subprocess
 import threading
@@ -209,20 +210,12 @@ def _fails_itself(command: children.Group) -> bool:
     return child.returncode not in (None, 0)
 
 
-def _ends_within(child: children.Child, seconds: float) -> bool:
-    """Whether `child` has ended, waiting at most `seconds` for it (from the main thread,
-    which reaps it)."""
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        child.wait(timeout=seconds)
-    return child.returncode is not None
-
-
 def _wait_for_end(
     child: children.Child, seconds: float, unless: Callable[[], bool] = lambda: False
 ) -> None:
-    """Waits, from a thread beside the main one, at most `seconds` for `child` to end, looking
-    at `unless` each probe interval and giving up where it holds. The main thread sets
-    returncode once it has reaped the command (poll() from here would say None while that
+    """Waits at most `seconds` for `child` to end, looking at `unless` each probe interval and
+    giving up where it holds. From a thread beside the main one too: the main thread sets
+    returncode once it has reaped the command (poll() from another would say None while that
     thread waits)."""
     deadline = time.monotonic() + seconds
     while child.returncode is None and time.monotonic() < deadline and not unless():
@@ -314,13 +307,11 @@ def _run_watched(
     peers = watchdog.PeerWatch(watched, on_lost=lost)
     # A lost peer ends the task even where its killed command does not end (a process in
     # uninterruptible sleep): _end_lost waits for it a while only.
-    while not _ends_within(child, timing.PROBE_SECONDS):
-        if state.lost is not None:
-            end_lost(state.lost)
-    status = exits.exit_status(child.returncode)
+    _wait_for_end(child, math.inf, unless=lambda: state.lost is not None)
     peers.stop()
     if state.lost is not None:
         end_lost(state.lost)
+    status = exits.exit_status(child.returncode)
     _after_command()
     if owner is not None:
         _say_how_it_ended(owner, status, state.stopped_by)
