@@ -419,6 +419,9 @@ def test_usr1_requeues_a_keras3_job_that_resumes_from_the_step_it_stopped_at(
     stopped_at = re.findall(r"stopping on SIGUSR1 at global step (\d+)", log)
     assert len(stopped_at) == 2 and len(set(stopped_at)) == 1, log[-3000:]
     assert said_requeued(log, job_id), log[-3000:]
+    # #53: the requeue's end, its nodes released one by one, is no node's failure.
+    out = (tmp_path / f"train-{job_id}.out").read_text()
+    assert not re.search(r"srun: \S+ failed", out), out[-3000:]
     resumed = re.findall(r"(chief|worker) 0 on node\d .* resuming from step (\d+)", log)
     assert sorted(resumed) == [("chief", stopped_at[0]), ("worker", stopped_at[0])]
     model_dir = tmp_path / "preempted"
@@ -754,6 +757,53 @@ def test_a_task_reads_slurm_s_environment_once(tmp_path: Path) -> None:
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "done at step 5" in ran.stderr
     assert reads.read_text().splitlines() == ["read_slurm_job", "read_slurm_step"]
+
+
+def test_a_truncated_latest_checkpoint_is_skipped_and_the_run_resumes_from_the_one_before(
+    tmp_path: Path,
+) -> None:
+    """#52: a node that crashes as its chief writes a checkpoint can leave it truncated (the
+    rename reaching the disk before the data); the resume skips it, named, and goes on from the
+    newest that reads, where it was a traceback and a run that could not resume."""
+    environ = {"PACED_KERAS_PACE_MICROSECONDS": "0"}
+    flags = ("--save_checkpoints_steps=10", f"--experiment={PACED_KERAS3}")
+    first = run_module(RUN, f"--output_root={tmp_path}", "--train_steps=20", *flags,
+                       python=KERAS3_PYTHON, environ=environ)  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    model_dir = tmp_path / "paced_keras3"
+    os.truncate(model_dir / "ckpt-20.weights.h5", 100)
+    resumed = run_module(RUN, f"--output_root={tmp_path}", "--train_steps=30", *flags,
+                         python=KERAS3_PYTHON, environ=environ)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "skipped ckpt-20.weights.h5, which does not read (Unable to" in resumed.stderr
+    assert "resuming from step 10;" in resumed.stderr
+    assert "first step done (global step 11)" in resumed.stderr
+    assert checkpoint_step(model_dir) == 30
+
+
+def test_a_run_s_steps_read_nothing_back_from_the_devices_but_at_its_lines(
+    tmp_path: Path,
+) -> None:
+    """#54: the training thread dispatches step after step without waiting for the devices. Its
+    progress lines read the loss on a thread of their own, once a line; Keras reads the loss
+    and the metric back twice as the fit's one epoch ends; nothing reads them each step, where
+    it did twice (Keras's callback list, for a callback not async_safe: 604 reads in 300
+    steps). A single process makes no collective decisions, and checkpoints after the fit."""
+    reads = tmp_path / "reads.json"
+    ran = train(
+        tmp_path, "--train_steps=300", "--log_every_steps=100", "--save_checkpoints_steps=1000",
+        experiment=str(REPOSITORY / "tests" / "fixtures" / "counted_reads_keras3.py"),
+        environ={
+            "DEVICE_READS": str(reads),
+            "PYTHONPATH": str(REPOSITORY),
+            "PACED_KERAS_PACE_MICROSECONDS": "0",
+        },
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    lines = re.findall(r"step (\d+): loss [\d.]+, ", ran.stderr)
+    assert lines == ["100", "200", "300"], ran.stderr[-3000:]
+    assert "first step done (global step 1)" in ran.stderr
+    assert json.loads(reads.read_text()) == {"training": 4, "elsewhere": len(lines) + 1}
 
 
 def test_a_layout_map_whose_mesh_leaves_out_devices_is_one_line(tmp_path: Path) -> None:

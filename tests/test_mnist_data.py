@@ -88,3 +88,23 @@ def test_a_file_that_is_not_idx_is_named(mnist_data: ModuleType, tmp_path: Path)
     (tmp_path / "train-labels-idx1-ubyte").write_bytes(b"<html>not found</html>")
     with pytest.raises(ValueError, match="train-labels-idx1-ubyte is not an MNIST IDX file"):
         mnist_data.load_examples(str(tmp_path), True)
+
+
+def test_a_resumed_run_s_batches_go_on_from_its_step(mnist_data: ModuleType) -> None:
+    """#52: a run resumed at global step k reads what a run from the start reads from its k-th
+    batch on, across passes, where every resume read the first pass's order again; each
+    trainer's order is its own."""
+    params = {"batch_size": 100, "data_dir": None, "trainer_index": 1, "num_trainers": 2}
+    # 719 examples in trainer 1's share: 7 batches a pass.
+
+    def labels(global_step: int, count: int, **more: int) -> list[list[int]]:
+        batches = mnist_data.batches({**params, **more, "global_step": global_step}, training=True)
+        return [next(batches)[1].tolist() for _ in range(count)]
+
+    from_start = labels(0, 20)
+    assert labels(5, 15) == from_start[5:]
+    assert labels(9, 11) == from_start[9:]
+    assert labels(9, 1) != labels(0, 1)
+    # Each pass in an order of its own.
+    assert from_start[:7] != from_start[7:14]
+    assert labels(0, 7, trainer_index=0) != from_start[:7]

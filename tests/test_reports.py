@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -71,3 +72,39 @@ def test_trainers_that_never_reported_are_said_missing_from_the_summary(
     assert [report["examples_per_sec"] for report in found] == [100.0]
     assert "1 of the 2 trainers reported their throughput into " in caplog.text
     assert "HINT: give every task the same model directory" in caplog.text
+
+
+def test_a_file_written_whole_keeps_the_umask_s_mode_and_leaves_the_umask_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#52: the umask is the process's, shared by every thread; set to 0 for a moment (as
+    write_json_atomically did at every progress line, on the training thread), a watch thread
+    writing a failure record meanwhile made it world-writable. Each file is made with its mode,
+    the kernel applying the umask, and flushed to the disk before its rename."""
+    umask = os.umask(0o027)
+    os.umask(umask | 0o027)
+    calls: list[int] = []
+    synced: list[int] = []
+    fsync = os.fsync
+
+    def umask_set(mask: int) -> int:
+        calls.append(mask)
+        return 0o027
+
+    def synced_to_disk(descriptor: int) -> None:
+        synced.append(descriptor)
+        fsync(descriptor)
+
+    monkeypatch.setattr(os, "umask", umask_set)
+    monkeypatch.setattr(os, "fsync", synced_to_disk)
+    try:
+        reports.write_json_atomically(tmp_path / "state.json", {"state": "training"})
+    finally:
+        monkeypatch.undo()
+        os.umask(umask)
+    assert calls == []
+    assert json.loads((tmp_path / "state.json").read_text()) == {"state": "training"}
+    assert (tmp_path / "state.json").stat().st_mode & 0o777 == 0o666 & ~(umask | 0o027)
+    # The file's data, and its directory's entry once renamed.
+    assert len(synced) >= 2
+    assert [path.name for path in tmp_path.iterdir()] == ["state.json"]

@@ -58,22 +58,29 @@ def check_hparams(hparams: Mapping[str, Any]) -> None:
 
 def batches(params: Mapping[str, Any], *, training: bool) -> Iterator[Examples]:
     """Batches of (images, labels) as numpy arrays; for training, this trainer's shard
-    (params["trainer_index"] of params["num_trainers"]), reshuffled each pass, endless."""
+    (params["trainer_index"] of params["num_trainers"]), reshuffled each pass, endless, from
+    where the run is (params["global_step"], 0 without it)."""
     images, labels = load_examples(params.get("data_dir"), training)
     size = params["batch_size"]
     if not training:
         for start in range(0, len(labels), size):
             yield images[start : start + size], labels[start : start + size]
         return
-    shard = slice(params.get("trainer_index", 0), None, params.get("num_trainers", 1))
+    trainer = params.get("trainer_index", 0)
+    shard = slice(trainer, None, params.get("num_trainers", 1))
     images, labels = images[shard], labels[shard]
-    order = np.random.default_rng(params.get("trainer_index", 0))
+    # Whole batches only: a short last one would give the trainers unequal batches.
+    per_pass = len(labels) // size
+    # A run resumed at global step k (each step one batch of each trainer's) goes on from its
+    # k-th batch, where a fixed order from the first would train the same batches again at
+    # every resume: each pass's order is the trainer's and the pass's own.
+    passes, skipped = divmod(params.get("global_step", 0), per_pass) if per_pass else (0, 0)
     while True:
-        shuffled = order.permutation(len(labels))
-        # Whole batches only: a short last one would give the trainers unequal batches.
-        for start in range(0, len(shuffled) - size + 1, size):
+        shuffled = np.random.default_rng([trainer, passes]).permutation(len(labels))
+        for start in range(skipped * size, per_pass * size, size):
             chosen = shuffled[start : start + size]
             yield images[chosen], labels[chosen]
+        passes, skipped = passes + 1, 0
 
 
 def check_data(data_dir: str) -> None:

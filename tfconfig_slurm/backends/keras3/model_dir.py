@@ -11,6 +11,7 @@ variable sharded across processes (ModelParallel) is gathered whole for it (whol
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import tempfile
@@ -32,7 +33,7 @@ from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.console import a_or_an
 from tfconfig_slurm.process.job import preemption
-from tfconfig_slurm.process.records import history
+from tfconfig_slurm.process.records import files, history
 from tfconfig_slurm.process.records.run_dir import RunDir
 from tfconfig_slurm.process.task.lifecycle import Hparam
 from tfconfig_slurm.process.user_code.experiment import (
@@ -98,7 +99,7 @@ class Checkpoints:
                 path = self._directory / _name(step)
                 partial = path.with_name(f".{path.name}.partial.weights.h5")
                 self._model.save_weights(partial)
-                partial.replace(path)
+                files.replace_durably(partial, path)
                 self._index(step)
                 self._stop.checkpoint_written(step, time.monotonic() - started)
             else:
@@ -110,21 +111,15 @@ class Checkpoints:
         and a resume read), then forgets all but the last `keep` up to it, and any past it (a
         chief killed after writing one, before naming it, left it; the run went on from the
         one named)."""
-        steps = sorted(
-            int(found[1])
-            for found in map(_CHECKPOINT.fullmatch, os.listdir(self._directory))
-            if found
-        )
+        steps = _steps(self._directory)
         upto = [each for each in steps if each <= step]
         kept = upto[-self._keep :]
         forgotten = [each for each in steps if each not in kept]
-        index = RunDir(self._directory).checkpoint_index
-        partial = index.with_name(f".{index.name}.partial")
-        partial.write_text(
+        files.write_atomically(
+            RunDir(self._directory).checkpoint_index,
             f'model_checkpoint_path: "{_name(step)}"\n'
-            + "".join(f'all_model_checkpoint_paths: "{_name(each)}"\n' for each in kept)
+            + "".join(f'all_model_checkpoint_paths: "{_name(each)}"\n' for each in kept),
         )
-        partial.replace(index)
         for each in forgotten:
             (self._directory / _name(each)).unlink(missing_ok=True)
 
@@ -151,9 +146,11 @@ def whole(model: Any) -> Iterator[None]:
 
 
 def _restore(model: Any, directory: Path, step: int) -> None:
-    """The model's weights and optimizer's state from the checkpoint of `step`, or one line
-    that says why they cannot be: a checkpoint that is gone, or of another model (one of
-    another backend is refused before: history.check_resumable)."""
+    """The model's weights and optimizer's state from the checkpoint of `step`, else from the
+    newest before it that reads (a node that crashed as it wrote one can leave it truncated:
+    the one skipped is named), or one line that says why none can be: a checkpoint that is
+    gone, of another model (one of another backend is refused before:
+    history.check_resumable), or none that reads."""
     path = directory / _name(step)
     if not path.is_file():
         raise UsageError(
@@ -164,15 +161,41 @@ def _restore(model: Any, directory: Path, step: int) -> None:
         )
     # The optimizer's variables exist only once built: restored with the weights.
     model.optimizer.build(model.trainable_variables)
-    try:
-        keeping_learning_rate(model.optimizer, lambda: model.load_weights(path))
-    except ValueError as error:
-        raise UsageError(
-            "--experiment_id",
-            f"names {directory}, whose checkpoint of step {step} does not fit this model "
-            f"({str(error).splitlines()[0]})",
-            "train a changed model under another --experiment_id (or --output_root)",
-        ) from None
+    older = sorted((each for each in _steps(directory) if each < step), reverse=True)
+    for candidate in [step, *older]:
+        try:
+            keeping_learning_rate(
+                model.optimizer, functools.partial(model.load_weights, directory / _name(candidate))
+            )
+            return
+        except OSError as error:
+            logging.warning(
+                "skipped %s, which does not read (%s)", _name(candidate), _first_line(error)
+            )
+        except ValueError as error:
+            raise UsageError(
+                "--experiment_id",
+                f"names {directory}, whose checkpoint of step {candidate} does not fit this "
+                f"model ({_first_line(error)})",
+                "train a changed model under another --experiment_id (or --output_root)",
+            ) from None
+    raise UsageError(
+        "--experiment_id",
+        f"names {directory}, none of whose checkpoints reads (the latest, {path.name}, and "
+        f"{len(older)} before it)",
+        "train this experiment under another --experiment_id (or --output_root)",
+    )
+
+
+def _steps(directory: Path) -> list[int]:
+    """The steps of the checkpoints in `directory`."""
+    return sorted(
+        int(found[1]) for found in map(_CHECKPOINT.fullmatch, os.listdir(directory)) if found
+    )
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).splitlines() or [type(error).__name__])[0]
 
 
 def _name(step: int) -> str:

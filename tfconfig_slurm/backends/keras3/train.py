@@ -17,6 +17,7 @@ experiment's LayoutMap: mesh.py), for the lifecycle of process/task/lifecycle.py
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging as python_logging
 import time
@@ -123,11 +124,13 @@ class Keras3Backend:
         )
         try:
             if progress.step < settings.train_steps:
+                # From where the run is: an experiment's data goes on there (the docs).
+                train = {**process.params, "global_step": resumed_at}
                 process.model.fit(
-                    _batches(self._experiment, "train", process.params),
+                    _batches(self._experiment, "train", train),
                     epochs=1,
                     steps_per_epoch=settings.train_steps - progress.step,
-                    callbacks=[progress],
+                    callbacks=_Callbacks([progress], add_history=True, model=process.model),
                     verbose=0,
                 )
         except processes.COLLECTIVE_ERRORS as error:
@@ -136,6 +139,8 @@ class Keras3Backend:
             process.peers.end_for_a_lost_peer(
                 f"the processes' collective failed ({processes.first_line(error)})", str(error)
             )
+        finally:
+            progress.lines.close()
         if progress.stopped_on is None and progress.step < settings.train_steps:
             raise UsageError(
                 "--experiment",
@@ -166,7 +171,7 @@ class Keras3Backend:
                 name=self._experiment.name,
                 role=role,
                 train_steps=settings.train_steps,
-                mean_examples_per_sec=progress.mean_examples_per_sec(),
+                mean_examples_per_sec=progress.lines.mean_examples_per_sec(),
                 metrics=metrics,
                 started=started,
                 write_eval=write_eval_scalars,
@@ -186,7 +191,7 @@ class Keras3Backend:
             steps=self._settings.eval_steps,
             return_dict=True,
             verbose=0,
-            callbacks=[stop] if stop else [],
+            callbacks=_Callbacks([stop] if stop else [], model=process.model),
         )
         if stop is not None and stop.stopped:
             logging.info("stopping on %s during the evaluation", self._task.stop.signal_name)
@@ -336,6 +341,24 @@ def _batches(experiment: KerasExperiment, mode: str, params: Mapping[str, Any]) 
     return batches
 
 
+class _Callbacks(keras.callbacks.CallbackList):  # type: ignore[misc]
+    """Keras's list of callbacks, but a batch's end reaches them on the training thread with
+    its logs as the step left them, on the devices. Keras's own list reads every value back
+    each step: on the training thread where a callback is not async_safe (the host then waits
+    for each step before it dispatches the next: 0.56-0.66x of a plain fit on a GPU), or in its
+    thread pool where all are (where the runtime's decisions cannot run: a checkpoint read
+    there finds arrays the next step has donated). Here a callback reads what it needs, when
+    it needs it (_Progress: the loss at a line, on a thread of its own)."""
+
+    def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        for callback in self.callbacks:
+            callback.on_train_batch_end(batch, logs)
+
+    def on_test_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        for callback in self.callbacks:
+            callback.on_test_batch_end(batch, logs)
+
+
 class _StopEvaluating(keras.callbacks.Callback):  # type: ignore[misc]
     """Ends an evaluation at its next batch once the process is told to stop."""
 
@@ -350,9 +373,71 @@ class _StopEvaluating(keras.callbacks.Callback):  # type: ignore[misc]
             self.model.stop_evaluating = True
 
 
+class _Lines:
+    """The progress lines and TensorBoard points of a fit, made on a thread of their own: the
+    loss is read back from the devices there, at a line's step only, and the rate is timed by
+    the steps' ends that reading waits for, not by the training thread, which runs ahead."""
+
+    def __init__(self, start_step: int, every: int, examples_per_step: int, events: Events | None):
+        self._every = every
+        self._examples_per_step = examples_per_step
+        self._events = events
+        self._meter = Throughput(every)
+        self._loss = LossSinceLastLine()
+        # The global step last handed over, None before the first step's.
+        self._counted: int | None = None
+        self._start = start_step
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="progress")
+        self._pending: list[concurrent.futures.Future[None]] = []
+
+    def step(self, before: int, step: int, batches: int, logs: Mapping[str, Any] | None) -> None:
+        """A step ended at global `step` (fit's `batches` so far): hands it over where it is
+        the first or passes a line's multiple; reads nothing."""
+        if self._counted is None or cadence.passed(before, step, self._every):
+            self._hand_over(step, batches, (logs or {}).get("loss"))
+
+    def end(self, step: int) -> Rates | None:
+        """Marks the last step, waits for every line before it, and logs the mean."""
+        if self._counted is not None and step > self._counted:
+            self._hand_over(step, 0, None)
+        self.close()
+        return self._meter.end()
+
+    def close(self) -> None:
+        """Waits for the lines handed over; raises the first one's error."""
+        self._thread.shutdown(wait=True)
+        for pending in self._pending:
+            pending.result()
+        self._pending = []
+
+    def mean_examples_per_sec(self) -> float | None:
+        return self._meter.mean_examples_per_sec()
+
+    def _hand_over(self, step: int, batches: int, loss: Any) -> None:
+        steps = step - (self._start if self._counted is None else self._counted)
+        self._counted = step
+        for done in [each for each in self._pending if each.done()]:
+            done.result()
+            self._pending.remove(done)
+        self._pending.append(self._thread.submit(self._say, step, steps, batches, loss))
+
+    def _say(self, step: int, steps: int, batches: int, loss: Any) -> None:
+        said = None if loss is None else self._loss.mean(step, float(loss), batches)
+        rates = self._meter.step(step, steps * self._examples_per_step, said, steps=steps)
+        if rates is None or said is None:
+            return
+        self._loss.said()
+        if self._events is not None:
+            scalars = {"loss": said, "global_steps_per_sec": rates.global_steps_per_sec}
+            if rates.examples_per_sec is not None:
+                scalars["examples_per_sec"] = rates.examples_per_sec
+            self._events.scalars(scalars, step)
+
+
 class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
-    """Counts the global step, logs the loss and examples/s every --log_every_steps steps,
-    checkpoints, and stops on an agreed signal."""
+    """Counts the global step, hands the progress lines over (_Lines), checkpoints, and stops
+    on an agreed signal: the decisions, taken on the training thread, read the devices only
+    where they must (a gather of the processes' votes, a checkpoint's weights)."""
 
     def __init__(
         self,
@@ -372,25 +457,17 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         self._cadence = cadence.CheckpointCadence.of(
             settings.save_checkpoints_steps, settings.save_checkpoints_secs
         )
-        self._examples_per_step = examples_per_step
-        self._events = events
         self._stop = stop
         self._checkpoints = checkpoints
         self._agree = agree
         self.step = start_step
         self.stopped_on: str | None = None
-        self._meter = Throughput(settings.log_every_steps)
-        self._loss = LossSinceLastLine()
+        self.lines = _Lines(start_step, settings.log_every_steps, examples_per_step, events)
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         # The one epoch's batch: right also when fit runs several steps a call.
         before, self.step = self.step, self._start + batch + 1
-        steps = self.step - before
-        loss = self._loss.mean(self.step, float((logs or {}).get("loss", 0.0)), batch + 1)
-        rates = self._meter.step(self.step, steps * self._examples_per_step, loss, steps=steps)
-        if rates is not None:
-            self._loss.said()
-            self._write(rates, loss)
+        self.lines.step(before, self.step, batch + 1, logs)
         stopped_on, due = self._agreed(before)
         if stopped_on or due or self._cadence.by_steps(before, self.step):
             self._checkpoints.save(self.step)
@@ -399,14 +476,6 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
             self.stopped_on = stopped_on
             logging.info("stopping on %s at global step %d", stopped_on, self.step)
             self.model.stop_training = True
-
-    def _write(self, rates: Rates, loss: float) -> None:
-        if self._events is None:
-            return
-        scalars = {"loss": loss, "global_steps_per_sec": rates.global_steps_per_sec}
-        if rates.examples_per_sec is not None:
-            scalars["examples_per_sec"] = rates.examples_per_sec
-        self._events.scalars(scalars, self.step)
 
     def _agreed(self, before: int) -> tuple[str, bool]:
         """The signal the processes agreed to stop on ("" to go on), and whether a checkpoint
@@ -430,8 +499,4 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         return own or "a peer's signal", due
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
-        self._meter.end()
-
-    def mean_examples_per_sec(self) -> float | None:
-        """Examples per second from the second step to the last; None if too short."""
-        return self._meter.mean_examples_per_sec()
+        self.lines.end(self.step)

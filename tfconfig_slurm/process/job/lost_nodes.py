@@ -22,7 +22,7 @@ from hostlist import collect_hostlist
 from tfconfig_slurm.cluster.allocation import Allocation
 from tfconfig_slurm.cluster.step import SlurmJob, expand_nodes
 from tfconfig_slurm.errors import SlurmEnvironmentError
-from tfconfig_slurm.process import timing
+from tfconfig_slurm.process import slurm_commands, timing
 from tfconfig_slurm.process.job import continuation
 from tfconfig_slurm.process.records import reports
 
@@ -41,6 +41,20 @@ def _nodes_of(record: Mapping[str, str] | str) -> tuple[str, ...] | None:
 def gone(held: Sequence[str], now: Sequence[str] | None) -> tuple[str, ...]:
     """The nodes of `held` that the job no longer holds."""
     return () if now is None else tuple(node for node in held if node not in set(now))
+
+
+def failed(nodes: Sequence[str]) -> tuple[str, ...]:
+    """Those of `nodes` that Slurm says failed: down, failed, or not responding (a state
+    marked `*`); not one it cannot say of."""
+    return tuple(node for node in nodes if _down(node))
+
+
+def _down(node: str) -> bool:
+    shown = slurm_commands.run(["scontrol", "show", "node", node])
+    if shown is None or shown.returncode != 0:
+        return False
+    state = continuation.parse_record(shown.stdout).get("State", "")
+    return any(word in state for word in ("DOWN", "FAIL", "NOT_RESPONDING", "*"))
 
 
 # srun's options that size a step by its nodes or tasks, which the nodes left cannot keep
@@ -118,8 +132,10 @@ def after_node_failure(
     submitted again to start after this one, on as many nodes, without the one that failed;
     at most `most` times over the run (--max_restarts), each kept in state.json."""
     record = continuation.job_record(job.name)
-    # A job requeued already lists no nodes: what failed is not known from it.
-    left = gone(held.nodes, _nodes_of(record))
+    # A job requeued already lists no nodes: what failed is not known from it. A job ending
+    # (a requeue's, a time limit's) lists fewer as each node completes: only those Slurm says
+    # failed are.
+    left = failed(gone(held.nodes, _nodes_of(record)))
     if isinstance(record, str) or not left:
         return ""
     nodes = collect_hostlist(list(left))

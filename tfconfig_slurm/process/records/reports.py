@@ -9,8 +9,6 @@ earlier run's; every file is written whole or not at all.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,7 +19,7 @@ from absl import logging
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR
 from tfconfig_slurm.cluster.role import ClusterRole, TaskId
 from tfconfig_slurm.process import polling, timing
-from tfconfig_slurm.process.records import failure
+from tfconfig_slurm.process.records import failure, files
 from tfconfig_slurm.process.records.run_dir import RunDir
 
 _EVALUATOR = str(TaskId(EVALUATOR, 0))
@@ -292,13 +290,4 @@ def continued_for_nodes(model_dir: Path) -> int:
 
 def write_json_atomically(path: Path, value: Any) -> None:
     """Writes `value` as JSON so that a reader never sees a half-written file."""
-    with tempfile.NamedTemporaryFile(
-        "w", dir=path.parent, prefix=f".{path.name}.", delete=False
-    ) as stream:
-        json.dump(value, stream, indent=1)
-        stream.write("\n")
-    # NamedTemporaryFile makes the file private (0600); give it the mode a plain open would.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(stream.name, 0o666 & ~umask)
-    os.replace(stream.name, path)
+    files.write_atomically(path, json.dumps(value, indent=1) + "\n")

@@ -1,0 +1,47 @@
+"""Files a run keeps written whole and durably: each one under a name of its own first, then
+renamed into place, its data and the rename flushed to the disk (a node that crashes after the
+rename, which is what restarts exist for, leaves the file whole, not the name of a truncated
+one). A file's mode is given where it is made, as a plain open() gives it (0666 less the
+umask, applied by the kernel): nothing here changes the process's umask, which every thread
+shares. No TensorFlow."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from pathlib import Path
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Writes `text` into `path` so that no reader, and no crash, sees half of it."""
+    partial = partial_name(path)
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(descriptor, "w") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        replace_durably(partial, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+
+
+def partial_name(path: Path) -> Path:
+    """A name beside `path` that is this process's and thread's alone, for a file written
+    there before it is renamed into place (a hidden name: the runs table lists no such file)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
+
+
+def replace_durably(written: Path, path: Path) -> None:
+    """Flushes the file `written` to the disk and renames it to `path`, the rename flushed
+    too (a rename alone may reach the disk before the file's data)."""
+    with open(written, "rb+") as stream:
+        os.fsync(stream.fileno())
+    os.replace(written, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
