@@ -431,24 +431,34 @@ def test_usr1_requeues_a_keras3_job_that_resumes_from_the_step_it_stopped_at(
 
 
 @pytest.mark.slurm
+@pytest.mark.parametrize(
+    ("killed_at", "paced"),
+    [
+        ("checkpoint of step 40 written", {}),
+        # #52: its survivor's collective fails outside fit, in the evaluation (8 s of it).
+        ("evaluating the model of step 120", {"PACED_KERAS_EVAL_PACE_MICROSECONDS": "2000000"}),
+    ],
+    ids=["training", "evaluating"],
+)
 def test_a_killed_keras3_process_restarts_the_step_in_its_job_from_the_checkpoint(
-    slurm_cluster: SlurmCluster, tmp_path: Path
+    slurm_cluster: SlurmCluster, tmp_path: Path, killed_at: str, paced: dict[str, str]
 ) -> None:
     """launch/train.sbatch's restart for Keras 3, as test_faults holds it for Estimator: the
-    process killed is the run's first failure, recorded by a process whose collective failed
-    (its port refused: a loss, worth a restart), and the step starts again in the same job,
-    resumes from the checkpoint and finishes."""
+    process killed, while training or in the final evaluation, is the run's first failure,
+    recorded by a process whose collective failed (its port refused: a loss, worth a restart),
+    not the survivor's own, and the step starts again in the same job, resumes from the
+    checkpoint and finishes."""
     job = submit(
         slurm_cluster, tmp_path, "restarted", f"--experiment={PACED_KERAS3}",
         "--train_steps=120", "--save_checkpoints_steps=20", "--log_every_steps=1",
         sbatch_options=("--ntasks-per-node=1",),
-        environ={"TFCONFIG_SLURM_PYTHON": str(KERAS3_PYTHON)},
+        environ={"TFCONFIG_SLURM_PYTHON": str(KERAS3_PYTHON), **paced},
     )  # fmt: skip
     logs = tmp_path / "restarted" / "logs"
     try:
-        assert wait_until(
-            lambda: "checkpoint of step 40 written" in read_logs(logs), START_SECONDS
-        ), read_logs(logs)[-3000:]
+        assert wait_until(lambda: killed_at in read_logs(logs), START_SECONDS), read_logs(logs)[
+            -3000:
+        ]
         os.kill(slurm_cluster.task_pid(1), signal.SIGKILL)
         ended = finish(slurm_cluster, job)
     finally:

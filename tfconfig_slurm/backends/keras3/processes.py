@@ -18,8 +18,10 @@ from tfconfig_slurm.cluster.role import ClusterRole
 # JAX keeps 32-bit integers unless its x64 mode is on: gather sends each value as two halves.
 _HALF = 31
 _LOW = (1 << _HALF) - 1
-# What a collective raises where a peer is gone, among other failures of JAX's runtime.
-COLLECTIVE_ERRORS = (jax.errors.JaxRuntimeError,)
+# What a collective raises where a peer is gone, among other failures: JAX's runtime error,
+# or where gloo fails in a gather, a ValueError (seen: `UNKNOWN: Gloo AllGather failed: ...
+# Connection closed by peer`, in an evaluation). lost_a_peer tells a loss among them.
+COLLECTIVE_ERRORS = (jax.errors.JaxRuntimeError, ValueError)
 # How those read where a peer is gone: gloo's "Connection closed by peer" (seen), a reset
 # connection, an unreachable peer.
 _LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "UNAVAILABLE")

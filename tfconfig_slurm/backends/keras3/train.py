@@ -106,7 +106,7 @@ class Keras3Backend:
             events.hparams(hparams, trial_id)
 
     def train(self, end: Callable[[Ending], Any]) -> Any:
-        with _others_end_first(self._role):
+        with _others_end_first(self._role), _a_lost_peer_named(self._set_up().peers):
             return self._train(end)
 
     def _train(self, end: Callable[[Ending], Any]) -> Any:
@@ -133,12 +133,6 @@ class Keras3Backend:
                     callbacks=_Callbacks([progress], add_history=True, model=process.model),
                     verbose=0,
                 )
-        except processes.COLLECTIVE_ERRORS as error:
-            if process.peers is None or not processes.lost_a_peer(error):
-                raise
-            process.peers.end_for_a_lost_peer(
-                f"the processes' collective failed ({processes.first_line(error)})", str(error)
-            )
         finally:
             progress.lines.close()
         if progress.stopped_on is None and progress.step < settings.train_steps:
@@ -251,7 +245,8 @@ class _Process(NamedTuple):
         if role is not None:
             # Before any step of JAX's: a process restoring a checkpoint makes other
             # collectives than one that finds none, which JAX takes for a mismatch.
-            _check_same_start(history.checkpoint_step(settings.model_dir) or 0, settings)
+            with _a_lost_peer_named(peers):
+                _check_same_start(history.checkpoint_step(settings.model_dir) or 0, settings)
         model = built_model(experiment, params)
         checkpoints = Checkpoints(
             model, settings.model_dir, role, settings.keep_checkpoint_max, stop=task.stop
@@ -280,6 +275,22 @@ def _others_end_first(role: ClusterRole | None) -> Iterator[None]:
         if role is not None and role.role == CHIEF:
             watchdog.until_gone(role.named(WORKER), within=timing.FAILING_SECONDS)
         raise
+
+
+@contextlib.contextmanager
+def _a_lost_peer_named(peers: watchdog.PeerWatch | None) -> Iterator[None]:
+    """A collective that fails as a peer is gone, wherever it runs (fit, the checks of the
+    same start and the same weights, a checkpoint's or an export's gather, the evaluation):
+    the peer lost is named and this task ends as a loss, which the step's restart takes for
+    one, not as the run's own failure, which would blame a survivor and end the job."""
+    try:
+        yield
+    except processes.COLLECTIVE_ERRORS as error:
+        if peers is None or not processes.lost_a_peer(error):
+            raise
+        peers.end_for_a_lost_peer(
+            f"the processes' collective failed ({processes.first_line(error)})", str(error)
+        )
 
 
 def _end_together(role: ClusterRole | None) -> None:

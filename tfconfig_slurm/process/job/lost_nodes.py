@@ -43,7 +43,7 @@ def gone(held: Sequence[str], now: Sequence[str] | None) -> tuple[str, ...]:
     return () if now is None else tuple(node for node in held if node not in set(now))
 
 
-def failed(nodes: Sequence[str]) -> tuple[str, ...]:
+def down(nodes: Sequence[str]) -> tuple[str, ...]:
     """Those of `nodes` that Slurm says failed: down, failed, or not responding (a state
     marked `*`); not one it cannot say of."""
     return tuple(node for node in nodes if _down(node))
@@ -135,7 +135,7 @@ def after_node_failure(
     # A job requeued already lists no nodes: what failed is not known from it. A job ending
     # (a requeue's, a time limit's) lists fewer as each node completes: only those Slurm says
     # failed are.
-    left = failed(gone(held.nodes, _nodes_of(record)))
+    left = down(gone(held.nodes, _nodes_of(record)))
     if isinstance(record, str) or not left:
         return ""
     nodes = collect_hostlist(list(left))
