@@ -20,6 +20,11 @@ PYTHON_TF2 ?= $(shell for p in python3.12 python3.13 \
 STAMP_TF2 := $(VENV_TF2)/.installed
 VENV_KERAS3 := .venv-keras3
 STAMP_KERAS3 := $(VENV_KERAS3)/.installed
+# The oldest JAX the Keras 3 runtime runs on (versions.py's OLDEST_JAX, setup.cfg's floor): the
+# Keras 3 tests that need no SLURM run on it too, in an environment of its own.
+OLDEST_JAX := 0.8.2
+VENV_KERAS3_OLDEST := .venv-keras3-oldest
+STAMP_KERAS3_OLDEST := $(VENV_KERAS3_OLDEST)/.installed
 
 .PHONY: test check docs lint bench bench-faults run clean slurm-up slurm-down venv venv-tf2 venv-keras3 venvs
 
@@ -72,6 +77,14 @@ $(STAMP_KERAS3): setup.cfg pyproject.toml
 	$(call install,$(VENV_KERAS3)) --config-settings editable_mode=compat -e '.[keras3]'
 	touch $@
 
+$(STAMP_KERAS3_OLDEST): setup.cfg pyproject.toml
+	$(python_tf2_checked)
+	@$(call other_venv_removed,$(PYTHON_TF2),$(VENV_KERAS3_OLDEST))
+	$(PYTHON_TF2) -m venv $(VENV_KERAS3_OLDEST)
+	$(call install,$(VENV_KERAS3_OLDEST)) --config-settings editable_mode=compat -e '.[keras3]' \
+	  'jax==$(OLDEST_JAX)' 'jaxlib==$(OLDEST_JAX)'
+	touch $@
+
 # Each environment alone: `source .venv/bin/activate` (Estimator, TensorFlow 2.15),
 # `source .venv-tf2/bin/activate` (tf-keras, TensorFlow 2.16+) or
 # `source .venv-keras3/bin/activate` (Keras 3 on JAX) then puts the commands on PATH.
@@ -80,7 +93,7 @@ venv-tf2: $(STAMP_TF2)
 venv-keras3: $(STAMP_KERAS3)
 # All at once: each pip spends most of its time downloading and unpacking, not computing.
 venvs:
-	@$(MAKE) --no-print-directory -j2 $(STAMP) $(STAMP_TF2) $(STAMP_KERAS3)
+	@$(MAKE) --no-print-directory -j2 $(STAMP) $(STAMP_TF2) $(STAMP_KERAS3) $(STAMP_KERAS3_OLDEST)
 
 # The Estimator suite (TensorFlow 2.15) and the TensorFlow 2.16+ one, in its own environment,
 # in three lanes at once: the tests on each partition of the SLURM test cluster, and the
@@ -146,4 +159,4 @@ slurm-down:
 	tests/slurm/cluster down
 
 clean:
-	rm -rf $(VENV) $(VENV_TF2) $(VENV_KERAS3) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV_TF2) $(VENV_KERAS3) $(VENV_KERAS3_OLDEST) .mypy_cache .ruff_cache .pytest_cache .hypothesis

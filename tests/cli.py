@@ -25,8 +25,12 @@ PACED_KERAS = REPOSITORY / "tests" / "fixtures" / "paced_keras.py"
 # And its Keras 3 twin, on JAX (tests/fixtures/paced_keras3.py).
 PACED_KERAS3 = REPOSITORY / "tests" / "fixtures" / "paced_keras3.py"
 SHARDED_KERAS3 = REPOSITORY / "tests" / "fixtures" / "sharded_keras3.py"
-# The Python of Keras 3 on JAX (make venv-keras3), which the tests marked keras3 start.
-KERAS3_PYTHON = REPOSITORY / ".venv-keras3" / "bin" / "python"
+# The Python of Keras 3 on JAX (make venv-keras3), which the tests marked keras3 start; the
+# one this variable names instead (tests/lanes: .venv-keras3-oldest's, on the oldest JAX).
+KERAS3_PYTHON = Path(
+    os.environ.get("TFCONFIG_SLURM_TEST_KERAS3_PYTHON")
+    or REPOSITORY / ".venv-keras3" / "bin" / "python"
+)
 
 
 def run_module(

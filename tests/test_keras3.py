@@ -507,6 +507,40 @@ def test_a_keras3_script_as_the_guide_writes_it_trains_under_with_tfconfig_on_tw
 
 
 @pytest.mark.slurm
+def test_an_unchanged_keras3_script_on_two_nodes_is_told_its_processes_trained_apart(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """#53: the guide's script without its distribution's lines trains a model of its own in
+    each process: each task says so in one line and ends with exit status 1, where the step
+    ended 0; with --independent, as meant, 0."""
+    plain = tmp_path / "plain.py"
+    plain.write_text(
+        GUIDE.read_text()
+        .replace("keras.distribution.initialize()\n", "")
+        .replace("keras.distribution.set_distribution(", "print(")
+    )
+
+    def run(*flag: str) -> subprocess.CompletedProcess[str]:
+        return slurm_cluster.run(
+            ["srun", "--nodes=2", "--ntasks-per-node=1", str(WITH_TFCONFIG), "--keras3",
+             *flag, str(KERAS3_PYTHON), str(plain)],
+            timeout=300, TFCONFIG_SLURM_PYTHON=str(KERAS3_PYTHON),
+        )  # fmt: skip
+
+    apart, independent = run(), run("--independent")
+    assert apart.returncode == 1, apart.stderr[-3000:]
+    said = re.findall(
+        r"(chief|worker) 0: its command used JAX without joining the step's 2 processes, so "
+        r"each trained a model of its own \(exit 1\)\. HINT: before building the model, add "
+        r"keras\.distribution\.initialize\(\)",
+        apart.stderr,
+    )
+    assert sorted(said) == ["chief", "worker"], apart.stderr[-3000:]
+    assert independent.returncode == 0, independent.stderr[-3000:]
+    assert "without joining" not in independent.stderr
+
+
+@pytest.mark.slurm
 def test_a_killed_process_of_a_keras3_script_ends_its_step_named(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -767,6 +801,18 @@ def test_a_task_reads_slurm_s_environment_once(tmp_path: Path) -> None:
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "done at step 5" in ran.stderr
     assert reads.read_text().splitlines() == ["read_slurm_job", "read_slurm_step"]
+
+
+def test_a_batch_larger_than_the_process_s_data_is_one_line(tmp_path: Path) -> None:
+    """#53: --batch_size=2000 on the digits (1438 to train) spun at full CPU until killed."""
+    refused = train(tmp_path, "--batch_size=2000", "--train_steps=5", timeout=120)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "tfconfig-slurm-run: --experiment: mnist_keras3.dataset('train', params) refused them: "
+        "params['batch_size'] is 2000, more than this trainer's share of the training data "
+        "(1438 examples, one in 1), which then makes no batch. HINT: change what it names (e.g. "
+        "--batch_size), or its data"
+    )
 
 
 def test_a_truncated_latest_checkpoint_is_skipped_and_the_run_resumes_from_the_one_before(

@@ -108,3 +108,13 @@ def test_a_resumed_run_s_batches_go_on_from_its_step(mnist_data: ModuleType) -> 
     # Each pass in an order of its own.
     assert from_start[:7] != from_start[7:14]
     assert labels(0, 7, trainer_index=0) != from_start[:7]
+
+
+def test_a_batch_larger_than_a_trainer_s_share_is_refused_as_it_is_asked_for(
+    mnist_data: ModuleType,
+) -> None:
+    """#55: a shard smaller than one batch made none, and a fit waiting for one spun for ever."""
+    params = {"batch_size": 1000, "data_dir": None, "trainer_index": 0, "num_trainers": 2}
+    with pytest.raises(ValueError, match=r"batch_size'\] is 1000, more than this trainer's share"):
+        mnist_data.batches(params, training=True)
+    assert len(next(mnist_data.batches({**params, "num_trainers": 1}, training=True))[1]) == 1000

@@ -104,6 +104,9 @@ def test_without_a_record_srun_s_message_and_the_task_s_log_name_it(tmp_path: Pa
         (None, "node2: task 3: Exited with exit code 2\nnode1: tasks 0-2: Killed\n", False),
         # A crash would come again.
         (Failure("ps 0", "n1", "its command was killed by SIGSEGV", 139, None, 1.0), "", False),
+        # #52: also where its peers recorded it first, as a loss, within milliseconds.
+        (LOST, "srun: error: node2: task 1: Segmentation fault (core dumped)\n", False),
+        (LOST, "srun: error: node2: task 1: Aborted (core dumped)\n", False),
     ],
 )
 def test_only_a_failure_outside_the_run_s_code_is_worth_a_restart(
@@ -115,11 +118,14 @@ def test_only_a_failure_outside_the_run_s_code_is_worth_a_restart(
 
 
 def failed_step(
-    model_dir: Path, started: float, checkpoint_at_start: int | None = None
+    model_dir: Path,
+    started: float,
+    checkpoint_at_start: int | None = None,
+    progress_at_start: object = None,
 ) -> restarts.Step:
     return restarts.read_step(
         model_dir, JOB, status=137, started=started, checkpoint_at_start=checkpoint_at_start,
-        srun_said="",
+        srun_said="", progress_at_start=progress_at_start,
     )  # fmt: skip
 
 
@@ -139,26 +145,29 @@ def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
         "of step 40: worker 0 stopped answering"
     )
     assert not (tmp_path / "state.json").exists()
-    # The restart trained (its progress line came after it started), and failed of a kill again.
-    reports.write_json_atomically(tmp_path / "progress.json", {"global_step": 50, "time": 30.0})
+    # The restart trained (it kept a progress since it started: #52, whatever the chief's clock
+    # says, here 22 s behind the batch node's), and failed of a kill again.
+    at_start = restarts.progress_mark(tmp_path)
+    reports.write_json_atomically(tmp_path / "progress.json", {"global_step": 50, "time": 3.0})
     recorded(tmp_path, "42.2.1", dataclasses.replace(LOST, time=40.0))
     said, cause = restarts.decision(
-        tmp_path, JOB, failed_step(tmp_path, 25.0), done=2, most=2, who="train"
+        tmp_path, JOB, failed_step(tmp_path, 25.0, None, at_start), done=2, most=2, who="train"
     )
     assert cause is None and said == (
         "train: not starting the step again: worker 0 stopped answering, and the job made its 2 "
         "restart(s) (--max_restarts)"
     )
-    # One that never logged progress after it started does not loop.
+    # One that kept no progress after it started does not loop.
+    at_start = restarts.progress_mark(tmp_path)
     said, cause = restarts.decision(
-        tmp_path, JOB, failed_step(tmp_path, 35.0, 40), done=1, most=2, who="train"
+        tmp_path, JOB, failed_step(tmp_path, 35.0, 40, at_start), done=1, most=2, who="train"
     )
     assert cause is None and said.endswith("it failed before it trained a step")
     # A script of the user's logs no progress: a checkpoint of a later step than at the start
     # says that it trained.
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-60"\n')
     _, cause = restarts.decision(
-        tmp_path, JOB, failed_step(tmp_path, 35.0, 40), done=1, most=2, who="train"
+        tmp_path, JOB, failed_step(tmp_path, 35.0, 40, at_start), done=1, most=2, who="train"
     )
     assert cause == "worker 0 stopped answering"
 

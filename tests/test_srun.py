@@ -2,8 +2,9 @@
 in its job, on the test cluster with steps of bash (no TensorFlow): a task killed once, then a
 finished step; an exit of the code's own, and a script under with-tfconfig that raises, not
 started again; a task killed at every try, started again until --max_restarts, and a try that
-trained nothing not started again; a step told to stop (SIGTERM, SIGHUP), not started again;
-SIGUSR1 and SIGUSR2 to the batch script, passed on to the tasks."""
+trained nothing not started again; a command's exit 4, which stopped no run, a failure; a step
+told to stop (SIGTERM, SIGHUP), not started again; SIGUSR1 and SIGUSR2 to the batch script,
+passed on to the tasks."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ if [[ $SLURM_PROCID == 1 ]]; then
     once) ((try > 1)) || kill -9 $$ ;;
     always) kill -9 $$ ;;
     bug) exit 1 ;;
+    four) exit 4 ;;
     untrained) kill -9 $$ ;;
   esac
 fi
@@ -61,7 +63,7 @@ def test_a_killed_task_starts_the_step_again_in_the_job_and_a_bug_does_not(
 ) -> None:
     (tmp_path / "step.sh").write_text(f"WITH_TFCONFIG={WITH_TFCONFIG}\n{STEP}")
     (tmp_path / "job.sbatch").write_text(BATCH)
-    cases = ("once", "bug", "always", "untrained", "raising", "refused")
+    cases = ("once", "bug", "four", "always", "untrained", "raising", "refused")
     jobs = {}
     for case in cases:
         jobs[case] = submitted(slurm_cluster, tmp_path, case, *(["--bogus"] * (case == "refused")))
@@ -80,15 +82,16 @@ def test_a_killed_task_starts_the_step_again_in_the_job_and_a_bug_does_not(
     }
     states = {case: ended[case]["JobState"] for case in cases}
     assert states == {
-        "once": "COMPLETED", "bug": "FAILED", "always": "FAILED", "untrained": "FAILED",
-        "raising": "FAILED", "refused": "FAILED",
+        "once": "COMPLETED", "bug": "FAILED", "four": "FAILED", "always": "FAILED",
+        "untrained": "FAILED", "raising": "FAILED", "refused": "FAILED",
     }, said  # fmt: skip
     assert tries == {
-        "once": 2, "bug": 1, "always": 3, "untrained": 2, "raising": 1, "refused": 0,
+        "once": 2, "bug": 1, "four": 1, "always": 3, "untrained": 2, "raising": 1, "refused": 0,
     }, said  # fmt: skip
     assert restarts == {
         "once": ["a task was killed"],
         "bug": [],
+        "four": [],
         "always": ["a task was killed"] * 2,
         "untrained": ["a task was killed"],
         "raising": [],
@@ -105,6 +108,11 @@ def test_a_killed_task_starts_the_step_again_in_the_job_and_a_bug_does_not(
     assert (
         "tfconfig-slurm srun: not starting the step again: srun names no task killed" in said["bug"]
     )
+    # #52: exit 4 is the runtime's "stopped, not requeued" only where the run says it stopped.
+    assert said["four"].endswith(
+        "tfconfig-slurm srun: not starting the step again: srun names no task killed: the tasks "
+        "ended of themselves\n"
+    ), said["four"]
     assert said["always"].endswith(
         "tfconfig-slurm srun: not starting the step again: a task was killed, and the job made its "
         "2 restart(s) (--max_restarts)\n"

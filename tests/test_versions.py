@@ -3,10 +3,12 @@ experiment's kind, read from its source (experiment.kind)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
+from tests.cli import REPOSITORY
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import InstallError, UsageError
 from tfconfig_slurm.process.supervision import supervise
@@ -56,6 +58,12 @@ def test_this_estimator_environment_is_read_as_one() -> None:
         (Installed((3, 11), "2.15.1", "2.15.0"), "this Python 3.11 has TensorFlow 2.15.1"),
         (Installed((3, 12), None, None), "this Python 3.12 has no TensorFlow"),
         (Installed((3, 12), "2.21.0", None, None), "needs tf-keras beside TensorFlow 2.21.0"),
+        # #53: an experiment that imports tf_keras in the Keras 3 environment.
+        (
+            Installed((3, 12), None, None, None, "3.15.1", "0.12.0.1"),
+            "this Python 3.12 has no TensorFlow, but Keras 3.15.1 on JAX, which trains an "
+            "experiment that imports keras, not tf_keras",
+        ),
     ],
 )
 def test_what_cannot_run_the_keras_runtime_is_named(found: Installed, problem: str) -> None:
@@ -73,6 +81,11 @@ def test_what_cannot_run_the_keras_runtime_is_named(found: Installed, problem: s
         (Installed((3, 11), "2.15.1", None, None, "2.15.0"), "this Python 3.11 has Keras 2.15.0"),
         (Installed((3, 12), None, None, None, "3.15.1"), "needs JAX beside Keras 3.15.1"),
         (Installed((3, 12), None, None, None, "3.15.1", "0.4.35"), "has JAX 0.4.35, which lacks"),
+        (
+            Installed((3, 12), None, None, None, "3.15.1", "0.8.1"),
+            "needs JAX 0.8.2 or later, and this Python 3.12 has JAX 0.8.1, which lacks the "
+            "option that turns its preemption service off (jax_enable_preemption_service)",
+        ),
     ],
 )
 def test_what_cannot_run_the_keras_3_runtime_is_named(found: Installed, problem: str) -> None:
@@ -80,7 +93,8 @@ def test_what_cannot_run_the_keras_3_runtime_is_named(found: Installed, problem:
         versions.require_keras3("--experiment=mnist_keras3 (Keras 3)", found)
     assert problem in raised.value.problem
     assert "make venv-keras3" in raised.value.hint and "'.[keras3]'" in raised.value.hint
-    versions.require_keras3("x", Installed((3, 12), None, None, None, "3.15.1", "0.12.0.1"))
+    for jax in ("0.8.2", "0.11.2", "0.12.0.1", "0.13.0rc1"):
+        versions.require_keras3("x", Installed((3, 12), None, None, None, "3.15.1", jax))
 
 
 @pytest.mark.parametrize(
@@ -175,3 +189,14 @@ def test_the_cluster_resolver_without_tensorflow_names_what_to_install() -> None
         "tfconfig_slurm.cluster_resolver: needs TensorFlow, which this Python 3.12 does not have."
     )
     versions.require_tensorflow("x", Installed((3, 12), "2.21.0", None))
+
+
+def test_the_oldest_jax_is_named_alike_where_it_is_installed_and_tested() -> None:
+    """#54: the floor the runtime refuses below is setup.cfg's for every Keras 3 extra and the
+    Makefile's OLDEST_JAX, which make test installs and runs the Keras 3 tests on."""
+    oldest = ".".join(map(str, versions.OLDEST_JAX))
+    setup = (REPOSITORY / "setup.cfg").read_text()
+    floors = re.findall(r"^\s+jax(?:\[\w+\])? >= (\S+)$", setup, re.MULTILINE)
+    assert floors == [oldest] * 4, floors
+    makefile = (REPOSITORY / "Makefile").read_text()
+    assert re.search(r"^OLDEST_JAX := (\S+)$", makefile, re.MULTILINE)[1] == oldest  # type: ignore[index]

@@ -127,6 +127,7 @@ def _steps(
     while True:
         started = time.time()
         at_start = history.checkpoint_step(model_dir)
+        progress_at_start = restarts.progress_mark(model_dir)
         status, srun_said, left = _step(command, signals, job, held, environ, watch=not sized)
         if signals.stop is not None and held is not None:
             # Slurm's own stop, where a node of the job failed: said, and continued where
@@ -138,7 +139,7 @@ def _steps(
             return status
         if status == 0:
             return status
-        if status == EXIT_NOT_REQUEUED:
+        if status == EXIT_NOT_REQUEUED and restarts.stopped_unrequeued(model_dir, job):
             _say(f"{PROGRAM}: the run stopped and was not requeued (exit {status}): the step is "
                  "not started again")  # fmt: skip
             return status
@@ -146,7 +147,7 @@ def _steps(
         if signals.stop is None:
             step = restarts.read_step(
                 model_dir, job, status=status, started=started, checkpoint_at_start=at_start,
-                srun_said=srun_said,
+                srun_said=srun_said, progress_at_start=progress_at_start,
             )  # fmt: skip
             _say(restarts.line(model_dir, job, step, PROGRAM, left))
             said, cause = restarts.decision(

@@ -21,7 +21,8 @@ import contextlib
 import os
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from absl import flags, logging
@@ -63,6 +64,14 @@ KERAS3 = flags.DEFINE_boolean(
     "each task gets KERAS_DISTRIBUTION_JOB_ADDRESSES, _NUM_PROCESSES and _PROCESS_ID, which "
     "keras.distribution.initialize() reads with no arguments, KERAS_BACKEND=jax unless set, "
     "and JAX's CPU collectives on the task's own address.",
+)
+INDEPENDENT = flags.DEFINE_boolean(
+    "independent",
+    False,
+    "With --keras3, the step's processes are meant to train apart: a script that never joins "
+    "them (no keras.distribution.initialize()) is not refused. Without it, where every "
+    "process of a step of several used JAX without joining the others, each trained a model "
+    "of its own, and the task says so and ends with exit status 1.",
 )
 flags.adopt_module_key_flags(layout_flags)
 flags.adopt_module_key_flags(model_dir_flag)
@@ -131,19 +140,22 @@ def main(argv: Sequence[str]) -> int:
         environment["CUDA_VISIBLE_DEVICES"],
         command[0],
     )
-    group = supervise.command_group()
-    try:
-        group.start(command, environment, program=program)
-    except OSError as error:
-        raise UsageError(
-            repr(command[0]),
-            f"cannot be run ({error.strerror})",
-            "give a program on PATH or a path to an executable file",
-        ) from None
-    with _port_answered(role):
-        status = supervise.supervise(
-            group, role, owner, WORKER_RESTARTS.value, keras_3=KERAS3.value
-        )
+    with _jax_notes(role, environment) as notes:
+        group = supervise.command_group()
+        try:
+            group.start(command, environment, program=program)
+        except OSError as error:
+            raise UsageError(
+                repr(command[0]),
+                f"cannot be run ({error.strerror})",
+                "give a program on PATH or a path to an executable file",
+            ) from None
+        with _port_answered(role):
+            status = supervise.supervise(
+                group, role, owner, WORKER_RESTARTS.value, keras_3=KERAS3.value
+            )
+        if status == 0 and _trained_apart(role, notes):
+            status = 1
     # A run done frees its directory. One stopped (for a requeue) or failed keeps it for its
     # job, as the runtime keeps its own: another job takes it over only once the lock has
     # gone stale, this process no longer renewing it.
@@ -159,6 +171,43 @@ def _port_answered(role: ClusterRole) -> contextlib.AbstractContextManager[objec
     if KERAS3.value and role.role != CHIEF:
         return answering.answering(role)
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _jax_notes(role: ClusterRole, environment: dict[str, str]) -> Iterator[Path | None]:
+    """A file the command's Pythons note in whether they joined the step's processes
+    (boot/sitecustomize.py), named in `environment`, for a --keras3 step of several
+    processes not said to be --independent; removed after. None where none is kept."""
+    if not KERAS3.value or INDEPENDENT.value or role.trainers < 2:
+        yield None
+        return
+    descriptor, name = tempfile.mkstemp(prefix="tfconfig-slurm-jax-notes-")
+    os.close(descriptor)
+    environment[boot.NOTES_VARIABLE] = name
+    try:
+        yield Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)
+
+
+def _trained_apart(role: ClusterRole, notes: Path | None) -> bool:
+    """Whether the command used JAX in this task and never joined the step's processes:
+    said in one line."""
+    said = set(notes.read_text().split()) if notes is not None else set()
+    if boot.ALONE not in said or boot.JOINED in said:
+        return False
+    logging.error(
+        "%s %d: its command used JAX without joining the step's %d processes, so each trained "
+        "a model of its own (exit 1). HINT: before building the model, add "
+        "keras.distribution.initialize() and keras.distribution.set_distribution("
+        "keras.distribution.DataParallel()), and fit each process's share of the data "
+        "(x[jax.process_index()::jax.process_count()], batch_size per process); or pass "
+        "--independent where separate models are meant",
+        role.role,
+        role.index,
+        role.trainers,
+    )
+    return True
 
 
 def _this_environment_s_python(program: str) -> bool:

@@ -59,22 +59,45 @@ def check_hparams(hparams: Mapping[str, Any]) -> None:
 def batches(params: Mapping[str, Any], *, training: bool) -> Iterator[Examples]:
     """Batches of (images, labels) as numpy arrays; for training, this trainer's shard
     (params["trainer_index"] of params["num_trainers"]), reshuffled each pass, endless, from
-    where the run is (params["global_step"], 0 without it)."""
+    where the run is (params["global_step"], 0 without it). A batch larger than the shard is
+    refused (ValueError) as this is called, not when its first batch is asked for: it would
+    make none, and a fit waiting for one would spin for ever."""
     images, labels = load_examples(params.get("data_dir"), training)
     size = params["batch_size"]
     if not training:
-        for start in range(0, len(labels), size):
-            yield images[start : start + size], labels[start : start + size]
-        return
+        return _eval_batches(images, labels, size)
     trainer = params.get("trainer_index", 0)
     shard = slice(trainer, None, params.get("num_trainers", 1))
     images, labels = images[shard], labels[shard]
+    if len(labels) < size:
+        raise ValueError(
+            f"params['batch_size'] is {size}, more than this trainer's share of the training "
+            f"data ({len(labels)} examples, one in {params.get('num_trainers', 1)}), which then "
+            "makes no batch"
+        )
+    return _training_batches(images, labels, size, trainer, params.get("global_step", 0))
+
+
+def _eval_batches(
+    images: npt.NDArray[np.float32], labels: npt.NDArray[np.int32], size: int
+) -> Iterator[Examples]:
+    for start in range(0, len(labels), size):
+        yield images[start : start + size], labels[start : start + size]
+
+
+def _training_batches(
+    images: npt.NDArray[np.float32],
+    labels: npt.NDArray[np.int32],
+    size: int,
+    trainer: int,
+    global_step: int,
+) -> Iterator[Examples]:
     # Whole batches only: a short last one would give the trainers unequal batches.
     per_pass = len(labels) // size
     # A run resumed at global step k (each step one batch of each trainer's) goes on from its
     # k-th batch, where a fixed order from the first would train the same batches again at
     # every resume: each pass's order is the trainer's and the pass's own.
-    passes, skipped = divmod(params.get("global_step", 0), per_pass) if per_pass else (0, 0)
+    passes, skipped = divmod(global_step, per_pass)
     while True:
         shuffled = np.random.default_rng([trainer, passes]).permutation(len(labels))
         for start in range(skipped * size, per_pass * size, size):

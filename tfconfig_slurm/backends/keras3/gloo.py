@@ -28,8 +28,8 @@ def on(host: str) -> None:
         raise InstallError(
             "JAX",
             f"lacks the internal function tfconfig-slurm gives gloo its address with ({error})",
-            "install JAX 0.12, the release tfconfig-slurm was tried with (pip install "
-            "'jax==0.12.*')",
+            "install a JAX tfconfig-slurm was tried with, 0.8.2 to 0.12 (pip install "
+            "'jax>=0.8.2,<0.13')",
         ) from None
 
     if xla_bridge.backends_are_initialized():

@@ -335,8 +335,16 @@ def _check_same_weights(model: Any, role: ClusterRole | None) -> None:
 
 
 def _batches(experiment: KerasExperiment, mode: str, params: Mapping[str, Any]) -> Any:
-    """The experiment's batches for `mode`, refused in one line unless fit can read them."""
-    batches = experiment.dataset(mode, params)
+    """The experiment's batches for `mode`, refused in one line unless fit can read them, or
+    where the experiment refused its params (a ValueError as dataset is called)."""
+    try:
+        batches = experiment.dataset(mode, params)
+    except ValueError as error:
+        raise UsageError(
+            "--experiment",
+            f"{experiment.name}.dataset({mode!r}, params) refused them: {error}",
+            "change what it names (e.g. --batch_size), or its data",
+        ) from None
     if isinstance(batches, (tuple, list, dict)) or not (
         hasattr(batches, "__next__")
         or isinstance(batches, keras.utils.PyDataset)

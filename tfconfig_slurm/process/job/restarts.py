@@ -27,6 +27,12 @@ _SRUN_TASK = re.compile(r"[^ \n]+: tasks? ([0-9]+)[-,0-9]*: (.*)")
 # The out-of-memory killer, as slurmstepd ("Detected 1 oom_kill event") or srun ("task 0: Out
 # Of Memory") reports it.
 _OOM_KILL = re.compile(r"oom[-_ ]kill|out of memory", re.I)
+# srun's words for a task that died of a crash signal (strsignal's): the same crash would come
+# again, whatever its peers recorded of it (a loss, within milliseconds).
+_CRASH = re.compile(
+    r"tasks? [0-9][-,0-9]*: (Segmentation fault|Aborted|Bus error|Illegal instruction|"
+    r"Floating point exception)"
+)
 # A task's own first line says its role: "worker 0 on node2 at node2:10001 ...".
 _ROLE = re.compile(r"(chief|worker|ps|evaluator) [0-9]+ on [^ ]+")
 
@@ -41,13 +47,15 @@ class Verdict(NamedTuple):
 class Step(NamedTuple):
     """A step that failed, as the run and srun left it: its exit status, when it started, the
     run's latest checkpoint step then (None: none), its first failure recorded since (None:
-    none), and srun's messages."""
+    none), srun's messages, and the progress the run had kept then."""
 
     status: int
     started: float
     checkpoint_at_start: int | None
     first: Failure | None
     srun_said: str
+    # progress.json as the step found it (progress_mark): changed since, the step trained.
+    progress_at_start: object = None
 
 
 def verdict(first: Failure | None, srun_said: str, *, trained: bool) -> Verdict:
@@ -55,8 +63,13 @@ def verdict(first: Failure | None, srun_said: str, *, trained: bool) -> Verdict:
     restart; `trained` says whether the failed step took a step of training at all."""
     if not trained:
         return Verdict(again=False, why="it failed before it trained a step")
-    if first is not None:
-        return _of_record(first)
+    crashed = _CRASH.search(srun_said)
+    if crashed:
+        return Verdict(again=False, why=f"a task crashed ({crashed[1]}): it would crash again")
+    return _of_record(first) if first is not None else _of_srun(srun_said)
+
+
+def _of_srun(srun_said: str) -> Verdict:
     if _OOM_KILL.search(srun_said):
         return Verdict(again=True, why="the out-of-memory killer ended a task")
     # The first task srun names: those it killed after it (--kill-on-bad-exit) say nothing.
@@ -81,11 +94,30 @@ def read_step(
     started: float,
     checkpoint_at_start: int | None,
     srun_said: str,
+    progress_at_start: object = None,
 ) -> Step:
     """The step of `job` (in its run since its last requeue) that ended with `status`: its
     failure records since it `started`, read once."""
     first = failure.of_job(model_dir, job.job_id, job.restart_count, started)
-    return Step(status, started, checkpoint_at_start, first, srun_said)
+    return Step(status, started, checkpoint_at_start, first, srun_said, progress_at_start)
+
+
+def progress_mark(model_dir: Path) -> object:
+    """What the run's progress.json holds now, for a step to compare once it ends: the
+    runtime writes it at a run's first step and at every progress line."""
+    return reports.read_json(RunDir(model_dir).progress)
+
+
+def stopped_unrequeued(model_dir: Path, job: SlurmJob) -> bool:
+    """Whether the run says that this attempt of `job` stopped (the runtime's exit
+    EXIT_NOT_REQUEUED: stopped, and not requeued); a command of the user's that exits with
+    the same status stopped nothing, and failed."""
+    state = reports.read_state(model_dir)
+    return (
+        state.get("state") == "stopped"
+        and state.get("job_id") == job.name
+        and state.get("restart", 0) == job.restart_count
+    )
 
 
 def line(model_dir: Path, job: SlurmJob, step: Step, who: str, left: Sequence[str] = ()) -> str:
@@ -171,10 +203,11 @@ def decision(
 
 
 def _trained(model_dir: Path, step: Step) -> bool:
-    """Whether the step trained at all: the runtime's progress line came after it started, or
-    (a script of the user's, which logs none) the run wrote a checkpoint of a later step."""
-    logged = reports.read_json(RunDir(model_dir).progress).get("time")
-    if isinstance(logged, (int, float)) and logged >= step.started:
+    """Whether the step trained at all: the runtime kept a progress since it started (its
+    first step's, or a line's), or (a script of the user's, which keeps none) the run wrote a
+    checkpoint of a later step. Not by the times: progress.json's is the chief's node's clock,
+    the step's start the batch node's."""
+    if progress_mark(model_dir) not in ({}, step.progress_at_start):
         return True
     now = history.checkpoint_step(model_dir)
     return now is not None and now > (step.checkpoint_at_start or 0)

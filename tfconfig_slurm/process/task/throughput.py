@@ -10,9 +10,10 @@ where they share the steps (parameter servers), the step each sees then (102 for
 means leave the first step out: it includes building the model and the session. No TensorFlow
 here: a backend hands in what a step did.
 
-The run's owner (the chief, a single process) also keeps the global step of its latest line in
-the run directory's progress.json (report_progress_to), for the runs table while it trains: a
-checkpoint's step lags by up to its interval (Estimator's: 10 minutes).
+The run's owner (the chief, a single process) also keeps the global step of its first step and
+of its latest line in the run directory's progress.json (report_progress_to), for the runs
+table while it trains (a checkpoint's step lags by up to its interval, Estimator's 10 minutes),
+and for the restart of a step, which it tells that the step trained.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ class Throughput:
             # rate, start-up in it, is not.
             over = "" if steps == 1 or loss is None else f": loss {loss:.4g} over its {steps} steps"
             logging.info("first step done (global step %d)%s", global_step, over)
+            _keep_progress(global_step)
             return None
         self._last = mark
         assert self._window is not None
@@ -120,12 +122,7 @@ class Throughput:
             rates.global_steps_per_sec,
         )
         self._window = mark
-        if _PROGRESS.path is not None:
-            # Training goes on where the file cannot be written (a full disk, say).
-            with contextlib.suppress(OSError):
-                reports.write_json_atomically(
-                    _PROGRESS.path, {"global_step": global_step, "time": time.time()}
-                )
+        _keep_progress(global_step)
         return rates
 
     def end(self) -> Rates | None:
@@ -161,6 +158,17 @@ class Throughput:
             (until.examples - since.examples) / seconds if self._counts_examples else None,
             (until.global_step - since.global_step) / seconds,
         )
+
+
+def _keep_progress(global_step: int) -> None:
+    """Keeps `global_step` in the run's progress.json, where this process keeps one: at the
+    first step (a restart that took one trained: job/restarts.py) and at each line."""
+    if _PROGRESS.path is not None:
+        # Training goes on where the file cannot be written (a full disk, say).
+        with contextlib.suppress(OSError):
+            reports.write_json_atomically(
+                _PROGRESS.path, {"global_step": global_step, "time": time.time()}
+            )
 
 
 class LossSinceLastLine:

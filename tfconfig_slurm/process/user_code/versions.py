@@ -9,6 +9,7 @@ No TensorFlow here.
 
 from __future__ import annotations
 
+import re
 import sys
 from importlib import metadata
 from typing import NamedTuple
@@ -42,11 +43,19 @@ _KERAS_INSTALL = (
 )
 
 
-# The oldest JAX the Keras 3 runtime runs on: it sets JAX's recoverable tasks, its local
-# device ids and no cluster detection, which JAX 0.4.35 lacked.
-OLDEST_JAX = (0, 12)
+# The oldest JAX the Keras 3 runtime runs on, found by trying (its host tests pass on 0.8.2,
+# 0.11.2 and 0.12.0.1; CI runs them on this one too): 0.8.1 lacks the option that turns JAX's
+# preemption service off (jax_enable_preemption_service, from 0.8.2), which would take the
+# SIGTERM the runtime stops on. The rest came earlier: recoverable tasks 0.7.1, jax._src.lib's
+# _jax 0.6.1, no cluster detection 0.4.36, JAX_LOCAL_DEVICE_IDS 0.4.33.
+OLDEST_JAX = (0, 8, 2)
+_OLDEST_JAX_LACKS = (
+    "the option that turns its preemption service off (jax_enable_preemption_service), which "
+    "would take the SIGTERM the runtime stops on"
+)
 _KERAS3_INSTALL = (
-    "install the keras3 extra (keras3-gpu for GPUs), in the tfconfig-slurm checkout: make "
+    "install the keras3 extra (keras3-cuda12 or keras3-cuda13 for GPUs), in the tfconfig-slurm "
+    "checkout: make "
     "venv-keras3 (.venv-keras3), or pip install '.[keras3]' (Keras 3 and JAX; JAX's current "
     "releases need Python 3.12+)"
 )
@@ -108,14 +117,22 @@ def require_keras(what: str, found: Installed | None = None) -> None:
     (Keras 2, whose multi-worker training works where Keras 3's does not) are installed."""
     found = found or installed()
     python = "Python {}.{}".format(*found.python)
+    hint = _KERAS_INSTALL
     if found.tensorflow is None or has_estimator_release(found.tensorflow):
         has = f"TensorFlow {found.tensorflow}" if found.tensorflow else "no TensorFlow"
         problem = f"needs TensorFlow 2.16 or later with tf-keras, and this {python} has {has}"
+        if found.tensorflow is None and found.jax and _major_minor(found.keras or "0.0") >= (3, 0):
+            # Most likely a Keras 3 experiment that imports tf_keras by mistake.
+            problem += (
+                f", but Keras {found.keras} on JAX, which trains an experiment that imports "
+                "keras, not tf_keras"
+            )
+            hint = f"import keras, not tf_keras, to train it on JAX here; or {hint}"
     elif found.tf_keras is None:
         problem = f"needs tf-keras beside TensorFlow {found.tensorflow}"
     else:
         return
-    raise InstallError(what, problem, _KERAS_INSTALL)
+    raise InstallError(what, problem, hint)
 
 
 def require_keras3(what: str, found: Installed | None = None) -> None:
@@ -128,10 +145,10 @@ def require_keras3(what: str, found: Installed | None = None) -> None:
         problem = f"needs Keras 3 with JAX, and this {python} has {has}"
     elif found.jax is None:
         problem = f"needs JAX beside Keras {found.keras} (the backend it trains on here)"
-    elif _major_minor(found.jax) < OLDEST_JAX:
+    elif _release(found.jax) < OLDEST_JAX:
         problem = (
             f"needs JAX {'.'.join(map(str, OLDEST_JAX))} or later, and this {python} has JAX "
-            f"{found.jax}, which lacks what the runtime sets"
+            f"{found.jax}, which lacks {_OLDEST_JAX_LACKS}"
         )
     else:
         return
@@ -151,9 +168,17 @@ def _version(distribution: str) -> str | None:
 
 
 def _major_minor(version: str) -> tuple[int, int]:
+    major, minor, _ = _release(version)
+    return major, minor
+
+
+def _release(version: str) -> tuple[int, int, int]:
+    """(major, minor, micro) of `version`; a micro that is not a number (a pre-release's
+    `0rc1`) counts as 0."""
     parts = version.split(".")
     try:
-        return int(parts[0]), int(parts[1])
+        micro = re.match(r"\d*", parts[2] if len(parts) > 2 else "")[0]  # type: ignore[index]
+        return int(parts[0]), int(parts[1]), int(micro or 0)
     except (IndexError, ValueError):
         # A version we cannot read is taken for a recent one: the error says which it is.
-        return (sys.maxsize, 0)
+        return (sys.maxsize, 0, 0)

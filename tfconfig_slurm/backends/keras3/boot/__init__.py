@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tfconfig_slurm.backends.keras3.boot.sitecustomize import HOST_VARIABLE
+from tfconfig_slurm.backends.keras3.boot.sitecustomize import (
+    ALONE,
+    HOST_VARIABLE,
+    JOINED,
+    NOTES_VARIABLE,
+)
+
+__all__ = ["ALONE", "FOLDER", "JOINED", "NOTES_VARIABLE", "jax_variables"]
 
 FOLDER = Path(__file__).resolve().parent
 

@@ -1,11 +1,16 @@
 """Run by every Python that a command of `with-tfconfig --keras3` starts (with-tfconfig puts
 this folder first on the command's PYTHONPATH): once JAX has made its backends' registry, its
 CPU collectives go on the address the layout gives the task, $TFCONFIG_SLURM_GLOO_HOST (the
-reason is in ../gloo.py). Then the sitecustomize this one hides, if any, runs as it would have.
+reason is in ../gloo.py). Where $TFCONFIG_SLURM_JAX_NOTES names a file, a Python that used JAX
+notes there as it exits whether it joined the step's processes (with-tfconfig says so where
+none did: an unchanged script trains a model of its own in each). Then the sitecustomize this
+one hides, if any, runs as it would have.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -16,6 +21,8 @@ from pathlib import Path
 from types import ModuleType
 
 HOST_VARIABLE = "TFCONFIG_SLURM_GLOO_HOST"
+NOTES_VARIABLE = "TFCONFIG_SLURM_JAX_NOTES"
+JOINED, ALONE = "joined", "alone"
 # Where JAX registers its CPU backend's factory, which gloo.on registers again.
 _REGISTRY = "jax._src.xla_bridge"
 
@@ -61,6 +68,19 @@ class _AfterRegistry(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _note_joined(path: str) -> None:
+    """Appends to `path` whether this Python, where it used JAX, joined other processes
+    (jax.distributed, which keras.distribution.initialize() calls: its coordinator's address
+    stays set after the shutdown JAX makes at exit, before this runs)."""
+    if "jax" not in sys.modules:
+        return
+    distributed = sys.modules.get("jax._src.distributed")
+    state = getattr(distributed, "global_state", None)
+    joined = getattr(state, "coordinator_address", None) is not None
+    with contextlib.suppress(OSError), open(path, "a") as notes:
+        notes.write(f"{JOINED if joined else ALONE}\n")
+
+
 def _run_the_hidden_one() -> None:
     """The next sitecustomize on the path, which this one's name hides."""
     here = Path(__file__).resolve().parent
@@ -74,4 +94,6 @@ def _run_the_hidden_one() -> None:
 if __name__ == "sitecustomize":
     if os.environ.get(HOST_VARIABLE):
         sys.meta_path.insert(0, _AfterRegistry(os.environ[HOST_VARIABLE]))
+    if os.environ.get(NOTES_VARIABLE):
+        atexit.register(_note_joined, os.environ[NOTES_VARIABLE])
     _run_the_hidden_one()
