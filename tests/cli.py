@@ -27,9 +27,8 @@ PACED_KERAS3 = REPOSITORY / "tests" / "fixtures" / "paced_keras3.py"
 SHARDED_KERAS3 = REPOSITORY / "tests" / "fixtures" / "sharded_keras3.py"
 # The Python of Keras 3 on JAX (make venv-keras3), which the tests marked keras3 start; the
 # one this variable names instead (tests/lanes: .venv-keras3-oldest's, on the oldest JAX).
-KERAS3_PYTHON = Path(
-    os.environ.get("TFCONFIG_SLURM_TEST_KERAS3_PYTHON")
-    or REPOSITORY / ".venv-keras3" / "bin" / "python"
+KERAS3_PYTHON = REPOSITORY / (
+    os.environ.get("TFCONFIG_SLURM_TEST_KERAS3_PYTHON") or ".venv-keras3/bin/python"
 )
 
 

@@ -530,7 +530,7 @@ def test_an_unchanged_keras3_script_on_two_nodes_is_told_its_processes_trained_a
     apart, independent = run(), run("--independent")
     assert apart.returncode == 1, apart.stderr[-3000:]
     said = re.findall(
-        r"(chief|worker) 0: its command used JAX without joining the step's 2 processes, so "
+        r"(chief|worker) 0: its command used Keras without joining the step's 2 processes, so "
         r"each trained a model of its own \(exit 1\)\. HINT: before building the model, add "
         r"keras\.distribution\.initialize\(\)",
         apart.stderr,
@@ -801,6 +801,21 @@ def test_a_task_reads_slurm_s_environment_once(tmp_path: Path) -> None:
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "done at step 5" in ran.stderr
     assert reads.read_text().splitlines() == ["read_slurm_job", "read_slurm_step"]
+
+
+def test_one_process_of_two_devices_evaluates_a_short_last_batch(tmp_path: Path) -> None:
+    """#52: the digits' last eval batch of 39 does not split over 2 devices: every run of a
+    process of several devices trained, then failed its evaluation (IndivisibleError). It is
+    padded with examples that weigh 0."""
+    ran = train(
+        tmp_path,
+        "--train_steps=20",
+        environ={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "1 process and 2 devices on JAX, DataParallel on a mesh of batch 2" in ran.stderr
+    summary = json.loads((tmp_path / "mnist_keras3" / "summary.json").read_text())
+    assert summary["global_step"] == 20 and 0.3 < summary["eval"]["accuracy"] <= 1.0, summary
 
 
 def test_a_batch_larger_than_the_process_s_data_is_one_line(tmp_path: Path) -> None:

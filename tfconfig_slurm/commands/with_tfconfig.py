@@ -69,8 +69,8 @@ INDEPENDENT = flags.DEFINE_boolean(
     "independent",
     False,
     "With --keras3, the step's processes are meant to train apart: a script that never joins "
-    "them (no keras.distribution.initialize()) is not refused. Without it, where every "
-    "process of a step of several used JAX without joining the others, each trained a model "
+    "them (no keras.distribution.initialize()) is not refused. Without it, where a process "
+    "of a step of several used Keras without joining the others, each trained a model "
     "of its own, and the task says so and ends with exit status 1.",
 )
 flags.adopt_module_key_flags(layout_flags)
@@ -191,13 +191,13 @@ def _jax_notes(role: ClusterRole, environment: dict[str, str]) -> Iterator[Path 
 
 
 def _trained_apart(role: ClusterRole, notes: Path | None) -> bool:
-    """Whether the command used JAX in this task and never joined the step's processes:
+    """Whether the command used Keras in this task and never joined the step's processes:
     said in one line."""
     said = set(notes.read_text().split()) if notes is not None else set()
     if boot.ALONE not in said or boot.JOINED in said:
         return False
     logging.error(
-        "%s %d: its command used JAX without joining the step's %d processes, so each trained "
+        "%s %d: its command used Keras without joining the step's %d processes, so each trained "
         "a model of its own (exit 1). HINT: before building the model, add "
         "keras.distribution.initialize() and keras.distribution.set_distribution("
         "keras.distribution.DataParallel()), and fit each process's share of the data "

@@ -21,13 +21,15 @@ from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
 class Mesh(NamedTuple):
     """The run's devices (every process's), this process's share of the training data under
-    the distribution set for the run, and the mesh in words for the start line ("" for one
-    process on one device)."""
+    the distribution set for the run, the mesh in words for the start line ("" for one
+    process on one device), and the parts each of this process's batches is split into over
+    its devices (its examples must be a multiple of them)."""
 
     devices: int
     data_share: int
     data_shares: int
     described: str
+    batch_parts: int = 1
 
 
 def set_up(experiment: KerasExperiment, params: Mapping[str, Any], processes: int) -> Mesh:
@@ -44,11 +46,13 @@ def set_up(experiment: KerasExperiment, params: Mapping[str, Any], processes: in
     shares = min(processes, distribution.num_model_replicas)
     mesh = distribution.device_mesh
     axes = " x ".join(f"{name} {size}" for name, size in zip(mesh.axis_names, mesh.shape))
+    batch_axis = mesh.shape[list(mesh.axis_names).index(distribution.batch_dim_name)]
     return Mesh(
         len(devices),
         distribution.data_shard_id,
         shares,
         f"{type(distribution).__name__} on a mesh of {axes}",
+        max(batch_axis // shares, 1),
     )
 
 

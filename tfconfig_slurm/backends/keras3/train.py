@@ -181,7 +181,9 @@ class Keras3Backend:
         stop = _StopEvaluating(self._task.stop) if self._role is None else None
         reports.say_evaluating(step, self._settings.eval_steps)
         metrics = process.model.evaluate(
-            _batches(self._experiment, "eval", self._settings.params),
+            _whole_parts(
+                _batches(self._experiment, "eval", self._settings.params), process.mesh.batch_parts
+            ),
             steps=self._settings.eval_steps,
             return_dict=True,
             verbose=0,
@@ -358,6 +360,37 @@ def _batches(experiment: KerasExperiment, mode: str, params: Mapping[str, Any]) 
             "for 'train'), a keras.utils.PyDataset, or a tf.data.Dataset",
         )
     return batches
+
+
+def _whole_parts(batches: Any, parts: int) -> Any:
+    """The eval batches, each of a multiple of `parts` examples, as JAX splits a process's
+    batch over its devices (a last batch of 39 digits over 2 devices failed the evaluation of
+    every run on such a node): a short one is padded with copies of its last example that
+    weigh 0, and every batch is given its weights, so that the metrics are the examples'.
+    Batches other than tuples of arrays (a PyDataset, a tf.data.Dataset) go as they are."""
+    if parts == 1 or not hasattr(batches, "__next__"):
+        return batches
+    return _padded(batches, parts)
+
+
+def _padded(batches: Iterator[Any], parts: int) -> Iterator[Any]:
+    for batch in batches:
+        if not isinstance(batch, tuple) or len(batch) not in (2, 3):
+            yield batch
+            continue
+        inputs, targets, *weighed = batch
+        count = len(keras.tree.flatten(inputs)[0])
+        weights = weighed[0] if weighed else np.ones(count, np.float32)
+        short = -count % parts
+
+        def padded(array: Any, short: int = short) -> Any:
+            return np.concatenate([array, np.repeat(array[-1:], short, axis=0)])
+
+        yield (
+            keras.tree.map_structure(padded, inputs),
+            keras.tree.map_structure(padded, targets),
+            np.concatenate([weights, np.zeros(short, np.float32)]),
+        )
 
 
 class _Callbacks(keras.callbacks.CallbackList):  # type: ignore[misc]

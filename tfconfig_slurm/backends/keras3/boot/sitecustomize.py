@@ -1,8 +1,8 @@
 """Run by every Python that a command of `with-tfconfig --keras3` starts (with-tfconfig puts
 this folder first on the command's PYTHONPATH): once JAX has made its backends' registry, its
 CPU collectives go on the address the layout gives the task, $TFCONFIG_SLURM_GLOO_HOST (the
-reason is in ../gloo.py). Where $TFCONFIG_SLURM_JAX_NOTES names a file, a Python that used JAX
-notes there as it exits whether it joined the step's processes (with-tfconfig says so where
+reason is in ../gloo.py). Where $TFCONFIG_SLURM_JAX_NOTES names a file, a Python that used
+Keras notes there as it exits whether it joined the step's processes (with-tfconfig says so where
 none did: an unchanged script trains a model of its own in each). Then the sitecustomize this
 one hides, if any, runs as it would have.
 """
@@ -69,10 +69,11 @@ class _AfterRegistry(importlib.abc.MetaPathFinder):
 
 
 def _note_joined(path: str) -> None:
-    """Appends to `path` whether this Python, where it used JAX, joined other processes
+    """Appends to `path` whether this Python, where it used Keras, joined other processes
     (jax.distributed, which keras.distribution.initialize() calls: its coordinator's address
-    stays set after the shutdown JAX makes at exit, before this runs)."""
-    if "jax" not in sys.modules:
+    stays set after the shutdown JAX makes at exit, before this runs). One that only touched
+    JAX trained no model to speak of."""
+    if "keras" not in sys.modules:
         return
     distributed = sys.modules.get("jax._src.distributed")
     state = getattr(distributed, "global_state", None)
