@@ -928,6 +928,49 @@ def test_a_signal_to_one_process_stops_every_process_at_one_step(tmp_path: Path)
     )
 
 
+@pytest.mark.parametrize(
+    ("variables", "line"),
+    [
+        # An evaluator gave process id 1 of 1 process, which JAX refused only later.
+        (
+            {"TFCONFIG_SLURM_EVALUATOR": "1"},
+            "python: TFCONFIG_SLURM_EVALUATOR: lays out other tasks than trainers, and "
+            "keras_distribution() gives one JAX process a task, all of them training. HINT: "
+            "unset TFCONFIG_SLURM_EVALUATOR: keras_distribution() lays the step out as "
+            "--all_reduce does",
+        ),
+        (
+            {"TFCONFIG_SLURM_PS_PER_NODE": "two"},
+            "python: TFCONFIG_SLURM_PS_PER_NODE: is 'two', expected",
+        ),
+    ],
+)
+def test_keras_distribution_s_bad_settings_are_one_line(
+    tmp_path: Path, variables: dict[str, str], line: str
+) -> None:
+    """The helper's findings: each was a traceback in every task, or (the evaluator) values
+    keras.distribution.initialize then refused."""
+    called = subprocess.run(
+        [str(KERAS3_PYTHON), "-c", "import tfconfig_slurm; tfconfig_slurm.keras_distribution()"],
+        env={"PATH": os.environ["PATH"], **task_env(["localhost"], [2], 1), **variables},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert called.returncode == 2, called.stderr[-3000:]
+    assert called.stderr.count("\n") == 1 and called.stderr.startswith(line), called.stderr
+
+
+def test_the_cluster_resolver_without_tensorflow_is_one_line() -> None:
+    """The helper's finding: in the Keras 3 environment, a traceback ending in InstallError."""
+    called = subprocess.run(
+        [str(KERAS3_PYTHON), "-c", "import tfconfig_slurm; tfconfig_slurm.cluster_resolver()"],
+        env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert called.returncode == 2, called.stderr[-3000:]
+    assert called.stderr.count("\n") == 1 and called.stderr.startswith(
+        "python: tfconfig_slurm.cluster_resolver: needs TensorFlow"
+    ), called.stderr
+
+
 def test_with_tfconfig_keras3_runs_the_user_s_own_sitecustomize_once(tmp_path: Path) -> None:
     """The boot folder's sitecustomize, first on the command's PYTHONPATH, hides the user's:
     it runs it, once; and JAX's CPU backend, once JAX is imported, is the one with gloo on

@@ -1,16 +1,20 @@
-"""tfconfig-slurm: TensorFlow training on SLURM (Estimator on TensorFlow 2.15, tf-keras on 2.16+).
+"""tfconfig-slurm: TensorFlow and Keras training on SLURM (Estimator on TensorFlow 2.15, tf-keras
+on 2.16+, Keras 3 on JAX).
 
 `tfconfig_slurm.train_and_evaluate` is tf.estimator.train_and_evaluate as a task of a SLURM
 step (it imports TensorFlow when first used; it is left out of `import *`, which would end
 a process without Estimator); `input_shard()` says which share of the data a trainer reads.
 `tfconfig_slurm.cluster_resolver(...)` is this task's tf.distribute cluster resolver, for a
 strategy (it imports TensorFlow); `tfconfig_slurm.keras_distribution()` its Keras 3
-counterpart, the arguments of keras.distribution.initialize. `tfconfig_slurm.cluster` turns a
+counterpart, the arguments of keras.distribution.initialize, which ends its process in one line
+(exit 2) on a bad setting or a missing install, as both do without their install.
+`tfconfig_slurm.cluster` turns a
 SLURM task's environment into its TF_CONFIG without importing TensorFlow;
 `python -m tfconfig_slurm.tfconfig` prints or explains it.
 """
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 from tfconfig_slurm.cluster import ClusterLayout, LayoutPolicy, SlurmStep, StepShape, Task
 from tfconfig_slurm.cluster.role import Shard, input_shard
@@ -55,14 +59,32 @@ def __getattr__(name: str) -> Any:
     if name == "cluster_resolver":
         from tfconfig_slurm.process.user_code import versions  # noqa: PLC0415
 
-        versions.require_tensorflow("tfconfig_slurm.cluster_resolver")
+        _in_one_line(versions.require_tensorflow)("tfconfig_slurm.cluster_resolver")
         from tfconfig_slurm.backends.keras.resolver import cluster_resolver  # noqa: PLC0415
 
+        # Its bad settings raise, as layout.md shows them caught.
         return cluster_resolver
     if name == "keras_distribution":
         from tfconfig_slurm.backends.keras3.distribution import (  # noqa: PLC0415
             keras_distribution,
         )
 
-        return keras_distribution
+        return _in_one_line(keras_distribution)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _in_one_line(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function`, ending the process in one line and exit status 2 where it raises one of
+    this package's errors (a bad setting, a missing install), as train_and_evaluate and the
+    commands do: under srun, a traceback in every task hid the line that says what to fix."""
+
+    @functools.wraps(function)
+    def ended_in_one_line(*arguments: Any, **keywords: Any) -> Any:
+        from tfconfig_slurm.process import console  # noqa: PLC0415
+
+        try:
+            return function(*arguments, **keywords)
+        except TfconfigSlurmError as error:
+            console.fail(console.script_name(), error.one_line())
+
+    return ended_in_one_line

@@ -25,7 +25,9 @@ def script_name() -> str:
     """The name a user's script runs under, for its one-line errors."""
     # os.path rather than pathlib, whose import (with urllib and ipaddress) cost every
     # task's `tfconfig-slurm` 7 ms here.
-    return os.path.basename(sys.argv[0]) or "python"
+    name = os.path.basename(sys.argv[0])
+    # python -c gives "-c" for the script.
+    return name if name not in ("", "-c") else "python"
 
 
 def start_logging() -> None:

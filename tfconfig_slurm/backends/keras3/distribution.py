@@ -20,6 +20,8 @@ from collections.abc import MutableMapping
 from typing import NamedTuple
 
 from tfconfig_slurm.backends.keras3 import boot, gloo
+from tfconfig_slurm.cluster.layout import LayoutPolicy
+from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.supervision import network
 from tfconfig_slurm.process.task import place
 from tfconfig_slurm.process.user_code import versions
@@ -46,7 +48,9 @@ def keras_distribution(environ: MutableMapping[str, str] | None = None) -> Keras
         environ = os.environ
     # Read by Keras as it is first imported, which comes after this call.
     environ.setdefault("KERAS_BACKEND", "jax")
-    policy = dataclasses.replace(place.policy_from_environ(environ), all_reduce=True)
+    policy = place.policy_from_environ(environ)
+    _refuse_other_tasks(policy)
+    policy = dataclasses.replace(policy, all_reduce=True)
     where = place.find(environ, policy, _SOURCE)
     # No environment string carries the cluster, as with the tf.distribute resolver.
     where.set_in(environ, tf_config=False)
@@ -64,6 +68,27 @@ def keras_distribution(environ: MutableMapping[str, str] | None = None) -> Keras
         int(values["KERAS_DISTRIBUTION_NUM_PROCESSES"]),
         int(values["KERAS_DISTRIBUTION_PROCESS_ID"]),
     )
+
+
+def _refuse_other_tasks(policy: LayoutPolicy) -> None:
+    """Lays the step out as with-tfconfig --keras3 does, refusing a setting that adds other
+    tasks than the processes of one mesh (an evaluator's gave a process id beyond the
+    processes' count, which JAX refuses only once Keras is imported)."""
+    given = {
+        "--ps_per_node": policy.ps_per_node is not None,
+        "--roles": policy.roles is not None,
+        "--evaluator": policy.evaluator,
+        "--coordinator": policy.coordinator,
+    }
+    for flag, set_ in given.items():
+        if set_:
+            variable = place.POLICY_VARIABLES[flag]
+            raise UsageError(
+                variable,
+                "lays out other tasks than trainers, and keras_distribution() gives one JAX "
+                "process a task, all of them training",
+                f"unset {variable}: keras_distribution() lays the step out as --all_reduce does",
+            )
 
 
 def _free_port() -> int:
