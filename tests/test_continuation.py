@@ -4,6 +4,7 @@ on sbatch's command line asked for again, and a requeue already done not submitt
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 from pathlib import Path
@@ -333,3 +334,33 @@ def test_a_requeue_that_fails_where_slurm_may_requeue_submits_no_second_job(
     # No job submitted after it (an earlier test's may still be ending).
     assert [other for other in listed if int(other) > int(held_job)] == []
     assert continuation.read(tmp_path / "run") is None
+
+
+@pytest.mark.slurm
+def test_two_tasks_that_continue_a_job_at_once_submit_one_job(
+    slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#52: a job that may not requeue, ended by a node's failure with --requeue_on_sigterm:
+    the chief's requeue and the batch script both continue it, the second before the first
+    has said which job it submitted. One job is submitted, and both name it."""
+    held_job = held(slurm_cluster, tmp_path, ["--no-requeue", SCRIPT])
+    (tmp_path / "run").mkdir()
+    submitted: list[str] = []
+    try:
+        monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+        environ = {"SLURM_JOB_ID": held_job, **slurm_cluster.environ()}
+        job, record = read_slurm_job(environ), continuation.job_record(held_job)
+        assert isinstance(record, dict) and record["Requeue"] == "0", record
+        with concurrent.futures.ThreadPoolExecutor(2) as both:
+            submitted = list(
+                both.map(
+                    lambda _: continuation.submit(job, tmp_path / "run", environ, record), range(2)
+                )
+            )
+        listed = slurm_cluster.run(
+            ["squeue", "--noheader", "--format=%i", f"--partition={slurm_cluster.partition}"]
+        ).stdout.split()
+    finally:
+        slurm_cluster.run(["scancel", held_job, *submitted])
+    assert len(set(submitted)) == 1, submitted
+    assert [other for other in listed if int(other) > int(held_job)] == submitted[:1]

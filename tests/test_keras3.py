@@ -743,8 +743,32 @@ def test_a_sweep_of_a_keras3_experiment_is_checked_against_its_hparams(tmp_path:
             "from paced_keras3 import build_model, dataset\nlayout_map = {}\n",
             "defines layout_map, but not as a function. HINT: define layout_map(devices, params)",
         ),
+        # The newcomer's (#53): Keras's own error was 47 lines, then a traceback.
+        (
+            "build_model = paced_keras3.build_model\n"
+            "def dataset(mode, params):\n"
+            "    for x, y in paced_keras3.dataset(mode, params):\n"
+            "        yield {'features': x, 'label': y}\n",
+            "mine.dataset('train', params) yields batches of dict of 'features', 'label', not "
+            "(inputs, targets). HINT: return a generator of (inputs, targets) batches",
+        ),
+        (
+            "build_model = paced_keras3.build_model\n"
+            "def dataset(mode, params):\n"
+            "    import tensorflow_not_here as tf\n",
+            "mine.dataset('train', params) imports tensorflow_not_here, which this Python does "
+            "not have. HINT: yield numpy batches",
+        ),
     ],
-    ids=["uncompiled", "arrays", "finite", "layout-map-dict", "layout-map-no-function"],
+    ids=[
+        "uncompiled",
+        "arrays",
+        "finite",
+        "layout-map-dict",
+        "layout-map-no-function",
+        "dicts",
+        "tensorflow",
+    ],
 )
 def test_what_a_keras3_experiment_cannot_train_is_one_line(
     tmp_path: Path, source: str, said: str

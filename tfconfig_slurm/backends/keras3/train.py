@@ -54,6 +54,12 @@ from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.task.throughput import LossSinceLastLine, Rates, Throughput
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
+# What an experiment's dataset gives, in a refusal's hint.
+_BATCHES = (
+    "return a generator of (inputs, targets) batches of params['batch_size'] (endless for "
+    "'train'; a dict of arrays for a model of named inputs goes as inputs), a "
+    "keras.utils.PyDataset, or a tf.data.Dataset"
+)
 # JAX says at INFO, through Python's logging, which platforms it did not find (a TPU, a proxy).
 python_logging.getLogger("jax._src.xla_bridge").setLevel(python_logging.WARNING)
 # What fit and evaluate warn of the batches the runtime asks for as meant: a generator is not
@@ -339,14 +345,24 @@ def _check_same_weights(model: Any, role: ClusterRole | None) -> None:
 def _batches(experiment: KerasExperiment, mode: str, params: Mapping[str, Any]) -> Any:
     """The experiment's batches for `mode`, refused in one line unless fit can read them, or
     where the experiment refused its params (a ValueError as dataset is called)."""
+    called = f"{experiment.name}.dataset({mode!r}, params)"
     try:
         batches = experiment.dataset(mode, params)
     except ValueError as error:
         raise UsageError(
             "--experiment",
-            f"{experiment.name}.dataset({mode!r}, params) refused them: {error}",
+            f"{called} refused them: {error}",
             "change what it names (e.g. --batch_size), or its data",
         ) from None
+    except ModuleNotFoundError as error:
+        raise UsageError(
+            "--experiment",
+            f"{called} imports {error.name}, which this Python does not have",
+            "yield numpy batches (a generator) or a keras.utils.PyDataset, which Keras 3 on JAX "
+            f"reads without TensorFlow; or install {error.name} beside it",
+        ) from None
+    if hasattr(batches, "__next__"):
+        return _first_checked(batches, called)
     if isinstance(batches, (tuple, list, dict)) or not (
         hasattr(batches, "__next__")
         or isinstance(batches, keras.utils.PyDataset)
@@ -354,12 +370,33 @@ def _batches(experiment: KerasExperiment, mode: str, params: Mapping[str, Any]) 
     ):
         raise UsageError(
             "--experiment",
-            f"{experiment.name}.dataset({mode!r}, params) returned "
-            f"{type(batches).__name__!r}, not batches that fit reads one at a time",
-            "return a generator of (inputs, targets) batches of params['batch_size'] (endless "
-            "for 'train'), a keras.utils.PyDataset, or a tf.data.Dataset",
+            f"{called} returned {type(batches).__name__!r}, not batches that fit reads one at a "
+            "time",
+            _BATCHES,
         )
     return batches
+
+
+def _first_checked(batches: Iterator[Any], called: str) -> Iterator[Any]:
+    """`batches` whole, their first read here: refused in one line where it is not (inputs,
+    targets) or (inputs, targets, sample weights), which Keras says in 47 lines."""
+    first = next(batches, None)
+    if first is None:
+        raise UsageError("--experiment", f"{called} yields no batch", _BATCHES)
+    if not isinstance(first, tuple) or len(first) not in (2, 3):
+        keys = f" of {', '.join(map(repr, first))}" if isinstance(first, dict) else ""
+        shape = f"a tuple of {len(first)}" if isinstance(first, tuple) else type(first).__name__
+        raise UsageError(
+            "--experiment", f"{called} yields batches of {shape}{keys}, not (inputs, targets)",
+            _BATCHES,
+        )  # fmt: skip
+    return _after(first, batches)
+
+
+def _after(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    # A generator: Keras's adapters take no other iterator (an itertools.chain is refused).
+    yield first
+    yield from rest
 
 
 def _whole_parts(batches: Any, parts: int) -> Any:

@@ -20,6 +20,7 @@ No TensorFlow here.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
@@ -30,7 +31,7 @@ from pathlib import Path
 from absl import logging
 
 from tfconfig_slurm.cluster.step import CONTINUATION, SlurmJob
-from tfconfig_slurm.process import slurm_commands
+from tfconfig_slurm.process import polling, slurm_commands, timing
 from tfconfig_slurm.process.records import reports
 from tfconfig_slurm.process.records.run_dir import OUTPUT_ROOT_VARIABLE, RunDir
 
@@ -175,6 +176,16 @@ def submit(
     if problem:
         raise ContinuationError(problem)
     model_dir = model_dir.resolve()
+    try:
+        os.close(
+            os.open(
+                RunDir(model_dir).continuation_claim(job.name),
+                os.O_CREAT | os.O_EXCL | os.O_WRONLY,
+                0o666,
+            )
+        )
+    except FileExistsError:
+        return _submitted_by_another(model_dir, job)
     submitted = slurm_commands.run(
         [
             "sbatch",
@@ -195,6 +206,21 @@ def submit(
         {"job_id": new_job, "after": job.name, "time": time.time()},
     )
     return new_job
+
+
+def _submitted_by_another(model_dir: Path, job: SlurmJob) -> str:
+    """The job another task submitted to continue `job` (it claimed it first), once it says
+    which; ContinuationError where it says none in time."""
+    seconds = timing.SLURM_COMMAND_SECONDS * 2
+    continued = polling.poll(
+        lambda: read(model_dir), lambda said: said is not None and said.after == job.name, seconds
+    )
+    if continued is None or continued.after != job.name:
+        raise ContinuationError(
+            f"another task of job {job.name} claimed its continuation and named no job within "
+            f"{seconds:.0f} s"
+        )
+    return continued.job_id
 
 
 def read(model_dir: Path) -> Continued | None:

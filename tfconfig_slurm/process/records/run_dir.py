@@ -70,6 +70,11 @@ class RunDir:
         """The first failure of the attempt `run_id`."""
         return self.failures / f"{run_id}.json"
 
+    def continuation_claim(self, job: str) -> Path:
+        """Made by the one task that submits job `job`'s continuation: two may try at once
+        (the chief's requeue, the batch script after a node's failure)."""
+        return self.path / f".continuation-of-{job}"
+
     def export(self, name: str) -> Path:
         """Where the model is exported, one timestamped folder per export."""
         return self.path / "export" / name
