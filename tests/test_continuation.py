@@ -350,7 +350,7 @@ def test_two_tasks_that_continue_a_job_at_once_submit_one_job(
         monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
         environ = {"SLURM_JOB_ID": held_job, **slurm_cluster.environ()}
         job, record = read_slurm_job(environ), continuation.job_record(held_job)
-        assert isinstance(record, dict) and record["Requeue"] == "0", record
+        assert job is not None and isinstance(record, dict) and record["Requeue"] == "0", record
         with concurrent.futures.ThreadPoolExecutor(2) as both:
             submitted = list(
                 both.map(
