@@ -14,8 +14,9 @@ import pytest
 from tests.cli import REPOSITORY, wait_until
 from tests.slurm_cluster import SlurmCluster
 from tfconfig_slurm import errors
+from tfconfig_slurm.cluster.allocation import Allocation
 from tfconfig_slurm.cluster.step import CONTINUATION, read_slurm_job
-from tfconfig_slurm.process.job import continuation, preemption
+from tfconfig_slurm.process.job import continuation, lost_nodes, preemption
 
 # A running job of the test cluster, from `scontrol show job` (its script's path made
 # @REPOSITORY@'s): `sbatch --nodelist='node[2-3]' --nodes=2 --ntasks-per-node=2 --gres=gpu:1
@@ -364,3 +365,31 @@ def test_two_tasks_that_continue_a_job_at_once_submit_one_job(
         slurm_cluster.run(["scancel", held_job, *submitted])
     assert len(set(submitted)) == 1, submitted
     assert [other for other in listed if int(other) > int(held_job)] == submitted[:1]
+
+
+@pytest.mark.slurm
+def test_a_node_the_job_no_longer_lists_but_slurm_says_is_up_did_not_fail(
+    slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#53: a job that ends (a requeue's, a time limit's) lists fewer nodes as each one
+    completes, and the batch script said `node2 failed, and Slurm ends job 7 and requeues it`
+    of a node that had only released it, every node idle. A node is said to have failed only
+    where Slurm says it is down."""
+    script = tmp_path / "sleeps.sbatch"
+    script.write_text("#!/bin/bash\nsleep 120\n")
+    submitted = slurm_cluster.run(["sbatch", "--parsable", "--nodes=1", str(script)], cwd=tmp_path)
+    job = submitted.stdout.strip()
+    try:
+        assert wait_until(lambda: slurm_cluster.job(job)["JobState"] == "RUNNING", 30.0)
+        node = slurm_cluster.job(job)["NodeList"]
+        # As the job held two nodes, the other one released already.
+        other = next(each for each in slurm_cluster.nodes if each != node)
+        monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+        environ = {"SLURM_JOB_ID": job, **slurm_cluster.environ()}
+        slurm_job = read_slurm_job(environ)
+        assert slurm_job is not None
+        held = Allocation((node, other), (1, 1), (1, 1))
+        said = lost_nodes.after_node_failure(tmp_path, slurm_job, held, environ, 2)
+    finally:
+        slurm_cluster.run(["scancel", job])
+    assert said == ""
