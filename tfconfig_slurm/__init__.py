@@ -6,10 +6,11 @@ step (it imports TensorFlow when first used; it is left out of `import *`, which
 a process without Estimator); `input_shard()` says which share of the data a trainer reads.
 `tfconfig_slurm.cluster_resolver(...)` is this task's tf.distribute cluster resolver, for a
 strategy (it imports TensorFlow); `tfconfig_slurm.keras_distribution()` its Keras 3
-counterpart, the arguments of keras.distribution.initialize, which ends its process in one line
-(exit 2) on a bad setting or a missing install, as both do without their install.
-`tfconfig_slurm.cluster` turns a
-SLURM task's environment into its TF_CONFIG without importing TensorFlow;
+counterpart, the arguments of keras.distribution.initialize. keras_distribution() ends its
+process in one line (exit 2) on a bad setting or a missing install; cluster_resolver does where
+TensorFlow is missing, and raises TfconfigSlurmError on a bad setting, for the script to catch.
+`tfconfig_slurm.cluster` turns a SLURM task's environment into its TF_CONFIG without importing
+TensorFlow;
 `python -m tfconfig_slurm.tfconfig` prints or explains it.
 """
 

@@ -45,16 +45,20 @@ def gone(held: Sequence[str], now: Sequence[str] | None) -> tuple[str, ...]:
 
 def down(nodes: Sequence[str]) -> tuple[str, ...]:
     """Those of `nodes` that Slurm says failed: down, failed, or not responding (a state
-    marked `*`); not one it cannot say of."""
-    return tuple(node for node in nodes if _down(node))
-
-
-def _down(node: str) -> bool:
-    shown = slurm_commands.run(["scontrol", "show", "node", node])
+    marked `*`); not one it cannot say of. One scontrol call for them all."""
+    if not nodes:
+        return ()
+    shown = slurm_commands.run(["scontrol", "show", "node", collect_hostlist(list(nodes))])
     if shown is None or shown.returncode != 0:
-        return False
-    state = continuation.parse_record(shown.stdout).get("State", "")
-    return any(word in state for word in ("DOWN", "FAIL", "NOT_RESPONDING", "*"))
+        return ()
+    # One record a node, a blank line between them.
+    records = map(continuation.parse_record, re.split(r"\n\s*\n", shown.stdout.strip()))
+    failed = {
+        record.get("NodeName")
+        for record in records
+        if any(word in record.get("State", "") for word in ("DOWN", "FAIL", "NOT_RESPONDING", "*"))
+    }
+    return tuple(node for node in nodes if node in failed)
 
 
 # srun's options that size a step by its nodes or tasks, which the nodes left cannot keep
