@@ -606,7 +606,8 @@ def test_keras_distribution_gives_keras_the_task_s_place_as_with_tfconfig_keras3
         env={"PATH": os.environ["PATH"], **environ},
         capture_output=True, text=True, timeout=60, check=False, cwd=REPOSITORY,
     )  # fmt: skip
-    assert late.returncode == 1
+    # One line and exit 2, as every bad use of the call ends.
+    assert late.returncode == 2 and late.stderr.count("\n") == 1, late.stderr[-3000:]
     assert (
         late.stderr.strip()
         .splitlines()[-1]
