@@ -15,8 +15,10 @@ from pathlib import Path
 
 def write_atomically(path: Path, text: str) -> None:
     """Writes `text` into `path` so that no reader, and no crash, sees half of it."""
-    partial = partial_name(path)
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    partial = _partial_name(path)
+    # The name is this thread's alone; one a crashed process left (its pid and thread id
+    # can come again, in a container) is written over.
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     try:
         with os.fdopen(descriptor, "w") as stream:
             stream.write(text)
@@ -28,7 +30,7 @@ def write_atomically(path: Path, text: str) -> None:
             partial.unlink()
 
 
-def partial_name(path: Path) -> Path:
+def _partial_name(path: Path) -> Path:
     """A name beside `path` that is this process's and thread's alone, for a file written
     there before it is renamed into place (a hidden name: the runs table lists no such file)."""
     return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
@@ -37,11 +39,15 @@ def partial_name(path: Path) -> Path:
 def replace_durably(written: Path, path: Path) -> None:
     """Flushes the file `written` to the disk and renames it to `path`, the rename flushed
     too (a rename alone may reach the disk before the file's data)."""
-    with open(written, "rb+") as stream:
-        os.fsync(stream.fileno())
+    _fsync(written)
     os.replace(written, path)
-    directory = os.open(path.parent, os.O_RDONLY)
+    _fsync(path.parent)
+
+
+def _fsync(path: Path) -> None:
+    # Linux flushes a file, or a folder's entries, through a descriptor opened to read.
+    descriptor = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(directory)
+        os.fsync(descriptor)
     finally:
-        os.close(directory)
+        os.close(descriptor)
