@@ -364,8 +364,7 @@ def _batches(experiment: KerasExperiment, mode: str, params: Mapping[str, Any]) 
     if hasattr(batches, "__next__"):
         return _first_checked(batches, called)
     if isinstance(batches, (tuple, list, dict)) or not (
-        hasattr(batches, "__next__")
-        or isinstance(batches, keras.utils.PyDataset)
+        isinstance(batches, keras.utils.PyDataset)
         or type(batches).__module__.startswith("tensorflow")
     ):
         raise UsageError(
