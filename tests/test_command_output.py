@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 
 import pytest
 
@@ -38,10 +39,10 @@ class Sink:
         return self._got
 
 
-def relayed(*chunks: bytes) -> tuple[Relay, Sink, int]:
+def relayed(*chunks: bytes, aside: Path | None = None) -> tuple[Relay, Sink, int]:
     reader, writer = os.pipe()
     sink = Sink()
-    relay = Relay(reader, sink.fd)
+    relay = Relay(reader, sink.fd, aside)
     for chunk in chunks:
         os.write(writer, chunk)
     return relay, sink, writer
@@ -112,3 +113,50 @@ def test_a_filtered_traceback_through_keras_3_is_keras_3() -> None:
     """TensorFlow 2.16+'s keras is Keras 3: its one frame left is enough."""
     assert versions.installed().keras.startswith("3.")  # type: ignore[union-attr]
     assert said_keras_3_of_a_filtered_traceback()
+
+
+# A --keras3 worker's stderr as JAX ended it when a peer was killed (a test cluster's task log).
+JAX_ABORT = (
+    b"process 1: batch 5 done\n"
+    b"E1128 19:46:21.095583     585 coordination_service_agent.cc:288] Polled an error from "
+    b"coordination service (this can be an error from this or another task).\n"
+    b"F1128 19:46:21.095632     585 client.h:86] Terminating process because the JAX "
+    b"distributed service detected fatal errors. This most likely indicates that another task "
+    b"died; see the other task logs for more details.\n"
+    b"Additional GRPC error information from remote target coordination_service while calling "
+    b"/xla.coordination.CoordinationService/PollForError:\n"
+    b":UNAVAILABLE:Stream removed (Socket closed)\n"
+    b"=== Source Location Trace: ===\n"
+    b"external/xla+/xla/pjrt/distributed/coordination/coordination_service_error_util.cc:64\n"
+    b"\n"
+    b"process 1: batch 6 done\n"
+    b"*** Check failure stack trace: ***\n"
+    b"    @     0x7f16730f81b4  absl::lts_20260526::log_internal::LogMessage::SendToLog()\n"
+    b"    @     0x7f16832a71f5  (unknown)\n"
+)
+
+
+def test_jax_s_fatal_end_goes_aside_in_one_line_where_a_file_is_given(tmp_path: Path) -> None:
+    aside = tmp_path / "logs" / "worker-0-native.log"
+    # Split inside the FATAL line: its first part is not passed on before it is known.
+    cut = JAX_ABORT.index(b"client.h")
+    relay, sink, writer = relayed(JAX_ABORT[:cut], aside=aside)
+    assert wait_until(lambda: b"Polled an error" in sink.getvalue(), 5.0)
+    os.write(writer, JAX_ABORT[cut:])
+    os.close(writer)
+    relay.finish()
+    fatal = JAX_ABORT.index(b"F1128")
+    assert sink.getvalue() == JAX_ABORT[:fatal] + (
+        b"F1128 19:46:21.095632     585 client.h:86] Terminating process because the JAX "
+        b"distributed service detected fatal errors (the rest, and its native stack trace: "
+        + os.fsencode(aside) + b")\n"
+    )
+    assert aside.read_bytes() == JAX_ABORT[fatal:]
+    assert relay.why_it_failed() == (
+        "Terminating process because the JAX distributed service detected fatal errors"
+    )
+    # Without a file, every line is passed on.
+    whole, sink, writer = relayed(JAX_ABORT)
+    os.close(writer)
+    whole.finish()
+    assert sink.getvalue() == JAX_ABORT

@@ -544,9 +544,11 @@ def test_an_unchanged_keras3_script_on_two_nodes_is_told_its_processes_trained_a
 def test_a_killed_process_of_a_keras3_script_ends_its_step_named(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    (tmp_path / "logs").mkdir()
+    # The task logs, apart from the run's logs folder, where JAX's ends go.
+    logs = tmp_path / "task-logs"
+    logs.mkdir()
     step = subprocess.Popen(
-        ["srun", "--nodes=2", "--ntasks-per-node=2", f"--output={tmp_path}/logs/%t.log",
+        ["srun", "--nodes=2", "--ntasks-per-node=2", f"--output={logs}/%t.log",
          str(WITH_TFCONFIG), "--keras3", "--model_dir", str(tmp_path), str(KERAS3_PYTHON),
          str(GUIDE)],
         env=slurm_cluster.environ(
@@ -554,7 +556,6 @@ def test_a_killed_process_of_a_keras3_script_ends_its_step_named(
         ),
         cwd=REPOSITORY, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    logs = tmp_path / "logs"
     try:
         assert wait_until(
             lambda: len(re.findall(r"batch \d+ done", read_logs(logs))) >= 20, START_SECONDS
@@ -569,6 +570,11 @@ def test_a_killed_process_of_a_keras3_script_ends_its_step_named(
     assert first["line"].startswith(f"worker 2 on {slurm_cluster.nodes[1]}"), first
     # The others' tracebacks, where they print one, run through Keras 3: no mistake here.
     assert "build the model with tf-keras" not in read_logs(logs)
+    # JAX's abort of a survivor is one line there, its native trace in the run's logs folder.
+    assert "Check failure stack trace" not in read_logs(logs)
+    for named in re.findall(r"native stack trace: (\S+)\)", read_logs(logs)):
+        assert Path(named).parent == tmp_path / "logs"
+        assert "Check failure stack trace" in Path(named).read_text()
     assert slurm_cluster.left_behind() == {}
 
 

@@ -37,6 +37,7 @@ from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.records import claim, failure, history, model_dir
 from tfconfig_slurm.process.records.owner import RunOwner, owns_run
+from tfconfig_slurm.process.records.run_dir import RunDir
 from tfconfig_slurm.process.supervision import answering, network, supervise
 from tfconfig_slurm.process.task import place
 from tfconfig_slurm.process.user_code import versions
@@ -141,7 +142,9 @@ def main(argv: Sequence[str]) -> int:
         command[0],
     )
     with _jax_notes(role, environment) as notes:
-        group = supervise.command_group()
+        group = supervise.command_group(
+            RunDir(model_dir_flag.made()).native_end(role.task_id) if MODEL_DIR.value else None
+        )
         try:
             group.start(command, environment, program=program)
         except OSError as error:

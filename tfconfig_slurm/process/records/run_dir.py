@@ -66,6 +66,11 @@ class RunDir:
     def trainer_report(self, task: TaskId) -> Path:
         return self.trainer_reports / f"{task.role}-{task.index}.json"
 
+    def native_end(self, task: TaskId) -> Path:
+        """Where with-tfconfig puts a task command's fatal end in a native library (JAX's abort
+        when a peer died): the lines from its FATAL line on, said in one line in its output."""
+        return self.logs / f"{task.role}-{task.index}-native.log"
+
     def failure(self, run_id: str) -> Path:
         """The first failure of the attempt `run_id`."""
         return self.failures / f"{run_id}.json"

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Callable
 
@@ -38,10 +39,13 @@ class Group:
     """Children started together. Each in a session of its own (`own_sessions`) is signalled
     as a whole, with whatever it started; otherwise only the child itself is."""
 
-    def __init__(self, *, own_sessions: bool, relay_stderr: bool = False) -> None:
+    def __init__(
+        self, *, own_sessions: bool, relay_stderr: bool = False, aside: Path | None = None
+    ) -> None:
         self._own_sessions = own_sessions
-        # Whether each child's stderr passes through a Relay, which reads why it failed.
-        self._relay_stderr = relay_stderr
+        # Whether each child's stderr passes through a Relay, which reads why it failed, and
+        # where that puts a native library's fatal end (command_output.Relay).
+        self._relay_stderr, self._aside = relay_stderr, aside
         self.started: list[Child] = []
         self._relays: dict[int, Relay] = {}
         # How each was started, for start_again.
@@ -72,7 +76,7 @@ class Group:
         )
         if relayed:
             assert child.stderr is not None
-            self._relays[child.pid] = Relay(child.stderr.fileno(), sys.stderr.fileno())
+            self._relays[child.pid] = Relay(child.stderr.fileno(), sys.stderr.fileno(), self._aside)
         self.started.append(child)
         self._how[child.pid] = (command, environ, program, capture)
         return child

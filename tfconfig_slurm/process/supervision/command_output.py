@@ -1,6 +1,7 @@
 """A supervised command's stderr, passed on as it comes and read on the way: the line that says
 why it failed (the exception line of its last Python traceback, else its last line), and
-whether that traceback ran through Keras 3, which the tf-keras layouts cannot train. No
+whether that traceback ran through Keras 3, which the tf-keras layouts cannot train. A native
+library's fatal end (JAX's, when a peer died) can go to a file of its own, one line said. No
 TensorFlow here.
 """
 
@@ -10,6 +11,7 @@ import functools
 import os
 import re
 import threading
+from pathlib import Path
 
 from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.user_code import versions
@@ -28,6 +30,10 @@ _CHUNK = 1 << 16
 _WHY_CHARS = 300
 # A line of TensorFlow's C++ log (or absl's): not a message's next line.
 _LOG_LINE = re.compile(r"[IWEF]\d{4} ")
+# absl's FATAL line, after which the process aborts: JAX's own when a peer died ("Terminating
+# process because the JAX distributed service detected fatal errors"), followed by a native
+# stack trace and gRPC's account, about 20 lines a process that say nothing of the peer.
+_FATAL = re.compile(rb"F\d{4} [^\]]*\] ")
 
 
 class Relay:
@@ -37,9 +43,15 @@ class Relay:
     in a buffered read holds that file's lock, and an interpreter shutting down beside it
     aborts (`Fatal Python error: _enter_buffered_busy`, seen once in CI)."""
 
-    def __init__(self, source: int, sink: int) -> None:
+    def __init__(self, source: int, sink: int, aside: Path | None = None) -> None:
         self._source, self._sink = source, sink
+        # Where a fatal end's lines go, from absl's FATAL line on; None: on to `sink`.
+        self._aside = aside
+        self._aborting = False
         self._partial = b""
+        # How much of `_partial` is passed on already: a line without its newline yet (a
+        # progress bar's) is not held back, but one that may be a FATAL line is.
+        self._shown = 0
         self._in_traceback = False
         self._last_line = ""
         self._exception = ""
@@ -65,14 +77,40 @@ class Relay:
 
     def _copy(self) -> None:
         while chunk := _next_chunk(self._source):
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(self._sink, view) :]
             *lines, self._partial = (self._partial + chunk).split(b"\n")
             for line in lines:
+                self._pass_on(line + b"\n")
+                self._shown = 0
                 self._read(line.decode(errors="replace").rstrip("\r"))
+            if self._aside is None or not self._partial.startswith(b"F"):
+                self._pass_on(self._partial)
+                self._shown = len(self._partial)
         if self._partial:
+            self._pass_on(self._partial)
             self._read(self._partial.decode(errors="replace"))
+
+    def _pass_on(self, data: bytes) -> None:
+        """Writes what of `data`, the current line, is not passed on yet: to the sink, or from
+        a FATAL line on, to the file aside, with that line's first sentence to the sink."""
+        if self._aside is not None and not self._aborting and _FATAL.match(data):
+            self._aborting = True
+            head, _, message = data.partition(b"] ")
+            first = message.split(b". ")[0].rstrip(b"\n .")
+            self._last_line = first.decode(errors="replace")
+            _write(self._sink, b"%s] %s (the rest, and its native stack trace: %s)\n" % (
+                head, first, os.fsencode(self._aside)
+            ))  # fmt: skip
+        if self._aborting:
+            assert self._aside is not None
+            try:
+                self._aside.parent.mkdir(parents=True, exist_ok=True)
+                # Appended: a command started again (a worker's restart) keeps the first's.
+                with self._aside.open("ab") as aside:
+                    aside.write(data[self._shown :])
+                return
+            except OSError:
+                pass  # a file that cannot be written: the lines go on to the sink instead
+        _write(self._sink, data[self._shown :])
 
     def _read(self, line: str) -> None:
         if line.startswith(_TRACEBACK):
@@ -90,8 +128,14 @@ class Relay:
             self._message_goes_on = len(self._exception) < _WHY_CHARS
         else:
             self._message_goes_on = False
-        if line.strip():
+        if line.strip() and not self._aborting:
             self._last_line = line.strip()
+
+
+def _write(sink: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(sink, view) :]
 
 
 def _next_chunk(source: int) -> bytes:

@@ -38,6 +38,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Callable, NamedTuple, NoReturn, cast
 
 from absl import logging
@@ -60,11 +61,11 @@ FORWARDED = children.STOPPING + children.PASSED_ON
 WORKER_RESTARTS = 3
 
 
-def command_group() -> children.Group:
+def command_group(aside: Path | None = None) -> children.Group:
     """The group for the one command: it shares the supervisor's process group, as srun and a
     shell expect of a task's processes, and its stderr passes through the supervisor, which
-    reads why it failed there."""
-    return children.Group(own_sessions=False, relay_stderr=True)
+    reads why it failed there, and puts a native library's fatal end `aside` where given."""
+    return children.Group(own_sessions=False, relay_stderr=True, aside=aside)
 
 
 def supervise(
