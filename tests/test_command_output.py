@@ -149,7 +149,8 @@ def test_jax_s_fatal_end_goes_aside_in_one_line_where_a_file_is_given(tmp_path: 
     assert sink.getvalue() == JAX_ABORT[:fatal] + (
         b"F1128 19:46:21.095632     585 client.h:86] Terminating process because the JAX "
         b"distributed service detected fatal errors (the rest, and its native stack trace: "
-        + os.fsencode(aside) + b")\n"
+        + os.fsencode(aside)
+        + b")\n"
     )
     assert aside.read_bytes() == JAX_ABORT[fatal:]
     assert relay.why_it_failed() == (

@@ -481,6 +481,54 @@ def test_a_killed_keras3_process_restarts_the_step_in_its_job_from_the_checkpoin
     assert checkpoint_step(tmp_path / "restarted") == 120
 
 
+@pytest.mark.slurm
+@pytest.mark.parametrize("once", [True, False], ids=["once", "every-time"])
+def test_a_keras3_process_whose_data_hangs_is_named_and_the_step_restarted(
+    slurm_cluster: SlurmCluster, tmp_path: Path, once: bool
+) -> None:
+    """#55: the worker's data blocks for ever before global step 50's batch, while the chief
+    waits for it in a collective. Within --hang_timeout and the peers' accounts, the worker is
+    named as the run's first failure, waiting in its own code, its stack in its log; the step
+    starts again from the checkpoint of step 40 and the job completes. Where it hangs there
+    every time, the second hang at the same step ends the job, named."""
+    hang_once = {"PACED_KERAS_HANG_ONCE": str(tmp_path / "hung")} if once else {}
+    job = submit(
+        slurm_cluster, tmp_path, "hangs", f"--experiment={PACED_KERAS3}",
+        "--train_steps=80", "--save_checkpoints_steps=20", "--hang_timeout=8",
+        sbatch_options=("--ntasks-per-node=1",),
+        environ={"TFCONFIG_SLURM_PYTHON": str(KERAS3_PYTHON), "PACED_KERAS_HANG_AT": "50",
+                 **hang_once},
+    )  # fmt: skip
+    try:
+        ended = finish(slurm_cluster, job)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    output = (tmp_path / f"train-{ended['JobId']}.out").read_text()
+    logs = read_logs(tmp_path / "hangs" / "logs")
+    named = re.search(
+        r"first to fail: worker 0 on node\d: hung at global step 50: no step for (\d+) s, "
+        r"waiting in its own code \(paced_keras3.py:\d+ in _hang\)",
+        output,
+    )
+    assert named is not None, output
+    assert 8 <= int(named[1]) <= 12
+    assert "Thread MainThread (most recent call last):" in logs
+    assert re.search(r"paced_keras3.py\", line \d+, in _hang\n +time.sleep\(3600\)", logs)
+    assert re.search(
+        rf"starting the step again in job {ended['JobId']} \(restart 1 of at most 2\), from "
+        r"the checkpoint of step 40: worker 0 hung at global step 50",
+        output,
+    )
+    if once:
+        completed_in_its_job(ended, tmp_path)
+        assert checkpoint_step(tmp_path / "hangs") == 80
+    else:
+        assert ended["JobState"] == "FAILED", ended
+        assert "not starting the step again: worker 0 hung at global step 50 again" in output
+    assert slurm_cluster.left_behind() == {}
+
+
 WITH_TFCONFIG = REPOSITORY / "launch" / "with-tfconfig"
 # A user's Keras 3 script, as Keras's distribution guide writes one.
 GUIDE = REPOSITORY / "tests" / "fixtures" / "keras3_guide.py"

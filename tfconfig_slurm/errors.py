@@ -15,6 +15,9 @@ EXIT_PEER_LOST = 3
 # Stopped on a signal that asks for a requeue, with a checkpoint, but the job could not
 # requeue (not a batch job, --no-requeue, or --max_requeues reached).
 EXIT_NOT_REQUEUED = 4
+# A trainer made no step for its bound (process/task/hang_watch.py): the one hung was named,
+# every thread's stack logged, and each hung task ended, for the step to start again.
+EXIT_HUNG = 5
 
 
 class TfconfigSlurmError(Exception):

@@ -54,7 +54,7 @@ from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import failure, history, model_dir, refusal
 from tfconfig_slurm.process.supervision import local_cluster, supervise
-from tfconfig_slurm.process.task import lifecycle, place
+from tfconfig_slurm.process.task import hang_watch, lifecycle, place
 from tfconfig_slurm.process.user_code import experiment as experiment_lib
 from tfconfig_slurm.process.user_code import hparams as hparams_lib
 
@@ -192,6 +192,7 @@ def _start(
         ),
         environ=os.environ,
         job=job,
+        hang_seconds=hang_watch.seconds_from(runtime_flags.HANG_TIMEOUT.value, os.environ),
     )
     if policy.coordinator:
         return _coordinated(task, hparams)

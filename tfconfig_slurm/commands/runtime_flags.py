@@ -160,6 +160,17 @@ TIME_LIMIT_MARGIN = flags.DEFINE_float(
     "chief's longest checkpoint write. 0: stop only on signals.",
     lower_bound=0.0,
 )
+HANG_TIMEOUT = flags.DEFINE_float(
+    "hang_timeout",
+    None,
+    "Seconds a trainer may make no step before it is hung: every thread's Python stack goes "
+    "into its log, the hung one (the one waiting in its own code, not in a collective) is "
+    "named as the run's failure, and the step ends, to start again in the job from the "
+    "latest checkpoint (--max_restarts); the same step hung again ends the job. At least 10 "
+    "times the slowest step seen, and three times the bound for the first step. Default: "
+    "$TFCONFIG_SLURM_HANG_TIMEOUT, else 300. 0: never.",
+    lower_bound=0.0,
+)
 MAX_REQUEUES = flags.DEFINE_integer(
     "max_requeues",
     3,

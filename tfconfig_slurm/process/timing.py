@@ -74,6 +74,14 @@ OWN_FAILURE_SECONDS = 2.0
 # directory, for the few seconds a stop takes.
 FAILURE_POLL_SECONDS = 0.25
 
+# --- A trainer that makes no step (process/task/hang_watch.py) ---
+
+# How often the watch looks at the time since the last step.
+HANG_CHECK_SECONDS = 1.0
+# How long a hung task waits for its hung peers' accounts before it names one: every peer of
+# a trainer stuck before a collective stops within a few steps of it.
+HANG_ACCOUNTS_SECONDS = 20.0
+
 # --- The run's lock (process/records/claim.py) ---
 
 # The holder renews its lock this often while it trains...

@@ -27,7 +27,7 @@ from tfconfig_slurm.process import console, exits
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import claim, model_dir
 from tfconfig_slurm.process.supervision import local_cluster
-from tfconfig_slurm.process.task import lifecycle, place
+from tfconfig_slurm.process.task import hang_watch, lifecycle, place
 
 LOCAL_CLUSTER = "TFCONFIG_SLURM_LOCAL_CLUSTER"
 _NAMING = claim.Naming(
@@ -175,6 +175,7 @@ def _run(
         stop_policy=_STOP_POLICY,
         environ=os.environ,
         job=job,
+        hang_seconds=hang_watch.seconds_from(None, os.environ),
     )
     result: trainer.Result | None = lifecycle.run(
         task,

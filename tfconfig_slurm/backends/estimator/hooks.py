@@ -15,6 +15,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfconfig_slurm.process.job.preemption import StopRequest
+from tfconfig_slurm.process.task import hang_watch
 from tfconfig_slurm.process.task.throughput import Rates, Throughput
 
 # Ops that hand a step its input, as Estimator's input functions build them.
@@ -47,18 +48,23 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
         self._meter = Throughput(self._every_steps, counts_examples=batch is not None)
         self._writer = tf.compat.v1.summary.FileWriterCache.get(self._summary_dir)
 
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        hang_watch.began(int(session.run(self._fetches["step"])))
+
     def before_run(self, run_context: Any) -> tf.compat.v1.train.SessionRunArgs:
         return tf.compat.v1.train.SessionRunArgs(self._fetches)
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
         results = run_values.results
         step = int(results["step"])
+        hang_watch.stepped(step)
         loss = float(results["loss"]) if "loss" in results else None
         rates = self._meter.step(step, int(results.get("examples", 0)), loss)
         if rates is not None:
             self._record(rates, step)
 
     def end(self, session: Any) -> None:
+        hang_watch.paused()
         mean = self._meter.end()
         if mean is not None and self._meter.global_step is not None:
             self._record(mean, self._meter.global_step)

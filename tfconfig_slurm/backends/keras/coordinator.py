@@ -46,7 +46,7 @@ from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import reports
-from tfconfig_slurm.process.task import cadence
+from tfconfig_slurm.process.task import cadence, hang_watch
 from tfconfig_slurm.process.task.lifecycle import Ending
 from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.task.throughput import Throughput, epoch_steps
@@ -79,6 +79,7 @@ class CoordinatorBackend(TrainingBackendBase):
 
         def finish() -> Any:
             """Saves, evaluates and reports the run (or its stop), and ends it."""
+            hang_watch.paused()
             epochs.meter.end()
             stopped_on = epochs.stopped_on if epochs.step < settings.train_steps else None
             coordinator.saver.save(epochs.step)
@@ -96,13 +97,14 @@ class CoordinatorBackend(TrainingBackendBase):
         )
         # Whole epochs of --log_every_steps, then one of what is left; the last fit ends the
         # run from inside (_Epochs.on_train_end).
+        hang_watch.began(epochs.step)
         for count, steps in ((left // every, every), (1, left % every)):
             if count and steps and not epochs.stopped_on:
                 coordinator.model.fit(
                     batches,
                     epochs=count,
                     steps_per_epoch=steps,
-                    callbacks=[_InFlight(self._cluster_role.workers, self._stop), epochs],
+                    callbacks=[_InFlight(self._cluster_role.workers, self._stop, epochs), epochs],
                     verbose=0,
                 )
         return epochs.result
@@ -238,8 +240,10 @@ class _InFlight(keras.callbacks.Callback):  # type: ignore[misc]
     # Steps a worker may have scheduled and not done: one running, one ready behind it.
     STEPS_A_WORKER = 2
 
-    def __init__(self, workers: int, stop: preemption.StopRequest) -> None:
+    def __init__(self, workers: int, stop: preemption.StopRequest, epochs: _Epochs) -> None:
         super().__init__()
+        # Whose global step, at the last epoch's end, the steps scheduled since add to.
+        self._epochs = epochs
         # Its batch hooks take the steps' RemoteValues, which fit then hands it as they are
         # (the strategy refuses a batch hook that would have them made numbers).
         self._supports_tf_logs = True
@@ -251,6 +255,7 @@ class _InFlight(keras.callbacks.Callback):  # type: ignore[misc]
         self._scheduled.append(logs)
         while len(self._scheduled) > self._most:
             self._scheduled.popleft().fetch()
+        hang_watch.stepped(self._epochs.step + batch + 1)
         if self._stop.requested:
             self.model.stop_training = True
 

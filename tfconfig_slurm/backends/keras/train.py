@@ -43,7 +43,7 @@ from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import model_dir, reports
 from tfconfig_slurm.process.records.owner import owns_run
 from tfconfig_slurm.process.supervision import watchdog
-from tfconfig_slurm.process.task import cadence
+from tfconfig_slurm.process.task import cadence, hang_watch
 from tfconfig_slurm.process.task.lifecycle import Ending
 from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.task.throughput import LossSinceLastLine, Rates, Throughput
@@ -99,6 +99,7 @@ class KerasBackend(TrainingBackendBase):
 
         def finish() -> Any:
             """Saves, evaluates and reports the run (or its stop), and ends it."""
+            hang_watch.paused()
             # A stop agreed on at the last step is no stop: the run is done.
             stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
             # Decided before the evaluation, whose collectives no trainer passes before every
@@ -129,6 +130,7 @@ class KerasBackend(TrainingBackendBase):
             if settings.train_steps <= progress.step:
                 return finish()
             inside = _FinishInside(finish)
+            hang_watch.began(progress.step)
             trainer.model.fit(
                 _train_batches(trainer.strategy, self._experiment, settings.params, role),
                 epochs=1,
@@ -288,6 +290,7 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         # The one epoch's batch: right also when fit runs several steps a call.
         before, self.step = self.step, self._start + batch + 1
+        hang_watch.stepped(self.step)
         steps = self.step - before
         loss = None
         if self._meter.due(self.step):

@@ -48,7 +48,7 @@ from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import history, model_dir, reports
 from tfconfig_slurm.process.records.owner import owns_run
 from tfconfig_slurm.process.supervision import answering, watchdog
-from tfconfig_slurm.process.task import cadence
+from tfconfig_slurm.process.task import cadence, hang_watch
 from tfconfig_slurm.process.task.lifecycle import Ending, Hparam, TaskRun
 from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.task.throughput import LossSinceLastLine, Rates, Throughput
@@ -132,6 +132,7 @@ class Keras3Backend:
             if progress.step < settings.train_steps:
                 # From where the run is: an experiment's data goes on there (the docs).
                 train = {**process.params, "global_step": resumed_at}
+                hang_watch.began(progress.step)
                 process.model.fit(
                     _batches(self._experiment, "train", train),
                     epochs=1,
@@ -140,6 +141,7 @@ class Keras3Backend:
                     verbose=0,
                 )
         finally:
+            hang_watch.paused()
             progress.lines.close()
         if progress.stopped_on is None and progress.step < settings.train_steps:
             raise UsageError(
@@ -555,6 +557,7 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         # The one epoch's batch: right also when fit runs several steps a call.
         before, self.step = self.step, self._start + batch + 1
+        hang_watch.stepped(self.step)
         self.lines.step(before, self.step, batch + 1, logs)
         stopped_on, due = self._agreed(before)
         if stopped_on or due or self._cadence.by_steps(before, self.step):

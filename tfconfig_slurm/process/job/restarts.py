@@ -181,6 +181,7 @@ def decision(
     else:
         trained = done == 0 or _trained(model_dir, step)
         judged = verdict(step.first, step.srun_said, trained=trained)
+        judged = _not_hung_again(model_dir, job, step.first, judged)
     if not judged.again:
         return f"{who}: not starting the step again: {judged.why}", None
     if done >= most:
@@ -202,6 +203,28 @@ def decision(
     ), judged.why
 
 
+def _not_hung_again(
+    model_dir: Path, job: SlurmJob, first: Failure | None, judged: Verdict
+) -> Verdict:
+    """A step that hung at the global step an earlier step of the job hung at, and was started
+    again for, hangs in the run's own code or data: no restart cures it."""
+    hung_at = first.hung_at() if first is not None else None
+    if hung_at is None:
+        return judged
+    causes = [
+        restart.get("cause", "")
+        for restart in reports.read_state(model_dir).get("restarts", [])
+        if restart.get("job_id") == job.name
+    ]
+    if any(cause.endswith(f"{failure.HUNG}{hung_at}") for cause in causes):
+        return Verdict(
+            again=False,
+            why=f"{judged.why} again, as before its last restart: the run's own code or data "
+            "hangs there",
+        )
+    return judged
+
+
 def _trained(model_dir: Path, step: Step) -> bool:
     """Whether the step trained at all: the runtime kept a progress since it started (its
     first step's, or a line's), or (a script of the user's, which keeps none) the run wrote a
@@ -216,6 +239,10 @@ def _trained(model_dir: Path, step: Step) -> bool:
 def _of_record(first: Failure) -> Verdict:
     if first.is_loss():
         return Verdict(again=True, why=f"{first.task} stopped answering")
+    if first.hung_at() is not None:
+        # A stalled file system or a lost packet may pass; the same step hung again does not
+        # (decision).
+        return Verdict(again=True, why=f"{first.task} {failure.HUNG}{first.hung_at()}")
     if first.seen_by is not None:
         # A peer that said its command failed: the command's own error.
         return Verdict(again=False, why=f"{first.task}'s command failed")

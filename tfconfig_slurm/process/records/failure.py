@@ -36,6 +36,8 @@ _MAX_ERROR_CHARS = 400
 # which a restart may cure (process/job/restarts.py), where a peer that said its command
 # failed is not.
 STOPPED_ANSWERING = "stopped answering"
+# How the record of a hung trainer begins (process/task/hang_watch.py), its step after it.
+HUNG = "hung at global step "
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,13 @@ class Failure:
             and self.exit_status is None
             and self.what.startswith(STOPPED_ANSWERING)
         )
+
+    def hung_at(self) -> int | None:
+        """The global step a hung trainer made no step after; None for another failure."""
+        if not self.what.startswith(HUNG):
+            return None
+        step = self.what[len(HUNG) :].partition(":")[0]
+        return int(step) if step.isdigit() else None
 
     def line(self) -> str:
         """One line for a person: `worker 0 on node2: ValueError: ... (exit 1)`."""
@@ -129,6 +138,18 @@ def record_lost(name: str, address: str, what: str) -> Failure | None:
     _record(attached, lost)
     first = _read(RunDir(attached.model_dir).failure(attached.role.run_id or ""))
     return first if first is not None and first != lost else None
+
+
+def record_hang(task: str, node: str, what: str) -> Failure | None:
+    """The hung trainer `task`, as this task's hang watch named it (`what`, which begins with
+    HUNG): recorded as the failure, unless another came first. Returns the first failure,
+    None where this task records none (a single process)."""
+    attached = _TASK.attached
+    if attached is None:
+        return None
+    this = str(attached.role.task_id)
+    _record(attached, Failure(task, node, what, None, None if this == task else this, time.time()))
+    return first()
 
 
 def _record(attached: _Attached, failure: Failure) -> None:

@@ -71,6 +71,11 @@ class RunDir:
         when a peer died): the lines from its FATAL line on, said in one line in its output."""
         return self.logs / f"{task.role}-{task.index}-native.log"
 
+    def hang_account(self, run_id: str, task: TaskId) -> Path:
+        """A hung task's account of where it waits, in the attempt `run_id`, which its hung
+        peers read to name the one to blame (process/task/hang_watch.py)."""
+        return self.path / "hangs" / run_id / f"{task.role}-{task.index}.json"
+
     def failure(self, run_id: str) -> Path:
         """The first failure of the attempt `run_id`."""
         return self.failures / f"{run_id}.json"

@@ -30,7 +30,7 @@ from tfconfig_slurm.process.records import claim, failure, history, model_dir
 from tfconfig_slurm.process.records.owner import RunOwner, owns_run
 from tfconfig_slurm.process.records.run_dir import RunDir
 from tfconfig_slurm.process.supervision import network, watchdog
-from tfconfig_slurm.process.task import throughput
+from tfconfig_slurm.process.task import hang_watch, throughput
 from tfconfig_slurm.process.task.place import Place
 
 # How a backend's cluster is laid out: trainers with parameter servers (Estimator), or trainers
@@ -105,6 +105,9 @@ class TaskRun:
     # The SLURM job the edge read from `environ` at its start (None outside SLURM): nothing
     # below it reads SLURM's variables again.
     job: SlurmJob | None
+    # Seconds a trainer may make no step before it is hung (process/task/hang_watch.py); 0:
+    # never.
+    hang_seconds: float = hang_watch.DEFAULT_SECONDS
 
 
 def run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) -> Any:
@@ -148,6 +151,7 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
         ).start()
     limit = _keep_time_limit(task)
     _say_how_a_stop_goes_on(task)
+    hang_watch.watch(task.hang_seconds, role, task.model_dir, task.place.node)
     with failure.recording_errors():
         try:
             return _train(task, trainer, held, returns, limit)
@@ -305,6 +309,7 @@ class _End:
 
     def __call__(self, ending: Ending) -> Any:
         self.ended.set()
+        hang_watch.paused()
         role = self.task.place.role
         step = self.backend.checkpoint_step()
         if ending.stopped_on is not None:

@@ -1,0 +1,122 @@
+"""A trainer that makes no step (process/task/hang_watch.py): its bound, where it waits, which
+hung task is to blame, and a process found hung, its stacks logged. No TensorFlow, no SLURM."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cli import REPOSITORY
+from tfconfig_slurm.errors import EXIT_HUNG, UsageError
+from tfconfig_slurm.process.task import hang_watch
+from tfconfig_slurm.process.task.hang_watch import Account
+
+
+def test_the_bound_is_the_flag_else_the_variable_else_five_minutes() -> None:
+    assert hang_watch.seconds_from(12.0, {hang_watch.VARIABLE: "99"}) == 12.0
+    assert hang_watch.seconds_from(None, {hang_watch.VARIABLE: "99"}) == 99.0
+    assert hang_watch.seconds_from(None, {hang_watch.VARIABLE: "0"}) == 0.0
+    assert hang_watch.seconds_from(None, {}) == 300.0
+    for bad in ("soon", "-5", "nan"):
+        with pytest.raises(UsageError, match=f"TFCONFIG_SLURM_HANG_TIMEOUT: is '{bad}'"):
+            hang_watch.seconds_from(None, {hang_watch.VARIABLE: bad})
+
+
+def test_the_bound_grows_with_the_slowest_step_and_is_three_times_it_for_the_first() -> None:
+    watch = hang_watch.Watch(30.0, None, Path("."), "node1")
+    watch.beat(0, first=True)
+    assert watch.bound() == 90.0
+    watch.beat(1)
+    assert watch.bound() == 30.0
+    watch._stepped_at -= 5.0  # a step of 5 s
+    watch.beat(2)
+    assert 50.0 <= watch.bound() < 51.0
+
+
+def account(task: str, stepped_at: float, *, own: bool) -> Account:
+    return Account(task, "node1", 40, stepped_at, "here.py:1 in f", own)
+
+
+def test_the_one_waiting_in_its_own_code_is_blamed_else_the_oldest_step_said_so() -> None:
+    chief = account("chief 0", 100.0, own=False)
+    worker = account("worker 0", 101.0, own=True)
+    other = account("worker 1", 99.0, own=False)
+    assert hang_watch.blame([chief, worker, other]) == (worker, "")
+    blamed, rule = hang_watch.blame([chief, other])
+    assert blamed == other
+    assert rule == "; of the hung tasks, its last step is the oldest"
+    both = account("worker 2", 100.5, own=True)
+    blamed, rule = hang_watch.blame([worker, both, chief])
+    assert blamed == both
+    assert rule == "; of the tasks that wait in their own code, its last step is the oldest"
+    assert hang_watch.blame([chief]) == (chief, "")
+
+
+def users_wait(release: threading.Event) -> None:
+    release.wait()
+
+
+def test_a_thread_waiting_in_the_user_s_code_is_where_the_process_waits() -> None:
+    release = threading.Event()
+    waiting = threading.Thread(target=users_wait, args=(release,))
+    waiting.start()
+    try:
+        time.sleep(0.2)
+        where, own = hang_watch.where_it_waits(sys._current_frames())
+    finally:
+        release.set()
+        waiting.join()
+    assert own
+    assert where.startswith("test_hang_watch.py:") and where.endswith(" in users_wait")
+
+
+# A single process whose data blocks at its 4th step.
+HANGS = textwrap.dedent("""
+    import time
+    from pathlib import Path
+    from tfconfig_slurm.process.task import hang_watch
+
+    def batches():
+        for step in range(1, 100):
+            if step == 4:
+                time.sleep(600)
+            yield step
+
+    hang_watch.watch(1.0, None, Path("."), "node1")
+    hang_watch.began(0)
+    for step in batches():
+        time.sleep(0.01)
+        hang_watch.stepped(step)
+""")
+
+
+def test_a_process_that_makes_no_step_is_hung_its_stacks_logged(tmp_path: Path) -> None:
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGS)
+    started = time.monotonic()
+    ended = subprocess.run(
+        [sys.executable, str(script)],
+        env={**os.environ, "PYTHONPATH": str(REPOSITORY)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ended.returncode == EXIT_HUNG, ended.stderr
+    assert time.monotonic() - started < 30
+    assert re.search(
+        r"the process: hung: no step for [12] s since global step 3 \(its bound: 1 s", ended.stderr
+    )
+    assert "Thread MainThread (most recent call last):" in ended.stderr
+    assert "line 9, in batches\n    time.sleep(600)" in ended.stderr
+    assert "the run hung (first to fail: the process on node1: hung at global step 3:" in (
+        ended.stderr
+    )
+    assert "waiting in its own code (hangs.py:9 in batches)" in ended.stderr
