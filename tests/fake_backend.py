@@ -27,6 +27,10 @@ ps barrier, its sessions) keeps its tests with real TensorFlow.
   data.
 - HOLD (`60:/path/release`) holds the trainers at step 60 until the file is there: a test
   kills a task or cuts a node off while the run cannot finish, then lets its restart train on.
+- HANG_AS (`worker 0@30`, `single@30` for a single process; `...:/path/once` only until that
+  file is there, which it makes) blocks that task for ever as it would take that step, as a
+  trainer whose data stalls: its steps are said to the runtime's hang watch, as a real
+  backend's are.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.records import history, reports
 from tfconfig_slurm.process.records.run_dir import RunDir
 from tfconfig_slurm.process.supervision import answering, supervise, watchdog
-from tfconfig_slurm.process.task import lifecycle, throughput
+from tfconfig_slurm.process.task import hang_watch, lifecycle, throughput
 from tfconfig_slurm.process.user_code import experiment as experiment_lib
 from tfconfig_slurm.process.user_code import hparams as hparams_lib
 
@@ -61,6 +65,7 @@ COUNTER = "fake-global-step.json"
 FAIL_AS = "TFCONFIG_SLURM_TEST_FAIL_AS"
 REFUSE_AS = "TFCONFIG_SLURM_TEST_REFUSE_AS"
 HOLD = "TFCONFIG_SLURM_TEST_HOLD"
+HANG_AS = "TFCONFIG_SLURM_TEST_HANG_AS"
 # What a fake step reports, for the lines and records that carry one.
 LOSS = 0.25
 ACCURACY = 0.9
@@ -131,6 +136,7 @@ class FakeBackend:
         peers = watchdog.PeerWatch(watch_plan.paired(role)) if role else None
         counter = _Counter(self._dir, role, self.checkpoint_step() or 0)
         meter, closed = self._steps(counter)
+        hang_watch.paused()
         meter.end()
         if peers is not None:
             peers.stop()
@@ -159,7 +165,11 @@ class FakeBackend:
         stop, chief = self._task.stop, self._role is None or self._role.role == CHIEF
         servers = list(watch_plan.paired(self._role).values()) if self._role else []
         saved = counter.step()
+        hang_watch.began(saved)
+        hang_at = _hang_at(self._role)
         while True:
+            if hang_at is not None and counter.step() >= hang_at:
+                _hang()
             if stop.requested:
                 closed = counter.close(stop.signal_name) if chief else None
                 logging.info("stopping on %s at global step %d", stop.signal_name, counter.step())
@@ -180,6 +190,7 @@ class FakeBackend:
             if self._fail_at is not None and step >= self._fail_at:
                 raise RuntimeError("this task breaks on purpose")
             meter.step(step, self._batch, LOSS)
+            hang_watch.stepped(step)
             if chief and step // self._every > saved // self._every:
                 self._save(step)
                 saved = step
@@ -294,6 +305,24 @@ def _serve(role: ClusterRole) -> None:
         watch.heard.wait()
         watch.stop()
         supervise.say_served(role)
+
+
+def _hang_at(role: ClusterRole | None) -> int | None:
+    """The step at which HANG_AS makes this task hang; None where it names another, or its
+    file says it hung once already."""
+    named, _, rest = os.environ.get(HANG_AS, "").partition("@")
+    step, _, once = rest.partition(":")
+    if named != (str(role.task_id) if role else "single") or (once and Path(once).exists()):
+        return None
+    return int(step or 0)
+
+
+def _hang() -> None:
+    once = os.environ[HANG_AS].partition(":")[2]
+    if once:
+        Path(once).touch()
+    while True:
+        time.sleep(3600)
 
 
 def _fail_at(role: ClusterRole | None) -> int | None:

@@ -3,8 +3,10 @@ hung task is to blame, and a process found hung, its stacks logged. No TensorFlo
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -14,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import REPOSITORY
+from tests import fake_backend
+from tests.cli import PACED, REPOSITORY, wait_until
 from tfconfig_slurm.errors import EXIT_HUNG, UsageError
+from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.task import hang_watch
 from tfconfig_slurm.process.task.hang_watch import Account
 
@@ -121,3 +125,49 @@ def test_a_process_that_makes_no_step_is_hung_its_stacks_logged(tmp_path: Path) 
         ended.stderr
     )
     assert "waiting in its own code (hangs.py:9 in batches)" in ended.stderr
+
+
+def runtime(tmp_path: Path, *flags: str, hang: str) -> subprocess.Popen[str]:
+    """The runtime in one process on the fake backend (tests/fake_backend.py), hanging as
+    `hang` (fake_backend.HANG_AS) says."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tfconfig_slurm.run", f"--experiment={PACED}",
+         f"--output_root={tmp_path}", "--train_steps=1000", *flags],
+        env={"PATH": os.environ["PATH"], **fake_backend.environ(**{fake_backend.HANG_AS: hang})},
+        cwd=REPOSITORY, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def test_a_runtime_process_that_hangs_ends_and_its_run_says_why(tmp_path: Path) -> None:
+    process = runtime(tmp_path, "--hang_timeout=2", hang="single@8")
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == EXIT_HUNG, stderr[-3000:]
+    assert "a single process: hung: no step for" not in stderr
+    assert re.search(r"the process: hung: no step for [23] s since global step 8 ", stderr)
+    assert "fake_backend.py" in stderr and "in _hang" in stderr
+    state = json.loads((tmp_path / "paced" / "state.json").read_text())
+    assert state["state"] == "failed"
+    assert state["error"].startswith("the process hung at global step 8: no step for "), state
+
+
+def test_a_stop_a_process_cannot_take_at_a_step_ends_it_stopped(tmp_path: Path) -> None:
+    """#55 item 4: with the hang watch off, SIGTERM to a process whose data blocks for ever
+    ends it within timing.STOP_GRACE_SECONDS and a few more, stopped, its stacks logged (the
+    docs' promise for a single process: within 30 s of SIGTERM)."""
+    process = runtime(tmp_path, "--hang_timeout=0", hang="single@8")
+    try:
+        # Its first step keeps progress.json; its 8th comes 0.35 s later.
+        assert wait_until((tmp_path / "paced" / "progress.json").exists, 30)
+        time.sleep(1)
+        process.send_signal(signal.SIGTERM)
+        told = time.monotonic()
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert timing.STOP_GRACE_SECONDS <= time.monotonic() - told < 30
+    assert "told to stop on SIGTERM 20 s ago, and its training has taken no step since" in stderr
+    assert "in _hang" in stderr
+    state = json.loads((tmp_path / "paced" / "state.json").read_text())
+    assert (state["state"], state["signal"]) == ("stopped", "SIGTERM"), state
+    assert process.returncode == 0, stderr[-3000:]

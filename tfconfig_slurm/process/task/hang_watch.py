@@ -28,7 +28,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from absl import logging
 
@@ -110,15 +110,24 @@ class Watch:
         # Whether the next step is the training's first.
         self._first = True
         self._thread: threading.Thread | None = None
+        # What says the run failed, where this task owns it (`when_hung`).
+        self.says_failed: Callable[[str], None] | None = None
 
     def beat(self, global_step: int, *, first: bool = False) -> None:
         now = time.monotonic()
         if self._armed and not self._first:
             self._slowest = max(self._slowest, now - self._stepped_at)
         self._step, self._stepped_at, self._armed, self._first = global_step, now, True, first
-        if self._thread is None:
+        if self._thread is None and self._seconds > 0:
             self._thread = threading.Thread(target=self._watch, name="hang-watch", daemon=True)
             self._thread.start()
+
+    def stepped_since(self, moment: float) -> bool | None:
+        """Whether the trainer took a step since `moment` (time.monotonic()); None where it
+        never began training (a parameter server)."""
+        if not self._stepped_at:
+            return None
+        return self._stepped_at >= moment and not self._first
 
     def pause(self) -> None:
         self._armed = False
@@ -148,8 +157,7 @@ class Watch:
             since,
             bound,
         )
-        stacks = sys._current_frames()
-        _write_stacks(stacks)
+        stacks = write_stacks()
         waits_in, own = where_it_waits(stacks)
         mine = Account(name, self._node, step, time.time() - silent, waits_in, own)
         accounts = self._accounts(mine)
@@ -160,6 +168,8 @@ class Watch:
             f"({blamed.waits_in}){rule}; every thread's stack is in its task's log"
         )
         first = failure.record_hang(blamed.task, blamed.node, what)
+        if self.says_failed is not None:
+            self.says_failed(f"{blamed.task} {what}")
         logging.error(
             "the run hung (first to fail: %s); ending this task (exit %d)",
             first.line() if first else f"{blamed.task} on {blamed.node}: {what}",
@@ -244,7 +254,9 @@ def _said(frame: FrameType) -> str:
     return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} in {frame.f_code.co_name}"
 
 
-def _write_stacks(stacks: Mapping[int, FrameType]) -> None:
+def write_stacks() -> Mapping[int, FrameType]:
+    """Writes every thread's Python stack to stderr, the task's log; returns them."""
+    stacks = sys._current_frames()
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     lines = []
     for ident, frame in stacks.items():
@@ -253,6 +265,7 @@ def _write_stacks(stacks: Mapping[int, FrameType]) -> None:
     logging.flush()
     sys.stderr.write("".join(lines) + "\n")
     sys.stderr.flush()
+    return stacks
 
 
 def _read_accounts(folder: Path) -> list[Account]:
@@ -275,8 +288,22 @@ _CURRENT = _Current()
 
 
 def watch(seconds: float, role: ClusterRole | None, model_dir: Path, node: str) -> None:
-    """From now on this process's steps are watched for a hang of `seconds` (0: never)."""
-    _CURRENT.watch = Watch(seconds, role, model_dir, node) if seconds > 0 else None
+    """From now on this process's steps are watched for a hang of `seconds` (0: never, but
+    they are still counted, for `stepped_since`)."""
+    _CURRENT.watch = Watch(seconds, role, model_dir, node)
+
+
+def when_hung(says_failed: Callable[[str], None]) -> None:
+    """Once this task is found hung, `says_failed(what)` says so where the run's owner
+    keeps its state (state.json), before the process ends."""
+    if _CURRENT.watch is not None:
+        _CURRENT.watch.says_failed = says_failed
+
+
+def stepped_since(moment: float) -> bool | None:
+    """Whether this process's trainer took a step since `moment` (time.monotonic()); None
+    where it never began training, or nothing watches."""
+    return None if _CURRENT.watch is None else _CURRENT.watch.stepped_since(moment)
 
 
 def began(global_step: int) -> None:

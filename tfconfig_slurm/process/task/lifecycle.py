@@ -269,6 +269,7 @@ def _train(
         )
     owner.say("running", step)
     throughput.report_progress_to(RunDir(task.model_dir).progress)
+    hang_watch.when_hung(lambda what: owner.say("failed", trainer.checkpoint_step(), error=what))
     with owner.failing_on_error(trainer.checkpoint_step):
         if first:
             trainer.write_hparams(owner.hparams_for_tensorboard(), task.model_dir.name)
@@ -279,6 +280,9 @@ def _trained(trainer: Backend, end: _End) -> Any:
     """What the backend's training returns, once it has ended the task through `end`: one
     that returns without (a bug) would leave its run "running", its directory held, and the
     task's exit 0 saying that all went well."""
+    threading.Thread(
+        target=_end_a_stop_not_taken, args=(end,), name="stop-watch", daemon=True
+    ).start()
     result = trainer.train(end)
     if not end.ended.is_set():
         raise BackendError(
@@ -306,8 +310,13 @@ class _End:
     limit: time_limit.TimeLimit | None = None
     # Set once the backend called it (dataclasses.replace keeps the same one).
     ended: threading.Event = dataclasses.field(default_factory=threading.Event)
+    # Held by the one caller that ends the task: the backend, or a stop not taken.
+    ending: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def __call__(self, ending: Ending) -> Any:
+        if not self.ending.acquire(blocking=False):
+            # The other caller ends the process.
+            threading.Event().wait()
         self.ended.set()
         hang_watch.paused()
         role = self.task.place.role
@@ -338,6 +347,33 @@ class _End:
         if self.returns and (role is None or role.role != PS):
             return ending.result
         exits.end_now(0, "done")
+
+
+def _end_a_stop_not_taken(end: _End) -> None:
+    """Once told to stop, a trainer whose training takes no step within
+    timing.STOP_GRACE_SECONDS cannot stop at one: it waits in its data, its I/O or a
+    collective. It ends as stopped from here, its stacks in its log, so that the job requeues
+    (or continues) from its latest checkpoint before SLURM's KillWait ends it without. A task
+    that trains no steps (a parameter server, an evaluator) stops as its trainers do."""
+    stop = end.task.stop
+    stop.wait()
+    asked = time.monotonic()
+    while time.monotonic() - asked < timing.STOP_GRACE_SECONDS:
+        if end.ended.is_set() or hang_watch.stepped_since(asked) is not False:
+            return
+        time.sleep(timing.HANG_CHECK_SECONDS)
+    if end.ended.is_set() or hang_watch.stepped_since(asked) is not False:
+        return
+    logging.error(
+        "told to stop on %s %.0f s ago, and its training has taken no step since: it cannot "
+        "stop at a step with a checkpoint, and stops now, from its latest checkpoint (step %s); "
+        "every thread's stack follows",
+        stop.signal_name,
+        time.monotonic() - asked,
+        end.backend.checkpoint_step(),
+    )
+    hang_watch.write_stacks()
+    end(Ending(stop.signal_name))
 
 
 def _end_if_failed_while_stopping(task: TaskRun, run_id: str) -> None:
