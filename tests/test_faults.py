@@ -776,3 +776,43 @@ def test_a_killed_task_restarts_the_step_in_the_job_from_the_checkpoint(
     assert [each["cause"] for each in state["restarts"]] == [again[2]]
     print(f"{victim} killed at step {reached}: the run resumed {took:.1f} s later, from step "
           f"{resumed_from}")  # fmt: skip
+
+
+@pytest.mark.slurm
+def test_an_asynchronous_worker_that_hangs_is_named_alone_and_the_step_restarted(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """#55: on parameter servers (the fake backend's Estimator-kind run) the chief goes on
+    while worker 0 blocks for ever in its data at global step 40: the worker alone is found
+    hung, waits for hung peers' accounts in vain, names itself, and the step starts again in
+    the job from the latest checkpoint, where it does not hang again, and completes."""
+    once = tmp_path / "hung-once"
+    job = submit(
+        slurm_cluster, tmp_path, "hangs", f"--experiment={PACED}", "--train_steps=600",
+        "--log_every_steps=1", f"--save_checkpoints_steps={CHECKPOINT_STEPS}",
+        "--hang_timeout=3",
+        environ={**FAKE, fake_backend.HANG_AS: f"worker 0@40:{once}"},
+    )  # fmt: skip
+    try:
+        ended = finish(slurm_cluster, job)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    output = completed_in_its_job(ended, tmp_path)
+    named = re.search(
+        r"first to fail: worker 0 on node\d: hung at global step (\d+): no step for [34] s, "
+        r"waiting in its own code \(fake_backend.py:\d+ in _hang\)",
+        output,
+    )
+    assert named is not None, output
+    assert 30 <= int(named[1]) <= 40
+    again = re.search(
+        rf"starting the step again in job {ended['JobId']} \(restart 1 of at most 2\), from "
+        rf"the checkpoint of step (\d+): worker 0 hung at global step {named[1]}",
+        output,
+    )
+    assert again is not None, output
+    # The chief trained on while the worker hung, and its account waited in vain for others.
+    assert int(again[1]) > 100
+    assert checkpoint_step(tmp_path / "hangs") >= 600
+    assert "Thread MainThread (most recent call last):" in read_logs(tmp_path / "hangs" / "logs")

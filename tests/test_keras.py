@@ -718,6 +718,40 @@ def test_a_killed_keras_trainer_ends_the_step_and_is_named(
 
 
 @pytest.mark.slurm
+def test_a_keras_trainer_whose_data_hangs_is_named_with_its_stack(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """#55, MultiWorkerMirroredStrategy: the worker's tf.data pipeline blocks for ever before
+    its 30th batch, in a Python function on a thread of tf.data's, while the chief waits for
+    it in the all-reduce. The worker is named as the run's first failure, waiting in its own
+    code, and each task's log has its threads' stacks; the step ends."""
+    (tmp_path / "logs").mkdir()
+    step = subprocess.Popen(
+        ["srun", "--nodes=2", "--ntasks-per-node=1", f"--output={tmp_path}/logs/%t.log",
+         sys.executable, "-m", RUN, f"--experiment={PACED_KERAS}", f"--output_root={tmp_path}",
+         "--train_steps=1000", "--hang_timeout=5"],
+        env=slurm_cluster.environ(PACED_KERAS_HANG_AT="30"), cwd=REPOSITORY,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        ended_within(step, START_SECONDS)
+    finally:
+        if step.poll() is None:
+            step.kill()
+    logs = read_logs(tmp_path / "logs")
+    assert step.returncode != 0
+    first = json.loads(next((tmp_path / "paced_keras" / "failures").glob("*.json")).read_text())
+    assert re.match(
+        r"worker 0 on node\d: hung at global step (2\d|30): no step for [56] s, waiting in its "
+        r"own code \(paced_keras.py:\d+ in _hang_at\)",
+        first["line"],
+    ), first
+    assert "Thread MainThread (most recent call last):" in (tmp_path / "logs" / "0.log").read_text()
+    assert re.search(r"paced_keras.py\", line \d+, in _hang_at\n +time.sleep\(3600\)", logs)
+    assert slurm_cluster.left_behind() == {}
+
+
+@pytest.mark.slurm
 def test_usr1_requeues_a_keras_job_that_resumes_from_the_step_it_stopped_at(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:

@@ -78,9 +78,10 @@ FAILURE_POLL_SECONDS = 0.25
 
 # How often the watch looks at the time since the last step.
 HANG_CHECK_SECONDS = 1.0
-# How long a hung task waits for its hung peers' accounts before it names one: every peer of
-# a trainer stuck before a collective stops within a few steps of it.
-HANG_ACCOUNTS_SECONDS = 20.0
+# How long a hung task waits for its hung peers' accounts before it names one. The hung task
+# whose last step is oldest finds itself hung first, and where none came, names itself; the
+# wait is for peers found hung at about the same time (steps that end together).
+HANG_ACCOUNTS_SECONDS = 10.0
 
 # --- The run's lock (process/records/claim.py) ---
 
