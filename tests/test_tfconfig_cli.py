@@ -71,7 +71,11 @@ def test_explain_inside_a_step() -> None:
     assert said.endswith(
         "A node cut off: in a job submitted with --no-kill, the step starts again on the nodes "
         "left, laid out for them; in any other, Slurm ends the job (NODE_FAIL), and it goes on "
-        "after a requeue or in a new job, without the node."
+        "after a requeue or in a new job, without the node. A trainer of the runtime that makes "
+        "no step for its --hang_timeout (300 s by default, at least 10 times its slowest step) "
+        "is hung: every thread's stack goes into its log, the hung one is named, not the peers "
+        "waiting for it, and the step starts again as for a lost task, costing that timeout, "
+        "10 s more and a restart; the same step hung again ends the job."
     )
     coordinated = run_module(
         TFCONFIG, "--explain", "--coordinator", environ=captured("block_3x3_gres2", "task-0")

@@ -35,6 +35,8 @@ from tfconfig_slurm.cluster import ClusterLayout, data_path, render
 from tfconfig_slurm.commands import json_flag, layout_flags, plan_flags, task_config
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process import timing
+from tfconfig_slurm.process.task import hang_watch
 
 PROGRAM = task_config.PROGRAM
 
@@ -86,7 +88,16 @@ def _restart_line(tasks: int) -> str:
         "left, laid out for them; in any other, Slurm ends the job (NODE_FAIL), and it goes on "
         "after a requeue or in a new job, without the node."
     )
-    return textwrap.fill(f"{lost}: {restart}. {cut_off}", width=96) + "\n"
+    hung = (
+        "A trainer of the runtime that makes no step for its --hang_timeout "
+        f"({hang_watch.DEFAULT_SECONDS:.0f} s by default, at least "
+        f"{hang_watch.SLOWEST_STEPS} times its slowest step) is hung: every thread's stack goes "
+        "into its log, the hung one is named, not the peers waiting for it, and the step starts "
+        "again as for a lost task, costing that timeout, "
+        f"{timing.HANG_ACCOUNTS_SECONDS:.0f} s more and a restart; the same step hung again ends "
+        "the job."
+    )
+    return textwrap.fill(f"{lost}: {restart}. {cut_off} {hung}", width=96) + "\n"
 
 
 def main(argv: Sequence[str]) -> None:
