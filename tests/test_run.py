@@ -422,6 +422,16 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
         (("--experiment=mnist_deep", "--preempt_signal=KILL"), "--preempt_signal", None),
         (("--experiment=mnist_deep", "--max_requeues=-1"), "--max_requeues", None),
         (("--experiment=mnist_deep", "--data_dir=/no/such/dir"), "--data_dir", None),
+        # An empty value is no value left out: a variable unset in a batch script.
+        *(
+            (
+                ("--experiment=mnist_deep", f"--{name}="),
+                f"--{name}: is '': empty, as from a variable that is unset. HINT: "
+                f"tfconfig-slurm-run --help says what --{name} takes",
+                None,
+            )
+            for name in ("data_dir", "output_root", "local_cluster")
+        ),
         # A directory without the MNIST files: the experiment's check_data says so.
         pytest.param(
             ("--experiment=mnist_deep", "--data_dir=/etc"),

@@ -78,6 +78,20 @@ def test_an_inherited_tf_config_is_replaced_with_a_warning() -> None:
     assert "unset TF_CONFIG before sbatch or srun" in result.stderr
 
 
+def test_an_empty_model_dir_is_refused_not_taken_for_none(tmp_path: Path) -> None:
+    """`--model_dir=$DIR` with $DIR unset: no records would be written, without a word."""
+    marker = tmp_path / "ran"
+    result = wrap(
+        "--model_dir=", "touch", str(marker), environ=captured("block_3x3_gres2", "task-5")
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        "with-tfconfig: --model_dir: is '': empty, as from a variable that is unset. HINT: "
+        "with-tfconfig --help says what --model_dir takes\n"
+    )
+    assert not marker.exists()
+
+
 def test_refuses_to_overwrite_a_different_tf_config_of_this_step(tmp_path: Path) -> None:
     environ = captured("block_3x3_gres2", "task-5")
     shown = wrap("--port_base=12000", sys.executable, "-c", SHOW, environ=environ)

@@ -120,6 +120,17 @@ _EXPECTED = {
 }
 
 
+def refuse_empty(*holders: flags.FlagHolder[str | None]) -> None:
+    """These path-like flags refuse an empty value, which would otherwise be taken for the
+    flag left out: `--data_dir=$DATA` with $DATA unset would train on the default quietly."""
+    for holder in holders:
+        flags.register_validator(
+            holder.name,
+            lambda value: value != "",
+            message="empty, as from a variable that is unset",
+        )
+
+
 def flag_error(
     error: Exception, command: str, argv: Sequence[str] = (), usage: str | None = None
 ) -> UsageError:

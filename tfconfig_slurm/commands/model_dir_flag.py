@@ -6,6 +6,7 @@ from pathlib import Path
 
 from absl import flags
 
+from tfconfig_slurm.commands import cli
 from tfconfig_slurm.errors import UsageError
 
 MODEL_DIR = flags.DEFINE_string(
@@ -30,3 +31,5 @@ def made() -> Path:
             "name the directory your script trains in",
         ) from None
     return directory
+
+cli.refuse_empty(MODEL_DIR)

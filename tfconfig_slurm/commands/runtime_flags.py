@@ -4,7 +4,7 @@ them: the command (run.py), where its run trains (run_directory.py), its backend
 
 from absl import flags
 
-from tfconfig_slurm.commands import layout_flags, max_restarts_flag
+from tfconfig_slurm.commands import cli, layout_flags, max_restarts_flag
 
 EXPERIMENT = flags.DEFINE_string(
     "experiment",
@@ -181,3 +181,5 @@ MAX_REQUEUES = flags.DEFINE_integer(
 
 flags.adopt_module_key_flags(layout_flags)
 flags.adopt_module_key_flags(max_restarts_flag)
+
+cli.refuse_empty(DATA_DIR, OUTPUT_ROOT, LOCAL_CLUSTER)

@@ -20,7 +20,7 @@ for the lifecycle of process/task/lifecycle.py.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -91,10 +91,13 @@ class KerasBackend(TrainingBackendBase):
             examples_per_step=settings.params["batch_size"]
             * _local_replicas(trainer.strategy, role),
             writer=trainer.writer,
-            stop=self._stop,
-            requeue_on=self._task.stop_policy.requeue_on,
+            ends=cadence.StepEnds(
+                settings,
+                self._stop,
+                self._task.stop_policy.requeue_on,
+                None if role is None else _summed_votes(trainer.strategy),
+            ),
             saver=trainer.saver,
-            agree=role is not None,
         )
 
         def finish() -> Any:
@@ -258,26 +261,16 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         settings: TrainingSettings,
         examples_per_step: int,
         writer: Any,
-        stop: preemption.StopRequest,
-        requeue_on: Collection[str],
+        ends: cadence.StepEnds,
         saver: Saver,
-        agree: bool,
     ) -> None:
         super().__init__()
         self._start = start_step
-        self._requeue_on = requeue_on
         self._replicas = strategy.num_replicas_in_sync
-        self._cadence = cadence.CheckpointCadence.of(
-            settings.save_checkpoints_steps, settings.save_checkpoints_secs
-        )
         self._examples_per_step = examples_per_step
         self._writer = writer
-        self._stop = stop
+        self._ends = ends
         self._saver = saver
-        self._agree = agree
-        self._votes = _collective(
-            strategy, lambda context, votes: context.all_reduce(tf.distribute.ReduceOp.SUM, votes)
-        )
         self.step = start_step
         self.stopped_on: str | None = None
         self._meter = Throughput(settings.log_every_steps)
@@ -290,7 +283,6 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         # The one epoch's batch: right also when fit runs several steps a call.
         before, self.step = self.step, self._start + batch + 1
-        hang_watch.stepped(self.step)
         steps = self.step - before
         loss = None
         if self._meter.due(self.step):
@@ -302,13 +294,12 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         if rates is not None and loss is not None:
             self._loss.said()
             self._write(rates, loss)
-        stopped_on, due = self._agreed(before)
-        if stopped_on or due or self._cadence.by_steps(before, self.step):
+        end = self._ends.after(before, self.step)
+        if end.save:
             self._saver.save(self.step)
-            self._cadence.saved()
-        if stopped_on:
-            self.stopped_on = stopped_on
-            logging.info("stopping on %s at global step %d", self.stopped_on, self.step)
+            self._ends.saved()
+        if end.stop_on:
+            self.stopped_on = end.stop_on
             self.model.stop_training = True
 
     def _write(self, rates: Rates, loss: float) -> None:
@@ -320,32 +311,21 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
             tf.summary.scalar("global_steps_per_sec", rates.global_steps_per_sec)
         self._writer.flush()
 
-    def _agreed(self, before: int) -> tuple[str, bool]:
-        """The signal the trainers agreed to stop on ("" to go on), and whether a checkpoint is
-        due by time. Every trainer asks at the same steps, so all of them stop, or save, at
-        the same one (a checkpoint is a collective); a requeueing signal any of them got
-        stands for all, so that the chief requeues even when only a worker was told, and a
-        checkpoint any of them finds due is due for all."""
-        own = self._stop.signal_name if self._stop.requested else ""
-        if not self._agree:
-            return own, self._cadence.by_time()
-        if not cadence.passed(before, self.step, cadence.STOP_CHECK_STEPS):
-            return "", False
-        votes = [float(bool(own)), float(own in self._requeue_on), float(self._cadence.by_time())]
-        total = self._votes(tf.constant(votes))
-        due = bool(total[2])
-        if not total[0]:
-            return "", due
-        if total[1] and own not in self._requeue_on:
-            return min(self._requeue_on), due
-        return own or "a peer's signal", due
-
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         self._meter.end()
 
     def mean_examples_per_sec(self) -> float | None:
         """Examples per second from the second step to the last; None if too short."""
         return self._meter.mean_examples_per_sec()
+
+
+def _summed_votes(strategy: tf.distribute.Strategy) -> cadence.SumVotes:
+    """The trainers' votes summed by an all-reduce (cadence.StepEnds): each local replica of
+    a trainer votes as the trainer does."""
+    total = _collective(
+        strategy, lambda context, votes: context.all_reduce(tf.distribute.ReduceOp.SUM, votes)
+    )
+    return lambda votes: total(tf.constant([float(vote) for vote in votes]))
 
 
 def _collective(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -66,7 +67,7 @@ def join(role: ClusterRole | None) -> None:
     np.random.seed(seed)
 
 
-def gather(values: list[int]) -> Any:
+def gather(values: Sequence[int]) -> Any:
     """Every process's `values` (integers from 0 to 2**62), one row a process; in a single
     process, its own."""
     halves = np.asarray([[value >> _HALF, value & _LOW] for value in values], np.int32)

@@ -23,7 +23,7 @@ import logging as python_logging
 import time
 import warnings
 import zlib
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable, NamedTuple
 
 import keras
@@ -123,10 +123,13 @@ class Keras3Backend:
             settings=settings,
             examples_per_step=settings.params["batch_size"],
             events=process.events,
-            stop=self._task.stop,
-            requeue_on=self._task.stop_policy.requeue_on,
+            ends=cadence.StepEnds(
+                settings,
+                self._task.stop,
+                self._task.stop_policy.requeue_on,
+                None if role is None else lambda votes: processes.gather(votes).sum(axis=0),
+            ),
             checkpoints=process.checkpoints,
-            agree=role is not None,
         )
         try:
             if progress.step < settings.train_steps:
@@ -536,20 +539,13 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         settings: TrainingSettings,
         examples_per_step: int,
         events: Events | None,
-        stop: preemption.StopRequest,
-        requeue_on: Collection[str],
+        ends: cadence.StepEnds,
         checkpoints: Checkpoints,
-        agree: bool,
     ) -> None:
         super().__init__()
         self._start = start_step
-        self._requeue_on = requeue_on
-        self._cadence = cadence.CheckpointCadence.of(
-            settings.save_checkpoints_steps, settings.save_checkpoints_secs
-        )
-        self._stop = stop
+        self._ends = ends
         self._checkpoints = checkpoints
-        self._agree = agree
         self.step = start_step
         self.stopped_on: str | None = None
         self.lines = _Lines(start_step, settings.log_every_steps, examples_per_step, events)
@@ -557,37 +553,14 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         # The one epoch's batch: right also when fit runs several steps a call.
         before, self.step = self.step, self._start + batch + 1
-        hang_watch.stepped(self.step)
         self.lines.step(before, self.step, batch + 1, logs)
-        stopped_on, due = self._agreed(before)
-        if stopped_on or due or self._cadence.by_steps(before, self.step):
+        end = self._ends.after(before, self.step)
+        if end.save:
             self._checkpoints.save(self.step)
-            self._cadence.saved()
-        if stopped_on:
-            self.stopped_on = stopped_on
-            logging.info("stopping on %s at global step %d", stopped_on, self.step)
+            self._ends.saved()
+        if end.stop_on:
+            self.stopped_on = end.stop_on
             self.model.stop_training = True
-
-    def _agreed(self, before: int) -> tuple[str, bool]:
-        """The signal the processes agreed to stop on ("" to go on), and whether a checkpoint
-        is due by time. Every process asks at the same steps, so all of them stop, or save,
-        at the same one; a requeueing signal any of them got stands for all, so that the chief
-        requeues even when only another was told, and a checkpoint any of them finds due is
-        due for all."""
-        own = self._stop.signal_name if self._stop.requested else ""
-        if not self._agree:
-            return own, self._cadence.by_time()
-        if not cadence.passed(before, self.step, cadence.STOP_CHECK_STEPS):
-            return "", False
-        votes = processes.gather(
-            [int(bool(own)), int(own in self._requeue_on), int(self._cadence.by_time())]
-        ).sum(axis=0)
-        due = bool(votes[2])
-        if not votes[0]:
-            return "", due
-        if votes[1] and own not in self._requeue_on:
-            return min(self._requeue_on), due
-        return own or "a peer's signal", due
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         self.lines.end(self.step)
