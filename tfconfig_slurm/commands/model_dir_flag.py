@@ -32,4 +32,5 @@ def made() -> Path:
         ) from None
     return directory
 
+
 cli.refuse_empty(MODEL_DIR)
