@@ -815,4 +815,6 @@ def test_an_asynchronous_worker_that_hangs_is_named_alone_and_the_step_restarted
     # The chief trained on while the worker hung, and its account waited in vain for others.
     assert int(again[1]) > 100
     assert checkpoint_step(tmp_path / "hangs") >= 600
-    assert "Thread MainThread (most recent call last):" in read_logs(tmp_path / "hangs" / "logs")
+    assert "worker 0, thread MainThread (most recent call last):" in read_logs(
+        tmp_path / "hangs" / "logs"
+    )

@@ -119,7 +119,7 @@ def test_a_process_that_makes_no_step_is_hung_its_stacks_logged(tmp_path: Path) 
     assert re.search(
         r"the process: hung: no step for [12] s since global step 3 \(its bound: 1 s", ended.stderr
     )
-    assert "Thread MainThread (most recent call last):" in ended.stderr
+    assert "the process, thread MainThread (most recent call last):" in ended.stderr
     assert "line 9, in batches\n    time.sleep(600)" in ended.stderr
     assert "the run hung (first to fail: the process on node1: hung at global step 3:" in (
         ended.stderr

@@ -513,7 +513,7 @@ def test_a_keras3_process_whose_data_hangs_is_named_and_the_step_restarted(
     )
     assert named is not None, output
     assert 8 <= int(named[1]) <= 12
-    assert "Thread MainThread (most recent call last):" in logs
+    assert "worker 0, thread MainThread (most recent call last):" in logs
     assert re.search(r"paced_keras3.py\", line \d+, in _hang\n +time.sleep\(3600\)", logs)
     assert re.search(
         rf"starting the step again in job {ended['JobId']} \(restart 1 of at most 2\), from "

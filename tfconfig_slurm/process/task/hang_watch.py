@@ -157,7 +157,7 @@ class Watch:
             since,
             bound,
         )
-        stacks = write_stacks()
+        stacks = write_stacks(name)
         waits_in, own = where_it_waits(stacks)
         mine = Account(name, self._node, step, time.time() - silent, waits_in, own)
         accounts = self._accounts(mine)
@@ -254,13 +254,14 @@ def _said(frame: FrameType) -> str:
     return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} in {frame.f_code.co_name}"
 
 
-def write_stacks() -> Mapping[int, FrameType]:
-    """Writes every thread's Python stack to stderr, the task's log; returns them."""
+def write_stacks(task: str) -> Mapping[int, FrameType]:
+    """Writes every thread's Python stack to stderr, the task's log, each headed with the
+    `task`'s name (several tasks may share one output, a plain srun's); returns them."""
     stacks = sys._current_frames()
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     lines = []
     for ident, frame in stacks.items():
-        lines.append(f"\nThread {names.get(ident, ident)!s} (most recent call last):\n")
+        lines.append(f"\n{task}, thread {names.get(ident, ident)!s} (most recent call last):\n")
         lines.extend(traceback.format_stack(frame))
     logging.flush()
     sys.stderr.write("".join(lines) + "\n")

@@ -372,7 +372,8 @@ def _end_a_stop_not_taken(end: _End) -> None:
         time.monotonic() - asked,
         end.backend.checkpoint_step(),
     )
-    hang_watch.write_stacks()
+    role = end.task.place.role
+    hang_watch.write_stacks(str(role.task_id) if role else "the process")
     end(Ending(stop.signal_name))
 
 
