@@ -430,7 +430,7 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
                 f"tfconfig-slurm-run --help says what --{name} takes",
                 None,
             )
-            for name in ("data_dir", "output_root", "local_cluster")
+            for name in ("data_dir", "output_root")
         ),
         # A directory without the MNIST files: the experiment's check_data says so.
         pytest.param(
