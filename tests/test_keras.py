@@ -746,9 +746,10 @@ def test_a_keras_trainer_whose_data_hangs_is_named_with_its_stack(
         r"own code \(paced_keras.py:\d+ in _hang_at\)",
         first["line"],
     ), first
-    assert "chief 0, thread MainThread (most recent call last):" in (
-        tmp_path / "logs" / "0.log"
-    ).read_text()
+    assert (
+        "chief 0, thread MainThread (most recent call last):"
+        in (tmp_path / "logs" / "0.log").read_text()
+    )
     assert re.search(r"paced_keras.py\", line \d+, in _hang_at\n +time.sleep\(3600\)", logs)
     assert slurm_cluster.left_behind() == {}
 

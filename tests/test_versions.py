@@ -74,6 +74,17 @@ def test_what_cannot_run_the_keras_runtime_is_named(found: Installed, problem: s
     versions.require_keras("x", Installed((3, 12), "2.21.0", None, "2.21.0"))
 
 
+def test_the_shipped_keras_experiment_in_the_keras_3_environment_is_sent_to_its_twin() -> None:
+    """A newcomer's mnist_keras in .venv-keras3: the experiment is not theirs to edit."""
+    on_jax = Installed((3, 12), None, None, None, "3.15.1", "0.12.0.1")
+    with pytest.raises(InstallError) as raised:
+        versions.require_keras("--experiment=mnist_keras (Keras)", on_jax, twin="mnist_keras3")
+    assert raised.value.hint.startswith("--experiment=mnist_keras3 trains the same model on JAX")
+    with pytest.raises(InstallError) as mine:
+        versions.require_keras("--experiment=mine.py (Keras)", on_jax)
+    assert mine.value.hint.startswith("import keras, not tf_keras, to train it on JAX here")
+
+
 @pytest.mark.parametrize(
     ("found", "problem"),
     [

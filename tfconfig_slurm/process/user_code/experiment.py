@@ -231,11 +231,15 @@ def _top_level_names(statements: list[ast.stmt]) -> set[str]:
     return names
 
 
+# The shipped tf-keras experiments' Keras 3 twins: the same model, on JAX.
+_KERAS3_TWINS = {"mnist_keras": "mnist_keras3"}
+
+
 def require_runtime(spec: str) -> str:
     """The experiment's kind; raises InstallError unless what is installed can train it."""
     found = kind(spec)
     if found == KERAS:
-        versions.require_keras(f"--experiment={spec} (Keras)")
+        versions.require_keras(f"--experiment={spec} (Keras)", twin=_KERAS3_TWINS.get(spec))
     elif found == KERAS3:
         versions.require_keras3(f"--experiment={spec} (Keras 3)")
     else:

@@ -112,9 +112,10 @@ def require_tensorflow(what: str, found: Installed | None = None) -> None:
         )
 
 
-def require_keras(what: str, found: Installed | None = None) -> None:
+def require_keras(what: str, found: Installed | None = None, *, twin: str | None = None) -> None:
     """Raises InstallError, naming `what` needed it, unless TensorFlow 2.16+ and tf-keras
-    (Keras 2, whose multi-worker training works where Keras 3's does not) are installed."""
+    (Keras 2, whose multi-worker training works where Keras 3's does not) are installed. A
+    shipped experiment's Keras 3 `twin` is named where Keras 3 on JAX is."""
     found = found or installed()
     python = "Python {}.{}".format(*found.python)
     hint = _KERAS_INSTALL
@@ -127,7 +128,10 @@ def require_keras(what: str, found: Installed | None = None) -> None:
                 f", but Keras {found.keras} on JAX, which trains an experiment that imports "
                 "keras, not tf_keras"
             )
-            hint = f"import keras, not tf_keras, to train it on JAX here; or {hint}"
+            fix = "import keras, not tf_keras, to train it on JAX here"
+            if twin is not None:
+                fix = f"--experiment={twin} trains the same model on JAX here"
+            hint = f"{fix}; or {hint}"
     elif found.tf_keras is None:
         problem = f"needs tf-keras beside TensorFlow {found.tensorflow}"
     else:
