@@ -30,7 +30,15 @@ from tests.cli import (
     wait_for,
     wait_until,
 )
-from tests.slurm_cluster import TRAINING, SlurmCluster, said_requeued, submit, warn_and_requeue
+from tests.slurm_cluster import (
+    TRAINING,
+    SlurmCluster,
+    completed_in_its_job,
+    finish,
+    said_requeued,
+    submit,
+    warn_and_requeue,
+)
 from tests.test_local_cluster import alive, started_pids
 from tests.test_signals import ended
 from tests.test_signals import start as start_console
@@ -718,40 +726,41 @@ def test_a_killed_keras_trainer_ends_the_step_and_is_named(
 
 
 @pytest.mark.slurm
-def test_a_keras_trainer_whose_data_hangs_is_named_with_its_stack(
+def test_a_keras_trainer_whose_data_hangs_is_named_and_the_step_restarted(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     """#55, MultiWorkerMirroredStrategy: the worker's tf.data pipeline blocks for ever before
-    its 30th batch, in a Python function on a thread of tf.data's, while the chief waits for
-    it in the all-reduce. The worker is named as the run's first failure, waiting in its own
-    code, and each task's log has its threads' stacks; the step ends."""
-    (tmp_path / "logs").mkdir()
-    step = subprocess.Popen(
-        ["srun", "--nodes=2", "--ntasks-per-node=1", f"--output={tmp_path}/logs/%t.log",
-         sys.executable, "-m", RUN, f"--experiment={PACED_KERAS}", f"--output_root={tmp_path}",
-         "--train_steps=1000", "--hang_timeout=5"],
-        env=slurm_cluster.environ(PACED_KERAS_HANG_AT="30"), cwd=REPOSITORY,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    its 50th batch, in a Python function on a thread of tf.data's, while the chief waits for
+    it in the all-reduce; both are found hung at once. The worker is named as the run's first
+    failure, waiting in its own code, each task's log has its threads' stacks, and the step
+    starts again from the checkpoint of step 40, where it does not hang, and completes."""
+    job = submit(
+        slurm_cluster, tmp_path, "hangs", f"--experiment={PACED_KERAS}", "--train_steps=100",
+        "--save_checkpoints_steps=20", "--hang_timeout=5",
+        sbatch_options=("--ntasks-per-node=1",),
+        environ={"PACED_KERAS_HANG_AT": "50", "PACED_KERAS_HANG_ONCE": str(tmp_path / "once")},
     )  # fmt: skip
     try:
-        ended_within(step, START_SECONDS)
+        ended = finish(slurm_cluster, job)
     finally:
-        if step.poll() is None:
-            step.kill()
-    logs = read_logs(tmp_path / "logs")
-    assert step.returncode != 0
-    first = json.loads(next((tmp_path / "paced_keras" / "failures").glob("*.json")).read_text())
-    assert re.match(
-        r"worker 0 on node\d: hung at global step (2\d|30): no step for [56] s, waiting in its "
-        r"own code \(paced_keras.py:\d+ in _hang_at\)",
-        first["line"],
-    ), first
-    assert (
-        "chief 0, thread MainThread (most recent call last):"
-        in (tmp_path / "logs" / "0.log").read_text()
+        if job.poll() is None:
+            job.kill()
+    output = completed_in_its_job(ended, tmp_path)
+    named = re.search(
+        r"first to fail: worker 0 on node\d: hung at global step (4\d|50): no step for [56] s, "
+        r"waiting in its own code \(paced_keras.py:\d+ in _hang_at\)",
+        output,
     )
+    assert named is not None, output
+    assert re.search(
+        rf"starting the step again in job {ended['JobId']} \(restart 1 of at most 2\), from "
+        rf"the checkpoint of step 40: worker 0 hung at global step {named[1]}",
+        output,
+    ), output
+    logs = read_logs(tmp_path / "hangs" / "logs")
+    assert "chief 0, thread MainThread (most recent call last):" in logs
     assert re.search(r"paced_keras.py\", line \d+, in _hang_at\n +time.sleep\(3600\)", logs)
-    assert slurm_cluster.left_behind() == {}
+    assert checkpoint_step(tmp_path / "hangs") == 100
 
 
 @pytest.mark.slurm
