@@ -283,7 +283,11 @@ def _trained(trainer: Backend, end: _End) -> Any:
     threading.Thread(
         target=_end_a_stop_not_taken, args=(end,), name="stop-watch", daemon=True
     ).start()
-    result = trainer.train(end)
+    try:
+        result = trainer.train(end)
+    finally:
+        # A script that goes on after the Python API's error is not hung.
+        hang_watch.paused()
     if not end.ended.is_set():
         raise BackendError(
             f"the {type(trainer).__name__} returned from its training without ending it (at "
