@@ -105,13 +105,16 @@ def _batch_size() -> tf.Tensor | None:
 
 class CheckpointTimer(tf.compat.v1.train.CheckpointSaverListener):
     """Times each checkpoint the chief writes, for the stop before the time limit, which must
-    leave time for one more (process/job/time_limit.py)."""
+    leave time for one more (process/job/time_limit.py). From a checkpoint to the next step
+    the hang watch rests: a single process's train_and_evaluate evaluates there, for as long
+    as its eval set takes."""
 
     def __init__(self, stop: StopRequest) -> None:
         self._stop = stop
         self._started = 0.0
 
     def before_save(self, session: Any, global_step_value: int) -> None:
+        hang_watch.paused()
         self._started = time.monotonic()
 
     def after_save(self, session: Any, global_step_value: int) -> None:
