@@ -80,7 +80,8 @@ class StepEnd(NamedTuple):
 
 class StepEnds:
     """What follows each step of a Keras trainer: the step said to the hang watch, a
-    checkpoint where due by steps or by time, and a stop on a signal. With `sum_votes` (a
+    checkpoint where due by steps or by time (during which the watch rests: a large model's
+    write to a slow file system is no hang), and a stop on a signal. With `sum_votes` (a
     cluster's trainers), every STOP_CHECK_STEPS steps the trainers agree, so that all of them
     stop, or save, at the same step (a checkpoint is a collective); a requeueing signal any
     of them got stands for all, so that the chief requeues even where only another was told,
@@ -99,18 +100,24 @@ class StepEnds:
         self._stop = stop
         self._requeue_on = requeue_on
         self._sum_votes = sum_votes
+        self._step = 0
 
     def after(self, before: int, step: int) -> StepEnd:
         """What follows the step that took the global step from `before` to `step`."""
         hang_watch.stepped(step)
+        self._step = step
         stop_on, due = self._agreed(before, step)
         if stop_on:
             logging.info("stopping on %s at global step %d", stop_on, step)
-        return StepEnd(bool(stop_on) or due or self._cadence.by_steps(before, step), stop_on)
+        save = bool(stop_on) or due or self._cadence.by_steps(before, step)
+        if save:
+            hang_watch.paused()
+        return StepEnd(save, stop_on)
 
     def saved(self) -> None:
         """The trainer wrote the checkpoint `after` asked for."""
         self._cadence.saved()
+        hang_watch.stepped(self._step)
 
     def _agreed(self, before: int, step: int) -> tuple[str, bool]:
         own = self._stop.signal_name if self._stop.requested else ""
