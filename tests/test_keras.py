@@ -61,6 +61,19 @@ def train(
     )
 
 
+def test_a_coordinator_s_layout_refuses_one_thread_between_ops(tmp_path: Path) -> None:
+    """#55: a ParameterServerStrategy worker with 1 thread between ops hung at its 6th step
+    on the test cluster, its gRPC handler holding the one thread its step's ops needed. The
+    sizing gives workers 2 or more; a flag that asks for 1 is refused before any task starts."""
+    result = train(tmp_path, "--coordinator", "--inter_op_threads=1", "--print_model_dir")
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        "tfconfig-slurm-run: --inter_op_threads: is 1, and a ParameterServerStrategy worker "
+        "needs 2 or more"
+    ), result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_mnist_keras_trains_and_resumes_to_the_step(tmp_path: Path) -> None:
     """40 steps, then the rest resumed: 80 in all. Its accuracy floor, 97% after 300 steps, is
     bench/accuracy.py's."""

@@ -62,6 +62,13 @@ def test_what_explain_says_of_every_task_is_what_the_task_takes(
         assert threads.for_role(role, 16, own_cpus=False) == explained[rank], rank
 
 
+def test_a_parameter_server_strategy_worker_keeps_2_threads_between_ops() -> None:
+    """Its inter-op pool runs both the coordinator's request for a step, which waits there
+    for the step, and the step's ops: 2 workers on 2 cores, 1 thread each, hung (#55 item 5)."""
+    assert threads.sized("worker", cpus=2, trainers_on_node=2, coordinator=True) == (1, 2)
+    assert threads.sized("worker", cpus=2, trainers_on_node=2) == (1, 1)
+
+
 def test_parameter_server_strategy_s_coordinator_is_no_trainer() -> None:
     """In a --coordinator layout the workers share the node; the coordinator, which trains
     nothing, keeps every CPU, as a ps does."""

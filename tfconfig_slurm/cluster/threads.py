@@ -27,6 +27,11 @@ from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER, ClusterL
 from tfconfig_slurm.cluster.role import ClusterRole
 
 
+# The fewest threads between ops of a ParameterServerStrategy worker: one held by the
+# coordinator's request for a step, one at least to run the step's ops.
+PS_WORKER_MIN_INTER_OP = 2
+
+
 class Threads(NamedTuple):
     """A task's TensorFlow thread pools: threads inside one op, and ops run at once."""
 
@@ -44,6 +49,12 @@ def sized(role: str, *, cpus: int, trainers_on_node: int, coordinator: bool = Fa
     cpus = max(1, cpus)
     if role in _trainers(coordinator):
         share = max(1, cpus // max(1, trainers_on_node))
+        if coordinator:
+            # A ParameterServerStrategy worker runs each step the coordinator sends it in a
+            # handler on its inter-op pool, which waits there for the step's ops, run on the
+            # same pool: with 1 thread, a step whose ops leave it (its input not ready) waits
+            # for ever (#55 item 5).
+            return Threads(share, max(share, PS_WORKER_MIN_INTER_OP))
         return Threads(share, share)
     if role in (PS, CHIEF, EVALUATOR):
         return Threads(cpus, cpus)

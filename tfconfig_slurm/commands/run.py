@@ -123,6 +123,7 @@ def _start(
         )
     if policy.coordinator and kind != experiment_lib.KERAS:
         raise lifecycle.coordinator_refused("--coordinator")
+    runtime_backends.check_inter_op_threads(policy.coordinator)
     is_keras = kind in (experiment_lib.KERAS, experiment_lib.KERAS3)
     if is_keras:
         policy = _keras_layout(policy, kind)

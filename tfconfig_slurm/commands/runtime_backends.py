@@ -206,11 +206,27 @@ def _loaded(
     return experiment, settings
 
 
+def check_inter_op_threads(coordinator: bool) -> None:
+    """Refuses --inter_op_threads below what a ParameterServerStrategy worker needs, in a
+    layout for its `coordinator`: the coordinator's request for a step holds one of the
+    worker's threads between ops while the step's ops run on the others."""
+    given, least = runtime_flags.INTER_OP_THREADS.value, threads_lib.PS_WORKER_MIN_INTER_OP
+    if coordinator and given is not None and 0 < given < least:
+        raise UsageError(
+            "--inter_op_threads",
+            f"is {given}, and a ParameterServerStrategy worker needs {least} or more: the "
+            "coordinator's request for a step holds one while the step's ops run on the "
+            "others, and with none left the step waits for ever",
+            f"leave it out (a worker gets {least} or more), or give {least} or more",
+        )
+
+
 def task_threads(where: place.Place) -> tuple[Threads, str]:
     """The task's TensorFlow threads: each flag where given (0: TensorFlow's own), else sized
     by its role and its node's share of the CPUs its process may run on (cluster/threads.py);
     TensorFlow's own in a single process. With the line that says them ("" where none is
     set), for the caller to log once its input has passed: a refusal stays one line."""
+    check_inter_op_threads(where.role is not None and where.role.coordinator)
     cpus = len(os.sched_getaffinity(0))
     sized = (
         _TENSORFLOW_S
