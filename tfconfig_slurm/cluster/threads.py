@@ -26,7 +26,6 @@ from typing import NamedTuple
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER, ClusterLayout
 from tfconfig_slurm.cluster.role import ClusterRole
 
-
 # The fewest threads between ops of a ParameterServerStrategy worker: one held by the
 # coordinator's request for a step, one at least to run the step's ops.
 PS_WORKER_MIN_INTER_OP = 2
