@@ -177,3 +177,22 @@ def test_a_stop_a_process_cannot_take_at_a_step_ends_it_stopped(tmp_path: Path) 
     state = json.loads((tmp_path / "paced" / "state.json").read_text())
     assert (state["state"], state["signal"]) == ("stopped", "SIGTERM"), state
     assert process.returncode == 0, stderr[-3000:]
+
+
+@pytest.mark.tensorflow
+def test_an_estimator_process_whose_input_hangs_is_named_with_its_stack(tmp_path: Path) -> None:
+    """Estimator's hooks say its steps to the watch: its input blocks at the 30th batch, in
+    the Python function tf.data runs for it on a thread of its own."""
+    ended = subprocess.run(
+        [sys.executable, "-m", "tfconfig_slurm.run", f"--experiment={PACED}",
+         f"--output_root={tmp_path}", "--train_steps=1000", "--hang_timeout=3"],
+        env={"PATH": os.environ["PATH"], "PACED_HANG_AT": "30"},
+        cwd=REPOSITORY, check=False, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ended.returncode == EXIT_HUNG, ended.stderr[-3000:]
+    said = re.search(
+        r"the process: hung: no step for [34] s since global step (\d+) ", ended.stderr
+    )
+    assert said is not None and 20 <= int(said[1]) <= 30, ended.stderr[-3000:]
+    assert "waiting in its own code (paced.py:" in ended.stderr
+    assert "in _paced_or_hung\n    time.sleep(3600)" in ended.stderr
