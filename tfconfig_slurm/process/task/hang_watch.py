@@ -162,6 +162,8 @@ class Watch:
         mine = Account(name, self._node, step, time.time() - silent, waits_in, own)
         accounts = self._accounts(mine)
         blamed, rule = blame(accounts)
+        # The blamed task's own silence, which may be longer than this one's.
+        silent = max(silent, time.time() - blamed.stepped_at) if blamed != mine else silent
         what = (
             f"hung at global step {blamed.step}: no step for {silent:.0f} s, waiting in "
             f"{'its own code' if blamed.own_code else 'TensorFlow, JAX or the runtime'} "
