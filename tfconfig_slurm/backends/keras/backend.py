@@ -1,7 +1,7 @@
-"""What the Keras backends (train.py, coordinator.py, sidecar.py) share as the lifecycle's backend
-(process/task/lifecycle.py): the run's experiment, settings and hparams; once training is set up in
-this process, the hparams' record for TensorBoard; and, for the two that train, the checkpoint
-step their saver last wrote."""
+"""What the tf-keras backends (train.py, coordinator.py, sidecar.py) share as the lifecycle's
+backend (process/task/lifecycle.py), beyond what Keras 3's shares with them
+(process/task/keras_run.py): once training is set up in this process, the hparams' record for
+TensorBoard; and, for the two that train, the checkpoint step their saver last wrote."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from typing import Any, Protocol
 
 from tfconfig_slurm.backends.keras.model_dir import Saver, write_hparams
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process.task.lifecycle import Hparam, TaskRun
-from tfconfig_slurm.process.task.settings import TrainingSettings
-from tfconfig_slurm.process.user_code.experiment import KerasExperiment
+from tfconfig_slurm.process.task.keras_run import KerasRun
+from tfconfig_slurm.process.task.lifecycle import Hparam
 
 
 class SetUp(Protocol):
@@ -23,20 +22,8 @@ class SetUp(Protocol):
     def writer(self) -> Any: ...
 
 
-class KerasBackendBase(abc.ABC):
-    """A Keras backend: what it trains, and what it answers once `_set_up()` has built it."""
-
-    def __init__(
-        self, experiment: KerasExperiment, settings: TrainingSettings, task: TaskRun
-    ) -> None:
-        self._experiment = experiment
-        self._settings = settings
-        self._task = task
-        self._role = task.place.role
-        self._stop = task.stop
-        self.experiment = experiment.name
-        self.train_steps = settings.train_steps
-        self.hparams: Mapping[str, Any] = settings.hparams(experiment.hparams)
+class KerasBackendBase(KerasRun, abc.ABC):
+    """A tf-keras backend: what it trains, and what it answers once `_set_up()` has built it."""
 
     @property
     def _cluster_role(self) -> ClusterRole:

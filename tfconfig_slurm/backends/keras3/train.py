@@ -49,6 +49,7 @@ from tfconfig_slurm.process.records import history, model_dir, reports
 from tfconfig_slurm.process.records.owner import owns_run
 from tfconfig_slurm.process.supervision import answering, watchdog
 from tfconfig_slurm.process.task import cadence, hang_watch
+from tfconfig_slurm.process.task.keras_run import KerasRun
 from tfconfig_slurm.process.task.lifecycle import Ending, Hparam, TaskRun
 from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.task.throughput import LossSinceLastLine, Rates, Throughput
@@ -68,21 +69,11 @@ warnings.filterwarnings("ignore", message="`shuffle=True` was passed", module="k
 warnings.filterwarnings("ignore", message="Your input ran out of data", module="keras")
 
 
-class Keras3Backend:
+class Keras3Backend(KerasRun):
     """Keras 3 training as the lifecycle's backend (process/task/lifecycle.py): this process's
     model, restored, trained with fit to --train_steps, evaluated and reported."""
 
-    def __init__(
-        self, experiment: KerasExperiment, settings: TrainingSettings, task: TaskRun
-    ) -> None:
-        self._experiment = experiment
-        self._settings = settings
-        self._task = task
-        self._role = task.place.role
-        self.experiment = experiment.name
-        self.train_steps = settings.train_steps
-        self.hparams: Mapping[str, Any] = settings.hparams(experiment.hparams)
-        self._process: _Process | None = None
+    _process: _Process | None = None
 
     def _set_up(self) -> _Process:
         if self._process is None:
