@@ -293,6 +293,9 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
     first = {"task": "worker 1", "node": "node2", "what": "ValueError: bad batch",
              "exit_status": 1, "seen_by": None, "time": time.time()}  # fmt: skip
     (failed / "failures" / "7.0.0.json").write_text(json.dumps(first))
+    # A local cluster whose launcher removed its lock without a failure, its chief's word lost
+    # (it was killed in a stop it could not take): it no longer trains.
+    run_dir(tmp_path, "d-silent", {"state": "running", "hparams": hparams}, None, 10)
     # A local cluster's launcher removes its lock as it stops the tasks a failure left.
     unlocked = run_dir(tmp_path, "d-unlocked", {"state": "running", "hparams": hparams}, None, 5)
     (unlocked / "failures").mkdir()
@@ -311,6 +314,7 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
         ("a-done", "done", 50),
         ("c-running", "running", 35),
         ("d-failed", "failed", 30),
+        ("d-silent", "failed", 10),
         ("d-unlocked", "failed", 5),
         ("e-stopped", "stopped", 40),
         ("f-continued", "stopped", 60),
@@ -320,7 +324,7 @@ def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path)
     assert runs[0]["hparams"] == {"learning_rate": 0.002} and runs[0]["examples_per_sec"] is None
     assert {"experiment_id", "state", "global_step", "hparams", "eval", "job_id"} <= set(runs[0])
     assert [run["first_failure"] for run in runs] == [
-        None, None, None, "worker 1 on node2: ValueError: bad batch (exit 1)",
+        None, None, None, "worker 1 on node2: ValueError: bad batch (exit 1)", None,
         "ps 0 on node2: ValueError: bad batch (exit 1)", None, None
     ]  # fmt: skip
     assert [run["stopped_by"] for run in runs][-2:] == ["SIGUSR1", "time limit"]

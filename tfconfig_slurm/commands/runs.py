@@ -411,11 +411,12 @@ def _state(
     if job is not None and jobs is not None:
         # A run still "running" whose job is over, or ending, ended without saying so.
         return "running" if queued not in (None, _ENDING) else "failed"
-    # Outside SLURM, or without squeue: the model directory's lock says whether it trains,
-    # and a failure recorded since its attempt began, with no live lock, that it failed (a
-    # local cluster's launcher removes its lock as it stops the rest).
-    live = claim.held_by_live_run(folder)
-    return "running" if live or (live is None and not failed) else "failed"
+    # Outside SLURM, or without squeue: the model directory's lock says whether it trains.
+    # Every run holds it before it says "running" (the chief's, a single process's, a local
+    # cluster's launcher's), and keeps it until it says how it ended: none, or a stale one,
+    # and the run ended without a word (a local cluster's launcher removes its lock as it
+    # stops the rest).
+    return "running" if claim.held_by_live_run(folder) else "failed"
 
 
 def _requeued_since(state: Mapping[str, Any]) -> bool:
