@@ -29,7 +29,7 @@ from absl import flags, logging
 
 from tfconfig_slurm.backends.keras3 import boot
 from tfconfig_slurm.cluster import render
-from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR
+from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, ClusterLayout
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.commands import layout_flags, model_dir_flag
@@ -85,6 +85,37 @@ def main(argv: Sequence[str]) -> int:
         raise UsageError(
             "COMMAND", "missing: nothing to run", "srun launch/with-tfconfig python my_script.py"
         )
+    layout, rank = _this_step_s_layout()
+    environment = _task_environment(layout, rank)
+    program = _program(command)
+    task = layout.task(rank)
+    if task.role != EVALUATOR:
+        network.check_port_free(f"{task.role} {task.index}", task.address)
+    role = ClusterRole.from_json(environment["TF_CONFIG"])
+    environment = {**os.environ, **environment}
+    environment.update(_keras3_environment(role, environment) if KERAS3.value else {})
+    owner, held = _run_held(command, role, task.node) if MODEL_DIR.value else (None, None)
+    logging.info(
+        "rank %d on %s is %s %d at %s with GPUs [%s]; running %s",
+        rank,
+        task.node,
+        task.role,
+        task.index,
+        task.address,
+        environment["CUDA_VISIBLE_DEVICES"],
+        command[0],
+    )
+    status = _supervised(command, program, environment, role, owner)
+    # A run done frees its directory. One stopped (for a requeue) or failed keeps it for its
+    # job, as the runtime keeps its own: another job takes it over only once the lock has
+    # gone stale, this process no longer renewing it.
+    if held is not None and status == 0:
+        held.release()
+    return status
+
+
+def _this_step_s_layout() -> tuple[ClusterLayout, int]:
+    """The step's layout, as the flags and SLURM give it, and this task's rank in it."""
     if KERAS3.value:
         _keras3_layout()
     layout, rank = layout_flags.resolve_layout(os.environ)
@@ -95,6 +126,12 @@ def main(argv: Sequence[str]) -> int:
             "run inside a job step without --nodelist; to see a plan use tfconfig-slurm --explain",
         )
     place.warn_idle_gpus(layout)
+    return layout, rank
+
+
+def _task_environment(layout: ClusterLayout, rank: int) -> dict[str, str]:
+    """The variables the task `rank` of `layout` runs with, its TF_CONFIG checked against one
+    made for this step already and against the size exec passes."""
     environment = render.task_environment(layout, rank)
     tf_config = environment["TF_CONFIG"]
     given = place.given_tf_config(os.environ, layout.shape)
@@ -114,6 +151,12 @@ def main(argv: Sequence[str]) -> int:
             "tfconfig_slurm.cluster.read_slurm_step and lay_out_step, then "
             "tfconfig_slurm.cluster.render.tf_config; or start fewer tasks",
         )
+    return environment
+
+
+def _program(command: Sequence[str]) -> str:
+    """The command's program, found; with --keras3, this environment's Python checked for
+    Keras 3 and JAX (else the script fails in Keras or JAX, in a traceback on every task)."""
     program = shutil.which(command[0])
     if program is None:
         raise UsageError(
@@ -122,25 +165,18 @@ def main(argv: Sequence[str]) -> int:
             "give the command as you would run it in the task, e.g. python my_script.py",
         )
     if KERAS3.value and _this_environment_s_python(program):
-        # Else the script fails in Keras or JAX, in a traceback on every task.
         versions.require_keras3("--keras3")
-    task = layout.task(rank)
-    if task.role != EVALUATOR:
-        network.check_port_free(f"{task.role} {task.index}", task.address)
-    environment = {**os.environ, **environment}
-    role = ClusterRole.from_json(tf_config)
-    environment.update(_keras3_environment(role, environment) if KERAS3.value else {})
-    owner, held = _run_held(command, role, task.node) if MODEL_DIR.value else (None, None)
-    logging.info(
-        "rank %d on %s is %s %d at %s with GPUs [%s]; running %s",
-        rank,
-        task.node,
-        task.role,
-        task.index,
-        task.address,
-        environment["CUDA_VISIBLE_DEVICES"],
-        command[0],
-    )
+    return program
+
+
+def _supervised(
+    command: Sequence[str],
+    program: str,
+    environment: dict[str, str],
+    role: ClusterRole,
+    owner: RunOwner | None,
+) -> int:
+    """The command started and supervised as `role`'s task to its end; its exit status."""
     with _jax_notes(role, environment) as notes:
         group = supervise.command_group(
             RunDir(model_dir_flag.made()).native_end(role.task_id) if MODEL_DIR.value else None
@@ -159,11 +195,6 @@ def main(argv: Sequence[str]) -> int:
             )
         if status == 0 and _trained_apart(role, notes):
             status = 1
-    # A run done frees its directory. One stopped (for a requeue) or failed keeps it for its
-    # job, as the runtime keeps its own: another job takes it over only once the lock has
-    # gone stale, this process no longer renewing it.
-    if held is not None and status == 0:
-        held.release()
     return status
 
 
