@@ -113,36 +113,9 @@ def _start(
     """The task's layout and place checked, then its run (or a local cluster's, or the model
     directory printed for a batch script); a refusal of its input is recorded for the runs
     table where it comes before the run starts (process/records/refusal.py)."""
-    policy = layout_flags.step_policy()
-    if policy.coordinator and kind == experiment_lib.KERAS3:
-        raise UsageError(
-            "--coordinator",
-            "lays the step out for ParameterServerStrategy, which trains tf-keras models, and "
-            "a Keras 3 experiment trains on JAX, one process a task, all of them training",
-            "leave --coordinator out (docs/keras3.md)",
-        )
-    if policy.coordinator and kind != experiment_lib.KERAS:
-        raise lifecycle.coordinator_refused("--coordinator")
-    runtime_backends.check_inter_op_threads(policy.coordinator)
-    is_keras = kind in (experiment_lib.KERAS, experiment_lib.KERAS3)
-    if is_keras:
-        policy = _keras_layout(policy, kind)
-    counts = (
-        local_cluster.parse(
-            runtime_flags.LOCAL_CLUSTER.value,
-            all_reduce=is_keras and not policy.coordinator,
-            coordinator=policy.coordinator,
-        )
-        if runtime_flags.LOCAL_CLUSTER.value
-        else None
-    )
-    # After the flags' own checks, so that a batch script stops at its first call on flags
-    # that every task would refuse (and a local cluster's launcher before it starts any). An
-    # experiment's hparams are checked here where its source gives them literally; else the
-    # tasks check them, as importing the module imports TensorFlow.
-    literal = experiment_lib.literal_hparams(spec)
-    if literal is not None:
-        hparams_lib.with_overrides(literal, hparams)
+    policy = _policy_for(kind)
+    counts = _local_cluster(kind, policy)
+    _check_literal_hparams(spec, hparams)
     named = run_directory.naming()
     model_dir.check_writable(directory, named)
     if runtime_flags.PRINT_MAX_RESTARTS.value:
@@ -155,46 +128,95 @@ def _start(
         model_dir.check_free(directory, None, named, job)
         run_directory.check_trainable([directory], spec, kind, policy.coordinator, named)
     if runtime_flags.PRINT_MODEL_DIR.value:
-        sys.stdout.write(f"{directory}\n")
-        # On stderr, which a batch script's .out holds: which run a job is about to carry on.
-        sys.stderr.write(f"{history.before_start(directory, runtime_flags.TRAIN_STEPS.value)}\n")
+        _print_model_dir(directory)
         return 0
     if counts is not None:
         # The trailing --local_cluster= overrides the launcher's: a task runs one role.
         command = [sys.executable, "-m", "tfconfig_slurm.run", *sys.argv[1:], "--local_cluster="]
         return local_cluster.run(
-            counts,
-            directory,
-            command,
-            program=PROGRAM,
+            counts, directory, command, program=PROGRAM, naming=named, environ=os.environ,
+            job=job, coordinator=policy.coordinator,
+        )  # fmt: skip
+    return _train(
+        kind,
+        hparams,
+        policy,
+        lifecycle.TaskRun(
+            place=place.find(os.environ, policy, place.servers_flag(policy)),
+            model_dir=directory,
             naming=named,
+            stop=stop,
+            stop_policy=preemption.StopPolicy(
+                requeue_on,
+                runtime_flags.MAX_REQUEUES.value,
+                time_limit_signal=preempt.name if preempt else None,
+                time_limit_margin=runtime_flags.TIME_LIMIT_MARGIN.value,
+            ),
             environ=os.environ,
             job=job,
-            coordinator=policy.coordinator,
+            hang_seconds=hang_watch.seconds_from(runtime_flags.HANG_TIMEOUT.value, os.environ),
+        ),
+    )
+
+
+def _check_literal_hparams(spec: str, hparams: str) -> None:
+    """--hparams checked against the experiment's HPARAMS where its source gives them
+    literally; else the tasks check them, as importing the module imports TensorFlow. After
+    the flags' own checks, so that a batch script stops at its first call on flags that every
+    task would refuse (and a local cluster's launcher before it starts any)."""
+    literal = experiment_lib.literal_hparams(spec)
+    if literal is not None:
+        hparams_lib.with_overrides(literal, hparams)
+
+
+def _print_model_dir(directory: Path) -> None:
+    """--print_model_dir's answer; on stderr, which a batch script's .out holds, which run a
+    job is about to carry on."""
+    sys.stdout.write(f"{directory}\n")
+    sys.stderr.write(f"{history.before_start(directory, runtime_flags.TRAIN_STEPS.value)}\n")
+
+
+def _local_cluster(kind: str, policy: LayoutPolicy) -> dict[str, int] | None:
+    """The tasks --local_cluster asks for, for an experiment of `kind`; None without it."""
+    if not runtime_flags.LOCAL_CLUSTER.value:
+        return None
+    keras = kind in (experiment_lib.KERAS, experiment_lib.KERAS3)
+    return local_cluster.parse(
+        runtime_flags.LOCAL_CLUSTER.value,
+        all_reduce=keras and not policy.coordinator,
+        coordinator=policy.coordinator,
+    )
+
+
+def _policy_for(kind: str) -> LayoutPolicy:
+    """The step's layout policy, as the flags give it, for an experiment of `kind`: a
+    coordinator's only for tf-keras, and with 2 or more threads between ops; a Keras one's
+    without parameter servers unless a coordinator's."""
+    policy = layout_flags.step_policy()
+    if policy.coordinator and kind == experiment_lib.KERAS3:
+        raise UsageError(
+            "--coordinator",
+            "lays the step out for ParameterServerStrategy, which trains tf-keras models, and "
+            "a Keras 3 experiment trains on JAX, one process a task, all of them training",
+            "leave --coordinator out (docs/keras3.md)",
         )
+    if policy.coordinator and kind != experiment_lib.KERAS:
+        raise lifecycle.coordinator_refused("--coordinator")
+    runtime_backends.check_inter_op_threads(policy.coordinator)
+    if kind in (experiment_lib.KERAS, experiment_lib.KERAS3):
+        return _keras_layout(policy, kind)
+    return policy
+
+
+def _train(kind: str, hparams: str, policy: LayoutPolicy, task: lifecycle.TaskRun) -> int | None:
+    """This task of the step trains (or serves), at its place; a process that ends it."""
     # A task's Ctrl-C (a local cluster's launcher passes SIGTERM on instead): Python's own
     # KeyboardInterrupt waits for TensorFlow's C++ to return, which a task waiting for its
     # peers does not.
-    stop.listen(signal.SIGINT)
-    where = place.find(os.environ, policy, place.servers_flag(policy))
-    where.set_in(os.environ)
-    if where.role is None:
+    task.stop.listen(signal.SIGINT)
+    task.place.set_in(os.environ)
+    if task.place.role is None:
         _check_one_process()
-    task = lifecycle.TaskRun(
-        place=where,
-        model_dir=directory,
-        naming=named,
-        stop=stop,
-        stop_policy=preemption.StopPolicy(
-            requeue_on,
-            runtime_flags.MAX_REQUEUES.value,
-            time_limit_signal=preempt.name if preempt else None,
-            time_limit_margin=runtime_flags.TIME_LIMIT_MARGIN.value,
-        ),
-        environ=os.environ,
-        job=job,
-        hang_seconds=hang_watch.seconds_from(runtime_flags.HANG_TIMEOUT.value, os.environ),
-    )
     if policy.coordinator:
         return _coordinated(task, hparams)
     backend = runtime_backends.for_kind(kind, os.environ)
