@@ -189,7 +189,6 @@ LONG_TODAY = {
     ("commands/runs.py", "_standing"): 79,
     ("commands/runs.py", "_run"): 65,
     ("commands/srun.py", "_steps"): 61,
-    ("commands/sweep.py", "main"): 92,
     ("process/job/continuation.py", "resources"): 79,
     ("process/job/preemption.py", "requeue"): 89,
     ("process/job/time_limit.py", "keep"): 71,

@@ -100,21 +100,55 @@ def main(argv: Sequence[str]) -> int:
         raise UsageError(
             "SWEEP_FILE", "missing", f"{COMMAND} [--max_running=N] SWEEP_FILE [runtime flags]"
         )
-    sweep_file, runtime_flags = Path(argv[1]), list(argv[2:])
-    # The runtime flags, parsed by the runtime's own definitions: a bad one fails here.
+    sweep_file = Path(argv[1])
+    runtime_flags = _runtime_flags(argv[2:])
+    lines = _checked_sweep(sweep_file)
+    kept, text = _kept(sweep_file, lines)
+    array = f"0-{len(lines) - 1}" + (f"%{MAX_RUNNING.value}" if MAX_RUNNING.value else "")
+    command = [
+        "sbatch", "--parsable", f"--array={array}", f"--job-name={sweep_file.stem}",
+        # One output file a run, named as the runs table names it: <sweep>-<job>_<line>.out.
+        f"--output={sweep_file.stem}-%A_%a.out",
+        *SBATCH_OPTIONS.value, str(BATCH_SCRIPT.value), *runtime_flags, f"--sweep_file={kept}",
+    ]  # fmt: skip
+    if DRY_RUN.value:
+        sys.stdout.write(shlex.join(command) + "\n")
+        return 0
+    job = _submitted(command, kept, text)
+    sys.stdout.write(f"{job}\n")
+    runs = (
+        f"1 run {sweep_file.stem}-0"
+        if len(lines) == 1
+        else f"{len(lines)} runs {sweep_file.stem}-0 to {sweep_file.stem}-{len(lines) - 1}"
+    )
+    sys.stderr.write(
+        f"{PROGRAM}: job array {job}: {runs} in {run_directory.output_root()}; see them with "
+        f"tfconfig-slurm runs {run_directory.output_root()}\n"
+    )
+    return 0
+
+
+def _runtime_flags(arguments: Sequence[str]) -> list[str]:
+    """The runtime flags after SWEEP_FILE, parsed by the runtime's own definitions (a bad one
+    fails here), less the sweep's own flags that came among them."""
     flags.FLAGS.set_gnu_getopt(True)
     try:
-        stray = flags.FLAGS([PROGRAM, *runtime_flags])[1:]
+        stray = flags.FLAGS([PROGRAM, *arguments])[1:]
     except FLAG_ERRORS as error:
         # The sweep's own flags may come after SWEEP_FILE too.
         own = re.match(rf"flag --({'|'.join(_OWN_FLAGS)})=", str(error))
         whose = COMMAND if own else "tfconfig-slurm-run"
-        raise flag_error(error, whose, [PROGRAM, *runtime_flags]) from None
+        raise flag_error(error, whose, [PROGRAM, *arguments]) from None
     if stray:
         raise UsageError(repr(stray[0]), "is not a flag", "runtime flags start with --")
     # The sweep's own flags after SWEEP_FILE were parsed above as well: they are the sweep's,
     # and the runtime, which does not know them, must not get them.
-    runtime_flags = _without_own_flags(runtime_flags)
+    return _without_own_flags(list(arguments))
+
+
+def _checked_sweep(sweep_file: Path) -> list[str]:
+    """The sweep file's lines, once it, the batch script, the sbatch options and the run
+    directories its lines would train in are checked."""
     if BATCH_SCRIPT.value is None or not Path(BATCH_SCRIPT.value).is_file():
         raise UsageError(
             "--batch_script",
@@ -132,6 +166,12 @@ def main(argv: Sequence[str]) -> int:
     _check_name(sweep_file)
     lines = _checked_lines(sweep_file)
     _check_run_directories(sweep_file.stem, len(lines))
+    return lines
+
+
+def _kept(sweep_file: Path, lines: Sequence[str]) -> tuple[Path, str]:
+    """Where the sweep's lines are kept under the output root, for the array's tasks to read,
+    and their text; a sweep of the same name submitted before with other lines is refused."""
     kept = Path(run_directory.output_root(), SWEEPS, f"{sweep_file.stem}.txt").absolute()
     model_dir.check_room(kept.parent, run_directory.naming())
     text = "".join(f"{line}\n" for line in lines)
@@ -142,20 +182,15 @@ def main(argv: Sequence[str]) -> int:
             f"{sweep_file.stem}-0, ... would mix them",
             "give the new sweep a file name of its own; the same lines resume the old sweep",
         )
-    array = f"0-{len(lines) - 1}" + (f"%{MAX_RUNNING.value}" if MAX_RUNNING.value else "")
-    command = [
-        "sbatch", "--parsable", f"--array={array}", f"--job-name={sweep_file.stem}",
-        # One output file a run, named as the runs table names it: <sweep>-<job>_<line>.out.
-        f"--output={sweep_file.stem}-%A_%a.out",
-        *SBATCH_OPTIONS.value, BATCH_SCRIPT.value, *runtime_flags, f"--sweep_file={kept}",
-    ]  # fmt: skip
-    if DRY_RUN.value:
-        sys.stdout.write(shlex.join(command) + "\n")
-        return 0
+    return kept, text
+
+
+def _submitted(command: Sequence[str], kept: Path, text: str) -> str:
+    """The array submitted by `command`, the lines `text` written to `kept` first; its job
+    id. The lines are kept only once sbatch took the array: a sweep that was never submitted
+    does not bind its name to its lines."""
     if shutil.which("sbatch") is None:
         raise UsageError("sbatch", "is not on PATH", "run the sweep on a SLURM login node")
-    # Written before sbatch, for the array's first tasks to read, and kept only once sbatch
-    # took the array: a sweep that was never submitted does not bind its name to its lines.
     submitted_before = kept.exists()
     made = [folder for folder in (kept.parent, *kept.parent.parents) if not folder.exists()]
     kept.parent.mkdir(parents=True, exist_ok=True)
@@ -175,18 +210,7 @@ def main(argv: Sequence[str]) -> int:
             "fix what they name (an --sbatch_option, a #SBATCH line of the batch script, or "
             "SLURM_CONF); --dry_run prints the sbatch command",
         )
-    job = submitted.stdout.strip().split(";")[0]
-    sys.stdout.write(f"{job}\n")
-    runs = (
-        f"1 run {sweep_file.stem}-0"
-        if len(lines) == 1
-        else f"{len(lines)} runs {sweep_file.stem}-0 to {sweep_file.stem}-{len(lines) - 1}"
-    )
-    sys.stderr.write(
-        f"{PROGRAM}: job array {job}: {runs} in {run_directory.output_root()}; see them with "
-        f"tfconfig-slurm runs {run_directory.output_root()}\n"
-    )
-    return 0
+    return submitted.stdout.strip().split(";")[0]
 
 
 def _without_own_flags(arguments: list[str]) -> list[str]:
