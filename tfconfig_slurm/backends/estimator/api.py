@@ -92,6 +92,50 @@ def _run(
     stop = preemption.StopRequest()
     stop.listen(signal.SIGUSR1, signal.SIGTERM)
     faulthandler.register(signal.SIGQUIT, all_threads=True)
+    _check_arguments(estimator, train_spec, eval_spec, layout)
+    directory = Path(estimator.model_dir)
+    model_dir.check_writable(directory, _NAMING)
+    # SLURM's job, read here once for the task's whole life (its step: place.find).
+    job = read_slurm_job(os.environ)
+    counts = os.environ.pop(LOCAL_CLUSTER, "")
+    if counts:
+        # Python 3.10 keeps the command line exactly as it was given (python -m ... too).
+        command = getattr(sys, "orig_argv", [sys.executable, *sys.argv])
+        status = local_cluster.run(
+            local_cluster.parse(counts, LOCAL_CLUSTER),
+            directory,
+            command,
+            program=program,
+            naming=_NAMING,
+            environ=os.environ,
+            job=job,
+        )
+        exits.end_now(status, "the local cluster ended")
+    where = _place(layout)
+    name = Path(sys.argv[0]).stem or directory.name
+    training = train.Training(estimator, train_spec, eval_spec, name=name, hparams=estimator.params)
+    task = lifecycle.TaskRun(
+        place=where,
+        model_dir=directory,
+        naming=_NAMING,
+        stop=stop,
+        stop_policy=_STOP_POLICY,
+        environ=os.environ,
+        job=job,
+        hang_seconds=hang_watch.seconds_from(None, os.environ),
+    )
+    result: trainer.Result | None = lifecycle.run(
+        task,
+        lifecycle.ESTIMATOR,
+        lambda: train.EstimatorBackend(training, where.role, stop),
+    )
+    return result
+
+
+def _check_arguments(
+    estimator: Any, train_spec: Any, eval_spec: Any, layout: LayoutPolicy | None
+) -> None:
+    """train_and_evaluate's arguments of the types it takes, and max_steps set."""
     for name, value, expected, public, example in (
         (
             "estimator", estimator, tf.estimator.Estimator, "Estimator",
@@ -124,24 +168,10 @@ def _run(
             "is not set; the cluster's tasks need to know the final step",
             "e.g. tf.estimator.TrainSpec(input_fn, max_steps=10000)",
         )
-    directory = Path(estimator.model_dir)
-    model_dir.check_writable(directory, _NAMING)
-    # SLURM's job, read here once for the task's whole life (its step: place.find).
-    job = read_slurm_job(os.environ)
-    counts = os.environ.pop(LOCAL_CLUSTER, "")
-    if counts:
-        # Python 3.10 keeps the command line exactly as it was given (python -m ... too).
-        command = getattr(sys, "orig_argv", [sys.executable, *sys.argv])
-        status = local_cluster.run(
-            local_cluster.parse(counts, LOCAL_CLUSTER),
-            directory,
-            command,
-            program=program,
-            naming=_NAMING,
-            environ=os.environ,
-            job=job,
-        )
-        exits.end_now(status, "the local cluster ended")
+
+
+def _place(layout: LayoutPolicy | None) -> place.Place:
+    """This task's place, by `layout` or the layout variables, set in the environment."""
     policy = layout or place.policy_from_environ(os.environ)
     try:
         where = place.find(
@@ -165,21 +195,4 @@ def _run(
             "or start it with launch/with-tfconfig",
             where.gpus,
         )
-    name = Path(sys.argv[0]).stem or directory.name
-    training = train.Training(estimator, train_spec, eval_spec, name=name, hparams=estimator.params)
-    task = lifecycle.TaskRun(
-        place=where,
-        model_dir=directory,
-        naming=_NAMING,
-        stop=stop,
-        stop_policy=_STOP_POLICY,
-        environ=os.environ,
-        job=job,
-        hang_seconds=hang_watch.seconds_from(None, os.environ),
-    )
-    result: trainer.Result | None = lifecycle.run(
-        task,
-        lifecycle.ESTIMATOR,
-        lambda: train.EstimatorBackend(training, where.role, stop),
-    )
-    return result
+    return where
