@@ -243,9 +243,26 @@ def requeue(
             max_requeues,
         )
         return 0
-    # A requeue that failed may have been done all the same (slurmctld answered too late),
-    # and one that SLURM may do failed for another reason: a new job in either case would
-    # leave two jobs queued for one run. Only a job that may not requeue goes on in one.
+    return _requeue_refused(
+        job, problem, environ=environ, max_requeues=max_requeues, stopped_on=stopped_on,
+        model_dir=model_dir,
+    )  # fmt: skip
+
+
+def _requeue_refused(
+    job: SlurmJob,
+    problem: str,
+    *,
+    environ: Mapping[str, str],
+    max_requeues: int,
+    stopped_on: str,
+    model_dir: Path,
+) -> int:
+    """After `scontrol requeue` failed, saying `problem`, the exit status this task should end
+    with. A requeue that failed may have been done all the same (slurmctld answered too
+    late), and one that SLURM may do failed for another reason: a new job in either case would
+    leave two jobs queued for one run. Only a job that may not requeue goes on in one."""
+    target, restarts = job.name, job.restart_count + job.continuation
     record = continuation.job_record(target)
     if isinstance(record, str):
         why = f"its state cannot be read ({record})"
