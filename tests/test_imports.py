@@ -188,7 +188,6 @@ LONG_TODAY = {
     ("commands/runs.py", "_standing"): 79,
     ("commands/runs.py", "_run"): 65,
     ("commands/srun.py", "_steps"): 61,
-    ("process/job/continuation.py", "resources"): 79,
     ("process/job/time_limit.py", "keep"): 71,
     ("process/supervision/local_cluster.py", "_run"): 92,
     ("process/supervision/supervise.py", "supervise"): 93,

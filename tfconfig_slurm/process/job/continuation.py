@@ -242,6 +242,34 @@ def resources(record: Mapping[str, str]) -> list[str]:
     excluded), tasks, CPUs, GPUs (per job, node, task or socket, with their memory and CPUs),
     memory, temporary disk, features, time, partition, account, QOS, reservation, licenses,
     exclusive use, requeue, mail, nice, comment, and an array task's index."""
+    options = {**_named_options(record), **_per_node(record), **_gpus_and_memory(record)}
+    # An array task (a sweep's run) goes on as the same index, which picks its line.
+    if record.get("ArrayTaskId", "").isdigit():
+        options["--array"] = record["ArrayTaskId"]
+    if options["--time"] == "UNLIMITED":
+        del options["--time"]
+    # sbatch takes one of each pair (a record shows CPUs/Task, 1 by default, beside it).
+    if options["--cpus-per-gpu"]:
+        del options["--cpus-per-task"]
+    if options["--mem-per-gpu"]:
+        options.pop("--mem", None)
+        options.pop("--mem-per-cpu", None)
+    switches = {
+        "--exclusive": record.get("OverSubscribe") == "NO",
+        "--exclusive=user": record.get("OverSubscribe") == "USER",
+        "--exclusive=mcs": record.get("OverSubscribe") == "MCS",
+        "--oversubscribe": record.get("OverSubscribe") == "YES",
+        "--contiguous": record.get("Contiguous") == "1",
+        "--no-requeue": record.get("Requeue") == "0",
+    }
+    return [
+        f"{option}={value}" for option, value in options.items() if value not in (None, *NO_VALUE)
+    ] + [switch for switch, given in switches.items() if given]
+
+
+def _named_options(record: Mapping[str, str]) -> dict[str, str | None]:
+    """The options whose value a field of `record` gives as it is (the output files with the
+    job's id as %j)."""
     options = {
         "--job-name": record.get("JobName"),
         "--chdir": record.get("WorkDir"),
@@ -265,6 +293,12 @@ def resources(record: Mapping[str, str]) -> list[str]:
     }
     if record.get("StdErr", "") != record.get("StdOut", ""):
         options["--error"] = _pattern(record.get("StdErr", ""), record)
+    return options
+
+
+def _per_node(record: Mapping[str, str]) -> dict[str, str | None]:
+    """Tasks, sockets and generic resources a node, where `record` asked for them."""
+    options: dict[str, str | None] = {}
     per_node = record.get("NtasksPerN:B:S:C", "").split(":")[0]
     if per_node.isdigit() and int(per_node) > 0:
         options["--ntasks-per-node"] = per_node
@@ -277,6 +311,13 @@ def resources(record: Mapping[str, str]) -> list[str]:
     ]
     if gres:
         options["--gres"] = ",".join(gres)
+    return options
+
+
+def _gpus_and_memory(record: Mapping[str, str]) -> dict[str, str | None]:
+    """GPUs (per job, task or socket, with their memory and CPUs), memory, temporary disk and
+    nice, as `record` gives them."""
+    options: dict[str, str | None] = {}
     for field, option in (
         ("TresPerJob", "--gpus"),
         ("TresPerTask", "--gpus-per-task"),
@@ -293,28 +334,7 @@ def resources(record: Mapping[str, str]) -> list[str]:
     ):
         if record.get(field, "0") not in ("0", *NO_VALUE):
             options[option] = record[field]
-    # An array task (a sweep's run) goes on as the same index, which picks its line.
-    if record.get("ArrayTaskId", "").isdigit():
-        options["--array"] = record["ArrayTaskId"]
-    if options["--time"] == "UNLIMITED":
-        del options["--time"]
-    # sbatch takes one of each pair (a record shows CPUs/Task, 1 by default, beside it).
-    if options["--cpus-per-gpu"]:
-        del options["--cpus-per-task"]
-    if options["--mem-per-gpu"]:
-        options.pop("--mem", None)
-        options.pop("--mem-per-cpu", None)
-    flags = {
-        "--exclusive": record.get("OverSubscribe") == "NO",
-        "--exclusive=user": record.get("OverSubscribe") == "USER",
-        "--exclusive=mcs": record.get("OverSubscribe") == "MCS",
-        "--oversubscribe": record.get("OverSubscribe") == "YES",
-        "--contiguous": record.get("Contiguous") == "1",
-        "--no-requeue": record.get("Requeue") == "0",
-    }
-    return [
-        f"{option}={value}" for option, value in options.items() if value not in (None, *NO_VALUE)
-    ] + [flag for flag, given in flags.items() if given]
+    return options
 
 
 def _gpus(tres: str) -> str | None:
