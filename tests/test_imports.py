@@ -185,7 +185,6 @@ LONG_TODAY = {
     ("backends/keras3/train.py", "_train"): 68,
     ("cluster/step.py", "read_slurm_step"): 73,
     ("commands/plan_flags.py", "planned_shape"): 63,
-    ("commands/runs.py", "_standing"): 79,
     ("commands/runs.py", "_run"): 65,
     ("commands/srun.py", "_steps"): 61,
     ("process/job/time_limit.py", "keep"): 71,

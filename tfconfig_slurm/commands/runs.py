@@ -152,22 +152,8 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
         )
     run = _readable_run(folder, jobs)
     paths = run_dir.RunDir(folder)
-    # A sweep's runs are a level deeper in its output root.
-    held = [
-        str(each.parent.relative_to(folder))
-        for pattern in (f"*/{paths.state.name}", f"*/*/{paths.state.name}")
-        for each in sorted(folder.glob(pattern))
-    ]
-    if run is None and held:
-        # Said as an empty run, an output root looked like a batch job refused at its start.
-        raise UsageError(
-            "--run",
-            f"is {str(folder)!r}, an output root of {len(held)} run(s) ({', '.join(held[:3])}"
-            f"{', ...' if len(held) > 3 else ''}), not a run's model directory",
-            f"give one of them, e.g. --run={folder / held[0]}, or list them all: {PROGRAM} "
-            f"{folder}",
-        )
     if run is None:
+        _refuse_an_output_root(folder, paths)
         # A batch job refused before it could say why here (its first lines say it).
         return f"{folder}: no run has started here, nothing was trained{_logs(paths)}"
     # This batch job's own refusal, where no run began or where another job's run is.
@@ -176,12 +162,37 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
             f"{folder}: job {run['refused']['job_id']} was refused at its start, nothing was "
             f"trained: {run['refused']['line']}{_logs(paths)}"
         )
-    step, state = run["global_step"], run["state"]
-    if state == _UNREADABLE:
+    if run["state"] == _UNREADABLE:
         return (
             f"{folder}: {_UNREADABLE}: its state.json or summary.json is not what the runtime "
             "writes"
         )
+    return f"{folder}: {_how_it_stands(folder, run, paths)}{_logs(paths)}"
+
+
+def _refuse_an_output_root(folder: Path, paths: run_dir.RunDir) -> None:
+    """--run given an output root of runs, not a run, is refused: its runs named."""
+    # A sweep's runs are a level deeper in its output root.
+    held = [
+        str(each.parent.relative_to(folder))
+        for pattern in (f"*/{paths.state.name}", f"*/*/{paths.state.name}")
+        for each in sorted(folder.glob(pattern))
+    ]
+    if held:
+        # Said as an empty run, an output root looked like a batch job refused at its start.
+        raise UsageError(
+            "--run",
+            f"is {str(folder)!r}, an output root of {len(held)} run(s) ({', '.join(held[:3])}"
+            f"{', ...' if len(held) > 3 else ''}), not a run's model directory",
+            f"give one of them, e.g. --run={folder / held[0]}, or list them all: {PROGRAM} "
+            f"{folder}",
+        )
+
+
+def _how_it_stands(folder: Path, run: Mapping[str, Any], paths: run_dir.RunDir) -> str:
+    """How the run `run` of `folder` ended, or where it is: its state, step, metrics or first
+    failure, the job that resumes it, and its restarts."""
+    step, state = run["global_step"], run["state"]
     # How far a failed run got is lost with it: what is kept is its latest checkpoint.
     checkpoint = history.checkpoint_step(folder)
     kept = (
@@ -206,7 +217,7 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
         "failed": f"failed ({kept}); first to fail: {run['first_failure'] or 'not recorded'}",
     }.get(state, f"{state}{at}")
     restarted = f"; {_restarted(run)}" if run["restarts"] else ""
-    return f"{folder}: {said}{restarted}{_logs(paths)}"
+    return f"{said}{restarted}"
 
 
 def _logs(paths: run_dir.RunDir) -> str:
