@@ -180,7 +180,6 @@ MOST_LINES = 60
 # The functions longer than that when the rule came, at their length then: each may only
 # shrink, and leaves this list once it is within MOST_LINES.
 LONG_TODAY = {
-    ("backends/estimator/trainer.py", "run"): 76,
     ("backends/keras/train.py", "train"): 67,
     ("backends/keras3/train.py", "_train"): 68,
     ("cluster/step.py", "read_slurm_step"): 73,

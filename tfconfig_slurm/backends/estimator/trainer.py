@@ -39,11 +39,9 @@ def run(
 ) -> Result | None:
     """Trains as `role` through `server`, the task's own (which carries the thread limits:
     "environment": "google" in TF_CONFIG makes the Estimator use it instead of starting one).
-
     The chief returns what train_and_evaluate returns in one process, a worker (and a chief
     told to stop) None. Told to stop, trainers stop at the next step boundary, after the
-    chief's checkpoint.
-    """
+    chief's checkpoint."""
     started = time.monotonic()
     config = tf.compat.v1.ConfigProto()
     config.CopyFrom(user.config.session_config)
@@ -86,9 +84,23 @@ def run(
             train_spec.max_steps,
         )
         return None
-    # In a cluster the Estimator's chief does not evaluate. Without an evaluator task it
-    # evaluates the final checkpoint here, in-process and with no cluster (the parameter
-    # servers may be gone by now); with one, it takes the evaluator's final result.
+    return _reported(user, eval_spec, role, run_marker=run_marker, name=name, started=started)
+
+
+def _reported(
+    user: tf.estimator.Estimator,
+    eval_spec: tf.estimator.EvalSpec,
+    role: ClusterRole,
+    *,
+    run_marker: dict[str, Any],
+    name: str,
+    started: float,
+) -> Result:
+    """The chief's end of a run trained to its last step: its metrics, exports and summary.
+    In a cluster the Estimator's chief does not evaluate. Without an evaluator task it
+    evaluates the final checkpoint here, in-process and with no cluster (the parameter
+    servers may be gone by now); with one, it takes the evaluator's final result."""
+    model_dir = Path(user.model_dir)
     local = estimators.for_task(user, None)
     evaluated = reports.evaluator_result(model_dir, run_marker) if role.has_evaluator else None
     metrics = evaluated or evaluate(local, eval_spec)
