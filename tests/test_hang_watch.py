@@ -172,7 +172,10 @@ def test_a_stop_a_process_cannot_take_at_a_step_ends_it_stopped(tmp_path: Path) 
     took = time.monotonic() - told
     print(f"ended {took:.1f} s after SIGTERM")
     assert timing.STOP_GRACE_SECONDS <= took < 30
-    assert "told to stop on SIGTERM 20 s ago, and its training has taken no step since" in stderr
+    assert (
+        "told to stop on SIGTERM 20 s ago, and its training has taken no step for 20 s: it "
+        "cannot stop at a step with a checkpoint, and stops now"
+    ) in stderr
     assert "in _hang" in stderr
     state = json.loads((tmp_path / "paced" / "state.json").read_text())
     assert (state["state"], state["signal"]) == ("stopped", "SIGTERM"), state

@@ -431,6 +431,43 @@ def test_usr1_requeues_a_keras3_job_that_resumes_from_the_step_it_stopped_at(
 
 
 @pytest.mark.slurm
+def test_a_usr1_a_hung_keras3_step_cannot_take_at_a_step_requeues_it_from_its_checkpoint(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """#55 item 4: the worker's data blocks for ever after step 50 (the hang watch off), and
+    the chief waits for it in a collective; USR1 then asks for a stop neither can take at a
+    step. Each ends as stopped 20 s later, its stacks logged; the chief requeues the job, which
+    resumes from the checkpoint of step 40, where it does not hang, and completes."""
+    job = submit(
+        slurm_cluster, tmp_path, "stuck", f"--experiment={PACED_KERAS3}", "--train_steps=80",
+        "--save_checkpoints_steps=20", "--hang_timeout=0",
+        sbatch_options=("--ntasks-per-node=1",),
+        environ={"TFCONFIG_SLURM_PYTHON": str(KERAS3_PYTHON), "PACED_KERAS_HANG_AT": "50",
+                 "PACED_KERAS_HANG_ONCE": str(tmp_path / "hung")},
+    )  # fmt: skip
+    logs = tmp_path / "stuck" / "logs"
+    job_id, ended_job = warn_and_requeue(
+        slurm_cluster, job, logs, start_seconds=START_SECONDS, end_seconds=END_SECONDS,
+        training=r"step 50: loss",
+    )  # fmt: skip
+    log = read_logs(logs)
+    assert (ended_job["JobState"], ended_job["Restarts"]) == ("COMPLETED", "1"), log[-3000:]
+    # The worker, hung before the signal, and the chief, whose steps ran on a little after it
+    # until its collective with the worker waited: only the chief, which requeues, ends.
+    not_taken = re.findall(
+        r"told to stop on SIGUSR1 (\d+) s ago, and its training has taken no step for (\d+) s: "
+        r"it cannot stop at a step with a checkpoint, and (stops now|the task that requeues)",
+        log,
+    )
+    assert sorted(each[2] for each in not_taken) == ["stops now", "the task that requeues"], log
+    assert all(20 <= int(each[1]) <= 21 for each in not_taken), not_taken
+    assert "worker 0, thread MainThread (most recent call last):" in log
+    assert said_requeued(log, job_id), log[-3000:]
+    assert re.search(r"(chief|worker) 0 on node\d .* resuming from step 40", log), log[-3000:]
+    assert checkpoint_step(tmp_path / "stuck") == 80
+
+
+@pytest.mark.slurm
 @pytest.mark.parametrize(
     ("killed_at", "paced"),
     [

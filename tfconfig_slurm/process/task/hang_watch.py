@@ -122,12 +122,15 @@ class Watch:
             self._thread = threading.Thread(target=self._watch, name="hang-watch", daemon=True)
             self._thread.start()
 
-    def stepped_since(self, moment: float) -> bool | None:
-        """Whether the trainer took a step since `moment` (time.monotonic()); None where it
-        never began training (a parameter server)."""
+    def silent_since(self, moment: float) -> float | None:
+        """The seconds since `moment` (time.monotonic()) or since the trainer's last step,
+        whichever came later, that it took no step: 0 while it rests (a checkpoint's write,
+        its training over), None where it never began training (a parameter server)."""
         if not self._stepped_at:
             return None
-        return self._stepped_at >= moment and not self._first
+        if not self._armed:
+            return 0.0
+        return time.monotonic() - max(moment, self._stepped_at)
 
     def pause(self) -> None:
         self._armed = False
@@ -292,7 +295,7 @@ _CURRENT = _Current()
 
 def watch(seconds: float, role: ClusterRole | None, model_dir: Path, node: str) -> None:
     """From now on this process's steps are watched for a hang of `seconds` (0: never, but
-    they are still counted, for `stepped_since`)."""
+    they are still counted, for `silent_since`)."""
     _CURRENT.watch = Watch(seconds, role, model_dir, node)
 
 
@@ -303,10 +306,11 @@ def when_hung(says_failed: Callable[[str], None]) -> None:
         _CURRENT.watch.says_failed = says_failed
 
 
-def stepped_since(moment: float) -> bool | None:
-    """Whether this process's trainer took a step since `moment` (time.monotonic()); None
-    where it never began training, or nothing watches."""
-    return None if _CURRENT.watch is None else _CURRENT.watch.stepped_since(moment)
+def silent_since(moment: float) -> float | None:
+    """The seconds since `moment` (time.monotonic()), or since this process's trainer's last
+    step where that came later, that it took no step (Watch.silent_since); None where it never
+    began training, or nothing watches."""
+    return None if _CURRENT.watch is None else _CURRENT.watch.silent_since(moment)
 
 
 def began(global_step: int) -> None:

@@ -354,31 +354,39 @@ class _End:
 
 
 def _end_a_stop_not_taken(end: _End) -> None:
-    """Once told to stop, a trainer whose training takes no step within
-    timing.STOP_GRACE_SECONDS cannot stop at one: it waits in its data, its I/O or a
-    collective. It ends as stopped from here, its stacks in its log, so that the job requeues
-    (or continues) from its latest checkpoint before SLURM's KillWait ends it without. A task
-    that trains no steps (a parameter server, an evaluator) stops as its trainers do."""
+    """Once told to stop, a trainer that takes no step for timing.STOP_GRACE_SECONDS (from the
+    request, or its last step after it) cannot stop at one: it waits in its data, its I/O or
+    a collective. Its stacks go into its log, and the task that requeues the job ends it as
+    stopped from here, so that the job requeues (or continues) from its latest checkpoint
+    before SLURM's KillWait ends it without; another trainer waits for that (ended first, it
+    would be a lost peer, and the step restarted in its job instead). A task that trains no
+    steps (a parameter server, an evaluator) stops as its trainers do."""
     stop = end.task.stop
     stop.wait()
     asked = time.monotonic()
-    while time.monotonic() - asked < timing.STOP_GRACE_SECONDS:
-        if end.ended.is_set() or hang_watch.stepped_since(asked) is not False:
+    while (silent := hang_watch.silent_since(asked)) is not None:
+        if end.ended.is_set():
             return
+        if silent >= timing.STOP_GRACE_SECONDS:
+            break
         time.sleep(timing.HANG_CHECK_SECONDS)
-    if end.ended.is_set() or hang_watch.stepped_since(asked) is not False:
+    else:
         return
+    role = end.task.place.role
+    ends = _requeues(role) or (role is not None and role.ps_count > 0 and not role.coordinator)
     logging.error(
-        "told to stop on %s %.0f s ago, and its training has taken no step since: it cannot "
-        "stop at a step with a checkpoint, and stops now, from its latest checkpoint (step %s); "
-        "every thread's stack follows",
+        "told to stop on %s %.0f s ago, and its training has taken no step for %.0f s: it "
+        "cannot stop at a step with a checkpoint, and %s, from its latest checkpoint (step "
+        "%s); every thread's stack follows",
         stop.signal_name,
         time.monotonic() - asked,
+        silent,
+        "stops now" if ends else "the task that requeues the job stops it",
         end.backend.checkpoint_step(),
     )
-    role = end.task.place.role
     hang_watch.write_stacks(str(role.task_id) if role else "the process")
-    end(Ending(stop.signal_name))
+    if ends:
+        end(Ending(stop.signal_name))
 
 
 def _end_if_failed_while_stopping(task: TaskRun, run_id: str) -> None:
