@@ -266,6 +266,29 @@ def assert_restarted_once(output: str, model_dir: Path, job_id: str, resumed: st
     )
 
 
+def hung_and_restarted(
+    output: str, job_id: str, *, at: str, silent: str, waits_in: str
+) -> tuple[int, int, int]:
+    """A batch job's `tfconfig-slurm srun` named worker 0 hung at a global step `at` (a
+    pattern) after `silent` seconds (a pattern), waiting in its own code in `waits_in`
+    (`file.py:LINE in function`, LINE matched), and started the step again once in job
+    `job_id`: the step it hung at, the seconds said, and the checkpoint step it resumed from."""
+    file, function = waits_in.split(":LINE in ")
+    named = re.search(
+        rf"first to fail: worker 0 on node\d: hung at global step ({at}): no step for ({silent}) "
+        rf"s, waiting in its own code \({re.escape(file)}:\d+ in {function}\)",
+        output,
+    )
+    assert named is not None, output[-3000:]
+    again = re.search(
+        rf"starting the step again in job {job_id} \(restart 1 of at most 2\), from the "
+        rf"checkpoint of step (\d+): worker 0 hung at global step {named[1]}",
+        output,
+    )
+    assert again is not None, output[-3000:]
+    return int(named[1]), int(named[2]), int(again[1])
+
+
 def release(cluster: SlurmCluster, job_id: str) -> None:
     """Lets a requeued job start again now rather than in 121 s, as Slurm holds it: once its
     first run has left the nodes and a moment more. Released at once, that run's end reached

@@ -36,6 +36,7 @@ from tests.slurm_cluster import (
     assert_restarted_once,
     completed_in_its_job,
     finish,
+    hung_and_restarted,
     job_id_of,
     release,
     said_requeued,
@@ -793,27 +794,14 @@ def test_an_asynchronous_worker_that_hangs_is_named_alone_and_the_step_restarted
         "--hang_timeout=3",
         environ={**FAKE, fake_backend.HANG_AS: f"worker 0@40:{once}"},
     )  # fmt: skip
-    try:
-        ended = finish(slurm_cluster, job)
-    finally:
-        if job.poll() is None:
-            job.kill()
+    ended = finish(slurm_cluster, job)
     output = completed_in_its_job(ended, tmp_path)
-    named = re.search(
-        r"first to fail: worker 0 on node\d: hung at global step (\d+): no step for [34] s, "
-        r"waiting in its own code \(fake_backend.py:\d+ in _hang\)",
-        output,
+    hung_at, _, resumed = hung_and_restarted(
+        output, ended["JobId"], at=r"\d+", silent="[34]", waits_in="fake_backend.py:LINE in _hang"
     )
-    assert named is not None, output
-    assert 30 <= int(named[1]) <= 40
-    again = re.search(
-        rf"starting the step again in job {ended['JobId']} \(restart 1 of at most 2\), from "
-        rf"the checkpoint of step (\d+): worker 0 hung at global step {named[1]}",
-        output,
-    )
-    assert again is not None, output
+    assert 30 <= hung_at <= 40
     # The chief trained on while the worker hung, and its account waited in vain for others.
-    assert int(again[1]) > 100
+    assert resumed > 100
     assert checkpoint_step(tmp_path / "hangs") >= 600
     assert "worker 0, thread MainThread (most recent call last):" in read_logs(
         tmp_path / "hangs" / "logs"
