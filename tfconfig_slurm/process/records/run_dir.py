@@ -52,6 +52,8 @@ class RunDir:
     evaluator_result = _Entry("evaluator.json")
     # The first failure of each attempt (process/records/failure.py).
     failures = _Entry("failures")
+    # Each hung task's account of itself, an attempt a folder (process/task/hang_watch.py).
+    hangs = _Entry("hangs")
     # The job the run went on in, where its own could not requeue (process/job/continuation.py).
     continuation = _Entry("continued.json")
     # The global step the run's owner last logged, while it trains (process/task/throughput.py).
@@ -74,7 +76,7 @@ class RunDir:
     def hang_account(self, run_id: str, task: TaskId) -> Path:
         """A hung task's account of where it waits, in the attempt `run_id`, which its hung
         peers read to name the one to blame (process/task/hang_watch.py)."""
-        return self.path / "hangs" / run_id / f"{task.role}-{task.index}.json"
+        return self.hangs / run_id / f"{task.role}-{task.index}.json"
 
     def failure(self, run_id: str) -> Path:
         """The first failure of the attempt `run_id`."""

@@ -319,7 +319,9 @@ class _End:
 
     def __call__(self, ending: Ending) -> Any:
         if not self.ending.acquire(blocking=False):
-            # The other caller ends the process.
+            # The other caller ends the process, but where the Python API's run is done: then
+            # it returns the result, and this caller, the stop watch's daemon thread, waits
+            # here until the process ends.
             threading.Event().wait()
         self.ended.set()
         hang_watch.paused()
