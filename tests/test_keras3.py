@@ -958,8 +958,12 @@ def test_a_truncated_latest_checkpoint_is_skipped_and_the_run_resumes_from_the_o
     assert checkpoint_step(model_dir) == 30
 
 
+@pytest.mark.parametrize(
+    "per_call, lines", [(None, ["100", "200", "300"]), (7, ["105", "203", "300"])],
+    ids=["a-step-a-call", "seven-steps-a-call"],
+)  # fmt: skip
 def test_a_run_s_steps_read_nothing_back_from_the_devices_but_at_its_lines(
-    tmp_path: Path,
+    tmp_path: Path, per_call: int | None, lines: list[str]
 ) -> None:
     """#54: the training thread dispatches step after step without waiting for the devices. Its
     progress lines read the loss on a thread of their own, once a line; Keras reads the loss
@@ -967,9 +971,10 @@ def test_a_run_s_steps_read_nothing_back_from_the_devices_but_at_its_lines(
     it did twice (Keras's callback list, for a callback not async_safe: 604 reads in 300
     steps). A single process makes no collective decisions, and checkpoints after the fit."""
     reads = tmp_path / "reads.json"
+    calls = [f"--steps_per_execution={per_call}"] if per_call else []
     ran = train(
         tmp_path, "--train_steps=300", "--log_every_steps=100", "--save_checkpoints_steps=1000",
-        experiment=str(REPOSITORY / "tests" / "fixtures" / "counted_reads_keras3.py"),
+        *calls, experiment=str(REPOSITORY / "tests" / "fixtures" / "counted_reads_keras3.py"),
         environ={
             "DEVICE_READS": str(reads),
             "PYTHONPATH": str(REPOSITORY),
@@ -977,10 +982,46 @@ def test_a_run_s_steps_read_nothing_back_from_the_devices_but_at_its_lines(
         },
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-3000:]
-    lines = re.findall(r"step (\d+): loss [\d.]+, ", ran.stderr)
-    assert lines == ["100", "200", "300"], ran.stderr[-3000:]
-    assert "first step done (global step 1)" in ran.stderr
+    assert re.findall(r"step (\d+): loss [\d.]+, ", ran.stderr) == lines, ran.stderr[-3000:]
+    assert f"first step done (global step {per_call or 1})" in ran.stderr
     assert json.loads(reads.read_text()) == {"training": 4, "elsewhere": len(lines) + 1}
+
+
+def test_steps_per_execution_runs_calls_of_steps_that_end_at_train_steps(tmp_path: Path) -> None:
+    """#54: 7 steps a call: a checkpoint falls on the first call's end at or after its step,
+    and the last call runs the 2 steps left to 100, where the batches end (feed.py); a resume
+    goes on from there. A tf.data or PyDataset experiment, whose batches do not end there, and
+    another backend's, are refused in one line."""
+    flags = ("--steps_per_execution=7", "--save_checkpoints_steps=30")
+    ran = train(tmp_path, "--train_steps=100", *flags, experiment=str(PACED_KERAS3))
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    model_dir = tmp_path / "paced_keras3"
+    written = sorted(int(path.name[5:-11]) for path in model_dir.glob("ckpt-*.weights.h5"))
+    assert written == [35, 63, 91, 100], ran.stderr[-3000:]
+    assert json.loads((model_dir / "summary.json").read_text())["global_step"] == 100
+    again = train(tmp_path, "--train_steps=110", *flags, experiment=str(PACED_KERAS3))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "first step done (global step 107)" in again.stderr, again.stderr[-3000:]
+    assert (model_dir / "ckpt-110.weights.h5").exists()
+    pydataset = tmp_path / "mine.py"
+    pydataset.write_text(
+        "import keras, numpy as np\n"
+        "from tests.fixtures.paced_keras3 import HPARAMS, build_model\n"
+        "class Batches(keras.utils.PyDataset):\n"
+        "    def __len__(self): return 10\n"
+        "    def __getitem__(self, index): return np.zeros((4, 4)), np.zeros((4,))\n"
+        "def dataset(mode, params): return Batches()\n"
+    )
+    refused = train(
+        tmp_path, "--train_steps=10", "--steps_per_execution=2", experiment=str(pydataset),
+        environ={"PYTHONPATH": str(REPOSITORY)},
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "tfconfig-slurm-run: --steps_per_execution: mine.dataset('train', params) returned a "
+        "Batches, which fit would read past --train_steps in a call of several steps. HINT: "
+        "leave --steps_per_execution out, or yield the batches from a generator"
+    )
 
 
 def test_a_layout_map_whose_mesh_leaves_out_devices_is_one_line(tmp_path: Path) -> None:

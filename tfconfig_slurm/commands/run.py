@@ -203,6 +203,13 @@ def _policy_for(kind: str) -> LayoutPolicy:
     if policy.coordinator and kind != experiment_lib.KERAS:
         raise lifecycle.coordinator_refused("--coordinator")
     runtime_backends.check_inter_op_threads(policy.coordinator)
+    if runtime_flags.STEPS_PER_EXECUTION.value is not None and kind != experiment_lib.KERAS3:
+        raise UsageError(
+            "--steps_per_execution",
+            "applies to a Keras 3 experiment only",
+            "leave it out; a tf-keras experiment can pass steps_per_execution to its own "
+            "model.compile",
+        )
     if kind in (experiment_lib.KERAS, experiment_lib.KERAS3):
         return _keras_layout(policy, kind)
     return policy

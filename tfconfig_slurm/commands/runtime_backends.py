@@ -109,6 +109,7 @@ def _settings(
         gpu_memory_fraction=runtime_flags.GPU_MEMORY_FRACTION.value,
         log_every_steps=runtime_flags.LOG_EVERY_STEPS.value,
         sync_replicas=runtime_flags.SYNC_REPLICAS.value,
+        steps_per_execution=runtime_flags.STEPS_PER_EXECUTION.value,
     )
 
 

@@ -113,6 +113,16 @@ LOG_EVERY_STEPS = flags.DEFINE_integer(
 GPU_MEMORY_GROWTH = flags.DEFINE_boolean(
     "gpu_memory_growth", False, "Take GPU memory as needed instead of all at start."
 )
+STEPS_PER_EXECUTION = flags.DEFINE_integer(
+    "steps_per_execution",
+    None,
+    "A Keras 3 experiment: training steps run per call of Keras's step function, and so per "
+    "call of the runtime's step callback, for a model whose steps are so small that the host's "
+    "work between them shows (a few ms or less). Applied where the experiment's compile left "
+    "Keras's default, 1. The run still ends at --train_steps, and checkpoints, stop checks and "
+    "log lines fall on the first call's end at or after their step.",
+    lower_bound=1,
+)
 SYNC_REPLICAS = flags.DEFINE_boolean(
     "sync_replicas",
     False,

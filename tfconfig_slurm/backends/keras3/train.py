@@ -30,7 +30,7 @@ import keras
 import numpy as np
 from absl import logging
 
-from tfconfig_slurm.backends.keras3 import mesh, processes
+from tfconfig_slurm.backends.keras3 import feed, mesh, processes
 from tfconfig_slurm.backends.keras3.model_dir import (
     Checkpoints,
     Events,
@@ -51,6 +51,7 @@ from tfconfig_slurm.process.supervision import answering, watchdog
 from tfconfig_slurm.process.task import cadence, hang_watch
 from tfconfig_slurm.process.task.keras_run import KerasRun
 from tfconfig_slurm.process.task.lifecycle import Ending, Hparam, TaskRun
+from tfconfig_slurm.process.task.look_ahead import LookAhead
 from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.task.throughput import LossSinceLastLine, Rates, Throughput
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
@@ -122,19 +123,26 @@ class Keras3Backend(KerasRun):
             ),
             checkpoints=process.checkpoints,
         )
+        fed: LookAhead | None = None
         try:
             if progress.step < settings.train_steps:
                 # From where the run is: an experiment's data goes on there (the docs).
                 train = {**process.params, "global_step": resumed_at}
+                steps = settings.train_steps - progress.step
+                batches = _batches(self._experiment, "train", train)
+                fed = self._fed(batches, steps)
                 hang_watch.began(progress.step)
-                process.model.fit(
-                    _batches(self._experiment, "train", train),
-                    epochs=1,
-                    steps_per_epoch=settings.train_steps - progress.step,
-                    callbacks=_Callbacks([progress], add_history=True, model=process.model),
-                    verbose=0,
-                )
+                with _steps_per_execution(process.model, settings.steps_per_execution):
+                    process.model.fit(
+                        batches if fed is None else fed.batches(),
+                        epochs=1,
+                        steps_per_epoch=steps,
+                        callbacks=_Callbacks([progress], add_history=True, model=process.model),
+                        verbose=0,
+                    )
         finally:
+            if fed is not None:
+                fed.close()
             hang_watch.paused()
             progress.lines.close()
         if progress.stopped_on is None and progress.step < settings.train_steps:
@@ -174,6 +182,22 @@ class Keras3Backend(KerasRun):
             )
         _end_together(role)
         return end(Ending(stopped_on))
+
+    def _fed(self, batches: Any, steps: int) -> LookAhead | None:
+        """An experiment's generator, read ahead to --train_steps (feed.py); None for a
+        keras.utils.PyDataset or a tf.data.Dataset, which read ahead themselves, and which are
+        refused with --steps_per_execution: fit would read them past --train_steps."""
+        if hasattr(batches, "__next__"):
+            return feed.fed(batches, steps)
+        if (self._settings.steps_per_execution or 1) > 1:
+            raise UsageError(
+                "--steps_per_execution",
+                f"{self._experiment.name}.dataset('train', params) returned a "
+                f"{type(batches).__name__}, which fit would read past --train_steps in a call of "
+                "several steps",
+                "leave --steps_per_execution out, or yield the batches from a generator",
+            )
+        return None
 
     def _evaluate(self, process: _Process, step: int) -> dict[str, Any] | None:
         """The model's metrics on the whole eval set, which every process reads whole; None
@@ -310,6 +334,29 @@ def _end_together(role: ClusterRole | None) -> None:
     logging.info(
         "the %d other process%s ended", len(others), " has" if len(others) == 1 else "es have"
     )
+
+
+@contextlib.contextmanager
+def _steps_per_execution(model: Any, steps: int | None) -> Iterator[None]:
+    """Runs fit `steps` steps a call of its step function where the experiment's compile left
+    Keras's 1, and its evaluation as compiled: evaluate(steps=--eval_steps) would read past
+    them a whole call."""
+    compiled = model.steps_per_execution
+    if steps is None or compiled != 1:
+        if steps is not None and steps != compiled:
+            logging.info(
+                "--steps_per_execution=%d not applied: the experiment compiled its model with "
+                "steps_per_execution=%d",
+                steps,
+                compiled,
+            )
+        yield
+        return
+    model.steps_per_execution = steps
+    try:
+        yield
+    finally:
+        model.steps_per_execution = compiled
 
 
 def _check_same_start(step: int, settings: TrainingSettings) -> None:
@@ -535,6 +582,7 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
     ) -> None:
         super().__init__()
         self._start = start_step
+        self._last = settings.train_steps
         self._ends = ends
         self._checkpoints = checkpoints
         self.step = start_step
@@ -542,8 +590,9 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         self.lines = _Lines(start_step, settings.log_every_steps, examples_per_step, events)
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
-        # The one epoch's batch: right also when fit runs several steps a call.
-        before, self.step = self.step, self._start + batch + 1
+        # The one epoch's batch, also where fit runs several steps a call; its last call runs
+        # the steps left to --train_steps, where the batches end (feed.py).
+        before, self.step = self.step, min(self._start + batch + 1, self._last)
         self.lines.step(before, self.step, batch + 1, logs)
         end = self._ends.after(before, self.step)
         if end.save:

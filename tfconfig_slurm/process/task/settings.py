@@ -27,6 +27,9 @@ class TrainingSettings:
     gpu_memory_fraction: float | None
     log_every_steps: int
     sync_replicas: bool
+    # Steps a call of the Keras 3 step function runs, where the experiment's compile left
+    # Keras's 1; None: as it compiled.
+    steps_per_execution: int | None = None
 
     def hparams(self, names: Iterable[str]) -> dict[str, Any]:
         """This run's values of the hparams `names` (an experiment's HPARAMS)."""
