@@ -420,6 +420,13 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
             None,
         ),
         (("--experiment=mnist_deep", "--preempt_signal=KILL"), "--preempt_signal", None),
+        (
+            ("--experiment=mnist_deep", "--steps_per_execution=4"),
+            "--steps_per_execution: applies to a Keras 3 experiment only. HINT: leave it out; a "
+            "tf-keras experiment can pass steps_per_execution to its own model.compile",
+            None,
+        ),
+        (("--experiment=mnist_deep", "--steps_per_execution=0"), "--steps_per_execution", None),
         (("--experiment=mnist_deep", "--max_requeues=-1"), "--max_requeues", None),
         (("--experiment=mnist_deep", "--data_dir=/no/such/dir"), "--data_dir", None),
         # An empty value is no value left out: a variable unset in a batch script.
