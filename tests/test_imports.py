@@ -73,6 +73,21 @@ def test_one_module_ends_a_process_at_once() -> None:
     assert calling == ["process/exits.py"]
 
 
+def test_one_module_puts_jobs_in_the_queue() -> None:
+    """sbatch and scontrol requeue, which queue a job (a requeue, a continuation, a sweep),
+    are run by process/slurm_commands.py only: no other module names them as a command."""
+    package = Path(cluster.__file__).parents[1]
+    queueing = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.List, ast.Tuple))
+        and [each.value for each in node.elts[:2] if isinstance(each, ast.Constant)]
+        in (["sbatch"], ["sbatch", "--parsable"], ["scontrol", "requeue"])
+    )
+    assert queueing == ["process/slurm_commands.py", "process/slurm_commands.py"]
+
+
 def test_slurm_s_environment_is_read_only_at_the_doors() -> None:
     """The core reads SLURM's variables (cluster/step.py); the commands, the Python API and
     place.find (the step, for every door that finds a task's place) call it. Nothing else

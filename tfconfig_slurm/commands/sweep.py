@@ -21,7 +21,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +30,7 @@ from absl import flags
 from tfconfig_slurm.commands import run_directory, runtime_flags
 from tfconfig_slurm.commands.cli import FLAG_ERRORS, flag_error, run_cli
 from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process import slurm_commands
 from tfconfig_slurm.process.records import model_dir
 from tfconfig_slurm.process.records.run_dir import SWEEPS
 from tfconfig_slurm.process.task import native_noise
@@ -105,16 +105,16 @@ def main(argv: Sequence[str]) -> int:
     lines = _checked_sweep(sweep_file)
     kept, text = _kept(sweep_file, lines)
     array = f"0-{len(lines) - 1}" + (f"%{MAX_RUNNING.value}" if MAX_RUNNING.value else "")
-    command = [
-        "sbatch", "--parsable", f"--array={array}", f"--job-name={sweep_file.stem}",
+    arguments = [
+        f"--array={array}", f"--job-name={sweep_file.stem}",
         # One output file a run, named as the runs table names it: <sweep>-<job>_<line>.out.
         f"--output={sweep_file.stem}-%A_%a.out",
         *SBATCH_OPTIONS.value, str(BATCH_SCRIPT.value), *runtime_flags, f"--sweep_file={kept}",
     ]  # fmt: skip
     if DRY_RUN.value:
-        sys.stdout.write(shlex.join(command) + "\n")
+        sys.stdout.write(shlex.join(slurm_commands.sbatch_command(arguments)) + "\n")
         return 0
-    job = _submitted(command, kept, text)
+    job = _submitted(arguments, kept, text)
     sys.stdout.write(f"{job}\n")
     runs = (
         f"1 run {sweep_file.stem}-0"
@@ -185,32 +185,34 @@ def _kept(sweep_file: Path, lines: Sequence[str]) -> tuple[Path, str]:
     return kept, text
 
 
-def _submitted(command: Sequence[str], kept: Path, text: str) -> str:
-    """The array submitted by `command`, the lines `text` written to `kept` first; its job
-    id. The lines are kept only once sbatch took the array: a sweep that was never submitted
-    does not bind its name to its lines."""
+def _submitted(arguments: Sequence[str], kept: Path, text: str) -> str:
+    """The array submitted by sbatch's `arguments`, the lines `text` written to `kept` first;
+    its job id. The lines are kept only once sbatch took the array: a sweep that was never
+    submitted does not bind its name to its lines."""
     if shutil.which("sbatch") is None:
         raise UsageError("sbatch", "is not on PATH", "run the sweep on a SLURM login node")
     submitted_before = kept.exists()
     made = [folder for folder in (kept.parent, *kept.parent.parents) if not folder.exists()]
     kept.parent.mkdir(parents=True, exist_ok=True)
     kept.write_text(text)
-    submitted = subprocess.run(command, capture_output=True, text=True, check=False)
-    if submitted.returncode != 0:
+    submitted = slurm_commands.sbatch(arguments)
+    if submitted.problem:
         if not submitted_before:
             kept.unlink()
         # Innermost first: the folders made for it, empty again.
         for folder in made:
             folder.rmdir()
-        sys.stderr.write(submitted.stderr)
+        sys.stderr.write(submitted.said)
+        if submitted.status is None:
+            raise UsageError("sbatch", submitted.problem, "ask again once slurmctld answers")
         raise UsageError(
             "sbatch",
-            f"refused the array (exit {submitted.returncode}), so nothing was submitted; its "
-            "lines above say why",
+            f"refused the array (exit {submitted.status}), so nothing was submitted; its lines "
+            "above say why",
             "fix what they name (an --sbatch_option, a #SBATCH line of the batch script, or "
             "SLURM_CONF); --dry_run prints the sbatch command",
         )
-    return submitted.stdout.strip().split(";")[0]
+    return submitted.job_id
 
 
 def _without_own_flags(arguments: list[str]) -> list[str]:

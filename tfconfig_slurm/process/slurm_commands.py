@@ -1,10 +1,13 @@
-"""SLURM's client commands (squeue, scontrol, scancel) as the runtime runs them: each with a
-deadline, and a command that cannot run or fails told as one sentence. No TensorFlow here."""
+"""SLURM's client commands (squeue, scontrol, scancel, sbatch) as the runtime runs them: each
+with a deadline, and a command that cannot run or fails told as one sentence. What puts a job
+in the queue, a requeue or a submission (a continuation's, a sweep's), is run here only
+(tests/test_imports.py holds it). No TensorFlow here."""
 
 from __future__ import annotations
 
 import subprocess
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from tfconfig_slurm.process import timing
 
@@ -37,3 +40,40 @@ def failure(command: Sequence[str], seconds: float = timing.SLURM_COMMAND_SECOND
     if result.returncode:
         return result.stderr.strip() or f"exit status {result.returncode}"
     return ""
+
+
+class Submitted(NamedTuple):
+    """What sbatch did: the new job's id ("" where it submitted none); why not, a sentence
+    ("" where it did); its own lines (its refusal's reasons) and exit status (None where it
+    could not be run)."""
+
+    job_id: str
+    problem: str
+    said: str = ""
+    status: int | None = None
+
+
+def sbatch_command(arguments: Sequence[str]) -> list[str]:
+    """sbatch's command line for `arguments`, which sbatch() runs (a --dry_run prints it)."""
+    return ["sbatch", "--parsable", *arguments]
+
+
+def sbatch(
+    arguments: Sequence[str],
+    environ: Mapping[str, str] | None = None,
+    seconds: float = timing.SLURM_COMMAND_SECONDS,
+) -> Submitted:
+    """Submits a job (`sbatch --parsable ARGUMENTS`, in `environ`, else this process's)."""
+    result = run(sbatch_command(arguments), seconds, environ)
+    if result is None:
+        return Submitted("", f"sbatch cannot be run here (not installed, or no answer in "
+                         f"{seconds:.0f} s)")  # fmt: skip
+    if result.returncode:
+        said = result.stderr.strip() or f"exit status {result.returncode}"
+        return Submitted("", f"sbatch failed: {said}", result.stderr, result.returncode)
+    return Submitted(result.stdout.strip().split(";")[0], "", result.stderr, 0)
+
+
+def requeue(job: str) -> str:
+    """Puts `job` back in the queue (`scontrol requeue`); "" where SLURM did, else why not."""
+    return failure(["scontrol", "requeue", job])

@@ -186,21 +186,17 @@ def submit(
         )
     except FileExistsError:
         return _submitted_by_another(model_dir, job)
-    submitted = slurm_commands.run(
+    submitted = slurm_commands.sbatch(
         [
-            "sbatch",
-            "--parsable",
             f"--dependency=afterany:{job.job_id}",
             *resources(record),
             *batch_command(record, environ),
         ],
         environ=next_environment(environ, model_dir, job.continuation + 1),
     )
-    if submitted is None:
-        raise ContinuationError("sbatch cannot be run here, or did not answer")
-    if submitted.returncode != 0:
-        raise ContinuationError(f"sbatch failed: {submitted.stderr.strip()}")
-    new_job = submitted.stdout.strip().split(";")[0]
+    if submitted.problem:
+        raise ContinuationError(submitted.problem)
+    new_job = submitted.job_id
     reports.write_json_atomically(
         RunDir(model_dir).continuation,
         {"job_id": new_job, "after": job.name, "time": time.time()},

@@ -232,7 +232,7 @@ def requeue(
             max_requeues,
         )
         return EXIT_NOT_REQUEUED
-    problem = slurm_commands.failure(["scontrol", "requeue", target])
+    problem = slurm_commands.requeue(target)
     if not problem:
         logging.info(
             "stopped on %s; requeued job %s (restart %d of at most %d): it resumes from the "
