@@ -123,35 +123,7 @@ class Keras3Backend(KerasRun):
             ),
             checkpoints=process.checkpoints,
         )
-        fed: LookAhead | None = None
-        try:
-            if progress.step < settings.train_steps:
-                # From where the run is: an experiment's data goes on there (the docs).
-                train = {**process.params, "global_step": resumed_at}
-                steps = settings.train_steps - progress.step
-                batches = _batches(self._experiment, "train", train)
-                fed = self._fed(batches, steps)
-                hang_watch.began(progress.step)
-                with _steps_per_execution(process.model, settings.steps_per_execution):
-                    process.model.fit(
-                        batches if fed is None else fed.batches(),
-                        epochs=1,
-                        steps_per_epoch=steps,
-                        callbacks=_Callbacks([progress], add_history=True, model=process.model),
-                        verbose=0,
-                    )
-        finally:
-            if fed is not None:
-                fed.close()
-            hang_watch.paused()
-            progress.lines.close()
-        if progress.stopped_on is None and progress.step < settings.train_steps:
-            raise UsageError(
-                "--experiment",
-                f"{self._experiment.name}.dataset('train', params) ran out at global step "
-                f"{progress.step}, before --train_steps={settings.train_steps}",
-                "return endless training batches (e.g. loop over the data in a while True)",
-            )
+        self._fit(process, progress)
         # A stop agreed on at the last step is no stop: the run is done.
         stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
         metrics = None
@@ -182,6 +154,39 @@ class Keras3Backend(KerasRun):
             )
         _end_together(role)
         return end(Ending(stopped_on))
+
+    def _fit(self, process: _Process, progress: _Progress) -> None:
+        """Trains the steps left to --train_steps, or until a stop is agreed on."""
+        settings = self._settings
+        fed: LookAhead | None = None
+        try:
+            if progress.step < settings.train_steps:
+                # From where the run is: an experiment's data goes on there (the docs).
+                train = {**process.params, "global_step": progress.step}
+                steps = settings.train_steps - progress.step
+                batches = _batches(self._experiment, "train", train)
+                fed = self._fed(batches, steps)
+                hang_watch.began(progress.step)
+                with _steps_per_execution(process.model, settings.steps_per_execution):
+                    process.model.fit(
+                        batches if fed is None else fed.batches(),
+                        epochs=1,
+                        steps_per_epoch=steps,
+                        callbacks=_Callbacks([progress], add_history=True, model=process.model),
+                        verbose=0,
+                    )
+        finally:
+            if fed is not None:
+                fed.close()
+            hang_watch.paused()
+            progress.lines.close()
+        if progress.stopped_on is None and progress.step < settings.train_steps:
+            raise UsageError(
+                "--experiment",
+                f"{self._experiment.name}.dataset('train', params) ran out at global step "
+                f"{progress.step}, before --train_steps={settings.train_steps}",
+                "return endless training batches (e.g. loop over the data in a while True)",
+            )
 
     def _fed(self, batches: Any, steps: int) -> LookAhead | None:
         """An experiment's generator, read ahead to --train_steps (feed.py); None for a
