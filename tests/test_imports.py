@@ -197,9 +197,6 @@ MOST_LINES = 60
 LONG_TODAY = {
     ("backends/keras/train.py", "train"): 67,
     ("cluster/step.py", "read_slurm_step"): 73,
-    ("commands/plan_flags.py", "planned_shape"): 63,
-    ("commands/runs.py", "_run"): 65,
-    ("commands/srun.py", "_steps"): 61,
     ("process/job/time_limit.py", "keep"): 71,
     ("process/supervision/local_cluster.py", "_run"): 92,
     ("process/supervision/supervise.py", "supervise"): 93,

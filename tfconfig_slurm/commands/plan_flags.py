@@ -90,17 +90,9 @@ def planned_shape(policy: LayoutPolicy) -> StepShape:
         + (tasks + first_extra,)
         + (tasks,) * (len(nodes) - 1)
     )
-    # Named for the flag that made the count: the CPU nodes' tasks, --ntasks_per_node given,
-    # else the parameter servers alone, else the nodes and their GPUs.
-    if CPU_NTASKS_PER_NODE.value * len(cpu_nodes) > MAX_TASKS:
-        culprit = "--cpu_ntasks_per_node"
-    elif NTASKS_PER_NODE.value is not None:
-        culprit = "--ntasks_per_node"
-    elif (policy.ps_per_node or 0) * len(nodes) > MAX_TASKS:
-        culprit = "--ps_per_node"
-    else:
-        culprit = "--nodelist"
-    check_task_count(culprit, tasks_per_node, UsageError, "plan a smaller step")
+    check_task_count(
+        _count_culprit(policy, nodes, cpu_nodes), tasks_per_node, UsageError, "plan a smaller step"
+    )
     if set(cpu_nodes) & set(nodes):
         raise UsageError(
             "--cpu_nodelist",
@@ -117,6 +109,19 @@ def planned_shape(policy: LayoutPolicy) -> StepShape:
         server_nodes=tuple(range(len(cpu_nodes))),
         cpus_on_node=CPUS_PER_NODE.value,
     )
+
+
+def _count_culprit(policy: LayoutPolicy, nodes: tuple[str, ...], cpu_nodes: tuple[str, ...]) -> str:
+    """The flag a step of too many tasks is named for, the one that made the count: the CPU
+    nodes' tasks, --ntasks_per_node given, else the parameter servers alone, else the nodes
+    and their GPUs."""
+    if CPU_NTASKS_PER_NODE.value * len(cpu_nodes) > MAX_TASKS:
+        return "--cpu_ntasks_per_node"
+    if NTASKS_PER_NODE.value is not None:
+        return "--ntasks_per_node"
+    if (policy.ps_per_node or 0) * len(nodes) > MAX_TASKS:
+        return "--ps_per_node"
+    return "--nodelist"
 
 
 def _cpu_nodes() -> tuple[str, ...]:

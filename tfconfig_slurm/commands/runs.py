@@ -326,12 +326,7 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         # The job the run goes on in, where its own could not requeue.
         "continued_as": continued.job_id if continued else None,
         "first_failure": failed_line if said == "failed" else None,
-        # Each restart of the run's step inside its latest job, by its cause (train.sbatch).
-        "restarts": [
-            str(each["cause"])
-            for each in state.get("restarts", ())
-            if each.get("job_id") == state.get("job_id")
-        ],
+        "restarts": _restarts_in_job(state),
         # What stopped a stopped or requeued run: "time limit", or the signal.
         "stopped_by": state.get("why", state.get("signal"))
         if said in ("stopped", "requeued", "continued")
@@ -339,18 +334,36 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         # How SLURM ended the run's job where the run could not say: cancelled, node failure,
         # out of memory, time limit, preempted.
         "ended_by": slurm_said if said in ("stopped", "failed") else None,
-        # A training run's progress.json moves with its STEP, between checkpoints minutes
-        # apart; None where the run wrote none of them (a step that failed at its start).
-        "updated": max(
-            map(_modified, (paths.state, paths.summary, paths.checkpoint_index, paths.progress))
-        )
-        or None,
-        # A job refused at its start since the run's last attempt began (the directory was
-        # held by another job, say).
-        "refused": refused._asdict()
-        if refused is not None and refused.time > _last_attempt_started(state)
-        else None,
+        "updated": _updated(paths),
+        "refused": _refused_since(refused, state),
     }
+
+
+def _restarts_in_job(state: Mapping[str, Any]) -> list[str]:
+    """Each restart of the run's step inside its latest job, by its cause (train.sbatch)."""
+    return [
+        str(each["cause"])
+        for each in state.get("restarts", ())
+        if each.get("job_id") == state.get("job_id")
+    ]
+
+
+def _updated(paths: run_dir.RunDir) -> float | None:
+    """When the run last wrote a record: a training run's progress.json moves with its step,
+    between checkpoints minutes apart; None where the run wrote none of them (a step that
+    failed at its start)."""
+    files = (paths.state, paths.summary, paths.checkpoint_index, paths.progress)
+    return max(map(_modified, files)) or None
+
+
+def _refused_since(
+    refused: refusal.Refusal | None, state: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """A job refused at its start since the run's last attempt began (the directory was held
+    by another job, say)."""
+    if refused is None or refused.time <= _last_attempt_started(state):
+        return None
+    return dict(refused._asdict())
 
 
 # The state of a directory where no run started, only a job refused at its start.

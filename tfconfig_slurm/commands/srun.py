@@ -130,12 +130,7 @@ def _steps(
         progress_at_start = restarts.progress_mark(model_dir)
         status, srun_said, left = _step(command, signals, job, held, environ, watch=not sized)
         if signals.stop is not None and held is not None:
-            # Slurm's own stop, where a node of the job failed: said, and continued where
-            # Slurm may not requeue the job.
-            _said_stopped(signals)
-            node = lost_nodes.after_node_failure(model_dir, job, held, os.environ, most)
-            if node:
-                _say(f"{PROGRAM}: {node}")
+            _stopped_by_slurm(signals, model_dir, job, held, most)
             return status
         if status == 0:
             return status
@@ -175,6 +170,17 @@ def _steps(
         # Told to stop as the restart was said: the step is not started after all.
         if _said_stopped(signals):
             return status
+
+
+def _stopped_by_slurm(
+    signals: _Signals, model_dir: Path, job: SlurmJob, held: Allocation, most: int
+) -> None:
+    """Slurm's own stop, where a node of the job failed: said, and the run continued in a
+    new job where Slurm may not requeue this one."""
+    _said_stopped(signals)
+    node = lost_nodes.after_node_failure(model_dir, job, held, os.environ, most)
+    if node:
+        _say(f"{PROGRAM}: {node}")
 
 
 def _step(
