@@ -19,6 +19,7 @@ for the lifecycle of process/task/lifecycle.py.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -100,35 +101,7 @@ class KerasBackend(TrainingBackendBase):
             saver=trainer.saver,
         )
 
-        def finish() -> Any:
-            """Saves, evaluates and reports the run (or its stop), and ends it."""
-            hang_watch.paused()
-            # A stop agreed on at the last step is no stop: the run is done.
-            stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
-            # Decided before the evaluation, whose collectives no trainer passes before every
-            # one has: so none has begun an export that another would find.
-            name = self._experiment.name
-            due = model_dir.export_due(settings.model_dir, name, trained=progress.step > resumed_at)
-            metrics = None if stopped_on else self._evaluate(trainer, progress.step)
-            if metrics is not None and due:
-                export(trainer.model, settings.model_dir, name, role)
-            # Before the reports: a worker that has reported leaves, and is not lost.
-            if trainer.peers is not None:
-                trainer.peers.stop()
-            if metrics is not None:
-                reports.report_trained(
-                    settings.model_dir,
-                    name=self._experiment.name,
-                    role=role,
-                    train_steps=settings.train_steps,
-                    mean_examples_per_sec=progress.mean_examples_per_sec(),
-                    metrics=metrics,
-                    started=started,
-                    write_eval=write_eval_scalars,
-                )
-            _end_together(role)
-            return end(Ending(stopped_on))
-
+        finish = functools.partial(self._finish, trainer, progress, (started, resumed_at), end)
         try:
             if settings.train_steps <= progress.step:
                 return finish()
@@ -148,6 +121,43 @@ class KerasBackend(TrainingBackendBase):
             trainer.peers.end_for_a_lost_peer(
                 f"the trainers' all-reduce failed ({type(error).__name__})", str(error)
             )
+
+    def _finish(
+        self,
+        trainer: _Trainer,
+        progress: _Progress,
+        began: tuple[float, int],
+        end: Callable[[Ending], Any],
+    ) -> Any:
+        """Saves, evaluates and reports the run (or its stop), and ends it; `began` is when
+        and at which step this process began."""
+        (started, resumed_at), settings, role = began, self._settings, self._role
+        hang_watch.paused()
+        # A stop agreed on at the last step is no stop: the run is done.
+        stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
+        # Decided before the evaluation, whose collectives no trainer passes before every
+        # one has: so none has begun an export that another would find.
+        name = self._experiment.name
+        due = model_dir.export_due(settings.model_dir, name, trained=progress.step > resumed_at)
+        metrics = None if stopped_on else self._evaluate(trainer, progress.step)
+        if metrics is not None and due:
+            export(trainer.model, settings.model_dir, name, role)
+        # Before the reports: a worker that has reported leaves, and is not lost.
+        if trainer.peers is not None:
+            trainer.peers.stop()
+        if metrics is not None:
+            reports.report_trained(
+                settings.model_dir,
+                name=self._experiment.name,
+                role=role,
+                train_steps=settings.train_steps,
+                mean_examples_per_sec=progress.mean_examples_per_sec(),
+                metrics=metrics,
+                started=started,
+                write_eval=write_eval_scalars,
+            )
+        _end_together(role)
+        return end(Ending(stopped_on))
 
     def _evaluate(self, trainer: _Trainer, step: int) -> dict[str, Any]:
         """The final checkpoint saved, and the model's metrics on the whole eval set."""
