@@ -195,21 +195,7 @@ def read_slurm_step(environ: Mapping[str, str]) -> SlurmStep:
 
     Raises SlurmEnvironmentError naming the variable when one is missing, garbled or disagrees.
     """
-    job_id = _lookup(environ, "job_id")
-    if job_id is None:
-        raise SlurmEnvironmentError(
-            "SLURM_JOB_ID",
-            "not set, so this is not running inside a SLURM job",
-            "run this command in every task of a job step: put srun before it (in a batch "
-            "script or an salloc); to see a layout before submitting: tfconfig-slurm --explain "
-            "--nodelist='gpu[01-04]'",
-        )
-    if _lookup(environ, "step_id") is None:
-        raise SlurmEnvironmentError(
-            "SLURM_STEP_ID",
-            f"not set: this is the batch script of job {job_id[1]}, not a task of a job step",
-            "launch one task per process: put srun before this command in the batch script",
-        )
+    _check_in_a_step(environ)
     nodes = _nodes(environ)
     tasks_per_node = _tasks_per_node(environ)
     if len(tasks_per_node) != len(nodes):
@@ -263,6 +249,25 @@ def read_slurm_step(environ: Mapping[str, str]) -> SlurmStep:
         array_task_id=_optional_whole_number(environ, "array_task_id"),
         own_cpus=_bound(environ),
     )
+
+
+def _check_in_a_step(environ: Mapping[str, str]) -> None:
+    """Refuses an environment that is no SLURM job's, or a job's batch script's."""
+    job_id = _lookup(environ, "job_id")
+    if job_id is None:
+        raise SlurmEnvironmentError(
+            "SLURM_JOB_ID",
+            "not set, so this is not running inside a SLURM job",
+            "run this command in every task of a job step: put srun before it (in a batch "
+            "script or an salloc); to see a layout before submitting: tfconfig-slurm --explain "
+            "--nodelist='gpu[01-04]'",
+        )
+    if _lookup(environ, "step_id") is None:
+        raise SlurmEnvironmentError(
+            "SLURM_STEP_ID",
+            f"not set: this is the batch script of job {job_id[1]}, not a task of a job step",
+            "launch one task per process: put srun before this command in the batch script",
+        )
 
 
 def _bound(environ: Mapping[str, str]) -> bool:
