@@ -126,27 +126,9 @@ class TimeLimit:
 
     def keep(self) -> None:
         job = self.job.name
-        left = self._first_answer()
-        if isinstance(left, NoLimit):
-            if not self.stop.requested:
-                self._say(
-                    "job %s: no time limit to stop before (%s); the run stops early only on %s",
-                    job,
-                    left.why,
-                    self.signal_name,
-                )
+        deadline = self._limit_said()
+        if deadline is None:
             return
-        self.margin = min(self.margin, left / 2)
-        self.deadline = deadline = time.time() + left
-        self._say(
-            "job %s ends at its time limit at %s: this run stops at %s, %.0f s before, "
-            "with a checkpoint and the requeue, as on %s",
-            job,
-            _clock(deadline),
-            _clock(deadline - self.margin),
-            self.margin,
-            self.signal_name,
-        )
         asked, said, last_look = time.monotonic(), self.margin, 0.0
         while not self.stop.requested:
             margin = self._margin()
@@ -195,6 +177,33 @@ class TimeLimit:
             poll = asked + timing.LIMIT_POLL_SECONDS - time.monotonic()
             if self.stop.wait(max(0.0, min(timing.LIMIT_LOOK_SECONDS, poll, wake - time.time()))):
                 return
+
+    def _limit_said(self) -> float | None:
+        """The job's deadline, and when the run stops before it, said; None, said, where it
+        has no time limit."""
+        job = self.job.name
+        left = self._first_answer()
+        if isinstance(left, NoLimit):
+            if not self.stop.requested:
+                self._say(
+                    "job %s: no time limit to stop before (%s); the run stops early only on %s",
+                    job,
+                    left.why,
+                    self.signal_name,
+                )
+            return None
+        self.margin = min(self.margin, left / 2)
+        self.deadline = deadline = time.time() + left
+        self._say(
+            "job %s ends at its time limit at %s: this run stops at %s, %.0f s before, "
+            "with a checkpoint and the requeue, as on %s",
+            job,
+            _clock(deadline),
+            _clock(deadline - self.margin),
+            self.margin,
+            self.signal_name,
+        )
+        return deadline
 
     def _first_answer(self) -> float | NoLimit:
         """squeue's first answer that says something: while squeue fails, it is asked again,
