@@ -81,86 +81,94 @@ def supervise(
     the command runs, and how it ended: done, stopped on a signal, or failed. A coordinator's
     worker whose command fails starts it again, at most `restarts` times. A `keras_3` command
     trains Keras 3 on JAX: a traceback through Keras 3 is no sign of the wrong Keras there."""
-    explained = functools.partial(_its_failure, keras_3=keras_3)
-    (child,) = command.started
-    state = TaskState()
+    supervisor = _Supervisor(command, role, owner, keras_3)
+    supervisor.pass_signals_on()
+    return supervisor.closed(supervisor.run(restarts))
 
-    def forward(number: int, frame: object) -> None:
-        if number in children.STOPPING:
-            state.told_to_stop(signal.Signals(number))
-        command.signal(number)
 
-    for signum in FORWARDED:
-        signal.signal(signum, forward)
-    if owner is not None:
-        # Once signals are passed on: a stop before would end this wrapper, its command with
-        # it, and leave the run "running". The command said apart from the runtime's
-        # experiments: a user's scripts may share a directory (one trains, one evaluates), and
-        # the runtime resumes none of theirs.
-        # Group.start gives Popen the command as a list.
-        owner.say("running", None, command=cast("list[str]", child.args))
+class _Supervisor:
+    """One task's supervision: its command, its role, the run's owner where it is the chief,
+    and the task's state, which the signal handlers, the watches' threads and the main thread
+    share."""
 
-    def lost(name: str, address: str, silent_for: float) -> None:
+    def __init__(
+        self, command: children.Group, role: ClusterRole, owner: RunOwner | None, keras_3: bool
+    ) -> None:
+        self.command, self.role, self.owner = command, role, owner
+        self.state = TaskState()
+        self.explained = functools.partial(_its_failure, keras_3=keras_3)
+        self.end_lost = functools.partial(_end_lost, command, role, owner)
+
+    def pass_signals_on(self) -> None:
+        for signum in FORWARDED:
+            signal.signal(signum, self._forward)
+        if self.owner is not None:
+            # Once signals are passed on: a stop before would end this wrapper, its command
+            # with it, and leave the run "running". The command said apart from the runtime's
+            # experiments: a user's scripts may share a directory (one trains, one evaluates),
+            # and the runtime resumes none of theirs.
+            # Group.start gives Popen the command as a list.
+            (child,) = self.command.started
+            self.owner.say("running", None, command=cast("list[str]", child.args))
+
+    def run(self, restarts: int) -> int:
+        """The command run to its end as the role's task; its exit status."""
+        command, role, state = self.command, self.role, self.state
+        if role.role == PS or (role.coordinator and role.role == WORKER):
+            restarts = restarts if role.role == WORKER else 0
+            return _serve(
+                command, role, self.lost, state, self.end_lost, restarts=restarts,
+                its_failure=self.explained,
+            )  # fmt: skip
+        ended = functools.partial(
+            _run_watched, command, role, lost=self.lost, state=state, end_lost=self.end_lost,
+            owner=self.owner, its_failure=self.explained,
+        )  # fmt: skip
+        if role.coordinator and role.role == CHIEF:
+            return _coordinate(role, ended(role.named(PS)))
+        if role.role in (CHIEF, WORKER):
+            status = ended(
+                watch_plan.paired(role) if role.ps_count else watch_plan.neighbours(role)
+            )
+            if status == 0:
+                say_finished(role, self.lost, self.end_if_lost)
+            return status
+        (child,) = command.started
+        status = exits.exit_status(child.wait())
+        if status != 0 and state.stopped_by is None:
+            logging.error("%s: %s", role.task_id, self.explained(command, child, role))
+        return status
+
+    def lost(self, name: str, address: str, silent_for: float) -> None:
         """A watch lost `name`: unless this task finishes its own stop meanwhile, or its
         command fails of its own, the watch takes the task's end and kills the command; the
         main thread, back from it, ends the task (_end_lost)."""
-        if state.stopped_by is not None:
+        if self.state.stopped_by is not None:
             since = time.monotonic()
-            if _stops_meanwhile(command, role, name):
+            if _stops_meanwhile(self.command, self.role, name):
                 return
             silent_for += time.monotonic() - since
         # A peer that says its command failed may have failed of what fails this task's too
         # (one script, one traceback): then this task names its own failure, not the peer.
-        if silent_for == 0 and _fails_itself(command):
+        if silent_for == 0 and _fails_itself(self.command):
             return
-        if state.take_end(State.LOST, LostPeer(name, address, silent_for)):
-            command.signal(signal.SIGKILL)
+        if self.state.take_end(State.LOST, LostPeer(name, address, silent_for)):
+            self.command.signal(signal.SIGKILL)
 
-    end_lost = functools.partial(_end_lost, command, role, owner)
+    def end_if_lost(self) -> None:
+        if self.state.lost is not None:
+            self.end_lost(self.state.lost)
 
-    def end_if_lost() -> None:
-        if state.lost is not None:
-            end_lost(state.lost)
-
-    def closed(status: int) -> int:
+    def closed(self, status: int) -> int:
         """`status`, once no watch may take the task's end any more; unless one took it."""
-        if not state.close():
-            end_if_lost()
+        if not self.state.close():
+            self.end_if_lost()
         return status
 
-    if role.role == PS or (role.coordinator and role.role == WORKER):
-        return closed(
-            _serve(
-                command,
-                role,
-                lost,
-                state,
-                end_lost,
-                restarts=restarts if role.role == WORKER else 0,
-                its_failure=explained,
-            )
-        )
-    ended = functools.partial(
-        _run_watched,
-        command,
-        role,
-        lost=lost,
-        state=state,
-        end_lost=end_lost,
-        owner=owner,
-        its_failure=explained,
-    )
-    if role.coordinator and role.role == CHIEF:
-        return closed(_coordinate(role, ended(role.named(PS))))
-    if role.role in (CHIEF, WORKER):
-        status = ended(watch_plan.paired(role) if role.ps_count else watch_plan.neighbours(role))
-        if status == 0:
-            say_finished(role, lost, end_if_lost)
-        return closed(status)
-    status = exits.exit_status(child.wait())
-    if status != 0 and state.stopped_by is None:
-        logging.error("%s: %s", role.task_id, explained(command, child, role))
-    return closed(status)
+    def _forward(self, number: int, frame: object) -> None:
+        if number in children.STOPPING:
+            self.state.told_to_stop(signal.Signals(number))
+        self.command.signal(number)
 
 
 def _end_lost(
@@ -378,26 +386,9 @@ def _serve(
     if state.lost is not None:
         end_lost(state.lost)
     if not watch.heard.is_set():
-        status = exits.exit_status(child.wait())
-        _after_command()
-        # SLURM signals every process of a step it stops (scancel, a requeue, a time limit):
-        # the command may die of it before this supervisor's own copy has come.
-        if status != 0 and (state.stopped_by or -child.returncode in children.STOPPING):
-            logging.info("%s: its command %s", role.task_id, exits.how_it_ended(child.returncode))
-            return status
-        if status != 0:
-            # The wrapper's own status is news only where a signal ended the command.
-            how = exits.how_it_ended(child.returncode)
-            logging.error(
-                "%s: its command %s; its log above may say why.%s",
-                role.task_id,
-                f"{how} (exit {status})" if child.returncode < 0 else how,
-                _server_failure_hint(role, child.returncode),
-            )
-            if not state.take_end(State.FAILED) and state.lost is not None:
-                end_lost(state.lost)
-            _say_failed(role, its_failure(command, child, role))
-        return status
+        return _server_ended(
+            command, child, role, state, end_lost=end_lost, its_failure=its_failure
+        )
     logging.info(
         "%s: %s; ending its command (a server's join() never returns; %s said so)",
         role.task_id,
@@ -407,6 +398,39 @@ def _serve(
     command.stop(timing.END_GRACE_SECONDS)
     say_served(role)
     return 0
+
+
+def _server_ended(
+    command: children.Group,
+    child: children.Child,
+    role: ClusterRole,
+    state: TaskState,
+    *,
+    end_lost: _EndLost,
+    its_failure: _Explain,
+) -> int:
+    """A serving task's command that ended before its herald said FINISHED: its exit status,
+    a failure said and recorded, a stop not."""
+    status = exits.exit_status(child.wait())
+    _after_command()
+    # SLURM signals every process of a step it stops (scancel, a requeue, a time limit):
+    # the command may die of it before this supervisor's own copy has come.
+    if status != 0 and (state.stopped_by or -child.returncode in children.STOPPING):
+        logging.info("%s: its command %s", role.task_id, exits.how_it_ended(child.returncode))
+        return status
+    if status != 0:
+        # The wrapper's own status is news only where a signal ended the command.
+        how = exits.how_it_ended(child.returncode)
+        logging.error(
+            "%s: its command %s; its log above may say why.%s",
+            role.task_id,
+            f"{how} (exit {status})" if child.returncode < 0 else how,
+            _server_failure_hint(role, child.returncode),
+        )
+        if not state.take_end(State.FAILED) and state.lost is not None:
+            end_lost(state.lost)
+        _say_failed(role, its_failure(command, child, role))
+    return status
 
 
 class ServerWatch(NamedTuple):
