@@ -420,6 +420,21 @@ BAD_EXPERIMENT = "import tensorflow as tf\n\ndef input_fn(mode, params):\n    re
             None,
         ),
         (("--experiment=mnist_deep", "--preempt_signal=KILL"), "--preempt_signal", None),
+        # train.sbatch reads these answers: once the help's text named the run's directory.
+        *(
+            (
+                (f"--print_{answer}", "--help"),
+                f"--help: comes with --print_{answer}, whose answer a batch script reads: the "
+                "help's text would be read as the answer",
+                None,
+            )
+            for answer in ("model_dir", "max_restarts")
+        ),
+        (
+            ("--experiment=mnist_deep", "--print_model_dir", "--print_max_restarts"),
+            "--print_max_restarts: comes with --print_model_dir: a batch script reads one answer",
+            None,
+        ),
         (
             ("--experiment=mnist_deep", "--steps_per_execution=4"),
             "--steps_per_execution: applies to a Keras 3 experiment only. HINT: leave it out; a "

@@ -234,6 +234,8 @@ def test_the_sweep_s_own_flags_after_the_file_are_the_sweep_s(tmp_path: Path) ->
         (THREE, ("--sbatch_option=-a0-9",), "--sbatch_option: sets -a0-9, which"),
         # The runtime's flags, parsed again by the sweep: absl's plain ValueError as well.
         (THREE, ("--noall_reduce=1",), "--noall_reduce: is given a value ('1'), but it only"),
+        # Once submitted an array whose every run made a directory named by the help's text.
+        (THREE, ("--help",), "--help: comes among the runtime flags after SWEEP_FILE, which go"),
     ],
 )
 def test_a_bad_sweep_is_refused_before_anything_is_submitted(

@@ -46,6 +46,7 @@ def run_cli(
     tensorflow_log_level: str | None = None,
     command: str | None = None,
     usage: str | None = None,
+    read_by_scripts: Sequence[flags.FlagHolder[bool]] = (),
 ) -> NoReturn:
     """Parses the flags of `sys.argv` and runs `main` with what remains, failing as `fail` does.
 
@@ -57,6 +58,8 @@ def run_cli(
     (TF_CPP_MIN_LOG_LEVEL: its start-up notes are noise for a user), unless the environment
     sets it. `command` is how a user calls it, for the hints, where that is not `program`;
     `usage`, the form of a whole command line, for the hint to a word taken for a flag.
+    `read_by_scripts` are the flags whose answer a batch script reads (--print_model_dir):
+    help asked with one is refused, as its text would be read for the answer.
     """
     command = command or program
     if tensorflow_log_level is not None:
@@ -86,7 +89,10 @@ def run_cli(
             f"{argv[1]!r}{where}", "is not a flag", f"flags start with --; see {command} --help"
         )
         fail(program, stray.one_line())
-    if HELP.value or HELPSHORT.value or HELPFULL.value:
+    if help_asked():
+        read = next((flag.name for flag in read_by_scripts if flag.value), None)
+        if read is not None:
+            fail(program, _help_read_as_an_answer(f"--{read}", command).one_line())
         sys.stdout.write(_usage(main, full=HELPFULL.value))
         sys.exit(0)
     if logs:
@@ -95,6 +101,31 @@ def run_cli(
         sys.exit(main(argv))
     except TfconfigSlurmError as error:
         fail(program, error.one_line())
+
+
+def help_asked() -> bool:
+    """Whether --help, --helpshort or --helpfull was given."""
+    return bool(HELP.value or HELPSHORT.value or HELPFULL.value)
+
+
+def _help_read_as_an_answer(where: str, command: str) -> UsageError:
+    return UsageError(
+        "--help",
+        f"comes with {where}, whose answer a batch script reads: the help's text would be "
+        "read as the answer (a run directory named by it, jobs submitted)",
+        f"ask for it alone where you type commands: {command} --help",
+    )
+
+
+def refuse_help_among(where: str, command: str) -> None:
+    """Refuses --help among flags that a command passes on to the jobs it submits (a
+    sweep's runtime flags), where no one would read it."""
+    if help_asked():
+        raise UsageError(
+            "--help",
+            f"comes among {where}: the jobs would get it, not you",
+            f"ask for it alone: {command} --help",
+        )
 
 
 # What absl raises for a command line it refuses (flag_error says each as ours): a plain

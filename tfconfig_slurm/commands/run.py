@@ -118,6 +118,13 @@ def _start(
     _check_literal_hparams(spec, hparams)
     named = run_directory.naming()
     model_dir.check_writable(directory, named)
+    if runtime_flags.PRINT_MAX_RESTARTS.value and runtime_flags.PRINT_MODEL_DIR.value:
+        raise UsageError(
+            "--print_max_restarts",
+            "comes with --print_model_dir: a batch script reads one answer at a time, and took "
+            "this one for the model directory",
+            "leave both out of a batch script's flags: launch/train.sbatch asks for each itself",
+        )
     if runtime_flags.PRINT_MAX_RESTARTS.value:
         sys.stdout.write(f"{max_restarts_flag.MAX_RESTARTS.value}\n")
         return 0
@@ -378,7 +385,13 @@ def _keras_layout(policy: LayoutPolicy, kind: str) -> LayoutPolicy:
 
 
 def run() -> None:
-    run_cli(PROGRAM, main, logs=True, tensorflow_log_level="1")
+    run_cli(
+        PROGRAM,
+        main,
+        logs=True,
+        tensorflow_log_level="1",
+        read_by_scripts=(runtime_flags.PRINT_MODEL_DIR, runtime_flags.PRINT_MAX_RESTARTS),
+    )
 
 
 if __name__ == "__main__":

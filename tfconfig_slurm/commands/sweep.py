@@ -27,7 +27,7 @@ from pathlib import Path
 
 from absl import flags
 
-from tfconfig_slurm.commands import run_directory, runtime_flags
+from tfconfig_slurm.commands import cli, run_directory, runtime_flags
 from tfconfig_slurm.commands.cli import FLAG_ERRORS, flag_error, run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import slurm_commands
@@ -141,6 +141,9 @@ def _runtime_flags(arguments: Sequence[str]) -> list[str]:
         raise flag_error(error, whose, [PROGRAM, *arguments]) from None
     if stray:
         raise UsageError(repr(stray[0]), "is not a flag", "runtime flags start with --")
+    cli.refuse_help_among(
+        "the runtime flags after SWEEP_FILE, which go to every run's job", COMMAND
+    )
     # The sweep's own flags after SWEEP_FILE were parsed above as well: they are the sweep's,
     # and the runtime, which does not know them, must not get them.
     return _without_own_flags(list(arguments))
