@@ -261,6 +261,28 @@ def run_dir(
     return folder
 
 
+def test_the_runs_table_names_the_attempt_s_own_first_failure_recorded_before_it_started(
+    tmp_path: Path,
+) -> None:
+    """A with-tfconfig worker whose script failed at once recorded it 40 ms before the chief
+    wrote its attempt's start (seen on the test cluster): the attempt's own record (by its run
+    id) is its first failure all the same; an earlier attempt's is not."""
+    started = time.time()
+    first = {"task": "worker 0", "node": "node2", "what": "ValueError: bad thing",
+             "exit_status": 1, "seen_by": None, "time": started - 0.04}  # fmt: skip
+    for name, run in (("quick", "3.0.0"), ("earlier", "4.0.0")):
+        state = {"state": "failed", "run": run, "attempts": [{"started": started}]}
+        folder = run_dir(tmp_path, name, state, None, 0)
+        (folder / "failures").mkdir()
+        (folder / "failures" / "3.0.0.json").write_text(json.dumps(first))
+    table = run_module("tfconfig_slurm.commands", "runs", str(tmp_path), "--json")
+    assert table.returncode == 0, table.stderr
+    assert {run["experiment_id"]: run["first_failure"] for run in json.loads(table.stdout)} == {
+        "quick": "worker 0 on node2: ValueError: bad thing (exit 1)",
+        "earlier": None,
+    }
+
+
 def test_the_runs_table_says_each_run_s_state_from_what_it_wrote(tmp_path: Path) -> None:
     hparams = {"learning_rate": 0.001}
     done = {"state": "done", "hparams": hparams, "job_id": None}

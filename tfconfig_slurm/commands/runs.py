@@ -292,7 +292,10 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     state = reports.read_state(folder)
     summary = reports.read_summary(folder)
     step = history.checkpoint_step(folder)
-    first = failure.latest(folder)
+    # The attempt's own record, which a task that failed at once may have written before the
+    # attempt's start was: else the newest, if it came since.
+    this_run = failure.read(folder, str(state["run"])) if state.get("run") else None
+    first = this_run or failure.latest(folder)
     refused = refusal.read(folder)
     if not state and not paths.checkpoint_index.exists():
         # A task refused at its start records that as the run's failure too (its peers would
@@ -308,7 +311,7 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         if (speed := trainer.get("examples_per_sec"))
     ]
     continued = _continued(folder, state)
-    failed_line = _first_failure(first, state)
+    failed_line = _first_failure(first, state, this_run=this_run is not None)
     said = _state(folder, state, summary, jobs, failed=failed_line is not None, continued=continued)
     # SLURM's word for how the run's job ended, while squeue still lists it.
     slurm_said = _ENDED.get((jobs or {}).get(str(state.get("job_id")), ""))
@@ -462,11 +465,13 @@ def _continued(folder: Path, state: Mapping[str, Any]) -> continuation.Continued
     return continued
 
 
-def _first_failure(first: failure.Failure | None, state: Mapping[str, Any]) -> str | None:
-    """The line of `first`, the newest failure recorded, if it came since the run's last
-    attempt started; else the error the run's owner said it failed with (a single process
-    records no failure of a task)."""
-    if first is None or first.time < _last_attempt_started(state):
+def _first_failure(
+    first: failure.Failure | None, state: Mapping[str, Any], *, this_run: bool
+) -> str | None:
+    """The line of `first`, the last attempt's own record (`this_run`), or the newest failure
+    recorded, if it came since the run's last attempt started; else the error the run's owner
+    said it failed with (a single process records no failure of a task)."""
+    if first is None or (not this_run and first.time < _last_attempt_started(state)):
         error = state.get("error") if state.get("state") == "failed" else None
         return str(error) if error else None
     return first.line()
