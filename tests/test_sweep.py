@@ -470,6 +470,9 @@ def test_the_runs_table_refuses_an_unknown_metric_and_a_missing_root(tmp_path: P
         (("--settle=5",), "--settle: goes with --run"),
         (("--run=RUN", "--json"), "--json: goes with the table of runs, not --run's one line"),
         (("--run=RUN", "--sort=loss"), "--sort: goes with the table of runs"),
+        # An unset variable's: --run= read the current folder as an output root.
+        (("--run=",), "--run: is '': empty, as from a variable that is unset"),
+        (("--sort=",), "--sort: is '': empty, as from a variable that is unset"),
     ],
 )
 def test_a_runs_flag_without_the_one_it_goes_with_is_one_line(

@@ -31,7 +31,7 @@ from typing import Any
 from absl import flags
 
 from tfconfig_slurm.cluster.step import read_slurm_job
-from tfconfig_slurm.commands import json_flag
+from tfconfig_slurm.commands import cli, json_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import USAGE_EXIT_CODE, UsageError
 from tfconfig_slurm.process import polling
@@ -58,6 +58,7 @@ SETTLE = flags.DEFINE_float(
     lower_bound=0.0,
 )
 flags.adopt_module_key_flags(json_flag)
+cli.refuse_empty(SORT, RUN)
 # A job that squeue lists in these states has not started its run (again) yet.
 _WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING"}
 # How SLURM says a job ended that the run cannot say itself (squeue lists ended jobs for
