@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
+from tests.cli import free_port_block, wait_until
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import EXIT_PEER_LOST
 from tfconfig_slurm.process import exits
 from tfconfig_slurm.process.records import failure
-from tfconfig_slurm.process.supervision import watchdog
+from tfconfig_slurm.process.supervision import answering, watchdog
 from tfconfig_slurm.process.supervision.watchdog import PeerWatch
 
 FAST: dict[str, Any] = {"lost_after": 0.3, "probe_seconds": 0.05}
@@ -229,3 +230,25 @@ def test_a_failed_collective_in_a_run_that_failed_names_the_first_failure(
     with pytest.raises(EndedError):
         finished.end_for_a_lost_peer("all-reduce failed")
     assert probed == []
+
+
+def test_a_keras3_chief_s_port_is_answered_once_its_jax_service_has_closed_it() -> None:
+    """with-tfconfig --keras3's chief: JAX's coordination service listens on its port, and
+    shuts down at the command's exit seconds before its process ends; the supervisor answers
+    there (WAITING) from the moment the port is free, not before the service listened, and
+    a block of answering within it takes the port over."""
+    port = free_port_block(1)
+    role = ClusterRole(cluster={"chief": (f"localhost:{port}",)}, role="chief", index=0)
+    address = f"127.0.0.1:{port}"
+    with answering.once_free(role):
+        assert not watchdog.answers(address)
+        with socket.create_server(("0.0.0.0", port)) as service:
+            service.settimeout(5)
+            # The supervisor's look, which finds the service listening.
+            service.accept()[0].close()
+        # Said WAITING: alive, not finished.
+        assert wait_until(lambda: watchdog.says_finished(address) is False, 5)
+        with answering.answering(role) as answer:
+            answer.append(watchdog.FINISHED)
+            assert watchdog.says_finished(address)
+    assert answering._SERVING == []

@@ -471,11 +471,13 @@ def test_a_chief_done_before_its_ps_listens_says_so_until_the_ps_has_heard() -> 
     it as a task still starting."""
     base = free_port_block(2)
     layout = "--ps_per_node=1"
-    step = [
-        wrapped(base, 2, 0, "sleep", "30", layout=layout),
-        wrapped(base, 2, 1, "true", layout=layout),
-    ]
-    statuses, logs = ended(step, 20)
+    ps = wrapped(base, 2, 0, "sleep", "30", layout=layout)
+    # The chief starts once the ps's supervisor runs: started together, a loaded machine may
+    # start the ps's seconds after the chief has finished and gone (its FINISHED lasts 1.5 s).
+    assert ps.stderr is not None
+    started = ps.stderr.readline()
+    statuses, logs = ended([ps, wrapped(base, 2, 1, "true", layout=layout)], 20)
+    logs = started + logs
     assert statuses == [0, 0], logs
     assert "ps 0: every trainer finished; ending its command" in logs
 
@@ -742,9 +744,14 @@ def test_a_model_dir_held_by_another_job_s_script_is_refused_in_one_line(tmp_pat
             **task_env(["localhost"], [1], 0, job_id=job_id),
         }
 
+    # Job 71's command ends once job 72's has been refused, not after a while: a loaded
+    # machine once started job 72's after job 71's had freed the directory.
+    refused = tmp_path / "refused"
+    waits = (
+        f"import pathlib, time\nwhile not pathlib.Path({str(refused)!r}).exists(): time.sleep(0.1)"
+    )
     first = subprocess.Popen(
-        job(base, sys.executable, "-c", "import time; time.sleep(4)"),
-        env=environ(71), stderr=subprocess.PIPE, text=True,
+        job(base, sys.executable, "-c", waits), env=environ(71), stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         assert wait_until((run / "state.json").exists, 30.0)
@@ -752,6 +759,7 @@ def test_a_model_dir_held_by_another_job_s_script_is_refused_in_one_line(tmp_pat
             job(base + 1, "touch", str(tmp_path / "ran")),
             env=environ(72), capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
+        refused.touch()
         assert second.returncode == 2, second.stderr
         (line,) = second.stderr.strip().splitlines()
         assert line.startswith(

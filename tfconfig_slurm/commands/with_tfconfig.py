@@ -204,6 +204,8 @@ def _port_answered(role: ClusterRole) -> contextlib.AbstractContextManager[objec
     does."""
     if KERAS3.value and role.role != CHIEF:
         return answering.answering(role)
+    if KERAS3.value and role.trainers > 1:
+        return answering.once_free(role)
     return contextlib.nullcontext()
 
 

@@ -13,40 +13,99 @@ from collections.abc import Iterator
 from absl import logging
 
 from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.supervision import watchdog
 
-# The answers of the port this process serves, while a block of answering holds it: a block
-# within it (a trainer saying WAITING finds a child lost, and says FAILED) changes what the port
-# answers, as it could not bind the port a second time.
+# The answers of the port this process serves, while a block of answering (or once_free) holds
+# it: a block within it (a trainer saying WAITING finds a child lost, and says FAILED) changes
+# what the port answers, as it could not bind the port a second time.
 _SERVING: list[list[bytes]] = []
+# Held while _SERVING is looked at and the port bound: once_free's thread binds it too.
+_BINDING = threading.Lock()
 
 
 @contextlib.contextmanager
 def answering(role: ClusterRole) -> Iterator[list[bytes]]:
     """Within the block, this task's port (free again) answers the last of the list it yields
     (WAITING at first: alive, not finished)."""
-    if _SERVING:
-        yield _SERVING[-1]
+    with _BINDING:
+        serving = _SERVING[-1] if _SERVING else None
+        listener, problem = None, ""
+        if serving is None:
+            try:
+                listener = _bound(role)
+            except OSError as error:
+                problem = error.strerror or str(error)
+    if serving is not None:
+        yield serving
         return
-    port = int(role.address.rpartition(":")[2])
     answer = [watchdog.WAITING]
-    try:
-        listener = socket.create_server(("0.0.0.0", port), reuse_port=False)
-    except OSError as error:
+    if listener is None:
         logging.warning(
             "%s %d cannot answer on its port %d (%s): its watchers will take it for lost",
             role.role,
             role.index,
-            port,
-            error.strerror,
+            _port(role),
+            problem,
         )
         yield answer
         return
+    with _served(listener, answer):
+        yield answer
+
+
+@contextlib.contextmanager
+def once_free(role: ClusterRole) -> Iterator[None]:
+    """Within the block, this task's port answers WAITING (as answering's, which a block
+    within it takes over) from the moment the command's own server there, seen listening
+    first, has closed it: a --keras3 chief's JAX service shuts down at the command's exit
+    seconds before its process has ended, and its watchers, finding the port dark, would
+    take the chief for lost."""
+    stopped = threading.Event()
+    held = contextlib.ExitStack()
+
+    def take_over() -> None:
+        while not watchdog.answers(f"127.0.0.1:{_port(role)}"):
+            if stopped.wait(timing.PROBE_SECONDS / 4):
+                return
+        while not stopped.wait(_TAKE_OVER_SECONDS):
+            with _BINDING:
+                if _SERVING:
+                    return
+                with contextlib.suppress(OSError):
+                    held.enter_context(_served(_bound(role), [watchdog.WAITING]))
+                    return
+
+    thread = threading.Thread(target=take_over, name="port once free", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stopped.set()
+        thread.join()
+        held.close()
+
+
+# How often once_free tries to bind a port its command's server holds.
+_TAKE_OVER_SECONDS = 0.05
+
+
+def _port(role: ClusterRole) -> int:
+    return int(role.address.rpartition(":")[2])
+
+
+def _bound(role: ClusterRole) -> socket.socket:
+    return socket.create_server(("0.0.0.0", _port(role)), reuse_port=False)
+
+
+@contextlib.contextmanager
+def _served(listener: socket.socket, answer: list[bytes]) -> Iterator[None]:
+    """`listener` answers the last of `answer` until the block ends."""
     stopped = threading.Event()
     threading.Thread(target=_answer, args=(listener, stopped, answer), daemon=True).start()
     _SERVING.append(answer)
     try:
-        yield answer
+        yield
     finally:
         _SERVING.remove(answer)
         stopped.set()
