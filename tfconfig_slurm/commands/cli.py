@@ -58,9 +58,8 @@ def run_cli(
     (TF_CPP_MIN_LOG_LEVEL: its start-up notes are noise for a user), unless the environment
     sets it. `command` is how a user calls it, for the hints, where that is not `program`;
     `usage`, the form of a whole command line, for the hint to a word taken for a flag.
-    `read_by_scripts` are the flags whose answer a batch script reads (--print_model_dir):
-    help asked with one is refused, as its text would be read for the answer.
-    """
+    Help asked with one of `read_by_scripts` (--print_model_dir) is refused: a script would
+    read its text for the answer."""
     command = command or program
     if tensorflow_log_level is not None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", tensorflow_log_level)
@@ -90,17 +89,24 @@ def run_cli(
         )
         fail(program, stray.one_line())
     if help_asked():
-        read = next((flag.name for flag in read_by_scripts if flag.value), None)
-        if read is not None:
-            fail(program, _help_read_as_an_answer(f"--{read}", command).one_line())
-        sys.stdout.write(_usage(main, full=HELPFULL.value))
-        sys.exit(0)
+        _help(program, main, command, read_by_scripts)
     if logs:
         start_logging()
     try:
         sys.exit(main(argv))
     except TfconfigSlurmError as error:
         fail(program, error.one_line())
+
+
+def _help(
+    program: str, main: Main, command: str, read_by_scripts: Sequence[flags.FlagHolder[bool]]
+) -> NoReturn:
+    """Prints the command's help, unless asked with a flag whose answer a script reads."""
+    read = next((flag.name for flag in read_by_scripts if flag.value), None)
+    if read is not None:
+        fail(program, _help_read_as_an_answer(f"--{read}", command).one_line())
+    sys.stdout.write(_usage(main, full=HELPFULL.value))
+    sys.exit(0)
 
 
 def help_asked() -> bool:

@@ -118,14 +118,8 @@ def _start(
     _check_literal_hparams(spec, hparams)
     named = run_directory.naming()
     model_dir.check_writable(directory, named)
-    if runtime_flags.PRINT_MAX_RESTARTS.value and runtime_flags.PRINT_MODEL_DIR.value:
-        raise UsageError(
-            "--print_max_restarts",
-            "comes with --print_model_dir: a batch script reads one answer at a time, and took "
-            "this one for the model directory",
-            "leave both out of a batch script's flags: launch/train.sbatch asks for each itself",
-        )
     if runtime_flags.PRINT_MAX_RESTARTS.value:
+        _check_one_answer()
         sys.stdout.write(f"{max_restarts_flag.MAX_RESTARTS.value}\n")
         return 0
     if runtime_flags.PRINT_MODEL_DIR.value or counts is not None:
@@ -174,6 +168,18 @@ def _check_literal_hparams(spec: str, hparams: str) -> None:
     literal = experiment_lib.literal_hparams(spec)
     if literal is not None:
         hparams_lib.with_overrides(literal, hparams)
+
+
+def _check_one_answer() -> None:
+    """Refuses --print_max_restarts with --print_model_dir: a batch script reads one answer
+    at a time (train.sbatch took this one for the model directory, and made it)."""
+    if runtime_flags.PRINT_MODEL_DIR.value:
+        raise UsageError(
+            "--print_max_restarts",
+            "comes with --print_model_dir: a batch script reads one answer at a time, and took "
+            "this one for the model directory",
+            "leave both out of a batch script's flags: launch/train.sbatch asks for each itself",
+        )
 
 
 def _print_model_dir(directory: Path) -> None:

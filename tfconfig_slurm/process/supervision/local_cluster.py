@@ -178,31 +178,9 @@ def _run(
     *,
     coordinator: bool,
 ) -> int:
-    # Free ports, distinct because all are bound at once, then released for the tasks to
-    # bind: TensorFlow's gRPC server refuses SO_REUSEPORT, so nothing can hold them meanwhile.
-    with ExitStack() as reservations:
-
-        def reserve() -> str:
-            holder = reservations.enter_context(socket.socket())
-            holder.bind(("127.0.0.1", 0))
-            return f"127.0.0.1:{holder.getsockname()[1]}"
-
-        tasks = [LocalTask(CHIEF, 0, reserve())]
-        tasks += [LocalTask(PS, index, reserve()) for index in range(counts[PS])]
-        tasks += [LocalTask(WORKER, index, reserve()) for index in range(counts[WORKER])]
-    cluster: dict[str, list[str]] = {}
-    for task in tasks:
-        cluster.setdefault(task.role, []).append(task.address)
-    # The evaluator is outside the cluster and serves nothing: it needs no port.
-    tasks += [LocalTask(EVALUATOR, 0, "-") for _ in range(counts[EVALUATOR])]
-    every_role = ClusterRole(
-        cluster={job: tuple(addresses) for job, addresses in cluster.items()},
-        role=CHIEF,
-        index=0,
-        has_evaluator=counts[EVALUATOR] > 0,
-        run_id=LOCAL_RUN_PREFIX + uuid.uuid4().hex,
-        coordinator=coordinator,
-    )
+    """Starts the cluster's tasks, supervises them until one fails, all end, or a signal
+    stops them all; the exit status a shell would say of it."""
+    tasks, every_role = _laid_out(counts, coordinator=coordinator)
     logs = RunDir(model_dir).logs
     logs.mkdir(parents=True, exist_ok=True)
     refusals: dict[LocalTask, list[str]] = {task: [] for task in tasks}
@@ -241,13 +219,65 @@ def _run(
             # Every line a task wrote, its last error included, reaches log and console.
             for _, copier in started.values():
                 copier.join()
-    if failed is not None and refusals[failed] and started[failed][0].returncode == USAGE_EXIT_CODE:
+    return _said_ended(
+        {task: process for task, (process, _) in started.items()},
+        refusals,
+        failed=failed,
+        first=failure.read(model_dir, every_role.run_id or "") if failed else None,
+        stopped_by=stopped_by,
+    )
+
+
+def _laid_out(
+    counts: Mapping[str, int], *, coordinator: bool
+) -> tuple[list[LocalTask], ClusterRole]:
+    """The cluster's tasks on free ports of this machine (an evaluator's on none), and its
+    roles' shared layout (the chief's)."""
+    # Free ports, distinct because all are bound at once, then released for the tasks to
+    # bind: TensorFlow's gRPC server refuses SO_REUSEPORT, so nothing can hold them meanwhile.
+    with ExitStack() as reservations:
+
+        def reserve() -> str:
+            holder = reservations.enter_context(socket.socket())
+            holder.bind(("127.0.0.1", 0))
+            return f"127.0.0.1:{holder.getsockname()[1]}"
+
+        tasks = [LocalTask(CHIEF, 0, reserve())]
+        tasks += [LocalTask(PS, index, reserve()) for index in range(counts[PS])]
+        tasks += [LocalTask(WORKER, index, reserve()) for index in range(counts[WORKER])]
+    cluster: dict[str, list[str]] = {}
+    for task in tasks:
+        cluster.setdefault(task.role, []).append(task.address)
+    # The evaluator is outside the cluster and serves nothing: it needs no port.
+    tasks += [LocalTask(EVALUATOR, 0, "-") for _ in range(counts[EVALUATOR])]
+    every_role = ClusterRole(
+        cluster={job: tuple(addresses) for job, addresses in cluster.items()},
+        role=CHIEF,
+        index=0,
+        has_evaluator=counts[EVALUATOR] > 0,
+        run_id=LOCAL_RUN_PREFIX + uuid.uuid4().hex,
+        coordinator=coordinator,
+    )
+    return tasks, every_role
+
+
+def _said_ended(
+    started: Mapping[LocalTask, children.Child],
+    refusals: Mapping[LocalTask, list[str]],
+    *,
+    failed: LocalTask | None,
+    first: failure.Failure | None,
+    stopped_by: signal.Signals | None,
+) -> int:
+    """The cluster's exit status, once its tasks' refusals and its first failure are said: a
+    task's refusal alone where it refused its input (exit 2), as a single process would."""
+    if failed is not None and refusals[failed] and started[failed].returncode == USAGE_EXIT_CODE:
         sys.stderr.write(refusals[failed][0])
         return USAGE_EXIT_CODE
     for task, lines in refusals.items():
         sys.stderr.writelines(_prefix(task) + line for line in lines)
     if failed is not None:
-        process = started[failed][0]
+        process = started[failed]
         logging.error(
             "%s %d (pid %d) %s; the other tasks were stopped",
             failed.role,
@@ -256,7 +286,6 @@ def _run(
             exits.how_it_ended(process.returncode),
         )
         # The task that failed first, as it said, where the last to exit may only be its peer.
-        first = failure.read(model_dir, every_role.run_id or "")
         if first is not None:
             logging.error("first to fail: %s", first.line())
     # As a shell reports a process that a signal ended.
