@@ -37,6 +37,7 @@ from tfconfig_slurm.errors import USAGE_EXIT_CODE, UsageError
 from tfconfig_slurm.process import polling
 from tfconfig_slurm.process.job import continuation
 from tfconfig_slurm.process.records import claim, failure, history, refusal, reports, run_dir
+from tfconfig_slurm.process.records.reports import RunState
 
 PROGRAM = "tfconfig-slurm runs"
 
@@ -136,7 +137,7 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
     # A local file, read once a second: squeue and scontrol are asked once, after.
     polling.poll(
         lambda: reports.read_state(folder).get("state"),
-        lambda state: state != "running",
+        lambda state: state != RunState.RUNNING,
         SETTLE.value,
         every=1.0,
     )
@@ -323,7 +324,9 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         "experiment_id": folder.name,
         "state": said,
         "global_step": kept if logged is None else logged,
-        "eval": summary.get("eval", {}) if state.get("state", "done") == "done" else {},
+        "eval": summary.get("eval", {})
+        if state.get("state", RunState.DONE) == RunState.DONE
+        else {},
         "examples_per_sec": round(sum(speeds), 1) if speeds else None,
         "hparams": state.get("hparams", {}),
         "job_id": state.get("job_id"),
@@ -423,18 +426,18 @@ def _state(
     # A run a script trained itself (with-tfconfig --model_dir) may say only that it failed.
     said = state.get("state", "done" if summary else "failed" if failed else "unknown")
     job = state.get("job_id")
-    if said == "stopped" and continued is not None:
+    if said == RunState.STOPPED and continued is not None:
         job = continued.job_id
     queued = None if jobs is None or job is None else jobs.get(str(job))
     if queued in _GONE:
         queued = None
-    if said == "stopped":
+    if said == RunState.STOPPED:
         if queued is None:
             return "stopped"
         if queued in _WAITING or (continued is None and _requeued_since(state)):
             return "requeued" if continued is None else "continued"
         return "stopped" if queued == _ENDING else "running"
-    if said != "running":
+    if said != RunState.RUNNING:
         return str(said)
     if job is not None and jobs is not None:
         # A run still "running" whose job is over, or ending, ended without saying so.
@@ -473,7 +476,7 @@ def _first_failure(
     recorded, if it came since the run's last attempt started; else the error the run's owner
     said it failed with (a single process records no failure of a task)."""
     if first is None or (not this_run and first.time < _last_attempt_started(state)):
-        error = state.get("error") if state.get("state") == "failed" else None
+        error = state.get("error") if state.get("state") == RunState.FAILED else None
         return str(error) if error else None
     return first.line()
 

@@ -19,6 +19,7 @@ from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import USAGE_EXIT_CODE
 from tfconfig_slurm.process.records import failure, history, reports
 from tfconfig_slurm.process.records.failure import Failure
+from tfconfig_slurm.process.records.reports import RunState
 from tfconfig_slurm.process.records.run_dir import RunDir
 
 # srun names a task's node and its rank, and how it ended ("node2: task 3: Killed"), or
@@ -114,7 +115,7 @@ def stopped_unrequeued(model_dir: Path, job: SlurmJob) -> bool:
     the same status stopped nothing, and failed."""
     state = reports.read_state(model_dir)
     return (
-        state.get("state") == "stopped"
+        state.get("state") == RunState.STOPPED
         and state.get("job_id") == job.name
         and state.get("restart", 0) == job.restart_count
     )

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.process.records import failure, reports
+from tfconfig_slurm.process.records.reports import RunState
 
 
 def owns_run(role: ClusterRole | None) -> bool:
@@ -57,7 +58,7 @@ class RunOwner:
             if then.get(name) != now.get(name)
         }
 
-    def say(self, state: str, global_step: int | None, **fields: Any) -> None:
+    def say(self, state: RunState, global_step: int | None, **fields: Any) -> None:
         reports.write_state(
             self.directory,
             state,
@@ -77,7 +78,7 @@ class RunOwner:
         try:
             yield
         except BaseException as error:
-            self.say("failed", global_step(), error=failure.describe(error))
+            self.say(RunState.FAILED, global_step(), error=failure.describe(error))
             raise
 
     def hparams_for_tensorboard(self) -> dict[str, bool | int | float | str]:

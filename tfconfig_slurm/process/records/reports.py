@@ -8,6 +8,7 @@ earlier run's; every file is written whole or not at all.
 
 from __future__ import annotations
 
+import enum
 import json
 import time
 from collections.abc import Mapping
@@ -226,9 +227,20 @@ def read_json(path: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+class RunState(str, enum.Enum):
+    """What a run's owner (the chief, a single process) says of it in state.json's "state",
+    which the runs table and a step's restart read."""
+
+    RUNNING = "running"
+    DONE = "done"
+    # On a signal, named beside it, with the step it checkpointed.
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
 def write_state(
     model_dir: Path,
-    state: str,
+    state: RunState,
     *,
     experiment: str,
     hparams: Mapping[str, Any],
@@ -243,7 +255,7 @@ def write_state(
     hparams, the SLURM job `job_id` (each attempt with its `restart`, how often SLURM requeued
     the job before it) and the run id; earlier fields are kept."""
     current = read_state(model_dir)
-    if state == "running":
+    if state is RunState.RUNNING:
         # A new attempt: what an earlier one said of its end no longer holds; what each
         # attempt trained with is kept, for a resume that changed the hparams.
         # Its step at start: whether it trained is told by the next attempt's (history.py).

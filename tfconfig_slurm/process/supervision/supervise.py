@@ -50,6 +50,7 @@ from tfconfig_slurm.errors import EXIT_PEER_LOST
 from tfconfig_slurm.process import exits, timing
 from tfconfig_slurm.process.records import failure
 from tfconfig_slurm.process.records.owner import RunOwner
+from tfconfig_slurm.process.records.reports import RunState
 from tfconfig_slurm.process.supervision import answering, children, watchdog
 from tfconfig_slurm.process.supervision.task_state import LostPeer, State, TaskState
 from tfconfig_slurm.process.user_code import versions
@@ -109,7 +110,7 @@ class _Supervisor:
             # and the runtime resumes none of theirs.
             # Group.start gives Popen the command as a list.
             (child,) = self.command.started
-            self.owner.say("running", None, command=cast("list[str]", child.args))
+            self.owner.say(RunState.RUNNING, None, command=cast("list[str]", child.args))
 
     def run(self, restarts: int) -> int:
         """The command run to its end as the role's task; its exit status."""
@@ -187,7 +188,7 @@ def _end_lost(
             relay.finish(1.0)
     watchdog.report_lost(lost.name, lost.address, watchdog.silence(lost.silent_for))
     if owner is not None:
-        owner.say("failed", None, lost=lost.name)
+        owner.say(RunState.FAILED, None, lost=lost.name)
     # Its own watchers may never have heard from it (its command died before listening):
     # they learn it at once, as from a failed command.
     _say_failed(role, f"it ends, as {lost.name} is lost")
@@ -234,11 +235,11 @@ def _wait_for_end(
 
 def _say_how_it_ended(owner: RunOwner, status: int, stopped_by: signal.Signals | None) -> None:
     if status == 0:
-        owner.say("done", None)
+        owner.say(RunState.DONE, None)
     elif stopped_by is not None:
-        owner.say("stopped", None, signal=stopped_by.name)
+        owner.say(RunState.STOPPED, None, signal=stopped_by.name)
     else:
-        owner.say("failed", None, exit_status=status)
+        owner.say(RunState.FAILED, None, exit_status=status)
 
 
 def _after_command() -> None:

@@ -28,6 +28,7 @@ from tfconfig_slurm.process import exits, timing
 from tfconfig_slurm.process.job import continuation, preemption, time_limit
 from tfconfig_slurm.process.records import claim, failure, history, model_dir
 from tfconfig_slurm.process.records.owner import RunOwner, owns_run
+from tfconfig_slurm.process.records.reports import RunState
 from tfconfig_slurm.process.records.run_dir import RunDir
 from tfconfig_slurm.process.supervision import network, watchdog
 from tfconfig_slurm.process.task import hang_watch, throughput
@@ -267,9 +268,11 @@ def _train(
             task.model_dir,
             ", ".join(f"{name}: {then!r} -> {now!r}" for name, (then, now) in changed.items()),
         )
-    owner.say("running", step)
+    owner.say(RunState.RUNNING, step)
     throughput.report_progress_to(RunDir(task.model_dir).progress)
-    hang_watch.when_hung(lambda what: owner.say("failed", trainer.checkpoint_step(), error=what))
+    hang_watch.when_hung(
+        lambda what: owner.say(RunState.FAILED, trainer.checkpoint_step(), error=what)
+    )
     with owner.failing_on_error(trainer.checkpoint_step):
         if first:
             trainer.write_hparams(owner.hparams_for_tensorboard(), task.model_dir.name)
@@ -332,7 +335,7 @@ class _End:
                 # The stop before the time limit comes as the preempt signal: said as such.
                 due = self.limit is not None and self.limit.due()
                 why = {"why": "time limit"} if due else {}
-                self.owner.say("stopped", step, signal=ending.stopped_on, **why)
+                self.owner.say(RunState.STOPPED, step, signal=ending.stopped_on, **why)
             # The model directory stays held, for the requeued job to resume there.
             status = 0
             if _requeues(role):
@@ -345,7 +348,7 @@ class _End:
                 )
             exits.end_now(status, f"stopped on {ending.stopped_on}")
         if self.owner is not None:
-            self.owner.say("done", step)
+            self.owner.say(RunState.DONE, step)
         if role is not None:
             logging.info("%s: done", role.task_id)
         if self.held is not None:
