@@ -239,15 +239,30 @@ def _train(
     end = _End(task, trainer, held, None, returns, limit)
     if not owns_run(role):
         return _trained(trainer, end)
+    owner = _owner(task, trainer, step)
+    first = owner.first_start()
+    owner.say(RunState.RUNNING, step)
+    throughput.report_progress_to(RunDir(task.model_dir).progress)
+    hang_watch.when_hung(
+        lambda what: owner.say(RunState.FAILED, trainer.checkpoint_step(), error=what)
+    )
+    with owner.failing_on_error(trainer.checkpoint_step):
+        if first:
+            trainer.write_hparams(owner.hparams_for_tensorboard(), task.model_dir.name)
+        return _trained(trainer, dataclasses.replace(end, owner=owner))
+
+
+def _owner(task: TaskRun, trainer: Backend, step: int | None) -> RunOwner:
+    """The run's owner, with the hparams its record keeps: the ones given, or where the run is
+    trained already, those it was trained with (said where they differ)."""
     owner = RunOwner(
         task.model_dir,
         trainer.experiment,
         trainer.hparams,
-        role,
+        task.place.role,
         task.job.name if task.job else None,
         task.job.restart_count if task.job else 0,
     )
-    first = owner.first_start()
     changed = owner.changed_hparams()
     last = owner.last_hparams()
     if changed and last is not None and step is not None and step >= trainer.train_steps:
@@ -268,15 +283,7 @@ def _train(
             task.model_dir,
             ", ".join(f"{name}: {then!r} -> {now!r}" for name, (then, now) in changed.items()),
         )
-    owner.say(RunState.RUNNING, step)
-    throughput.report_progress_to(RunDir(task.model_dir).progress)
-    hang_watch.when_hung(
-        lambda what: owner.say(RunState.FAILED, trainer.checkpoint_step(), error=what)
-    )
-    with owner.failing_on_error(trainer.checkpoint_step):
-        if first:
-            trainer.write_hparams(owner.hparams_for_tensorboard(), task.model_dir.name)
-        return _trained(trainer, dataclasses.replace(end, owner=owner))
+    return owner
 
 
 def _trained(trainer: Backend, end: _End) -> Any:
