@@ -265,10 +265,15 @@ TWO_SERVERS = "--ps_per_node=2"
 
 
 def wrapped(
-    port_base: int, tasks: int, rank: int, *command: str, layout: str = TWO_SERVERS
+    port_base: int,
+    tasks: int,
+    rank: int,
+    *command: str,
+    layout: str = TWO_SERVERS,
+    ignoring: tuple[signal.Signals, ...] = (),
 ) -> subprocess.Popen[str]:
     """Rank `rank` of a one-node step of `tasks` on loopback, its command under the wrapper
-    (by default 2 ps: ranks 0 and 1)."""
+    (by default 2 ps: ranks 0 and 1), started `ignoring` these signals."""
     return subprocess.Popen(
         [WRAPPER, layout, f"--port_base={port_base}", *command],
         env={
@@ -279,6 +284,8 @@ def wrapped(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # The test's own main thread starts it: a fork beside threads is not at stake.
+        preexec_fn=lambda: [signal.signal(each, signal.SIG_IGN) for each in ignoring],  # noqa: PLW1509
     )
 
 
@@ -608,9 +615,15 @@ def test_told_its_model_dir_the_chief_says_the_run_is_done(tmp_path: Path) -> No
 def test_told_its_model_dir_a_chief_sent_sigterm_says_the_run_stopped(
     tmp_path: Path, number: signal.Signals
 ) -> None:
-    """SIGINT and SIGHUP alike: each reaches the command, which stops on it."""
+    """SIGINT and SIGHUP alike: each reaches the command, which stops on it; also where the
+    step was started ignoring them, as a script's background job ignores SIGINT and nohup
+    SIGHUP (the command inherited that, and never stopped: a CI run under nohup)."""
     base, model_dir = free_port_block(4), tmp_path / "mine"
-    step = [wrapped(base, 4, rank, f"--model_dir={model_dir}", *SERVER, "600") for rank in range(4)]
+    ignoring = (signal.SIGINT, signal.SIGHUP)
+    step = [
+        wrapped(base, 4, rank, f"--model_dir={model_dir}", *SERVER, "600", ignoring=ignoring)
+        for rank in range(4)
+    ]
     state = model_dir / "state.json"
     try:
         assert wait_until(state.exists, 30.0)

@@ -31,8 +31,14 @@ STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # before a time limit) and a user's quit.
 PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 _PR_SET_PDEATHSIG = 1
-# Looked up before any fork: the child only calls it.
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+# Looked up before any fork: the child only calls them.
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_PRCTL = _LIBC.prctl
+# libc's signal(), with SIG_DFL (0): Python's signal.signal may be called from the main thread
+# only, and the child of a fork is not Python's main thread where another thread forked it.
+_SIGNAL = _LIBC.signal
+_SIGNAL.argtypes = (ctypes.c_int, ctypes.c_void_p)
+_SIGNAL.restype = ctypes.c_void_p
 
 
 class Group:
@@ -71,8 +77,8 @@ class Group:
             stderr=subprocess.STDOUT if capture else subprocess.PIPE if relayed else None,
             text=True,
             start_new_session=self._own_sessions,
-            # The one call it makes is looked up already, so a fork beside threads is safe.
-            preexec_fn=_die_with_parent,  # noqa: PLW1509
+            # The calls it makes are looked up already, so a fork beside threads is safe.
+            preexec_fn=_in_the_child,  # noqa: PLW1509
         )
         if relayed:
             assert child.stderr is not None
@@ -130,5 +136,10 @@ def handling(signums: Sequence[signal.Signals], handler: Handler) -> Iterator[No
             signal.signal(signum, action)
 
 
-def _die_with_parent() -> None:
+def _in_the_child() -> None:
+    """Run in the child before its command starts: it dies with this process, and takes the
+    signals passed on to it as any process does. Started ignoring them, as a background job of
+    a script ignores SIGINT or nohup's SIGHUP, it would inherit that, and never stop."""
     _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    for signum in (*STOPPING, *PASSED_ON):
+        _SIGNAL(signum, None)
