@@ -909,6 +909,29 @@ def test_a_task_reads_slurm_s_environment_once(tmp_path: Path) -> None:
     assert reads.read_text().splitlines() == ["read_slurm_job", "read_slurm_step"]
 
 
+def test_batches_of_no_sample_weights_are_placed_on_two_devices(tmp_path: Path) -> None:
+    """The batches read ahead are placed as Keras would take them: (inputs, targets, None),
+    its None left so (it raised AttributeError: 'NoneType' object has no attribute 'shape'),
+    and the eval batches padded for 2 devices weigh 1 each (np.concatenate failed on None)."""
+    mine = tmp_path / "mine.py"
+    mine.write_text(
+        "import keras\n"
+        "from tests.fixtures.paced_keras3 import HPARAMS, build_model\n"
+        "from tests.fixtures.paced_keras3 import dataset as _dataset\n"
+        "def dataset(mode, params):\n"
+        "    for features, labels in _dataset(mode, params):\n"
+        "        yield features, labels, None\n"
+    )
+    ran = train(
+        tmp_path / "out", "--train_steps=20", experiment=str(mine),
+        environ={"XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+                 "PYTHONPATH": str(REPOSITORY), "PACED_KERAS_PACE_MICROSECONDS": "0"},
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "DataParallel on a mesh of batch 2" in ran.stderr
+    assert json.loads((tmp_path / "out" / "mine" / "summary.json").read_text())["global_step"] == 20
+
+
 def test_one_process_of_two_devices_evaluates_a_short_last_batch(tmp_path: Path) -> None:
     """#52: the digits' last eval batch of 39 does not split over 2 devices: every run of a
     process of several devices trained, then failed its evaluation (IndivisibleError). It is

@@ -198,7 +198,9 @@ def _submitted(arguments: Sequence[str], kept: Path, text: str) -> str:
     made = [folder for folder in (kept.parent, *kept.parent.parents) if not folder.exists()]
     kept.parent.mkdir(parents=True, exist_ok=True)
     kept.write_text(text)
-    submitted = slurm_commands.sbatch(arguments)
+    # As long as it takes: sbatch retries a busy slurmctld itself, and one killed after the
+    # array was taken would leave it queued without its lines.
+    submitted = slurm_commands.sbatch(arguments, seconds=None)
     if submitted.problem:
         if not submitted_before:
             kept.unlink()

@@ -200,8 +200,9 @@ def _supervised(
 
 def _port_answered(role: ClusterRole) -> contextlib.AbstractContextManager[object]:
     """Nothing of JAX's listens on a --keras3 worker's port (its service is on the chief's):
-    the supervisor answers there for the command's watchers. Another command's own server
-    does."""
+    the supervisor answers there for the command's watchers. On a --keras3 chief's, JAX's
+    service does, until it shuts down at the script's exit: the supervisor answers from then
+    (answering.once_free). Another command's own server answers on its port."""
     if KERAS3.value and role.role != CHIEF:
         return answering.answering(role)
     if KERAS3.value and role.trainers > 1:

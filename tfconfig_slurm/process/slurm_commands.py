@@ -14,7 +14,7 @@ from tfconfig_slurm.process import timing
 
 def run(
     command: Sequence[str],
-    seconds: float = timing.SLURM_COMMAND_SECONDS,
+    seconds: float | None = timing.SLURM_COMMAND_SECONDS,
     environ: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str] | None:
     """Runs the command (in `environ`, else this process's environment), its output
@@ -61,13 +61,14 @@ def sbatch_command(arguments: Sequence[str]) -> list[str]:
 def sbatch(
     arguments: Sequence[str],
     environ: Mapping[str, str] | None = None,
-    seconds: float = timing.SLURM_COMMAND_SECONDS,
+    seconds: float | None = timing.SLURM_COMMAND_SECONDS,
 ) -> Submitted:
-    """Submits a job (`sbatch --parsable ARGUMENTS`, in `environ`, else this process's)."""
+    """Submits a job (`sbatch --parsable ARGUMENTS`, in `environ`, else this process's),
+    given `seconds` to answer (None: as long as it takes)."""
     result = run(sbatch_command(arguments), seconds, environ)
     if result is None:
-        return Submitted("", f"sbatch cannot be run here (not installed, or no answer in "
-                         f"{seconds:.0f} s)")  # fmt: skip
+        waited = "" if seconds is None else f", or no answer in {seconds:.0f} s"
+        return Submitted("", f"sbatch cannot be run here (not installed{waited})")
     if result.returncode:
         said = result.stderr.strip() or f"exit status {result.returncode}"
         return Submitted("", f"sbatch failed: {said}", result.stderr, result.returncode)

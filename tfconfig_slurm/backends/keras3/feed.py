@@ -28,26 +28,18 @@ def fed(batches: Iterator[Any], steps: int) -> LookAhead:
 
 
 def _placement(distribution: Any) -> Callable[[Any], Any]:
-    """How a batch is put on this process's devices before fit reads it: as the distribution
-    lays out data, or on the default device; in a step of several processes, not at all."""
+    """How a batch is put on this process's devices before fit reads it: each array (a None,
+    such as absent sample weights, left so) as the distribution lays out data, or on the
+    default device; in a step of several processes, not at all."""
     if jax.process_count() > 1:
         return _as_given
-    if distribution is None:
-        return _on_the_default_device
 
-    def placed(batch: Any) -> Any:
-        return keras.tree.map_structure(
-            lambda array: jax.device_put(
-                array, distribution.get_data_layout(array.shape).backend_layout
-            ),
-            batch,
-        )
+    def placed(array: Any) -> Any:
+        if distribution is None:
+            return jax.device_put(array)
+        return jax.device_put(array, distribution.get_data_layout(array.shape).backend_layout)
 
-    return placed
-
-
-def _on_the_default_device(batch: Any) -> Any:
-    return jax.device_put(batch)
+    return lambda batch: keras.tree.map_structure(placed, batch, none_is_leaf=False)
 
 
 def _as_given(batch: Any) -> Any:

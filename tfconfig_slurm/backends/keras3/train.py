@@ -464,7 +464,7 @@ def _padded(batches: Iterator[Any], parts: int) -> Iterator[Any]:
             continue
         inputs, targets, *weighed = batch
         count = len(keras.tree.flatten(inputs)[0])
-        weights = weighed[0] if weighed else np.ones(count, np.float32)
+        weights = weighed[0] if weighed and weighed[0] is not None else np.ones(count, np.float32)
         short = -count % parts
 
         def padded(array: Any, short: int = short) -> Any:
@@ -598,7 +598,7 @@ class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
         # The one epoch's batch, also where fit runs several steps a call; its last call runs
         # the steps left to --train_steps, where the batches end (feed.py).
         before, self.step = self.step, min(self._start + batch + 1, self._last)
-        self.lines.step(before, self.step, batch + 1, logs)
+        self.lines.step(before, self.step, self.step - self._start, logs)
         end = self._ends.after(before, self.step)
         if end.save:
             self._checkpoints.save(self.step)

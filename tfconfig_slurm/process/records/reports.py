@@ -255,7 +255,7 @@ def write_state(
     hparams, the SLURM job `job_id` (each attempt with its `restart`, how often SLURM requeued
     the job before it) and the run id; earlier fields are kept."""
     current = read_state(model_dir)
-    if state is RunState.RUNNING:
+    if state == RunState.RUNNING:
         # A new attempt: what an earlier one said of its end no longer holds; what each
         # attempt trained with is kept, for a resume that changed the hparams.
         # Its step at start: whether it trained is told by the next attempt's (history.py).

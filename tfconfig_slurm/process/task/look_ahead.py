@@ -16,6 +16,9 @@ from typing import Any
 # little memory (each holds one batch of the process's share).
 AHEAD = 2
 _END = object()
+# How long close() waits for the reading thread, inside the experiment's generator for a batch
+# at most: one that blocks for ever is the hang watch's to find, not this wait's.
+_CLOSE_SECONDS = 10.0
 
 
 class LookAhead:
@@ -42,9 +45,15 @@ class LookAhead:
             yield batch
 
     def close(self) -> None:
-        """Ends the reading thread at its next batch: a fit that stopped early leaves it
-        waiting for room."""
+        """Ends the reading thread at its next batch (a fit that stopped early leaves it
+        waiting for room), and waits a while for it: the evaluation's batches come next, from
+        the same experiment, whose generators may share state."""
         self._closed.set()
+        self._drain()
+        self._thread.join(timeout=_CLOSE_SECONDS)
+        self._drain()
+
+    def _drain(self) -> None:
         while not self._ahead.empty():
             self._ahead.get_nowait()
 
