@@ -146,15 +146,8 @@ class KerasBackend(TrainingBackendBase):
         if trainer.peers is not None:
             trainer.peers.stop()
         if metrics is not None:
-            reports.report_trained(
-                settings.model_dir,
-                name=self._experiment.name,
-                role=role,
-                train_steps=settings.train_steps,
-                mean_examples_per_sec=progress.mean_examples_per_sec(),
-                metrics=metrics,
-                started=started,
-                write_eval=write_eval_scalars,
+            self._report_trained(
+                metrics, progress.mean_examples_per_sec(), started, write_eval_scalars
             )
         _end_together(role)
         return end(Ending(stopped_on))
