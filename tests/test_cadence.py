@@ -87,8 +87,15 @@ def test_trainers_agree_at_every_tenth_step_and_a_peer_s_requeue_stands_for_all(
     peers[:] = [1, 1, 0]
     assert ends.after(29, 30) == StepEnd(save=True, stop_on="SIGUSR1")
     # Not told itself, a peer's checkpoint due by its clock is due here too.
-    quiet = StepEnds(settings(None), preemption.StopRequest(), {"SIGUSR1"}, sum_votes)
+    quiet_stop = preemption.StopRequest()
+    quiet = StepEnds(settings(None), quiet_stop, {"SIGUSR1"}, sum_votes)
     peers[:] = [0, 0, 1]
     assert quiet.after(39, 40) == StepEnd(save=True, stop_on="")
     peers[:] = [1, 0, 0]
     assert quiet.after(49, 50) == StepEnd(save=True, stop_on="a peer's signal")
+    assert quiet_stop.said("a peer's signal") == "a peer's signal"
+    # Its own SIGTERM come after the agreement (sent to every task): the stop's end names it,
+    # and a stop agreed on by its own name stays so.
+    quiet_stop.ask("SIGTERM")
+    assert quiet_stop.said("a peer's signal") == "SIGTERM"
+    assert quiet_stop.said("SIGUSR1") == "SIGUSR1"

@@ -197,7 +197,10 @@ def test_a_local_cluster_trains_one_mesh_stops_on_sigterm_together_and_resumes(
     assert sorted(pids) == ["chief 0", "worker 0"]
     assert wait_until(lambda: not [pid for pid in pids.values() if alive(pid)], 5.0)
     assert re.search(r"\[chief 0\] .*starting at step 0; 2 processes and 2 devices on JAX", log)
-    stops = re.findall(r"\[(chief|worker) 0\] .*stopping on SIGTERM at global step (\d+)", log)
+    # The SIGTERM reaches the two in either order: one may stop on the other's, first.
+    stops = re.findall(
+        r"\[(chief|worker) 0\] .*stopping on (?:SIGTERM|a peer's signal) at global step (\d+)", log
+    )
     assert sorted(role for role, _ in stops) == ["chief", "worker"], log[-3000:]
     assert stops[0][1] == stops[1][1]
     stopped = int(stops[0][1])

@@ -137,10 +137,20 @@ class StopRequest:
     def requested(self) -> bool:
         return self._noted
 
+    def said(self, agreed: str) -> str:
+        """How a stop the trainers agreed on as `agreed` is said at this task's end: by its own
+        signal where one came after its peers' (SIGTERM to every task reaches them in any
+        order), so that a requeue signal requeues and the report names it."""
+        return self.signal_name if agreed == PEERS_SIGNAL and self._noted else agreed
+
     def wait(self, seconds: float | None = None) -> bool:
         """Returns once this task is told to stop (for a thread that acts on it), or after
         `seconds`: whether it was told."""
         return self._event.wait(seconds)
+
+
+# What a trainer stops on where another trainer was told to stop, and it was not (yet).
+PEERS_SIGNAL = "a peer's signal"
 
 
 def _interrupted(times: int) -> None:

@@ -133,4 +133,4 @@ class StepEnds:
             return "", due
         if votes[1] and own not in self._requeue_on:
             return min(self._requeue_on), due
-        return own or "a peer's signal", due
+        return own or preemption.PEERS_SIGNAL, due

@@ -338,22 +338,23 @@ class _End:
         role = self.task.place.role
         step = self.backend.checkpoint_step()
         if ending.stopped_on is not None:
+            stopped_on = self.task.stop.said(ending.stopped_on)
             if self.owner is not None:
                 # The stop before the time limit comes as the preempt signal: said as such.
                 due = self.limit is not None and self.limit.due()
                 why = {"why": "time limit"} if due else {}
-                self.owner.say(RunState.STOPPED, step, signal=ending.stopped_on, **why)
+                self.owner.say(RunState.STOPPED, step, signal=stopped_on, **why)
             # The model directory stays held, for the requeued job to resume there.
             status = 0
             if _requeues(role):
                 status = preemption.after_stop(
                     self.task.environ,
                     self.task.job,
-                    ending.stopped_on,
+                    stopped_on,
                     self.task.stop_policy,
                     self.task.model_dir,
                 )
-            exits.end_now(status, f"stopped on {ending.stopped_on}")
+            exits.end_now(status, f"stopped on {stopped_on}")
         if self.owner is not None:
             self.owner.say(RunState.DONE, step)
         if role is not None:
