@@ -161,7 +161,7 @@ def eval_writer(directory: Path) -> Any:
 
 
 def write_scalars(writer: Any, metrics: Mapping[str, Any], step: int) -> None:
-    """An evaluation's metrics at `step` (not the step itself), flushed."""
+    """Scalars at `step` (of an evaluation's metrics, all but the step itself), flushed."""
     with writer.as_default(step=step):
         for name, value in metrics.items():
             if name != "global_step":

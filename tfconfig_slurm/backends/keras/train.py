@@ -9,12 +9,9 @@ for the lifecycle of process/task/lifecycle.py.
 - Checkpoints are numbered by the global step (the optimizer's iterations), so a run resumes
   to the step. Every trainer saves, as the strategy's collectives require: the chief into the
   model directory, the others into a scratch directory of their own that they delete.
-- A stop signal (preemption.py) is agreed on: every cadence.STOP_CHECK_STEPS steps the trainers
-  all-reduce their flags, so that all save the same step, stop, and the chief requeues; a
-  checkpoint due by time (cadence.CheckpointCadence) is agreed on in the same all-reduce.
-- Each trainer watches its neighbours in the tree of trainers (watch_plan.py).
-- The chief logs the loss and examples/s, writes TensorBoard scalars (and eval/ ones) and
-  summary.json, as the Estimator backend does.
+- What follows each step (its line, a checkpoint, a stop agreed on by an all-reduce) is
+  process/task/fit_steps.py's, as for Keras 3; each trainer watches its neighbours in the tree
+  of trainers (watch_plan.py), and the chief writes the reports (keras_run.py).
 """
 
 from __future__ import annotations
@@ -37,6 +34,7 @@ from tfconfig_slurm.backends.keras.model_dir import (
     export,
     restored,
     write_eval_scalars,
+    write_scalars,
 )
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.role import ClusterRole
@@ -44,10 +42,9 @@ from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import model_dir, reports
 from tfconfig_slurm.process.records.owner import owns_run
 from tfconfig_slurm.process.supervision import watchdog
-from tfconfig_slurm.process.task import cadence, hang_watch
+from tfconfig_slurm.process.task import cadence, fit_steps, hang_watch
 from tfconfig_slurm.process.task.lifecycle import Ending
 from tfconfig_slurm.process.task.settings import TrainingSettings
-from tfconfig_slurm.process.task.throughput import LossSinceLastLine, Rates, Throughput
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
 # How long a trainer waits at the end for the others, before it leaves anyway.
@@ -85,20 +82,17 @@ class KerasBackend(TrainingBackendBase):
     def train(self, end: Callable[[Ending], Any]) -> Any:
         trainer, settings, role = self._set_up(), self._settings, self._role
         started, resumed_at = time.monotonic(), trainer.saver.last
-        progress = _Progress(
-            strategy=trainer.strategy,
-            start_step=resumed_at,
-            settings=settings,
+        progress = self._fit_steps(
+            resumed_at,
             examples_per_step=settings.params["batch_size"]
             * _local_replicas(trainer.strategy, role),
-            writer=trainer.writer,
-            ends=cadence.StepEnds(
-                settings,
-                self._stop,
-                self._task.stop_policy.requeue_on,
-                None if role is None else _summed_votes(trainer.strategy),
+            scalars=(
+                None if trainer.writer is None else functools.partial(write_scalars, trainer.writer)
             ),
-            saver=trainer.saver,
+            sum_votes=None if role is None else _summed_votes(trainer.strategy),
+            save=trainer.saver.save,
+            # fit's loss is summed over the replicas.
+            loss_scale=trainer.strategy.num_replicas_in_sync,
         )
 
         finish = functools.partial(self._finish, trainer, progress, (started, resumed_at), end)
@@ -111,7 +105,7 @@ class KerasBackend(TrainingBackendBase):
                 _train_batches(trainer.strategy, self._experiment, settings.params, role),
                 epochs=1,
                 steps_per_epoch=settings.train_steps - progress.step,
-                callbacks=[progress, inside],
+                callbacks=[fit_steps.callback(keras.callbacks.Callback, progress), inside],
                 verbose=0,
             )
             return inside.result
@@ -125,7 +119,7 @@ class KerasBackend(TrainingBackendBase):
     def _finish(
         self,
         trainer: _Trainer,
-        progress: _Progress,
+        progress: fit_steps.FitSteps,
         began: tuple[float, int],
         end: Callable[[Ending], Any],
     ) -> Any:
@@ -133,8 +127,7 @@ class KerasBackend(TrainingBackendBase):
         and at which step this process began."""
         (started, resumed_at), settings, role = began, self._settings, self._role
         hang_watch.paused()
-        # A stop agreed on at the last step is no stop: the run is done.
-        stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
+        stopped_on = progress.stopped_early()
         # Decided before the evaluation, whose collectives no trainer passes before every
         # one has: so none has begun an export that another would find.
         name = self._experiment.name
@@ -147,7 +140,7 @@ class KerasBackend(TrainingBackendBase):
             trainer.peers.stop()
         if metrics is not None:
             self._report_trained(
-                metrics, progress.mean_examples_per_sec(), started, write_eval_scalars
+                metrics, progress.lines.mean_examples_per_sec(), started, write_eval_scalars
             )
         _end_together(role)
         return end(Ending(stopped_on))
@@ -249,77 +242,6 @@ class _FinishInside(keras.callbacks.Callback):  # type: ignore[misc]
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         self.result = self._finish()
-
-
-class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
-    """Counts the global step, logs the loss and examples/s every --log_every_steps steps (as
-    the Estimator runtime's throughput hook does), checkpoints, and stops on an agreed
-    signal."""
-
-    def __init__(
-        self,
-        *,
-        strategy: tf.distribute.Strategy,
-        start_step: int,
-        settings: TrainingSettings,
-        examples_per_step: int,
-        writer: Any,
-        ends: cadence.StepEnds,
-        saver: Saver,
-    ) -> None:
-        super().__init__()
-        self._start = start_step
-        self._replicas = strategy.num_replicas_in_sync
-        self._examples_per_step = examples_per_step
-        self._writer = writer
-        self._ends = ends
-        self._saver = saver
-        self.step = start_step
-        self.stopped_on: str | None = None
-        self._meter = Throughput(settings.log_every_steps)
-        self._loss = LossSinceLastLine()
-        # Its batch hook takes fit's logs as tensors: otherwise tf-keras makes them numbers
-        # at every step, which waits for the step to finish before the next is dispatched.
-        # The loss is read only where a line says it.
-        self._supports_tf_logs = True
-
-    def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
-        # The one epoch's batch: right also when fit runs several steps a call.
-        before, self.step = self.step, self._start + batch + 1
-        steps = self.step - before
-        loss = None
-        if self._meter.due(self.step):
-            # fit's logs are running means since the epoch began, summed over the replicas.
-            running = float((logs or {}).get("loss", 0.0)) / self._replicas
-            loss = self._loss.mean(self.step, running, batch + 1)
-        rates = self._meter.step(self.step, steps * self._examples_per_step, loss, steps=steps)
-        # A line comes only where `due` had the loss read.
-        if rates is not None and loss is not None:
-            self._loss.said()
-            self._write(rates, loss)
-        end = self._ends.after(before, self.step)
-        if end.save:
-            self._saver.save(self.step)
-            self._ends.saved()
-        if end.stop_on:
-            self.stopped_on = end.stop_on
-            self.model.stop_training = True
-
-    def _write(self, rates: Rates, loss: float) -> None:
-        if self._writer is None:
-            return
-        with self._writer.as_default(step=self.step):
-            tf.summary.scalar("loss", loss)
-            tf.summary.scalar("examples_per_sec", rates.examples_per_sec)
-            tf.summary.scalar("global_steps_per_sec", rates.global_steps_per_sec)
-        self._writer.flush()
-
-    def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
-        self._meter.end()
-
-    def mean_examples_per_sec(self) -> float | None:
-        """Examples per second from the second step to the last; None if too short."""
-        return self._meter.mean_examples_per_sec()
 
 
 def _summed_votes(strategy: tf.distribute.Strategy) -> cadence.SumVotes:

@@ -6,18 +6,14 @@ experiment's LayoutMap: mesh.py), for the lifecycle of process/task/lifecycle.py
   latest checkpoint and trains the steps left to --train_steps with model.fit, on the batches
   of the experiment's dataset("train", params) of this process's share of the data
   (params["batch_size"] each: the global batch is that times the shares).
-- A stop signal (preemption.py) is agreed on: every cadence.STOP_CHECK_STEPS steps the processes
-  gather their flags, so that all save the same step, stop, and the chief requeues; a
-  checkpoint due by time (cadence.CheckpointCadence) is agreed on in the same gather.
-- Each process watches its neighbours in the tree of trainers (watch_plan.py), and answers on
-  its own port for theirs (the chief's is JAX's coordination service).
-- The chief logs the loss and examples/s, writes TensorBoard scalars (and eval/ ones) and
-  summary.json, as the other backends do.
+- What follows each step (its line, a checkpoint, a stop agreed on by a gather) is
+  process/task/fit_steps.py's, as for tf-keras; each process watches its neighbours
+  (watch_plan.py) and answers on its own port for theirs (the chief's is JAX's coordination
+  service), and the chief writes the reports (keras_run.py).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import logging as python_logging
 import time
@@ -48,12 +44,11 @@ from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import history, model_dir, reports
 from tfconfig_slurm.process.records.owner import owns_run
 from tfconfig_slurm.process.supervision import answering, watchdog
-from tfconfig_slurm.process.task import cadence, hang_watch
+from tfconfig_slurm.process.task import fit_steps, hang_watch
 from tfconfig_slurm.process.task.keras_run import KerasRun
 from tfconfig_slurm.process.task.lifecycle import Ending, Hparam, TaskRun
 from tfconfig_slurm.process.task.look_ahead import LookAhead
 from tfconfig_slurm.process.task.settings import TrainingSettings
-from tfconfig_slurm.process.task.throughput import LossSinceLastLine, Rates, Throughput
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
 # What an experiment's dataset gives, in a refusal's hint.
@@ -110,22 +105,15 @@ class Keras3Backend(KerasRun):
     def _train(self, end: Callable[[Ending], Any]) -> Any:
         process, settings, role = self._set_up(), self._settings, self._role
         started, resumed_at = time.monotonic(), process.checkpoints.last
-        progress = _Progress(
-            start_step=resumed_at,
-            settings=settings,
+        progress = self._fit_steps(
+            resumed_at,
             examples_per_step=settings.params["batch_size"],
-            events=process.events,
-            ends=cadence.StepEnds(
-                settings,
-                self._task.stop,
-                self._task.stop_policy.requeue_on,
-                None if role is None else lambda votes: processes.gather(votes).sum(axis=0),
-            ),
-            checkpoints=process.checkpoints,
+            scalars=None if process.events is None else process.events.scalars,
+            sum_votes=None if role is None else lambda votes: processes.gather(votes).sum(axis=0),
+            save=process.checkpoints.save,
         )
         self._fit(process, progress)
-        # A stop agreed on at the last step is no stop: the run is done.
-        stopped_on = progress.stopped_on if progress.step < settings.train_steps else None
+        stopped_on = progress.stopped_early()
         metrics = None
         if stopped_on is None:
             # Decided before the collectives below, which no process passes before every one
@@ -148,7 +136,7 @@ class Keras3Backend(KerasRun):
         _end_together(role)
         return end(Ending(stopped_on))
 
-    def _fit(self, process: _Process, progress: _Progress) -> None:
+    def _fit(self, process: _Process, progress: fit_steps.FitSteps) -> None:
         """Trains the steps left to --train_steps, or until a stop is agreed on."""
         settings = self._settings
         fed: LookAhead | None = None
@@ -165,7 +153,11 @@ class Keras3Backend(KerasRun):
                         batches if fed is None else fed.batches(),
                         epochs=1,
                         steps_per_epoch=steps,
-                        callbacks=_Callbacks([progress], add_history=True, model=process.model),
+                        callbacks=_Callbacks(
+                            [fit_steps.callback(keras.callbacks.Callback, progress)],
+                            add_history=True,
+                            model=process.model,
+                        ),
                         verbose=0,
                     )
         finally:
@@ -477,7 +469,7 @@ class _Callbacks(keras.callbacks.CallbackList):  # type: ignore[misc]
     for each step before it dispatches the next: 0.56-0.66x of a plain fit on a GPU), or in its
     thread pool where all are (where the runtime's decisions cannot run: a checkpoint read
     there finds arrays the next step has donated). Here a callback reads what it needs, when
-    it needs it (_Progress: the loss at a line, on a thread of its own)."""
+    it needs it (fit_steps.Lines: the loss at a line, on a thread of its own)."""
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         for callback in self.callbacks:
@@ -500,105 +492,3 @@ class _StopEvaluating(keras.callbacks.Callback):  # type: ignore[misc]
         if self._stop.requested:
             self.stopped = True
             self.model.stop_evaluating = True
-
-
-class _Lines:
-    """The progress lines and TensorBoard points of a fit, made on a thread of their own: the
-    loss is read back from the devices there, at a line's step only, and the rate is timed by
-    the steps' ends that reading waits for, not by the training thread, which runs ahead."""
-
-    def __init__(self, start_step: int, every: int, examples_per_step: int, events: Events | None):
-        self._every = every
-        self._examples_per_step = examples_per_step
-        self._events = events
-        self._meter = Throughput(every)
-        self._loss = LossSinceLastLine()
-        # The global step last handed over, None before the first step's.
-        self._counted: int | None = None
-        self._start = start_step
-        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="progress")
-        self._pending: list[concurrent.futures.Future[None]] = []
-
-    def step(self, before: int, step: int, batches: int, logs: Mapping[str, Any] | None) -> None:
-        """A step ended at global `step` (fit's `batches` so far): hands it over where it is
-        the first or passes a line's multiple; reads nothing."""
-        if self._counted is None or cadence.passed(before, step, self._every):
-            self._hand_over(step, batches, (logs or {}).get("loss"))
-
-    def end(self, step: int) -> Rates | None:
-        """Marks the last step, waits for every line before it, and logs the mean."""
-        if self._counted is not None and step > self._counted:
-            self._hand_over(step, 0, None)
-        self.close()
-        return self._meter.end()
-
-    def close(self) -> None:
-        """Waits for the lines handed over; raises the first one's error."""
-        self._thread.shutdown(wait=True)
-        for pending in self._pending:
-            pending.result()
-        self._pending = []
-
-    def mean_examples_per_sec(self) -> float | None:
-        return self._meter.mean_examples_per_sec()
-
-    def _hand_over(self, step: int, batches: int, loss: Any) -> None:
-        steps = step - (self._start if self._counted is None else self._counted)
-        self._counted = step
-        for done in [each for each in self._pending if each.done()]:
-            done.result()
-            self._pending.remove(done)
-        self._pending.append(self._thread.submit(self._say, step, steps, batches, loss))
-
-    def _say(self, step: int, steps: int, batches: int, loss: Any) -> None:
-        said = None if loss is None else self._loss.mean(step, float(loss), batches)
-        rates = self._meter.step(step, steps * self._examples_per_step, said, steps=steps)
-        if rates is None or said is None:
-            return
-        self._loss.said()
-        if self._events is not None:
-            scalars = {"loss": said, "global_steps_per_sec": rates.global_steps_per_sec}
-            if rates.examples_per_sec is not None:
-                scalars["examples_per_sec"] = rates.examples_per_sec
-            self._events.scalars(scalars, step)
-
-
-class _Progress(keras.callbacks.Callback):  # type: ignore[misc]
-    """Counts the global step, hands the progress lines over (_Lines), checkpoints, and stops
-    on an agreed signal: the decisions, taken on the training thread, read the devices only
-    where they must (a gather of the processes' votes, a checkpoint's weights)."""
-
-    def __init__(
-        self,
-        *,
-        start_step: int,
-        settings: TrainingSettings,
-        examples_per_step: int,
-        events: Events | None,
-        ends: cadence.StepEnds,
-        checkpoints: Checkpoints,
-    ) -> None:
-        super().__init__()
-        self._start = start_step
-        self._last = settings.train_steps
-        self._ends = ends
-        self._checkpoints = checkpoints
-        self.step = start_step
-        self.stopped_on: str | None = None
-        self.lines = _Lines(start_step, settings.log_every_steps, examples_per_step, events)
-
-    def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
-        # The one epoch's batch, also where fit runs several steps a call; its last call runs
-        # the steps left to --train_steps, where the batches end (feed.py).
-        before, self.step = self.step, min(self._start + batch + 1, self._last)
-        self.lines.step(before, self.step, self.step - self._start, logs)
-        end = self._ends.after(before, self.step)
-        if end.save:
-            self._checkpoints.save(self.step)
-            self._ends.saved()
-        if end.stop_on:
-            self.stopped_on = end.stop_on
-            self.model.stop_training = True
-
-    def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
-        self.lines.end(self.step)

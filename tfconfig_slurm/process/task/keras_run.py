@@ -1,7 +1,7 @@
 """What both Keras backends (tf-keras's, backends/keras/; Keras 3's, backends/keras3/) share as
 the lifecycle's backend, with no framework: what they are told (the experiment, its settings,
 the task) and what they tell the lifecycle from it (the experiment's name, its hparams, the
-step training ends at). What follows each of their steps is cadence.StepEnds's."""
+step training ends at), and what follows each step of their fit (fit_steps.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tfconfig_slurm.process.records import reports
+from tfconfig_slurm.process.task import cadence
+from tfconfig_slurm.process.task.fit_steps import FitSteps, Lines, Scalars
 from tfconfig_slurm.process.task.lifecycle import TaskRun
 from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
@@ -29,6 +31,31 @@ class KerasRun:
         self.experiment = experiment.name
         self.train_steps = settings.train_steps
         self.hparams: Mapping[str, Any] = settings.hparams(experiment.hparams)
+
+    def _fit_steps(
+        self,
+        start_step: int,
+        *,
+        examples_per_step: int,
+        scalars: Scalars | None,
+        sum_votes: cadence.SumVotes | None,
+        save: Callable[[int], None],
+        loss_scale: int = 1,
+    ) -> FitSteps:
+        """What follows each step of this trainer's fit, from global step `start_step`: its
+        lines (`examples_per_step` its own, fit's loss divided by `loss_scale`) and their
+        `scalars`; the trainers' votes summed by `sum_votes` (None: one process), checkpoints
+        written by `save`."""
+        settings, requeue_on = self._settings, self._task.stop_policy.requeue_on
+        return FitSteps(
+            start_step=start_step,
+            settings=settings,
+            lines=Lines(
+                start_step, settings.log_every_steps, examples_per_step, scalars, loss_scale
+            ),
+            ends=cadence.StepEnds(settings, self._stop, requeue_on, sum_votes),
+            save=save,
+        )
 
     def _report_trained(
         self,
