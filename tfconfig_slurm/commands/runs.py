@@ -36,7 +36,15 @@ from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import USAGE_EXIT_CODE, UsageError
 from tfconfig_slurm.process import polling
 from tfconfig_slurm.process.job import continuation
-from tfconfig_slurm.process.records import claim, failure, history, refusal, reports, run_dir
+from tfconfig_slurm.process.records import (
+    attempts,
+    claim,
+    failure,
+    history,
+    refusal,
+    reports,
+    run_dir,
+)
 from tfconfig_slurm.process.records.reports import RunState
 
 PROGRAM = "tfconfig-slurm runs"
@@ -333,7 +341,7 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         # The job the run goes on in, where its own could not requeue.
         "continued_as": continued.job_id if continued else None,
         "first_failure": failed_line if said == "failed" else None,
-        "restarts": _restarts_in_job(state),
+        "restarts": attempts.causes_in_job(state, str(state.get("job_id"))),
         # What stopped a stopped or requeued run: "time limit", or the signal.
         "stopped_by": state.get("why", state.get("signal"))
         if said in ("stopped", "requeued", "continued")
@@ -344,15 +352,6 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         "updated": _updated(paths),
         "refused": _refused_since(refused, state),
     }
-
-
-def _restarts_in_job(state: Mapping[str, Any]) -> list[str]:
-    """Each restart of the run's step inside its latest job, by its cause (train.sbatch)."""
-    return [
-        str(each["cause"])
-        for each in state.get("restarts", ())
-        if each.get("job_id") == state.get("job_id")
-    ]
 
 
 def _updated(paths: run_dir.RunDir) -> float | None:

@@ -41,7 +41,7 @@ from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import EXIT_NOT_REQUEUED, SlurmEnvironmentError, UsageError
 from tfconfig_slurm.process import exits
 from tfconfig_slurm.process.job import lost_nodes, restarts
-from tfconfig_slurm.process.records import history, reports
+from tfconfig_slurm.process.records import attempts, history
 
 PROGRAM = "tfconfig-slurm srun"
 _USAGE = f"{PROGRAM} --model_dir=DIR -- [srun's options] launch/with-tfconfig python my_script.py"
@@ -123,7 +123,6 @@ def _steps(
     environ: dict[str, str] | None = None
     # A step srun's options size by nodes or tasks cannot start again on fewer nodes.
     sized = lost_nodes.sized_by(command[1:])
-    done = 0
     while True:
         started = time.time()
         at_start = history.checkpoint_step(model_dir)
@@ -145,9 +144,7 @@ def _steps(
                 srun_said=srun_said, progress_at_start=progress_at_start,
             )  # fmt: skip
             _say(restarts.line(model_dir, job, step, PROGRAM, left))
-            said, cause = restarts.decision(
-                model_dir, job, step, done=done, most=most, who=PROGRAM, left=left
-            )
+            said, cause = restarts.decision(model_dir, job, step, most=most, who=PROGRAM, left=left)
         # Asked again after the decision, which reads the run's files: a stop meanwhile wins.
         if _said_stopped(signals):
             return status
@@ -162,8 +159,7 @@ def _steps(
             _say(said)
         if cause is None:
             return status
-        reports.record_restart(model_dir, job.name, cause)
-        done += 1
+        attempts.record(model_dir, job, cause)
         if left and held is not None:
             held = held.keeping([node for node in held.nodes if node not in left])
             environ = held.step_environment(os.environ)

@@ -24,7 +24,7 @@ from tfconfig_slurm.cluster.step import SlurmJob, expand_nodes
 from tfconfig_slurm.errors import SlurmEnvironmentError
 from tfconfig_slurm.process import slurm_commands, timing
 from tfconfig_slurm.process.job import continuation
-from tfconfig_slurm.process.records import reports
+from tfconfig_slurm.process.records import attempts
 
 
 def nodes_now(job: SlurmJob) -> tuple[str, ...] | None:
@@ -151,7 +151,7 @@ def after_node_failure(
     if earlier is not None and earlier.after == job.name:
         # Its stop went on in a new job already (the runtime's, on SIGTERM).
         return f"{refused}: the run goes on in job {earlier.job_id}"
-    done = reports.continued_for_nodes(model_dir)
+    done = attempts.count(model_dir, job).for_nodes
     if done >= most:
         return (
             f"{refused}; the run went on in a new job for a failed node {done} time(s) already, "
@@ -161,7 +161,7 @@ def after_node_failure(
         new = continuation.submit(job, model_dir, environ, _without(record, held, left))
     except continuation.ContinuationError as error:
         return f"{refused}, and the run cannot go on in a new job: {error}"
-    reports.record_restart(model_dir, job.name, f"{nodes} failed", continued_in=new)
+    attempts.record(model_dir, job, f"{nodes} failed", continued_in=new)
     return (
         f"{refused}: the run goes on in job {new}, submitted to start once this one has ended, "
         f"on {len(held.nodes)} nodes without {nodes}, from its latest checkpoint"

@@ -33,6 +33,7 @@ from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import EXIT_NOT_REQUEUED, UsageError
 from tfconfig_slurm.process import exits, slurm_commands
 from tfconfig_slurm.process.job import continuation
+from tfconfig_slurm.process.records import attempts
 
 
 def parse_signal(name: str) -> signal.Signals | None:
@@ -230,7 +231,7 @@ def requeue(
             _resume(model_dir),
         )
         return 0
-    target, restarts = job.name, job.restart_count + job.continuation
+    target, restarts = job.name, attempts.count(model_dir, job).requeued
     if restarts >= max_requeues:
         logging.error(
             "job %s stopped on %s and the run was requeued or continued %d times already "
@@ -272,7 +273,7 @@ def _requeue_refused(
     with. A requeue that failed may have been done all the same (slurmctld answered too
     late), and one that SLURM may do failed for another reason: a new job in either case would
     leave two jobs queued for one run. Only a job that may not requeue goes on in one."""
-    target, restarts = job.name, job.restart_count + job.continuation
+    target, restarts = job.name, attempts.count(model_dir, job).requeued
     record = continuation.job_record(target)
     if isinstance(record, str):
         why = f"its state cannot be read ({record})"

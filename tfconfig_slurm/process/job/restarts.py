@@ -17,7 +17,7 @@ import hostlist
 
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import USAGE_EXIT_CODE
-from tfconfig_slurm.process.records import failure, history, reports
+from tfconfig_slurm.process.records import attempts, failure, history, reports
 from tfconfig_slurm.process.records.failure import Failure
 from tfconfig_slurm.process.records.reports import RunState
 from tfconfig_slurm.process.records.run_dir import RunDir
@@ -160,19 +160,19 @@ def decision(
     job: SlurmJob,
     step: Step,
     *,
-    done: int,
     most: int,
     who: str,
     left: Sequence[str] = (),
 ) -> tuple[str, str | None]:
-    """The line, said by `who`, that says whether the step starts again (`done` restarts made
-    of at most `most`), and the restart's cause where it does (None: it does not); ("", None)
-    where the job makes none. The nodes `left` left the job meanwhile (a --no-kill job's
-    failed node): the step starts again on the nodes left, whatever its tasks said of their
-    peers on it. The caller keeps a restart it makes in the run's state.json
-    (reports.record_restart)."""
+    """The line, said by `who`, that says whether the step starts again (at most `most` times
+    in an attempt of the job, as attempts.count counts them), and the restart's cause where it
+    does (None: it does not); ("", None) where the job makes none. The nodes `left` left the
+    job meanwhile (a --no-kill job's failed node): the step starts again on the nodes left,
+    whatever its tasks said of their peers on it. The caller keeps a restart it makes in the
+    run's state.json (attempts.record)."""
     if most <= 0:
         return "", None
+    done = attempts.count(model_dir, job).in_attempt
     if left:
         judged = Verdict(
             again=True,
@@ -212,11 +212,7 @@ def _not_hung_again(
     hung_at = first.hung_at() if first is not None else None
     if hung_at is None:
         return judged
-    causes = [
-        restart.get("cause", "")
-        for restart in reports.read_state(model_dir).get("restarts", [])
-        if restart.get("job_id") == job.name
-    ]
+    causes = attempts.causes_in_job(reports.read_state(model_dir), job.name)
     if any(cause.endswith(f"{failure.HUNG}{hung_at}") for cause in causes):
         return Verdict(
             again=False,

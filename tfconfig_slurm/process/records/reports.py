@@ -283,23 +283,6 @@ def write_state(
     )
 
 
-def record_restart(model_dir: Path, job: str, cause: str, continued_in: str | None = None) -> None:
-    """The run's step starts again in `job` for `cause` (a batch script's restart,
-    commands/srun.py), or, where a node's failure ended `job`, in the job `continued_in`: kept
-    in state.json's "restarts", which every attempt carries."""
-    current = read_state(model_dir)
-    restart = {"job_id": job, "cause": cause, "time": time.time()}
-    if continued_in is not None:
-        restart["continued_in"] = continued_in
-    restarts = [*current.get("restarts", []), restart]
-    write_json_atomically(RunDir(model_dir).state, {**current, "restarts": restarts})
-
-
-def continued_for_nodes(model_dir: Path) -> int:
-    """How often the run went on in a new job for a failed node (record_restart)."""
-    return sum("continued_in" in each for each in read_state(model_dir).get("restarts", ()))
-
-
 def write_json_atomically(path: Path, value: Any) -> None:
     """Writes `value` as JSON so that a reader never sees a half-written file."""
     files.write_atomically(path, json.dumps(value, indent=1) + "\n")

@@ -1,0 +1,69 @@
+"""How often a run started again, counted in one place for every limit that bounds it.
+
+The run keeps one record of it: state.json's "restarts", which every attempt carries, an entry
+each time its step started again in its job (the batch script's `tfconfig-slurm srun`), or the
+run went on in a new job for a node that failed (`continued_in`). A requeue is SLURM's to count
+(SLURM_RESTART_COUNT), and a continuation in a new job, where SLURM refused the requeue, counts
+on in the next job's TFCONFIG_SLURM_CONTINUATION: both are read from the job's variables
+(cluster/step.py). No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from tfconfig_slurm.cluster.step import SlurmJob
+from tfconfig_slurm.process.records import reports
+from tfconfig_slurm.process.records.run_dir import RunDir
+
+
+class Count(NamedTuple):
+    """How often the run started again, as each limit counts it."""
+
+    # Its step, in this attempt of the job (a batch script's run): --max_restarts.
+    in_attempt: int
+    # In a new job, for a node that failed (over the whole run): --max_restarts.
+    for_nodes: int
+    # Its job requeued, or the run gone on in a new job on a stop (over the run):
+    # --max_requeues.
+    requeued: int
+
+
+def count(model_dir: Path, job: SlurmJob) -> Count:
+    """How often the run in `model_dir`, now in `job`, started again."""
+    entries = reports.read_state(model_dir).get("restarts", ())
+    return Count(
+        in_attempt=sum(
+            "continued_in" not in each
+            and each.get("job_id") == job.name
+            and each.get("restart", 0) == job.restart_count
+            for each in entries
+        ),
+        for_nodes=sum("continued_in" in each for each in entries),
+        requeued=job.restart_count + job.continuation,
+    )
+
+
+def causes_in_job(state: Mapping[str, Any], job: str) -> list[str]:
+    """Why the run's step started again in `job`, each time (any attempt of it), from its
+    state.json `state`: the runs table's, and a hang's second time."""
+    return [str(each["cause"]) for each in state.get("restarts", ()) if each.get("job_id") == job]
+
+
+def record(model_dir: Path, job: SlurmJob, cause: str, continued_in: str | None = None) -> None:
+    """The run's step starts again in `job` for `cause`, or, where a node's failure ended
+    `job`, the run goes on in the job `continued_in`."""
+    current = reports.read_state(model_dir)
+    restart: dict[str, Any] = {
+        "job_id": job.name,
+        "restart": job.restart_count,
+        "cause": cause,
+        "time": time.time(),
+    }
+    if continued_in is not None:
+        restart["continued_in"] = continued_in
+    restarts = [*current.get("restarts", []), restart]
+    reports.write_json_atomically(RunDir(model_dir).state, {**current, "restarts": restarts})
