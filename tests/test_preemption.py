@@ -143,3 +143,21 @@ def test_a_failed_requeue_is_an_error_that_names_the_job(
     assert "`scontrol requeue 5_2` failed" in said
     assert "and its state cannot be read (scontrol show job failed" in said
     assert not (tmp_path / "run").exists()
+
+
+def test_a_checkpoint_s_line_says_apart_its_wait_for_the_steps_dispatched_before_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Keras 3 on JAX runs ahead of its devices: a checkpoint mid-fit first waits for them. The
+    stop before the time limit counts the whole; the line says what was the wait."""
+    stop = preemption.StopRequest()
+    with caplog.at_level(logging.INFO):
+        stop.checkpoint_written(30, 4.2, 3.8)
+        stop.checkpoint_written(60, 0.4, 0.01)
+    assert stop.longest_checkpoint == 4.2
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines == [
+        "checkpoint of step 30 written in 4.20 s, 3.80 s of it waiting for the steps dispatched "
+        "before it",
+        "checkpoint of step 60 written in 0.40 s",
+    ]

@@ -731,6 +731,13 @@ def test_print_model_dir_refuses_the_flags_every_task_would(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_print_model_dir_refuses_a_hang_timeout_variable_every_task_would(tmp_path: Path) -> None:
+    result = train(tmp_path, "--print_model_dir", environ={"TFCONFIG_SLURM_HANG_TIMEOUT": "abc"})
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert result.stderr.startswith("tfconfig-slurm-run: TFCONFIG_SLURM_HANG_TIMEOUT: is 'abc'")
+
+
 @pytest.mark.tensorflow
 @pytest.mark.usefixtures("node_names")
 def test_a_tf_config_inherited_into_a_step_is_set_aside(tmp_path: Path) -> None:

@@ -116,6 +116,7 @@ def _start(
     policy = _policy_for(kind)
     counts = _local_cluster(kind, policy)
     _check_literal_hparams(spec, hparams)
+    hang_seconds = _hang_seconds()
     named = run_directory.naming()
     model_dir.check_writable(directory, named)
     if runtime_flags.PRINT_MAX_RESTARTS.value:
@@ -155,7 +156,7 @@ def _start(
             ),
             environ=os.environ,
             job=job,
-            hang_seconds=hang_watch.seconds_from(runtime_flags.HANG_TIMEOUT.value, os.environ),
+            hang_seconds=hang_seconds,
         ),
     )
 
@@ -168,6 +169,12 @@ def _check_literal_hparams(spec: str, hparams: str) -> None:
     literal = experiment_lib.literal_hparams(spec)
     if literal is not None:
         hparams_lib.with_overrides(literal, hparams)
+
+
+def _hang_seconds() -> float:
+    """--hang_timeout, or TFCONFIG_SLURM_HANG_TIMEOUT: read before anything else is done, so
+    that a batch script's first call (--print_model_dir) refuses a value every task would."""
+    return hang_watch.seconds_from(runtime_flags.HANG_TIMEOUT.value, os.environ)
 
 
 def _check_one_answer() -> None:

@@ -90,8 +90,11 @@ class Checkpoints:
         if step == self.last:
             return
         started = time.monotonic()
-        # Mid-fit, the JAX trainer keeps the variables' values off the model until asked.
+        # Mid-fit, the JAX trainer keeps the variables' values off the model until asked;
+        # they are those of the last step dispatched, which the write waits for: timed apart.
         self._model.jax_state_sync()
+        jax.block_until_ready([variable.value for variable in self._model.variables])
+        waited = time.monotonic() - started
         with whole(self._model):
             if self._writes:
                 # Written whole, then named: a process killed mid-write leaves no checkpoint
@@ -101,7 +104,7 @@ class Checkpoints:
                 self._model.save_weights(partial)
                 files.replace_durably(partial, path)
                 self._index(step)
-                self._stop.checkpoint_written(step, time.monotonic() - started)
+                self._stop.checkpoint_written(step, time.monotonic() - started, waited)
             else:
                 _into_scratch(self._model.save_weights, ".weights.h5")
         self.last = step

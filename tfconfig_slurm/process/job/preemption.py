@@ -56,6 +56,10 @@ def parse_signal(name: str) -> signal.Signals | None:
     return signal.Signals[wanted]
 
 
+# A wait for the steps dispatched before a checkpoint that its line says apart.
+_SAID_WAIT_SECONDS = 0.1
+
+
 class StopRequest:
     """Whether this task was told to stop, and by which signal.
 
@@ -80,10 +84,20 @@ class StopRequest:
         # must leave it time for one more (process/job/time_limit.py). A float is read whole.
         self.longest_checkpoint = 0.0
 
-    def checkpoint_written(self, step: int, seconds: float) -> None:
-        """A backend wrote the checkpoint of `step` in `seconds`: said, and kept for the stop
-        before the time limit."""
-        logging.info("checkpoint of step %d written in %.2f s", step, seconds)
+    def checkpoint_written(self, step: int, seconds: float, waited: float = 0.0) -> None:
+        """A backend wrote the checkpoint of `step` in `seconds`, `waited` of them for the
+        steps dispatched before it to be done (Keras 3 on JAX runs ahead of its devices):
+        said, and kept for the stop before the time limit, which waits for those too."""
+        if waited >= _SAID_WAIT_SECONDS:
+            logging.info(
+                "checkpoint of step %d written in %.2f s, %.2f s of it waiting for the steps "
+                "dispatched before it",
+                step,
+                seconds,
+                waited,
+            )
+        else:
+            logging.info("checkpoint of step %d written in %.2f s", step, seconds)
         self.longest_checkpoint = max(self.longest_checkpoint, seconds)
 
     def listen(self, *signums: signal.Signals | None) -> None:
