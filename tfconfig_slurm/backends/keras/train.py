@@ -43,6 +43,7 @@ from tfconfig_slurm.process.records import model_dir, reports
 from tfconfig_slurm.process.records.owner import owns_run
 from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import cadence, fit_steps, hang_watch
+from tfconfig_slurm.process.task.keras_run import FitRun
 from tfconfig_slurm.process.task.lifecycle import Ending
 from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
@@ -59,7 +60,7 @@ _PEER_ERRORS = (
 )
 
 
-class KerasBackend(TrainingBackendBase):
+class KerasBackend(TrainingBackendBase, FitRun):
     """Keras training as the lifecycle's backend (process/task/lifecycle.py): this trainer's model,
     restored, trained with fit to --train_steps, evaluated and reported."""
 
@@ -95,7 +96,9 @@ class KerasBackend(TrainingBackendBase):
             loss_scale=trainer.strategy.num_replicas_in_sync,
         )
 
-        finish = functools.partial(self._finish, trainer, progress, (started, resumed_at), end)
+        finish = functools.partial(
+            self._fit_ended, progress, (started, resumed_at), end, write_eval_scalars
+        )
         try:
             if settings.train_steps <= progress.step:
                 return finish()
@@ -116,37 +119,8 @@ class KerasBackend(TrainingBackendBase):
                 f"the trainers' all-reduce failed ({type(error).__name__})", str(error)
             )
 
-    def _finish(
-        self,
-        trainer: _Trainer,
-        progress: fit_steps.FitSteps,
-        began: tuple[float, int],
-        end: Callable[[Ending], Any],
-    ) -> Any:
-        """Saves, evaluates and reports the run (or its stop), and ends it; `began` is when
-        and at which step this process began."""
-        (started, resumed_at), settings, role = began, self._settings, self._role
-        hang_watch.paused()
-        stopped_on = progress.stopped_early()
-        # Decided before the evaluation, whose collectives no trainer passes before every
-        # one has: so none has begun an export that another would find.
-        name = self._experiment.name
-        due = model_dir.export_due(settings.model_dir, name, trained=progress.step > resumed_at)
-        metrics = None if stopped_on else self._evaluate(trainer, progress.step)
-        if metrics is not None and due:
-            export(trainer.model, settings.model_dir, name, role)
-        # Before the reports: a worker that has reported leaves, and is not lost.
-        if trainer.peers is not None:
-            trainer.peers.stop()
-        if metrics is not None:
-            self._report_trained(
-                metrics, progress.lines.mean_examples_per_sec(), started, write_eval_scalars
-            )
-        _end_together(role)
-        return end(Ending(stopped_on))
-
-    def _evaluate(self, trainer: _Trainer, step: int) -> dict[str, Any]:
-        """The final checkpoint saved, and the model's metrics on the whole eval set."""
+    def _evaluated(self, step: int) -> dict[str, Any]:
+        trainer = self._set_up()
         trainer.saver.save(step)
         reports.say_evaluating(step, self._settings.eval_steps)
         metrics = trainer.model.evaluate(
@@ -156,6 +130,17 @@ class KerasBackend(TrainingBackendBase):
             verbose=0,
         )
         return {**metrics, "global_step": step}
+
+    def _export(self) -> None:
+        export(self._set_up().model, self._settings.model_dir, self._experiment.name, self._role)
+
+    def _stop_watching(self) -> None:
+        peers = self._set_up().peers
+        if peers is not None:
+            peers.stop()
+
+    def _end_together(self) -> None:
+        _end_together(self._role)
 
 
 class _Trainer(NamedTuple):

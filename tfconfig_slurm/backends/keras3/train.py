@@ -45,7 +45,7 @@ from tfconfig_slurm.process.records import history, model_dir, reports
 from tfconfig_slurm.process.records.owner import owns_run
 from tfconfig_slurm.process.supervision import answering, watchdog
 from tfconfig_slurm.process.task import fit_steps, hang_watch
-from tfconfig_slurm.process.task.keras_run import KerasRun
+from tfconfig_slurm.process.task.keras_run import FitRun
 from tfconfig_slurm.process.task.lifecycle import Ending, Hparam, TaskRun
 from tfconfig_slurm.process.task.look_ahead import LookAhead
 from tfconfig_slurm.process.task.settings import TrainingSettings
@@ -65,7 +65,7 @@ warnings.filterwarnings("ignore", message="`shuffle=True` was passed", module="k
 warnings.filterwarnings("ignore", message="Your input ran out of data", module="keras")
 
 
-class Keras3Backend(KerasRun):
+class Keras3Backend(FitRun):
     """Keras 3 training as the lifecycle's backend (process/task/lifecycle.py): this process's
     model, restored, trained with fit to --train_steps, evaluated and reported."""
 
@@ -113,28 +113,7 @@ class Keras3Backend(KerasRun):
             save=process.checkpoints.save,
         )
         self._fit(process, progress)
-        stopped_on = progress.stopped_early()
-        metrics = None
-        if stopped_on is None:
-            # Decided before the collectives below, which no process passes before every one
-            # has: so none has begun an export that another would find.
-            name = self._experiment.name
-            due = model_dir.export_due(settings.model_dir, name, trained=progress.step > resumed_at)
-            _check_same_weights(process.model, role)
-            process.checkpoints.save(progress.step)
-            metrics = self._evaluate(process, progress.step)
-            if metrics is None:
-                stopped_on = self._task.stop.signal_name
-            elif due:
-                export(process.model, settings.model_dir, name, role)
-        # Before the reports: a process that has reported leaves, and is not lost.
-        process.stop_watching()
-        if metrics is not None:
-            self._report_trained(
-                metrics, progress.lines.mean_examples_per_sec(), started, write_eval_scalars
-            )
-        _end_together(role)
-        return end(Ending(stopped_on))
+        return self._fit_ended(progress, (started, resumed_at), end, write_eval_scalars)
 
     def _fit(self, process: _Process, progress: fit_steps.FitSteps) -> None:
         """Trains the steps left to --train_steps, or until a stop is agreed on."""
@@ -189,11 +168,14 @@ class Keras3Backend(KerasRun):
             )
         return None
 
-    def _evaluate(self, process: _Process, step: int) -> dict[str, Any] | None:
-        """The model's metrics on the whole eval set, which every process reads whole; None
-        where a single process was told to stop meanwhile (an eval set that never ends would
-        otherwise hold it until SLURM kills it). The processes of a cluster evaluate to the
-        end: one alone that stopped would leave the others in a collective."""
+    def _evaluated(self, step: int) -> dict[str, Any] | None:
+        """Every process reads the eval set whole. A single process told to stop meanwhile
+        stops there (an eval set that never ends would otherwise hold it until SLURM kills
+        it); the processes of a cluster evaluate to the end: one alone that stopped would
+        leave the others in a collective."""
+        process = self._set_up()
+        _check_same_weights(process.model, self._role)
+        process.checkpoints.save(step)
         stop = _StopEvaluating(self._task.stop) if self._role is None else None
         reports.say_evaluating(step, self._settings.eval_steps)
         metrics = process.model.evaluate(
@@ -209,6 +191,15 @@ class Keras3Backend(KerasRun):
             logging.info("stopping on %s during the evaluation", self._task.stop.signal_name)
             return None
         return {**{name: float(value) for name, value in metrics.items()}, "global_step": step}
+
+    def _export(self) -> None:
+        export(self._set_up().model, self._settings.model_dir, self._experiment.name, self._role)
+
+    def _stop_watching(self) -> None:
+        self._set_up().stop_watching()
+
+    def _end_together(self) -> None:
+        _end_together(self._role)
 
 
 class _Process(NamedTuple):

@@ -1,18 +1,20 @@
 """What both Keras backends (tf-keras's, backends/keras/; Keras 3's, backends/keras3/) share as
 the lifecycle's backend, with no framework: what they are told (the experiment, its settings,
 the task) and what they tell the lifecycle from it (the experiment's name, its hparams, the
-step training ends at), and what follows each step of their fit (fit_steps.py)."""
+step training ends at), what follows each step of their fit (fit_steps.py), and what follows
+the fit of those that train with it (FitRun)."""
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-from tfconfig_slurm.process.records import reports
-from tfconfig_slurm.process.task import cadence
+from tfconfig_slurm.process.records import model_dir, reports
+from tfconfig_slurm.process.task import cadence, hang_watch
 from tfconfig_slurm.process.task.fit_steps import FitSteps, Lines, Scalars
-from tfconfig_slurm.process.task.lifecycle import TaskRun
+from tfconfig_slurm.process.task.lifecycle import Ending, TaskRun
 from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
@@ -76,3 +78,57 @@ class KerasRun:
             started=started,
             write_eval=write_eval,
         )
+
+
+class FitRun(KerasRun, abc.ABC):
+    """A Keras run this task trains with fit (tf-keras's all-reduce backend, Keras 3's): what
+    follows its fit, the same for both, with what differs behind four methods."""
+
+    def _fit_ended(
+        self,
+        progress: FitSteps,
+        began: tuple[float, int],
+        end: Callable[[Ending], Any],
+        write_eval: Callable[[Path, Mapping[str, Any], int], None],
+    ) -> Any:
+        """Evaluates, exports and reports the run trained to --train_steps, or its stop, and
+        ends it; `began` is when and at which step this process began."""
+        (started, resumed_at), settings = began, self._settings
+        hang_watch.paused()
+        stopped_on = progress.stopped_early()
+        metrics = None
+        if stopped_on is None:
+            # Decided before the evaluation, whose collectives no trainer passes before every
+            # one has: so none has begun an export that another would find.
+            name = self._experiment.name
+            due = model_dir.export_due(settings.model_dir, name, trained=progress.step > resumed_at)
+            metrics = self._evaluated(progress.step)
+            if metrics is None:
+                stopped_on = self._stop.signal_name
+            elif due:
+                self._export()
+        # Before the reports: a trainer that has reported leaves, and is not lost.
+        self._stop_watching()
+        if metrics is not None:
+            self._report_trained(
+                metrics, progress.lines.mean_examples_per_sec(), started, write_eval
+            )
+        self._end_together()
+        return end(Ending(stopped_on))
+
+    @abc.abstractmethod
+    def _evaluated(self, step: int) -> Mapping[str, Any] | None:
+        """The final checkpoint, of `step`, saved, and the model's metrics on the whole eval
+        set, with the step; None where this task was told to stop meanwhile."""
+
+    @abc.abstractmethod
+    def _export(self) -> None:
+        """The trained model exported (model_dir.export_due said it is due)."""
+
+    @abc.abstractmethod
+    def _stop_watching(self) -> None:
+        """Stops watching the other trainers, which may now end."""
+
+    @abc.abstractmethod
+    def _end_together(self) -> None:
+        """Waits here as long as the framework needs the other trainers to end first."""
