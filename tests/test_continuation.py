@@ -16,7 +16,7 @@ from tests.slurm_cluster import SlurmCluster
 from tfconfig_slurm import errors
 from tfconfig_slurm.cluster.allocation import Allocation
 from tfconfig_slurm.cluster.step import CONTINUATION, read_slurm_job
-from tfconfig_slurm.process.job import continuation, lost_nodes, preemption
+from tfconfig_slurm.process.job import continuation, what_follows
 
 # A running job of the test cluster, from `scontrol show job` (its script's path made
 # @REPOSITORY@'s): `sbatch --nodelist='node[2-3]' --nodes=2 --ntasks-per-node=2 --gres=gpu:1
@@ -292,7 +292,7 @@ def test_a_requeue_already_done_is_not_submitted_again_as_a_new_job(
         monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
         with caplog.at_level(logging.INFO):
             environ = {"SLURM_JOB_ID": job, "SLURM_RESTART_COUNT": "0"}
-            status = preemption.requeue(
+            status = what_follows.requeue(
                 environ, read_slurm_job(environ), 3, "SIGUSR1", tmp_path / "run"
             )
         listed = slurm_cluster.run(
@@ -322,7 +322,7 @@ def test_a_requeue_that_fails_where_slurm_may_requeue_submits_no_second_job(
         monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
         with caplog.at_level(logging.INFO):
             environ = {"SLURM_JOB_ID": held_job}
-            status = preemption.requeue(
+            status = what_follows.requeue(
                 environ, read_slurm_job(environ), 3, "SIGUSR1", tmp_path / "run"
             )
         listed = slurm_cluster.run(
@@ -389,7 +389,7 @@ def test_a_node_the_job_no_longer_lists_but_slurm_says_is_up_did_not_fail(
         slurm_job = read_slurm_job(environ)
         assert slurm_job is not None
         held = Allocation((node, other), (1, 1), (1, 1))
-        said = lost_nodes.after_node_failure(tmp_path, slurm_job, held, environ, 2)
+        said = what_follows.after_node_failure(tmp_path, slurm_job, held, environ, 2)
     finally:
         slurm_cluster.run(["scancel", job])
     assert said == ""

@@ -14,7 +14,7 @@ import pytest
 from tfconfig_slurm import errors
 from tfconfig_slurm.cluster.step import CONTINUATION, read_slurm_job
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process.job import preemption
+from tfconfig_slurm.process.job import preemption, what_follows
 
 
 @pytest.mark.parametrize(
@@ -108,7 +108,7 @@ def test_a_job_at_its_requeue_limit_ends_and_says_so(
 ) -> None:
     environ = {"SLURM_JOB_ID": "77", **counts}
     with caplog.at_level(logging.INFO):
-        status = preemption.requeue(environ, read_slurm_job(environ), 3, "SIGUSR1", tmp_path)
+        status = what_follows.requeue(environ, read_slurm_job(environ), 3, "SIGUSR1", tmp_path)
     assert status == errors.EXIT_NOT_REQUEUED
     (record,) = caplog.records
     assert (
@@ -122,7 +122,7 @@ def test_outside_slurm_there_is_nothing_to_requeue(
     caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     with caplog.at_level(logging.INFO):
-        assert preemption.requeue({}, None, 3, "SIGUSR1", tmp_path) == 0
+        assert what_follows.requeue({}, None, 3, "SIGUSR1", tmp_path) == 0
     assert "outside a SLURM job" in caplog.records[0].getMessage()
 
 
@@ -135,7 +135,7 @@ def test_a_failed_requeue_is_an_error_that_names_the_job(
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
     environ = {"SLURM_JOB_ID": "1", "SLURM_ARRAY_JOB_ID": "5", "SLURM_ARRAY_TASK_ID": "2"}
     with caplog.at_level(logging.INFO):
-        status = preemption.requeue(
+        status = what_follows.requeue(
             environ, read_slurm_job(environ), 3, "SIGUSR1", tmp_path / "run"
         )
     assert status == errors.EXIT_NOT_REQUEUED

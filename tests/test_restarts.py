@@ -16,7 +16,7 @@ import pytest
 
 from tfconfig_slurm.cluster.allocation import Allocation
 from tfconfig_slurm.cluster.step import SlurmJob
-from tfconfig_slurm.process.job import lost_nodes, restarts
+from tfconfig_slurm.process.job import lost_nodes, restarts, what_follows
 from tfconfig_slurm.process.records import attempts, reports
 from tfconfig_slurm.process.records.failure import Failure
 from tfconfig_slurm.process.supervision import watchdog
@@ -141,7 +141,9 @@ def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
     attempts.record(tmp_path, dataclasses.replace(JOB, restart_count=0), "a")
     attempts.record(tmp_path, dataclasses.replace(JOB, job_id=41), "b")
     written = (tmp_path / "state.json").read_text()
-    said, cause = restarts.decision(tmp_path, JOB, failed_step(tmp_path, 10.0), most=2, who="train")
+    said, cause = what_follows.after_failure(
+        tmp_path, JOB, failed_step(tmp_path, 10.0), most=2, who="train"
+    )
     assert cause == "worker 0 stopped answering" and said == (
         "train: starting the step again in job 42 (restart 1 of at most 2), from the checkpoint "
         "of step 40: worker 0 stopped answering"
@@ -154,7 +156,7 @@ def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
     at_start = restarts.progress_mark(tmp_path)
     reports.write_json_atomically(tmp_path / "progress.json", {"global_step": 50, "time": 3.0})
     recorded(tmp_path, "42.2.1", dataclasses.replace(LOST, time=40.0))
-    said, cause = restarts.decision(
+    said, cause = what_follows.after_failure(
         tmp_path, JOB, failed_step(tmp_path, 25.0, None, at_start), most=2, who="train"
     )
     assert cause is None and said == (
@@ -163,14 +165,14 @@ def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
     )
     # One that kept no progress after it started does not loop.
     at_start = restarts.progress_mark(tmp_path)
-    said, cause = restarts.decision(
+    said, cause = what_follows.after_failure(
         tmp_path, JOB, failed_step(tmp_path, 35.0, 40, at_start), most=3, who="train"
     )
     assert cause is None and said.endswith("it failed before it trained a step")
     # A script of the user's logs no progress: a checkpoint of a later step than at the start
     # says that it trained.
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-60"\n')
-    _, cause = restarts.decision(
+    _, cause = what_follows.after_failure(
         tmp_path, JOB, failed_step(tmp_path, 35.0, 40, at_start), most=3, who="train"
     )
     assert cause == "worker 0 stopped answering"
@@ -220,7 +222,7 @@ def test_a_node_that_left_the_job_starts_the_step_again_on_the_nodes_left(
         "train: the step failed (exit 137): node2 left job 42: its node failed"
     )
     attempts.record(tmp_path, JOB, "worker 0 stopped answering")
-    said, cause = restarts.decision(
+    said, cause = what_follows.after_failure(
         tmp_path, JOB, step, most=2, who="train", left=("node2", "node3")
     )
     assert cause == (
@@ -232,7 +234,9 @@ def test_a_node_that_left_the_job_starts_the_step_again_on_the_nodes_left(
         f"with no checkpoint in its model directory: {cause}"
     )
     attempts.record(tmp_path, JOB, cause)
-    said, cause = restarts.decision(tmp_path, JOB, step, most=2, who="train", left=("node2",))
+    said, cause = what_follows.after_failure(
+        tmp_path, JOB, step, most=2, who="train", left=("node2",)
+    )
     assert cause is None and said.endswith("restart(s) (--max_restarts)")
 
 
@@ -259,11 +263,11 @@ def test_a_job_that_goes_on_without_a_failed_node_asks_for_as_many_nodes_but_nev
     node2, and the new job would wait for it for ever."""
     held = Allocation(("node1", "node2"), (2, 2), (2, 2))
     record = {"NumNodes": "1", "ReqNodeList": "node[1-2]", "ExcNodeList": "node7", "Requeue": "0"}
-    asked = lost_nodes._without(record, held, ("node2",))
+    asked = lost_nodes.without(record, held, ("node2",))
     assert asked == {**record, "NumNodes": "2", "ReqNodeList": "", "ExcNodeList": "node[2,7]"}
     unpinned = {**record, "ReqNodeList": "(null)", "ExcNodeList": "(null)"}
-    assert lost_nodes._without(unpinned, held, ("node2",))["ExcNodeList"] == "node2"
-    assert lost_nodes._without(unpinned, held, ("node2",))["ReqNodeList"] == "(null)"
+    assert lost_nodes.without(unpinned, held, ("node2",))["ExcNodeList"] == "node2"
+    assert lost_nodes.without(unpinned, held, ("node2",))["ReqNodeList"] == "(null)"
 
 
 @pytest.mark.parametrize(

@@ -40,7 +40,7 @@ from tfconfig_slurm.commands import max_restarts_flag, model_dir_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import EXIT_NOT_REQUEUED, SlurmEnvironmentError, UsageError
 from tfconfig_slurm.process import exits
-from tfconfig_slurm.process.job import lost_nodes, restarts
+from tfconfig_slurm.process.job import lost_nodes, restarts, what_follows
 from tfconfig_slurm.process.records import attempts, history
 
 PROGRAM = "tfconfig-slurm srun"
@@ -144,7 +144,9 @@ def _steps(
                 srun_said=srun_said, progress_at_start=progress_at_start,
             )  # fmt: skip
             _say(restarts.line(model_dir, job, step, PROGRAM, left))
-            said, cause = restarts.decision(model_dir, job, step, most=most, who=PROGRAM, left=left)
+            said, cause = what_follows.after_failure(
+                model_dir, job, step, most=most, who=PROGRAM, left=left
+            )
         # Asked again after the decision, which reads the run's files: a stop meanwhile wins.
         if _said_stopped(signals):
             return status
@@ -174,7 +176,7 @@ def _stopped_by_slurm(
     """Slurm's own stop, where a node of the job failed: said, and the run continued in a
     new job where Slurm may not requeue this one."""
     _said_stopped(signals)
-    node = lost_nodes.after_node_failure(model_dir, job, held, os.environ, most)
+    node = what_follows.after_node_failure(model_dir, job, held, os.environ, most)
     if node:
         _say(f"{PROGRAM}: {node}")
 
@@ -206,7 +208,7 @@ def _step(
                     watching.noticed()
     left = watching.left
     # srun may end of itself once SLURM told it of the node's failure. Told to stop, the
-    # caller asks once itself (lost_nodes.after_node_failure).
+    # caller asks once itself (what_follows.after_node_failure).
     if not left and srun.returncode != 0 and held is not None and signals.stop is None:
         left = lost_nodes.gone(held.nodes, lost_nodes.nodes_now(job))
     return exits.exit_status(srun.returncode), "".join(kept), left

@@ -4,8 +4,9 @@ tasks of the node that is gone, and only the job's record (scontrol) says that i
 
 `NodeWatch` asks for the job's nodes once srun said that a task ended, and ends srun where a
 node left; the step is then started again on the nodes left (cluster/allocation.py). Where
-Slurm ends the job for the node instead, `after_node_failure` says so, and continues a job
-that may not requeue in a new one. No TensorFlow here.
+Slurm ends the job for the node instead, what_follows.after_node_failure says so, and continues
+a job that may not requeue in a new one, asking for the nodes `without` the one that failed.
+No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from hostlist import collect_hostlist
 
@@ -24,15 +24,14 @@ from tfconfig_slurm.cluster.step import SlurmJob, expand_nodes
 from tfconfig_slurm.errors import SlurmEnvironmentError
 from tfconfig_slurm.process import slurm_commands, timing
 from tfconfig_slurm.process.job import continuation
-from tfconfig_slurm.process.records import attempts
 
 
 def nodes_now(job: SlurmJob) -> tuple[str, ...] | None:
     """The nodes `job` holds now, as slurmctld says; None where it cannot say."""
-    return _nodes_of(continuation.job_record(job.name))
+    return nodes_of(continuation.job_record(job.name))
 
 
-def _nodes_of(record: Mapping[str, str] | str) -> tuple[str, ...] | None:
+def nodes_of(record: Mapping[str, str] | str) -> tuple[str, ...] | None:
     """The nodes a job's record lists; None where there is no record (`record` says why), or
     it lists none, as a job requeued already does."""
     return None if isinstance(record, str) else _expanded(record.get("NodeList", "")) or None
@@ -127,48 +126,7 @@ class NodeWatch:
                 continue
 
 
-def after_node_failure(
-    model_dir: Path, job: SlurmJob, held: Allocation, environ: Mapping[str, str], most: int
-) -> str:
-    """Where a node of `job` failed and Slurm ends the job for it (no --no-kill): the line that
-    says what becomes of the run, "" where no node is known to have failed. Slurm requeues a
-    job that may requeue; one that may not (Requeue=0) goes on in a new job, its batch script
-    submitted again to start after this one, on as many nodes, without the one that failed;
-    at most `most` times over the run (--max_restarts), each kept in state.json."""
-    record = continuation.job_record(job.name)
-    # A job requeued already lists no nodes: what failed is not known from it. A job ending
-    # (a requeue's, a time limit's) lists fewer as each node completes: only those Slurm says
-    # failed are.
-    left = down(gone(held.nodes, _nodes_of(record)))
-    if isinstance(record, str) or not left:
-        return ""
-    nodes = collect_hostlist(list(left))
-    failed = f"{nodes} failed, and Slurm ends job {job.name}"
-    if record.get("Requeue") != "0":
-        return f"{failed} and requeues it: the run resumes from its latest checkpoint then"
-    refused = f"{failed} and may not requeue it (Requeue=0)"
-    earlier = continuation.read(model_dir)
-    if earlier is not None and earlier.after == job.name:
-        # Its stop went on in a new job already (the runtime's, on SIGTERM).
-        return f"{refused}: the run goes on in job {earlier.job_id}"
-    done = attempts.count(model_dir, job).for_nodes
-    if done >= most:
-        return (
-            f"{refused}; the run went on in a new job for a failed node {done} time(s) already, "
-            f"of at most {most} (--max_restarts): it ends"
-        )
-    try:
-        new = continuation.submit(job, model_dir, environ, _without(record, held, left))
-    except continuation.ContinuationError as error:
-        return f"{refused}, and the run cannot go on in a new job: {error}"
-    attempts.record(model_dir, job, f"{nodes} failed", continued_in=new)
-    return (
-        f"{refused}: the run goes on in job {new}, submitted to start once this one has ended, "
-        f"on {len(held.nodes)} nodes without {nodes}, from its latest checkpoint"
-    )
-
-
-def _without(record: Mapping[str, str], held: Allocation, left: Sequence[str]) -> dict[str, str]:
+def without(record: Mapping[str, str], held: Allocation, left: Sequence[str]) -> dict[str, str]:
     """`record`, asking for the nodes the job had (its record counts those left), never those
     that `left` it: a list of nodes asked for that names one is dropped."""
     excluded = (*_expanded(record.get("ExcNodeList", "")), *left)

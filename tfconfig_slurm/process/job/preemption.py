@@ -10,9 +10,9 @@ A handler only sets a flag: trainers look at it between steps (each backend's ho
 callback), the chief writes its final checkpoint once every worker has stopped, and the first
 parameter server, which sees every trainer finish, requeues the job with `scontrol requeue` (array
 tasks by their own id), or where SLURM refuses, submits it again to go on after it
-(process/job/continuation.py). The requeued run (SLURM_RESTART_COUNT > 0) resumes from that
-checkpoint. A run requeued or continued --max_requeues times already is not requeued again,
-and says so.
+(process/job/what_follows.py decides which). The requeued run (SLURM_RESTART_COUNT > 0)
+resumes from that checkpoint. A run requeued or continued --max_requeues times already is not
+requeued again, and says so.
 
 No TensorFlow here.
 """
@@ -22,18 +22,14 @@ from __future__ import annotations
 import signal
 import socket
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 
 from absl import logging
 
-from tfconfig_slurm.cluster.step import SlurmJob
-from tfconfig_slurm.errors import EXIT_NOT_REQUEUED, UsageError
-from tfconfig_slurm.process import exits, slurm_commands
-from tfconfig_slurm.process.job import continuation
-from tfconfig_slurm.process.records import attempts
+from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process import exits
 
 
 def parse_signal(name: str) -> signal.Signals | None:
@@ -192,145 +188,3 @@ class StopPolicy:
     max_requeues: int
     time_limit_signal: str | None = None
     time_limit_margin: float = 0.0
-
-
-def after_stop(
-    environ: Mapping[str, str],
-    job: SlurmJob | None,
-    stopped_on: str,
-    policy: StopPolicy,
-    model_dir: Path,
-) -> int:
-    """What a task of the SLURM job `job` (None outside SLURM), run in `environ`, does last
-    once it stopped on a signal: requeues the job when the signal is one of the policy's
-    `requeue_on` (or has it go on in a new job, process/job/continuation.py), else says how to
-    resume; the exit status this task should end with."""
-    if stopped_on in policy.requeue_on:
-        return requeue(environ, job, policy.max_requeues, stopped_on, model_dir)
-    if job is None:
-        logging.info(
-            "stopped on %s with a checkpoint of every step taken: %s",
-            stopped_on,
-            _resume(model_dir),
-        )
-        return 0
-    logging.info(
-        "stopped on %s with a checkpoint of every step taken; not requeueing the job (a "
-        "--preempt_signal requeues it, and SIGTERM with --requeue_on_sigterm): %s",
-        stopped_on,
-        _resume(model_dir),
-    )
-    return 0
-
-
-def _resume(model_dir: Path) -> str:
-    # The directory, not the experiment id: a script's user (the Python API) names none.
-    return f"run again with the same model directory, {model_dir}, to resume"
-
-
-def requeue(
-    environ: Mapping[str, str],
-    job: SlurmJob | None,
-    max_requeues: int,
-    stopped_on: str,
-    model_dir: Path,
-) -> int:
-    """Puts the SLURM job `job` back in the queue, or where SLURM refuses, submits it again
-    (from `environ`, this task's) to go on after it; the exit status this task should end
-    with."""
-    if job is None:
-        logging.warning(
-            "stopped on %s outside a SLURM job: nothing to requeue; %s",
-            stopped_on,
-            _resume(model_dir),
-        )
-        return 0
-    target, restarts = job.name, attempts.count(model_dir, job).requeued
-    if restarts >= max_requeues:
-        logging.error(
-            "job %s stopped on %s and the run was requeued or continued %d times already "
-            "(--max_requeues=%d): not requeueing it again. HINT: submit it again with the same "
-            "experiment id to resume from the checkpoint, or raise --max_requeues",
-            target,
-            stopped_on,
-            restarts,
-            max_requeues,
-        )
-        return EXIT_NOT_REQUEUED
-    problem = slurm_commands.requeue(target)
-    if not problem:
-        logging.info(
-            "stopped on %s; requeued job %s (restart %d of at most %d): it resumes from the "
-            "checkpoint",
-            stopped_on,
-            target,
-            restarts + 1,
-            max_requeues,
-        )
-        return 0
-    return _requeue_refused(
-        job, problem, environ=environ, max_requeues=max_requeues, stopped_on=stopped_on,
-        model_dir=model_dir,
-    )  # fmt: skip
-
-
-def _requeue_refused(
-    job: SlurmJob,
-    problem: str,
-    *,
-    environ: Mapping[str, str],
-    max_requeues: int,
-    stopped_on: str,
-    model_dir: Path,
-) -> int:
-    """After `scontrol requeue` failed, saying `problem`, the exit status this task should end
-    with. A requeue that failed may have been done all the same (slurmctld answered too
-    late), and one that SLURM may do failed for another reason: a new job in either case would
-    leave two jobs queued for one run. Only a job that may not requeue goes on in one."""
-    target, restarts = job.name, attempts.count(model_dir, job).requeued
-    record = continuation.job_record(target)
-    if isinstance(record, str):
-        why = f"its state cannot be read ({record})"
-    elif continuation.requeued(record, job.restart_count):
-        logging.info(
-            "stopped on %s; `scontrol requeue %s` said %s, but the job was requeued "
-            "(Restarts=%s): it resumes from the checkpoint",
-            stopped_on,
-            target,
-            problem,
-            record["Restarts"],
-        )
-        return 0
-    elif record.get("Requeue") != "0":
-        why = "SLURM may requeue it (Requeue=1), so it does not go on in a new job beside it"
-    else:
-        try:
-            next_job = continuation.submit(job, model_dir, environ, record)
-        except continuation.ContinuationError as error:
-            why = f"the run cannot go on in a new job: {error}"
-        else:
-            logging.info(
-                "stopped on %s; SLURM refused to requeue job %s (%s), so the run goes on in job "
-                "%s, its batch script submitted again to start once job %s ends (continuation "
-                "%d of at most %d), asking for %s (what SLURM does not show, %s, comes from "
-                "the script's #SBATCH lines): it resumes from the checkpoint",
-                stopped_on,
-                target,
-                problem,
-                next_job,
-                target,
-                restarts + 1,
-                max_requeues,
-                " ".join(continuation.resources(record)) or "what the script asks for",
-                continuation.NOT_CARRIED,
-            )
-            return 0
-    logging.error(
-        "stopped on %s, but `scontrol requeue %s` failed (%s), and %s. HINT: submit the job "
-        "again with the same experiment id to resume from the checkpoint",
-        stopped_on,
-        target,
-        problem,
-        why,
-    )
-    return EXIT_NOT_REQUEUED

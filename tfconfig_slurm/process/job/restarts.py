@@ -17,7 +17,7 @@ import hostlist
 
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import USAGE_EXIT_CODE
-from tfconfig_slurm.process.records import attempts, failure, history, reports
+from tfconfig_slurm.process.records import failure, reports
 from tfconfig_slurm.process.records.failure import Failure
 from tfconfig_slurm.process.records.reports import RunState
 from tfconfig_slurm.process.records.run_dir import RunDir
@@ -131,7 +131,7 @@ def line(model_dir: Path, job: SlurmJob, step: Step, who: str, left: Sequence[st
     where = f"; task logs in {logs}" if logs.is_dir() else ""
     failed = f"{who}: the step failed (exit {step.status})"
     if left:
-        return f"{failed}: {_left(left)} left job {job.name}: its node failed{where}"
+        return f"{failed}: {nodes_named(left)} left job {job.name}: its node failed{where}"
     if step.first is not None:
         return f"{failed}; first to fail: {step.first.line()}{where}"
     named = first_task_said(step.srun_said)
@@ -155,84 +155,6 @@ def line(model_dir: Path, job: SlurmJob, step: Step, who: str, left: Sequence[st
     return f"{failed}; first to fail: {named[0]}{f' ({role[0]})' if role else ''}{why}{where}"
 
 
-def decision(
-    model_dir: Path,
-    job: SlurmJob,
-    step: Step,
-    *,
-    most: int,
-    who: str,
-    left: Sequence[str] = (),
-) -> tuple[str, str | None]:
-    """The line, said by `who`, that says whether the step starts again (at most `most` times
-    in an attempt of the job, as attempts.count counts them), and the restart's cause where it
-    does (None: it does not); ("", None) where the job makes none. The nodes `left` left the
-    job meanwhile (a --no-kill job's failed node): the step starts again on the nodes left,
-    whatever its tasks said of their peers on it. The caller keeps a restart it makes in the
-    run's state.json (attempts.record)."""
-    if most <= 0:
-        return "", None
-    done = attempts.count(model_dir, job).in_attempt
-    if left:
-        judged = Verdict(
-            again=True,
-            why=f"{_left(left)} left the job: its node failed, and the job (--no-kill) goes on "
-            "with the nodes left",
-        )
-    else:
-        trained = done == 0 or _trained(model_dir, step)
-        judged = verdict(step.first, step.srun_said, trained=trained)
-        judged = _not_hung_again(model_dir, job, step.first, judged)
-    if not judged.again:
-        return f"{who}: not starting the step again: {judged.why}", None
-    if done >= most:
-        return (
-            f"{who}: not starting the step again: {judged.why}, and the job made its {most} "
-            "restart(s) (--max_restarts)"
-        ), None
-    step_now = history.checkpoint_step(model_dir)
-    # A script of the user's may keep its checkpoints elsewhere (BackupAndRestore's folder).
-    resumed = (
-        f"from the checkpoint of step {step_now}"
-        if step_now is not None
-        else "with no checkpoint in its model directory"
-    )
-    where = " on the nodes left" if left else ""
-    return (
-        f"{who}: starting the step again in job {job.name}{where} (restart {done + 1} of at "
-        f"most {most}), {resumed}: {judged.why}"
-    ), judged.why
-
-
-def _not_hung_again(
-    model_dir: Path, job: SlurmJob, first: Failure | None, judged: Verdict
-) -> Verdict:
-    """A step that hung at the global step an earlier step of the job hung at, and was started
-    again for, hangs in the run's own code or data: no restart cures it."""
-    hung_at = first.hung_at() if first is not None else None
-    if hung_at is None:
-        return judged
-    causes = attempts.causes_in_job(reports.read_state(model_dir), job.name)
-    if any(cause.endswith(f"{failure.HUNG}{hung_at}") for cause in causes):
-        return Verdict(
-            again=False,
-            why=f"{judged.why} again, as before its last restart: the run's own code or data "
-            "hangs there",
-        )
-    return judged
-
-
-def _trained(model_dir: Path, step: Step) -> bool:
-    """Whether the step trained at all: the runtime kept a progress since it started (its
-    first step's, or a line's), or (a script of the user's, which keeps none) the run wrote a
-    checkpoint of a later step. Not by the times: progress.json's is the chief's node's clock,
-    the step's start the batch node's."""
-    if progress_mark(model_dir) not in ({}, step.progress_at_start):
-        return True
-    now = history.checkpoint_step(model_dir)
-    return now is not None and now > (step.checkpoint_at_start or 0)
-
-
 def _of_record(first: Failure) -> Verdict:
     if first.is_loss():
         return Verdict(again=True, why=f"{first.task} stopped answering")
@@ -252,7 +174,7 @@ def _of_record(first: Failure) -> Verdict:
     return Verdict(again=False, why="an error in the run's code")
 
 
-def _left(nodes: Sequence[str]) -> str:
+def nodes_named(nodes: Sequence[str]) -> str:
     return str(hostlist.collect_hostlist(list(nodes)))
 
 

@@ -25,7 +25,7 @@ from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import EXIT_PEER_LOST, TfconfigSlurmError, UsageError
 from tfconfig_slurm.process import exits, timing
-from tfconfig_slurm.process.job import continuation, preemption, time_limit
+from tfconfig_slurm.process.job import continuation, preemption, time_limit, what_follows
 from tfconfig_slurm.process.records import claim, failure, history, model_dir
 from tfconfig_slurm.process.records.owner import RunOwner, owns_run
 from tfconfig_slurm.process.records.reports import RunState
@@ -347,7 +347,7 @@ class _End:
             # The model directory stays held, for the requeued job to resume there.
             status = 0
             if _requeues(role):
-                status = preemption.after_stop(
+                status = what_follows.after_stop(
                     self.task.environ,
                     self.task.job,
                     stopped_on,

@@ -1,0 +1,293 @@
+"""What follows the end of a run's step, decided in one module, in the process that sees it:
+
+- a task stopped on a signal (the one that requeues: the first parameter server, else the
+  chief; process/task/lifecycle.py): its job requeued where the signal asks for it, within
+  --max_requeues, or where SLURM refuses, the run gone on in a new job (continuation.py); else
+  the line that says how to resume (after_stop);
+- the batch script's `tfconfig-slurm srun`, once its step failed: the step started again in its
+  job where no code of the run's failed (restarts.verdict), within --max_restarts an attempt,
+  else the job ended (after_failure); where Slurm ends the job for a failed node, its requeue
+  said, or a job that may not requeue gone on in a new job without the node
+  (after_node_failure).
+
+Each limit counts from one record (process/records/attempts.py). docs/development.md draws the
+whole. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from absl import logging
+from hostlist import collect_hostlist
+
+from tfconfig_slurm.cluster.allocation import Allocation
+from tfconfig_slurm.cluster.step import SlurmJob
+from tfconfig_slurm.errors import EXIT_NOT_REQUEUED
+from tfconfig_slurm.process import slurm_commands
+from tfconfig_slurm.process.job import continuation, lost_nodes, restarts
+from tfconfig_slurm.process.job.preemption import StopPolicy
+from tfconfig_slurm.process.records import attempts, failure, history, reports
+from tfconfig_slurm.process.records.failure import Failure
+
+
+def after_stop(
+    environ: Mapping[str, str],
+    job: SlurmJob | None,
+    stopped_on: str,
+    policy: StopPolicy,
+    model_dir: Path,
+) -> int:
+    """What a task of the SLURM job `job` (None outside SLURM), run in `environ`, does last
+    once it stopped on a signal: requeues the job when the signal is one of the policy's
+    `requeue_on` (or has it go on in a new job, process/job/continuation.py), else says how to
+    resume; the exit status this task should end with."""
+    if stopped_on in policy.requeue_on:
+        return requeue(environ, job, policy.max_requeues, stopped_on, model_dir)
+    if job is None:
+        logging.info(
+            "stopped on %s with a checkpoint of every step taken: %s",
+            stopped_on,
+            _resume(model_dir),
+        )
+        return 0
+    logging.info(
+        "stopped on %s with a checkpoint of every step taken; not requeueing the job (a "
+        "--preempt_signal requeues it, and SIGTERM with --requeue_on_sigterm): %s",
+        stopped_on,
+        _resume(model_dir),
+    )
+    return 0
+
+
+def _resume(model_dir: Path) -> str:
+    # The directory, not the experiment id: a script's user (the Python API) names none.
+    return f"run again with the same model directory, {model_dir}, to resume"
+
+
+def requeue(
+    environ: Mapping[str, str],
+    job: SlurmJob | None,
+    max_requeues: int,
+    stopped_on: str,
+    model_dir: Path,
+) -> int:
+    """Puts the SLURM job `job` back in the queue, or where SLURM refuses, submits it again
+    (from `environ`, this task's) to go on after it; the exit status this task should end
+    with."""
+    if job is None:
+        logging.warning(
+            "stopped on %s outside a SLURM job: nothing to requeue; %s",
+            stopped_on,
+            _resume(model_dir),
+        )
+        return 0
+    target, restarts = job.name, attempts.count(model_dir, job).requeued
+    if restarts >= max_requeues:
+        logging.error(
+            "job %s stopped on %s and the run was requeued or continued %d times already "
+            "(--max_requeues=%d): not requeueing it again. HINT: submit it again with the same "
+            "experiment id to resume from the checkpoint, or raise --max_requeues",
+            target,
+            stopped_on,
+            restarts,
+            max_requeues,
+        )
+        return EXIT_NOT_REQUEUED
+    problem = slurm_commands.requeue(target)
+    if not problem:
+        logging.info(
+            "stopped on %s; requeued job %s (restart %d of at most %d): it resumes from the "
+            "checkpoint",
+            stopped_on,
+            target,
+            restarts + 1,
+            max_requeues,
+        )
+        return 0
+    return _requeue_refused(
+        job, problem, environ=environ, max_requeues=max_requeues, stopped_on=stopped_on,
+        model_dir=model_dir,
+    )  # fmt: skip
+
+
+def _requeue_refused(
+    job: SlurmJob,
+    problem: str,
+    *,
+    environ: Mapping[str, str],
+    max_requeues: int,
+    stopped_on: str,
+    model_dir: Path,
+) -> int:
+    """After `scontrol requeue` failed, saying `problem`, the exit status this task should end
+    with. A requeue that failed may have been done all the same (slurmctld answered too
+    late), and one that SLURM may do failed for another reason: a new job in either case would
+    leave two jobs queued for one run. Only a job that may not requeue goes on in one."""
+    target, restarts = job.name, attempts.count(model_dir, job).requeued
+    record = continuation.job_record(target)
+    if isinstance(record, str):
+        why = f"its state cannot be read ({record})"
+    elif continuation.requeued(record, job.restart_count):
+        logging.info(
+            "stopped on %s; `scontrol requeue %s` said %s, but the job was requeued "
+            "(Restarts=%s): it resumes from the checkpoint",
+            stopped_on,
+            target,
+            problem,
+            record["Restarts"],
+        )
+        return 0
+    elif record.get("Requeue") != "0":
+        why = "SLURM may requeue it (Requeue=1), so it does not go on in a new job beside it"
+    else:
+        try:
+            next_job = continuation.submit(job, model_dir, environ, record)
+        except continuation.ContinuationError as error:
+            why = f"the run cannot go on in a new job: {error}"
+        else:
+            logging.info(
+                "stopped on %s; SLURM refused to requeue job %s (%s), so the run goes on in job "
+                "%s, its batch script submitted again to start once job %s ends (continuation "
+                "%d of at most %d), asking for %s (what SLURM does not show, %s, comes from "
+                "the script's #SBATCH lines): it resumes from the checkpoint",
+                stopped_on,
+                target,
+                problem,
+                next_job,
+                target,
+                restarts + 1,
+                max_requeues,
+                " ".join(continuation.resources(record)) or "what the script asks for",
+                continuation.NOT_CARRIED,
+            )
+            return 0
+    logging.error(
+        "stopped on %s, but `scontrol requeue %s` failed (%s), and %s. HINT: submit the job "
+        "again with the same experiment id to resume from the checkpoint",
+        stopped_on,
+        target,
+        problem,
+        why,
+    )
+    return EXIT_NOT_REQUEUED
+
+
+def after_failure(
+    model_dir: Path,
+    job: SlurmJob,
+    step: restarts.Step,
+    *,
+    most: int,
+    who: str,
+    left: Sequence[str] = (),
+) -> tuple[str, str | None]:
+    """The line, said by `who`, that says whether the step starts again (at most `most` times
+    in an attempt of the job, as attempts.count counts them), and the restart's cause where it
+    does (None: it does not); ("", None) where the job makes none. The nodes `left` left the
+    job meanwhile (a --no-kill job's failed node): the step starts again on the nodes left,
+    whatever its tasks said of their peers on it. The caller keeps a restart it makes in the
+    run's state.json (attempts.record)."""
+    if most <= 0:
+        return "", None
+    done = attempts.count(model_dir, job).in_attempt
+    if left:
+        judged = restarts.Verdict(
+            again=True,
+            why=f"{restarts.nodes_named(left)} left the job: its node failed, and the job "
+            "(--no-kill) goes on with the nodes left",
+        )
+    else:
+        trained = done == 0 or _trained(model_dir, step)
+        judged = restarts.verdict(step.first, step.srun_said, trained=trained)
+        judged = _not_hung_again(model_dir, job, step.first, judged)
+    if not judged.again:
+        return f"{who}: not starting the step again: {judged.why}", None
+    if done >= most:
+        return (
+            f"{who}: not starting the step again: {judged.why}, and the job made its {most} "
+            "restart(s) (--max_restarts)"
+        ), None
+    step_now = history.checkpoint_step(model_dir)
+    # A script of the user's may keep its checkpoints elsewhere (BackupAndRestore's folder).
+    resumed = (
+        f"from the checkpoint of step {step_now}"
+        if step_now is not None
+        else "with no checkpoint in its model directory"
+    )
+    where = " on the nodes left" if left else ""
+    return (
+        f"{who}: starting the step again in job {job.name}{where} (restart {done + 1} of at "
+        f"most {most}), {resumed}: {judged.why}"
+    ), judged.why
+
+
+def _not_hung_again(
+    model_dir: Path, job: SlurmJob, first: Failure | None, judged: restarts.Verdict
+) -> restarts.Verdict:
+    """A step that hung at the global step an earlier step of the job hung at, and was started
+    again for, hangs in the run's own code or data: no restart cures it."""
+    hung_at = first.hung_at() if first is not None else None
+    if hung_at is None:
+        return judged
+    causes = attempts.causes_in_job(reports.read_state(model_dir), job.name)
+    if any(cause.endswith(f"{failure.HUNG}{hung_at}") for cause in causes):
+        return restarts.Verdict(
+            again=False,
+            why=f"{judged.why} again, as before its last restart: the run's own code or data "
+            "hangs there",
+        )
+    return judged
+
+
+def _trained(model_dir: Path, step: restarts.Step) -> bool:
+    """Whether the step trained at all: the runtime kept a progress since it started (its
+    first step's, or a line's), or (a script of the user's, which keeps none) the run wrote a
+    checkpoint of a later step. Not by the times: progress.json's is the chief's node's clock,
+    the step's start the batch node's."""
+    if restarts.progress_mark(model_dir) not in ({}, step.progress_at_start):
+        return True
+    now = history.checkpoint_step(model_dir)
+    return now is not None and now > (step.checkpoint_at_start or 0)
+
+
+def after_node_failure(
+    model_dir: Path, job: SlurmJob, held: Allocation, environ: Mapping[str, str], most: int
+) -> str:
+    """Where a node of `job` failed and Slurm ends the job for it (no --no-kill): the line that
+    says what becomes of the run, "" where no node is known to have failed. Slurm requeues a
+    job that may requeue; one that may not (Requeue=0) goes on in a new job, its batch script
+    submitted again to start after this one, on as many nodes, without the one that failed;
+    at most `most` times over the run (--max_restarts), each kept in state.json."""
+    record = continuation.job_record(job.name)
+    # A job requeued already lists no nodes: what failed is not known from it. A job ending
+    # (a requeue's, a time limit's) lists fewer as each node completes: only those Slurm says
+    # failed are.
+    left = lost_nodes.down(lost_nodes.gone(held.nodes, lost_nodes.nodes_of(record)))
+    if isinstance(record, str) or not left:
+        return ""
+    nodes = collect_hostlist(list(left))
+    failed = f"{nodes} failed, and Slurm ends job {job.name}"
+    if record.get("Requeue") != "0":
+        return f"{failed} and requeues it: the run resumes from its latest checkpoint then"
+    refused = f"{failed} and may not requeue it (Requeue=0)"
+    earlier = continuation.read(model_dir)
+    if earlier is not None and earlier.after == job.name:
+        # Its stop went on in a new job already (the runtime's, on SIGTERM).
+        return f"{refused}: the run goes on in job {earlier.job_id}"
+    done = attempts.count(model_dir, job).for_nodes
+    if done >= most:
+        return (
+            f"{refused}; the run went on in a new job for a failed node {done} time(s) already, "
+            f"of at most {most} (--max_restarts): it ends"
+        )
+    try:
+        new = continuation.submit(job, model_dir, environ, lost_nodes.without(record, held, left))
+    except continuation.ContinuationError as error:
+        return f"{refused}, and the run cannot go on in a new job: {error}"
+    attempts.record(model_dir, job, f"{nodes} failed", continued_in=new)
+    return (
+        f"{refused}: the run goes on in job {new}, submitted to start once this one has ended, "
+        f"on {len(held.nodes)} nodes without {nodes}, from its latest checkpoint"
+    )
