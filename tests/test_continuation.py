@@ -330,7 +330,7 @@ def test_a_requeue_that_fails_where_slurm_may_requeue_submits_no_second_job(
         ).stdout.split()
     finally:
         slurm_cluster.run(["scancel", held_job])
-    assert status == errors.EXIT_NOT_REQUEUED
+    assert status == errors.ExitStatus.NOT_REQUEUED
     assert "SLURM may requeue it (Requeue=1), so it does not go on in a new job" in caplog.text
     # No job submitted after it (an earlier test's may still be ending).
     assert [other for other in listed if int(other) > int(held_job)] == []

@@ -18,7 +18,7 @@ import pytest
 
 from tests import fake_backend
 from tests.cli import PACED, REPOSITORY, wait_until
-from tfconfig_slurm.errors import EXIT_HUNG, UsageError
+from tfconfig_slurm.errors import ExitStatus, UsageError
 from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.task import hang_watch
 from tfconfig_slurm.process.task.hang_watch import Account
@@ -118,7 +118,7 @@ def test_a_process_that_makes_no_step_is_hung_its_stacks_logged(tmp_path: Path) 
         text=True,
         timeout=60,
     )
-    assert ended.returncode == EXIT_HUNG, ended.stderr
+    assert ended.returncode == ExitStatus.HUNG, ended.stderr
     assert time.monotonic() - started < 30
     assert re.search(
         r"the process: hung: no step for [12] s since global step 3 \(its bound: 1 s", ended.stderr
@@ -145,7 +145,7 @@ def runtime(tmp_path: Path, *flags: str, hang: str) -> subprocess.Popen[str]:
 def test_a_runtime_process_that_hangs_ends_and_its_run_says_why(tmp_path: Path) -> None:
     process = runtime(tmp_path, "--hang_timeout=2", hang="single@8")
     _, stderr = process.communicate(timeout=60)
-    assert process.returncode == EXIT_HUNG, stderr[-3000:]
+    assert process.returncode == ExitStatus.HUNG, stderr[-3000:]
     assert "a single process: hung: no step for" not in stderr
     assert re.search(r"the process: hung: no step for [23] s since global step 8 ", stderr)
     assert "fake_backend.py" in stderr and "in _hang" in stderr
@@ -192,7 +192,7 @@ def test_an_estimator_process_whose_input_hangs_is_named_with_its_stack(tmp_path
         env={"PATH": os.environ["PATH"], "PACED_HANG_AT": "30"},
         cwd=REPOSITORY, check=False, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert ended.returncode == EXIT_HUNG, ended.stderr[-3000:]
+    assert ended.returncode == ExitStatus.HUNG, ended.stderr[-3000:]
     said = re.search(
         r"the process: hung: no step for [34] s since global step (\d+) ", ended.stderr
     )

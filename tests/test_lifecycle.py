@@ -18,7 +18,7 @@ from tests import fake_backend
 from tests.cli import PACED, checkpoint_step, free_port_block, run_module
 from tests.slurm_envs import task_env
 from tfconfig_slurm.commands import runtime_backends
-from tfconfig_slurm.errors import EXIT_PEER_LOST, UsageError
+from tfconfig_slurm.errors import ExitStatus, UsageError
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import claim, history
 from tfconfig_slurm.process.task import lifecycle
@@ -223,7 +223,7 @@ def test_a_task_of_a_step_that_refuses_its_input_at_its_start_ends_its_peers(
             process.kill()
     said = [process.communicate()[1] for process in step]
     # Ranks: ps 0, the chief, worker 0.
-    assert ended == [EXIT_PEER_LOST, EXIT_PEER_LOST, 2], said
+    assert ended == [ExitStatus.PEER_LOST, ExitStatus.PEER_LOST, 2], said
     refusal = (
         "TFCONFIG_SLURM_TEST_REFUSE_AS: names worker 0, which refuses on purpose. HINT: unset it"
     )

@@ -109,7 +109,7 @@ def test_a_job_at_its_requeue_limit_ends_and_says_so(
     environ = {"SLURM_JOB_ID": "77", **counts}
     with caplog.at_level(logging.INFO):
         status = what_follows.requeue(environ, read_slurm_job(environ), 3, "SIGUSR1", tmp_path)
-    assert status == errors.EXIT_NOT_REQUEUED
+    assert status == errors.ExitStatus.NOT_REQUEUED
     (record,) = caplog.records
     assert (
         "job 77 stopped on SIGUSR1 and the run was requeued or continued 3 times already"
@@ -138,7 +138,7 @@ def test_a_failed_requeue_is_an_error_that_names_the_job(
         status = what_follows.requeue(
             environ, read_slurm_job(environ), 3, "SIGUSR1", tmp_path / "run"
         )
-    assert status == errors.EXIT_NOT_REQUEUED
+    assert status == errors.ExitStatus.NOT_REQUEUED
     said = caplog.records[0].getMessage()
     assert "`scontrol requeue 5_2` failed" in said
     assert "and its state cannot be read (scontrol show job failed" in said

@@ -13,7 +13,7 @@ import pytest
 
 from tests.cli import free_port_block, wait_until
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.errors import EXIT_PEER_LOST
+from tfconfig_slurm.errors import ExitStatus
 from tfconfig_slurm.process import exits
 from tfconfig_slurm.process.records import failure
 from tfconfig_slurm.process.supervision import answering, watchdog
@@ -183,7 +183,7 @@ def test_a_failed_collective_names_a_peer_whose_port_refuses_the_error_s_host_fi
             watch.end_for_a_lost_peer(f"all-reduce failed: closed by peer [{refused[1]}]")
     finally:
         watch.stop()
-    assert ended.value.args == (EXIT_PEER_LOST,)
+    assert ended.value.args == (ExitStatus.PEER_LOST,)
     first = failure.read(tmp_path, "7.0.0")
     assert first is not None and first.task == "worker 1", first
     assert first.what == watchdog.REFUSED.recorded
@@ -221,7 +221,7 @@ def test_a_failed_collective_in_a_run_that_failed_names_the_first_failure(
             watch.end_for_a_lost_peer("all-reduce failed")
     finally:
         watch.stop()
-    assert ended.value.args == (EXIT_PEER_LOST,) and probed == []
+    assert ended.value.args == (ExitStatus.PEER_LOST,) and probed == []
     # Nor does a watch stopped once its peers finished: one of them leaving is no loss.
     (tmp_path / "failures").rename(tmp_path / "gone")
     assert failure.first() is None

@@ -21,7 +21,7 @@ from tests.slurm_envs import captured, task_env
 from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step
 from tfconfig_slurm.cluster.render import tf_config_json
 from tfconfig_slurm.commands.with_tfconfig import MAX_ENVIRONMENT_STRING
-from tfconfig_slurm.errors import EXIT_PEER_LOST
+from tfconfig_slurm.errors import ExitStatus
 from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.supervision.watchdog import WAITING, answers
 
@@ -435,7 +435,7 @@ def test_a_step_told_to_stop_leaves_each_trainer_its_own_stop(
         assert sorted(path.name for path in tmp_path.iterdir()) == ["chief-0", "worker-0"]
         assert "ending this task (exit" not in logs
     else:
-        assert statuses[2:] == [EXIT_PEER_LOST] * 2, logs
+        assert statuses[2:] == [ExitStatus.PEER_LOST] * 2, logs
         assert not any(tmp_path.iterdir())
         assert re.search(r"ps \d at localhost:\d+ has not answered for 2\d s", logs), logs
 

@@ -1,23 +1,35 @@
 """The package's own errors, and the exit statuses a task of ours ends with.
 
 Each error names its culprit, says what was expected, and carries a hint. The command-line
-tools print one of these as a single line and exit with status 2; nothing else of ours reaches
-a user as a traceback.
+tools print one of these as a single line and exit with status 2 (ExitStatus.REFUSED); nothing
+else of ours reaches a user as a traceback.
 """
 
 from __future__ import annotations
 
-# A user can fix the input: the one line said what and how.
-USAGE_EXIT_CODE = 2
-# The task's cluster lost a member and the watchdog ended it, naming the member: srun
-# --kill-on-bad-exit or a supervisor then ends the rest of the step.
-EXIT_PEER_LOST = 3
-# Stopped on a signal that asks for a requeue, with a checkpoint, but the job could not
-# requeue (not a batch job, --no-requeue, or --max_requeues reached).
-EXIT_NOT_REQUEUED = 4
-# A trainer made no step for its bound (process/task/hang_watch.py): the one hung was named,
-# every thread's stack logged, and each hung task ended, for the step to start again.
-EXIT_HUNG = 5
+import enum
+
+
+class ExitStatus(enum.IntEnum):
+    """How a task of ours ended, as its exit status says it to srun, a supervisor and the
+    batch script's restart (process/job/what_follows.py)."""
+
+    # Trained to its end, or stopped on a signal with a checkpoint (and requeued, where asked).
+    DONE = 0
+    # The run's code raised: Python's own status for an exception not caught.
+    FAILED = 1
+    # A user can fix the input: the one line said what and how.
+    REFUSED = 2
+    # The task's cluster lost a member and the watchdog ended it, naming the member: srun
+    # --kill-on-bad-exit or a supervisor then ends the rest of the step.
+    PEER_LOST = 3
+    # Stopped on a signal that asks for a requeue, with a checkpoint, but the job could not
+    # requeue (not a batch job, --no-requeue, or --max_requeues reached).
+    NOT_REQUEUED = 4
+    # A trainer made no step for its bound (process/task/hang_watch.py): the one hung was
+    # named, every thread's stack logged, and each hung task ended, for the step to start
+    # again.
+    HUNG = 5
 
 
 class TfconfigSlurmError(Exception):

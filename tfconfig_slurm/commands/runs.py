@@ -33,7 +33,7 @@ from absl import flags
 from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.commands import cli, json_flag
 from tfconfig_slurm.commands.cli import run_cli
-from tfconfig_slurm.errors import USAGE_EXIT_CODE, UsageError
+from tfconfig_slurm.errors import ExitStatus, UsageError
 from tfconfig_slurm.process import polling
 from tfconfig_slurm.process.job import continuation
 from tfconfig_slurm.process.records import (
@@ -396,7 +396,7 @@ def _refused_only(folder: Path, refused: refusal.Refusal) -> dict[str, Any]:
 
 def _refused_itself(first: failure.Failure) -> bool:
     """Whether the failure is a task's refusal of its input, said by itself."""
-    return first.exit_status == USAGE_EXIT_CODE and first.seen_by is None
+    return first.exit_status == ExitStatus.REFUSED and first.seen_by is None
 
 
 def _logged_step(paths: run_dir.RunDir, state: Mapping[str, Any]) -> int | None:

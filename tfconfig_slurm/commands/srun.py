@@ -38,7 +38,7 @@ from tfconfig_slurm.cluster.allocation import Allocation
 from tfconfig_slurm.cluster.step import SlurmJob, read_job_allocation, read_slurm_job
 from tfconfig_slurm.commands import max_restarts_flag, model_dir_flag
 from tfconfig_slurm.commands.cli import run_cli
-from tfconfig_slurm.errors import EXIT_NOT_REQUEUED, SlurmEnvironmentError, UsageError
+from tfconfig_slurm.errors import ExitStatus, SlurmEnvironmentError, UsageError
 from tfconfig_slurm.process import exits
 from tfconfig_slurm.process.job import lost_nodes, restarts, what_follows
 from tfconfig_slurm.process.records import attempts, history
@@ -133,7 +133,7 @@ def _steps(
             return status
         if status == 0:
             return status
-        if status == EXIT_NOT_REQUEUED and restarts.stopped_unrequeued(model_dir, job):
+        if status == ExitStatus.NOT_REQUEUED and restarts.stopped_unrequeued(model_dir, job):
             _say(f"{PROGRAM}: the run stopped and was not requeued (exit {status}): the step is "
                  "not started again")  # fmt: skip
             return status

@@ -7,13 +7,13 @@ import os
 import sys
 from typing import NoReturn
 
-from tfconfig_slurm.errors import USAGE_EXIT_CODE
+from tfconfig_slurm.errors import ExitStatus
 
 
 def fail(program: str, message: str) -> NoReturn:
     """Ends the process with one line on stderr, nothing on stdout, and exit status 2."""
     sys.stderr.write(f"{program}: {' '.join(message.split())}\n")
-    sys.exit(USAGE_EXIT_CODE)
+    sys.exit(ExitStatus.REFUSED)
 
 
 def a_or_an(noun: str) -> str:

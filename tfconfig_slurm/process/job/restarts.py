@@ -16,7 +16,7 @@ from typing import NamedTuple
 import hostlist
 
 from tfconfig_slurm.cluster.step import SlurmJob
-from tfconfig_slurm.errors import USAGE_EXIT_CODE
+from tfconfig_slurm.errors import ExitStatus
 from tfconfig_slurm.process.records import failure, reports
 from tfconfig_slurm.process.records.failure import Failure
 from tfconfig_slurm.process.records.reports import RunState
@@ -111,7 +111,7 @@ def progress_mark(model_dir: Path) -> object:
 
 def stopped_unrequeued(model_dir: Path, job: SlurmJob) -> bool:
     """Whether the run says that this attempt of `job` stopped (the runtime's exit
-    EXIT_NOT_REQUEUED: stopped, and not requeued); a command of the user's that exits with
+    ExitStatus.NOT_REQUEUED: stopped, and not requeued); a command of the user's that exits with
     the same status stopped nothing, and failed."""
     state = reports.read_state(model_dir)
     return (
@@ -169,7 +169,7 @@ def _of_record(first: Failure) -> Verdict:
     # come again.
     if first.what == "its command was killed by SIGKILL":
         return Verdict(again=True, why=f"{first.task} was killed by SIGKILL")
-    if first.exit_status == USAGE_EXIT_CODE:
+    if first.exit_status == ExitStatus.REFUSED:
         return Verdict(again=False, why="its input was refused")
     return Verdict(again=False, why="an error in the run's code")
 

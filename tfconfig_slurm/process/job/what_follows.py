@@ -24,7 +24,7 @@ from hostlist import collect_hostlist
 
 from tfconfig_slurm.cluster.allocation import Allocation
 from tfconfig_slurm.cluster.step import SlurmJob
-from tfconfig_slurm.errors import EXIT_NOT_REQUEUED
+from tfconfig_slurm.errors import ExitStatus
 from tfconfig_slurm.process import slurm_commands
 from tfconfig_slurm.process.job import continuation, lost_nodes, restarts
 from tfconfig_slurm.process.job.preemption import StopPolicy
@@ -38,7 +38,7 @@ def after_stop(
     stopped_on: str,
     policy: StopPolicy,
     model_dir: Path,
-) -> int:
+) -> ExitStatus:
     """What a task of the SLURM job `job` (None outside SLURM), run in `environ`, does last
     once it stopped on a signal: requeues the job when the signal is one of the policy's
     `requeue_on` (or has it go on in a new job, process/job/continuation.py), else says how to
@@ -51,14 +51,14 @@ def after_stop(
             stopped_on,
             _resume(model_dir),
         )
-        return 0
+        return ExitStatus.DONE
     logging.info(
         "stopped on %s with a checkpoint of every step taken; not requeueing the job (a "
         "--preempt_signal requeues it, and SIGTERM with --requeue_on_sigterm): %s",
         stopped_on,
         _resume(model_dir),
     )
-    return 0
+    return ExitStatus.DONE
 
 
 def _resume(model_dir: Path) -> str:
@@ -72,7 +72,7 @@ def requeue(
     max_requeues: int,
     stopped_on: str,
     model_dir: Path,
-) -> int:
+) -> ExitStatus:
     """Puts the SLURM job `job` back in the queue, or where SLURM refuses, submits it again
     (from `environ`, this task's) to go on after it; the exit status this task should end
     with."""
@@ -82,7 +82,7 @@ def requeue(
             stopped_on,
             _resume(model_dir),
         )
-        return 0
+        return ExitStatus.DONE
     target, restarts = job.name, attempts.count(model_dir, job).requeued
     if restarts >= max_requeues:
         logging.error(
@@ -94,7 +94,7 @@ def requeue(
             restarts,
             max_requeues,
         )
-        return EXIT_NOT_REQUEUED
+        return ExitStatus.NOT_REQUEUED
     problem = slurm_commands.requeue(target)
     if not problem:
         logging.info(
@@ -105,7 +105,7 @@ def requeue(
             restarts + 1,
             max_requeues,
         )
-        return 0
+        return ExitStatus.DONE
     return _requeue_refused(
         job, problem, environ=environ, max_requeues=max_requeues, stopped_on=stopped_on,
         model_dir=model_dir,
@@ -120,7 +120,7 @@ def _requeue_refused(
     max_requeues: int,
     stopped_on: str,
     model_dir: Path,
-) -> int:
+) -> ExitStatus:
     """After `scontrol requeue` failed, saying `problem`, the exit status this task should end
     with. A requeue that failed may have been done all the same (slurmctld answered too
     late), and one that SLURM may do failed for another reason: a new job in either case would
@@ -138,7 +138,7 @@ def _requeue_refused(
             problem,
             record["Restarts"],
         )
-        return 0
+        return ExitStatus.DONE
     elif record.get("Requeue") != "0":
         why = "SLURM may requeue it (Requeue=1), so it does not go on in a new job beside it"
     else:
@@ -162,7 +162,7 @@ def _requeue_refused(
                 " ".join(continuation.resources(record)) or "what the script asks for",
                 continuation.NOT_CARRIED,
             )
-            return 0
+            return ExitStatus.DONE
     logging.error(
         "stopped on %s, but `scontrol requeue %s` failed (%s), and %s. HINT: submit the job "
         "again with the same experiment id to resume from the checkpoint",
@@ -171,7 +171,7 @@ def _requeue_refused(
         problem,
         why,
     )
-    return EXIT_NOT_REQUEUED
+    return ExitStatus.NOT_REQUEUED
 
 
 def after_failure(

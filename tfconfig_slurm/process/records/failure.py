@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.errors import USAGE_EXIT_CODE, TfconfigSlurmError
+from tfconfig_slurm.errors import ExitStatus, TfconfigSlurmError
 from tfconfig_slurm.process import exits
 from tfconfig_slurm.process.records.run_dir import RunDir
 
@@ -106,7 +106,7 @@ def recording_errors() -> Iterator[None]:
         attached = _TASK.attached
         if attached is not None:
             text = describe(error)
-            status = USAGE_EXIT_CODE if isinstance(error, TfconfigSlurmError) else 1
+            status = ExitStatus.REFUSED if isinstance(error, TfconfigSlurmError) else 1
             task = str(attached.role.task_id)
             _record(attached, Failure(task, attached.node, text, status, None, time.time()))
         raise

@@ -39,7 +39,7 @@ from absl import logging
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
 from tfconfig_slurm.cluster.role import LOCAL_RUN_PREFIX, ClusterRole
 from tfconfig_slurm.cluster.step import SlurmJob
-from tfconfig_slurm.errors import USAGE_EXIT_CODE, UsageError
+from tfconfig_slurm.errors import ExitStatus, UsageError
 from tfconfig_slurm.process import exits, timing
 from tfconfig_slurm.process.records import claim, failure
 from tfconfig_slurm.process.records.run_dir import RunDir
@@ -271,9 +271,9 @@ def _said_ended(
 ) -> int:
     """The cluster's exit status, once its tasks' refusals and its first failure are said: a
     task's refusal alone where it refused its input (exit 2), as a single process would."""
-    if failed is not None and refusals[failed] and started[failed].returncode == USAGE_EXIT_CODE:
+    if failed is not None and refusals[failed] and started[failed].returncode == ExitStatus.REFUSED:
         sys.stderr.write(refusals[failed][0])
-        return USAGE_EXIT_CODE
+        return ExitStatus.REFUSED
     for task, lines in refusals.items():
         sys.stderr.writelines(_prefix(task) + line for line in lines)
     if failed is not None:

@@ -46,7 +46,7 @@ from absl import logging
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.errors import EXIT_PEER_LOST
+from tfconfig_slurm.errors import ExitStatus
 from tfconfig_slurm.process import exits, timing
 from tfconfig_slurm.process.records import failure
 from tfconfig_slurm.process.records.owner import RunOwner
@@ -192,7 +192,7 @@ def _end_lost(
     # Its own watchers may never have heard from it (its command died before listening):
     # they learn it at once, as from a failed command.
     _say_failed(role, f"it ends, as {lost.name} is lost")
-    exits.end_now(EXIT_PEER_LOST, f"{lost.name} is lost")
+    exits.end_now(ExitStatus.PEER_LOST, f"{lost.name} is lost")
 
 
 def _stops_meanwhile(command: children.Group, role: ClusterRole, name: str) -> bool:

@@ -7,7 +7,7 @@ for as long as it has work, and the kernel completes a TCP handshake even while 
 is busy, so a port that refuses (or, for a node cut off, never answers) for a few seconds in
 a row means the task is gone. A thread probes each watched peer that way, and when one is
 lost it logs which (role, index, address, since when) and ends this process with
-EXIT_PEER_LOST: `srun --kill-on-bad-exit` or the local cluster's supervisor then ends the
+ExitStatus.PEER_LOST: `srun --kill-on-bad-exit` or the local cluster's supervisor then ends the
 rest, and each task that was waiting on this one notices it the same way, but at its first
 probe that finds no answer: the run has recorded its failure by then (failure.run_failed).
 A trainer whose collective fails need not wait for that: it probes the other trainers itself
@@ -30,7 +30,7 @@ from typing import Callable, NamedTuple, NoReturn
 
 from absl import logging
 
-from tfconfig_slurm.errors import EXIT_PEER_LOST
+from tfconfig_slurm.errors import ExitStatus
 from tfconfig_slurm.process import exits, timing
 from tfconfig_slurm.process.records import failure
 
@@ -79,7 +79,7 @@ def exit_on_lost(name: str, address: str, silent_for: float) -> None:
     """Reports the lost peer (report_lost) and ends this process at once: it may be hung
     inside TensorFlow, where nothing but an exit reaches it."""
     report_lost(name, address, silence(silent_for))
-    exits.end_now(EXIT_PEER_LOST, f"{name} is lost")
+    exits.end_now(ExitStatus.PEER_LOST, f"{name} is lost")
 
 
 def report_lost(name: str, address: str, loss: Loss) -> None:
@@ -97,7 +97,7 @@ def _say_failed_first(first: str, gone: str) -> None:
     logging.error(
         "the run failed (first to fail: %s); ending this task (exit %d), as %s is gone",
         first,
-        EXIT_PEER_LOST,
+        ExitStatus.PEER_LOST,
         gone,
     )
     logging.flush()
@@ -111,7 +111,7 @@ def _say_lost(name: str, address: str, loss: Loss) -> None:
         name,
         address,
         loss.said,
-        EXIT_PEER_LOST,
+        ExitStatus.PEER_LOST,
     )
     logging.flush()
     sys.stderr.flush()
@@ -183,9 +183,9 @@ class PeerWatch:
         logging.error(
             "a peer is gone, not one this task watches (%s); ending this task (exit %d)",
             ", ".join(self.peers),
-            EXIT_PEER_LOST,
+            ExitStatus.PEER_LOST,
         )
-        exits.end_now(EXIT_PEER_LOST, "a peer is gone")
+        exits.end_now(ExitStatus.PEER_LOST, "a peer is gone")
 
     def _name_a_refusing_peer(self, error: str) -> None:
         """Ends this process naming the first of `others` whose port refuses: those on a host
@@ -198,12 +198,12 @@ class PeerWatch:
         for probed, name in enumerate(suspects):
             if probed % _RECORD_LOOK_EVERY == 0 and (first := failure.first()) is not None:
                 _say_failed_first(first.line(), "a peer")
-                exits.end_now(EXIT_PEER_LOST, "the run failed")
+                exits.end_now(ExitStatus.PEER_LOST, "the run failed")
             address = self._others[name]
             if _refuses(address):
                 self.stop()
                 report_lost(name, address, REFUSED)
-                exits.end_now(EXIT_PEER_LOST, f"{name} is lost")
+                exits.end_now(ExitStatus.PEER_LOST, f"{name} is lost")
             if _host(address) not in named:
                 time.sleep(1 / timing.PROBES_PER_SECOND)
 

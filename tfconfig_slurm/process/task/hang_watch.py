@@ -34,7 +34,7 @@ from absl import logging
 
 from tfconfig_slurm.cluster.layout import CHIEF, WORKER
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.errors import EXIT_HUNG, UsageError
+from tfconfig_slurm.errors import ExitStatus, UsageError
 from tfconfig_slurm.process import exits, timing
 from tfconfig_slurm.process.records import failure, files
 from tfconfig_slurm.process.records.run_dir import RunDir
@@ -178,13 +178,13 @@ class Watch:
         logging.error(
             "the run hung (first to fail: %s); ending this task (exit %d)",
             first.line() if first else f"{blamed.task} on {blamed.node}: {what}",
-            EXIT_HUNG,
+            ExitStatus.HUNG,
         )
         if self._role is not None and self._role.role == CHIEF:
             # Its process may hold the run's JAX service, without which JAX aborts the others
             # (SIGABRT, which srun reports as a crash, not worth a restart).
             watchdog.until_gone(self._role.named(WORKER), within=timing.FAILING_SECONDS)
-        exits.end_now(EXIT_HUNG, f"{blamed.task} hung")
+        exits.end_now(ExitStatus.HUNG, f"{blamed.task} hung")
 
     def _accounts(self, mine: Account) -> list[Account]:
         """This task's account, left for its hung peers, and theirs, read for as long as the

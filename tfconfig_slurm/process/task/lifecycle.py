@@ -23,7 +23,7 @@ from absl import logging
 from tfconfig_slurm.cluster.layout import PS, TRAINERS
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import SlurmJob
-from tfconfig_slurm.errors import EXIT_PEER_LOST, TfconfigSlurmError, UsageError
+from tfconfig_slurm.errors import ExitStatus, TfconfigSlurmError, UsageError
 from tfconfig_slurm.process import exits, timing
 from tfconfig_slurm.process.job import continuation, preemption, time_limit, what_follows
 from tfconfig_slurm.process.records import claim, failure, history, model_dir
@@ -345,7 +345,7 @@ class _End:
                 why = {"why": "time limit"} if due else {}
                 self.owner.say(RunState.STOPPED, step, signal=stopped_on, **why)
             # The model directory stays held, for the requeued job to resume there.
-            status = 0
+            status = ExitStatus.DONE
             if _requeues(role):
                 status = what_follows.after_stop(
                     self.task.environ,
@@ -363,7 +363,7 @@ class _End:
             self.held.release()
         if self.returns and (role is None or role.role != PS):
             return ending.result
-        exits.end_now(0, "done")
+        exits.end_now(ExitStatus.DONE, "done")
 
 
 def _end_a_stop_not_taken(end: _End) -> None:
@@ -417,9 +417,9 @@ def _end_if_failed_while_stopping(task: TaskRun, run_id: str) -> None:
                 "the run failed (first to fail: %s); ending this task, told to stop, at once "
                 "(exit %d)",
                 first.line(),
-                EXIT_PEER_LOST,
+                ExitStatus.PEER_LOST,
             )
-            exits.end_now(EXIT_PEER_LOST, f"the run failed: {first.line()}")
+            exits.end_now(ExitStatus.PEER_LOST, f"the run failed: {first.line()}")
         time.sleep(timing.FAILURE_POLL_SECONDS)
 
 
