@@ -40,7 +40,7 @@ from tfconfig_slurm.commands import max_restarts_flag, model_dir_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import ExitStatus, SlurmEnvironmentError, UsageError
 from tfconfig_slurm.process import exits
-from tfconfig_slurm.process.job import lost_nodes, restarts, what_follows
+from tfconfig_slurm.process.job import lost_nodes, preemption, restarts, what_follows
 from tfconfig_slurm.process.records import attempts, history
 
 PROGRAM = "tfconfig-slurm srun"
@@ -61,7 +61,7 @@ class _Signals:
     this process and leave the step behind."""
 
     def __init__(self) -> None:
-        self.stop: signal.Signals | None = None
+        self.stop = preemption.StopRequest()
         self.srun: subprocess.Popen[bytes] | None = None
         for each in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(each, self._stopped)
@@ -70,7 +70,7 @@ class _Signals:
 
     def _stopped(self, number: int, frame: FrameType | None) -> None:
         del frame
-        self.stop = signal.Signals(number)
+        self.stop.note(signal.Signals(number).name)
 
     def _passed_on(self, number: int, frame: FrameType | None) -> None:
         del frame
@@ -128,7 +128,7 @@ def _steps(
         at_start = history.checkpoint_step(model_dir)
         progress_at_start = restarts.progress_mark(model_dir)
         status, srun_said, left = _step(command, signals, job, held, environ, watch=not sized)
-        if signals.stop is not None and held is not None:
+        if signals.stop.requested and held is not None:
             _stopped_by_slurm(signals, model_dir, job, held, most)
             return status
         if status == 0:
@@ -138,7 +138,7 @@ def _steps(
                  "not started again")  # fmt: skip
             return status
         said, cause = "", None
-        if signals.stop is None:
+        if not signals.stop.requested:
             step = restarts.read_step(
                 model_dir, job, status=status, started=started, checkpoint_at_start=at_start,
                 srun_said=srun_said, progress_at_start=progress_at_start,
@@ -209,16 +209,16 @@ def _step(
     left = watching.left
     # srun may end of itself once SLURM told it of the node's failure. Told to stop, the
     # caller asks once itself (what_follows.after_node_failure).
-    if not left and srun.returncode != 0 and held is not None and signals.stop is None:
+    if not left and srun.returncode != 0 and held is not None and not signals.stop.requested:
         left = lost_nodes.gone(held.nodes, lost_nodes.nodes_now(job))
     return exits.exit_status(srun.returncode), "".join(kept), left
 
 
 def _said_stopped(signals: _Signals) -> bool:
     """Whether the batch script was told to stop; said where it was."""
-    if signals.stop is None:
+    if not signals.stop.requested:
         return False
-    _say(f"{PROGRAM}: told to stop ({signals.stop.name}): the step is not started again")
+    _say(f"{PROGRAM}: told to stop ({signals.stop.signal_name}): the step is not started again")
     return True
 
 

@@ -123,11 +123,14 @@ class StopRequest:
 
     def ask(self, name: str) -> None:
         """Asks this task to stop, as the signal `name` does (process/job/time_limit.py)."""
-        self._note(name)
+        self.note(name)
         self._event.set()
 
-    def _note(self, name: str) -> None:
-        # The first signal names the stop. No lock: the signal handler calls it.
+    def note(self, name: str) -> None:
+        """Notes the stop, as the signal `name` asks for it; only that, so that a signal
+        handler may call it: a process that acts on the signal otherwise (passes it on to its
+        command, with-tfconfig's supervisor and `tfconfig-slurm srun`) notes it here too. The
+        first signal names the stop. No lock: the handler may run with it held."""
         if not self._noted:
             self.signal_name = name
             self._noted = True
@@ -139,7 +142,7 @@ class StopRequest:
         def handler(number: int, frame: FrameType | None) -> None:
             # Only a flag: the handler may run in the middle of anything, even another
             # Event.set; the signals thread sets the event.
-            self._note(signal.Signals(number).name)
+            self.note(signal.Signals(number).name)
 
         for signum in self._signums:
             signal.signal(signum, handler)
@@ -147,6 +150,11 @@ class StopRequest:
     @property
     def requested(self) -> bool:
         return self._noted
+
+    @property
+    def signum(self) -> signal.Signals | None:
+        """The signal that asked for the stop, None before any did."""
+        return signal.Signals[self.signal_name] if self._noted else None
 
     def said(self, agreed: str) -> str:
         """How a stop the trainers agreed on as `agreed` is said at this task's end: by its own

@@ -17,6 +17,8 @@ import signal
 import threading
 from typing import NamedTuple
 
+from tfconfig_slurm.process.job.preemption import StopRequest
+
 
 class State(enum.Enum):
     RUNNING = "running"
@@ -40,20 +42,19 @@ class TaskState:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # Kept apart from the end, as the signal handler sets it without the lock.
-        self._stopping = False
+        # Kept apart from the end, as the signal handler notes it without the lock.
+        self._stop = StopRequest()
         self._end: State | None = None
-        self._stopped_by: signal.Signals | None = None
         self._lost: LostPeer | None = None
 
     @property
     def state(self) -> State:
-        return self._end or (State.STOPPING if self._stopping else State.RUNNING)
+        return self._end or (State.STOPPING if self._stop.requested else State.RUNNING)
 
     @property
     def stopped_by(self) -> signal.Signals | None:
         """The first stopping signal the task was sent, if any."""
-        return self._stopped_by
+        return self._stop.signum
 
     @property
     def lost(self) -> LostPeer | None:
@@ -63,9 +64,7 @@ class TaskState:
     def told_to_stop(self, signum: signal.Signals) -> None:
         """A stopping signal came. Called from the signal handler, it takes no lock: the main
         thread it interrupts may hold it. The first signal is the one to say."""
-        if self._stopped_by is None:
-            self._stopped_by = signum
-        self._stopping = True
+        self._stop.note(signum.name)
 
     def take_end(self, state: State, lost: LostPeer | None = None) -> bool:
         """Takes the end of the task as `state` (FAILED, or LOST with the peer): True for
