@@ -426,8 +426,18 @@ def test_a_run_s_standing_in_one_line_as_a_job_s_out_ends(tmp_path: Path) -> Non
     assert root.stderr.strip().endswith(
         f"--run: is '{tmp_path}', an output root of 4 run(s) (done, failed, halted, ...), not a "
         f"run's model directory. HINT: give one of them, e.g. --run={tmp_path / 'done'}, or "
-        f"list them all: tfconfig-slurm runs {tmp_path}"
+        f"list those of its output root: tfconfig-slurm runs {tmp_path}"
     ), root.stderr
+    # Runs only a level deeper (a sweep's, in its own output root): the table that lists
+    # them is that output root's, not this folder's, which lists none.
+    sweep = tmp_path / "outer" / "sweep"
+    sweep.mkdir(parents=True)
+    (tmp_path / "done").rename(sweep / "done")
+    nested = run_module("tfconfig_slurm.commands", "runs", f"--run={tmp_path / 'outer'}")
+    assert nested.returncode == 2
+    assert nested.stderr.strip().endswith(
+        f"or list those of its output root: tfconfig-slurm runs {sweep}"
+    ), nested.stderr
 
 
 def test_a_run_s_last_update_moves_with_its_logged_step_and_one_that_wrote_nothing_has_none(

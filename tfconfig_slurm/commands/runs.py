@@ -194,8 +194,9 @@ def _refuse_an_output_root(folder: Path, paths: run_dir.RunDir) -> None:
             "--run",
             f"is {str(folder)!r}, an output root of {len(held)} run(s) ({', '.join(held[:3])}"
             f"{', ...' if len(held) > 3 else ''}), not a run's model directory",
-            f"give one of them, e.g. --run={folder / held[0]}, or list them all: {PROGRAM} "
-            f"{folder}",
+            # The table lists the runs of one output root: the example's.
+            f"give one of them, e.g. --run={folder / held[0]}, or list those of its output "
+            f"root: {PROGRAM} {(folder / held[0]).parent}",
         )
 
 
