@@ -578,6 +578,12 @@ def test_told_its_model_dir_the_step_records_the_first_to_fail_for_runs(tmp_path
     ]
     statuses, logs = ended(step, 60)
     assert statuses[3] == 1 and None not in statuses, (statuses, logs)
+    # Each survivor that lost another ends for the run's failure, named, not for the other
+    # survivor (ps 0 and ps 1 blamed each other).
+    ends = re.findall(r"(\w+ \d): it ends, as ([^;]*);", logs)
+    assert ends and set(ends) <= {
+        (task, "the run failed (worker 0 first)") for task in ("ps 0", "ps 1", "chief 0")
+    }, logs
     (record,) = (model_dir / "failures").glob("*.json")
     assert json.loads(record.read_text())["line"] == (
         "worker 0 on localhost: its command failed; its output says why (exit 1)"

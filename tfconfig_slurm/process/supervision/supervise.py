@@ -186,12 +186,14 @@ def _end_lost(
         relay = command.relay(started)
         if relay is not None:
             relay.finish(1.0)
-    watchdog.report_lost(lost.name, lost.address, watchdog.silence(lost.silent_for))
+    first = watchdog.report_lost(lost.name, lost.address, watchdog.silence(lost.silent_for))
     if owner is not None:
         owner.say(RunState.FAILED, None, lost=lost.name)
     # Its own watchers may never have heard from it (its command died before listening):
     # they learn it at once, as from a failed command.
-    _say_failed(role, f"it ends, as {lost.name} is lost")
+    # Not the peer, where the run failed first elsewhere: two survivors lost each other.
+    why = f"{lost.name} is lost" if first is None else f"the run failed ({first.task} first)"
+    _say_failed(role, f"it ends, as {why}")
     exits.end_now(ExitStatus.PEER_LOST, f"{lost.name} is lost")
 
 

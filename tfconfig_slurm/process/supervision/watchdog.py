@@ -82,15 +82,16 @@ def exit_on_lost(name: str, address: str, silent_for: float) -> None:
     exits.end_now(ExitStatus.PEER_LOST, f"{name} is lost")
 
 
-def report_lost(name: str, address: str, loss: Loss) -> None:
+def report_lost(name: str, address: str, loss: Loss) -> failure.Failure | None:
     """Records the lost peer as the run's failure and says which it is, and that this task
-    ends for it. Where the run had already failed, that first failure is the cause to name:
-    the peer may only have ended for it."""
+    ends for it. Where the run had already failed, that first failure is the cause to name,
+    and is returned: the peer may only have ended for it."""
     first = failure.record_lost(name, address, loss.recorded)
     if first is None:
         _say_lost(name, address, loss)
-        return
-    _say_failed_first(first.line(), name)
+    else:
+        _say_failed_first(first.line(), name)
+    return first
 
 
 def _say_failed_first(first: str, gone: str) -> None:
