@@ -259,6 +259,10 @@ def test_outside_a_job_step_the_hint_names_the_command_that_plans_one() -> None:
     assert result.returncode == 2
     assert result.stderr.startswith("with-tfconfig: SLURM_JOB_ID: not set"), result.stderr
     assert "tfconfig-slurm --explain --nodelist='gpu[01-04]'" in result.stderr
+    # Flags that no step takes together are refused first, in or out of one.
+    both = wrap("--all_reduce", "--coordinator", "true", environ={})
+    assert both.returncode == 2
+    assert both.stderr.startswith("with-tfconfig: --coordinator:"), both.stderr
 
 
 TWO_SERVERS = "--ps_per_node=2"

@@ -147,8 +147,10 @@ def resolve_layout(environ: Mapping[str, str]) -> ResolvedLayout:
             "plans a step, whose nodes --nodelist names, and it is missing",
             f"add it: tfconfig-slurm --explain --nodelist='gpu[01-04]' {planning[0]}=...",
         )
+    # The flags first: flags that go together in no step are refused in any.
+    policy = step_policy()
     step = read_slurm_step(environ)
-    return ResolvedLayout(lay_out_step(step, step_policy()), step.rank)
+    return ResolvedLayout(lay_out_step(step, policy), step.rank)
 
 
 def step_policy() -> LayoutPolicy:
