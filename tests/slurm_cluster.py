@@ -220,7 +220,7 @@ def finish(cluster: SlurmCluster, job: subprocess.Popen[str]) -> dict[str, str]:
 def said_requeued(log: str, job_id: str) -> bool:
     """Whether the task that requeues the job said it did: its `scontrol requeue` answered, or
     the requeue ended it, scontrol's own process among the job's, before the answer came,
-    and the job's record said Restarts=1 (process/job/preemption.py)."""
+    and the job's record said Restarts=1 (process/job/what_follows.py)."""
     return (
         re.search(
             rf"requeued job {job_id} \(restart 1 of at most 3\)"

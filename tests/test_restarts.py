@@ -1,6 +1,6 @@
 """The lines for a step that failed (`tfconfig-slurm srun`): the first to fail from the run's
 failure record, else from srun's message and that task's log; and whether the step starts
-again in the job (process/job/restarts.py). No TensorFlow, no SLURM: the job is a value, or an
+again in the job (process/job/what_follows.py). No TensorFlow, no SLURM: the job is a value, or an
 environment dictionary."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from tfconfig_slurm.cluster.allocation import Allocation
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.process.job import lost_nodes, restarts, what_follows
-from tfconfig_slurm.process.records import attempts, reports
+from tfconfig_slurm.process.records import reports
 from tfconfig_slurm.process.records.failure import Failure
 from tfconfig_slurm.process.supervision import watchdog
 
@@ -134,30 +134,24 @@ def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
 ) -> None:
     """The restart is said with its cause and the checkpoint the run resumes from (the caller
     keeps it in state.json: nothing is written here); the last one allowed made, the job ends
-    and says why. The restarts are counted from state.json, in this attempt of the job."""
+    and says why."""
     recorded(tmp_path, "42.1.1", LOST)
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-40"\n')
-    # The job's earlier attempt's restart, and another job's, are not this attempt's.
-    attempts.record(tmp_path, dataclasses.replace(JOB, restart_count=0), "a")
-    attempts.record(tmp_path, dataclasses.replace(JOB, job_id=41), "b")
-    written = (tmp_path / "state.json").read_text()
     said, cause = what_follows.after_failure(
-        tmp_path, JOB, failed_step(tmp_path, 10.0), most=2, who="train"
+        tmp_path, JOB, failed_step(tmp_path, 10.0), done=0, most=2, who="train"
     )
     assert cause == "worker 0 stopped answering" and said == (
         "train: starting the step again in job 42 (restart 1 of at most 2), from the checkpoint "
         "of step 40: worker 0 stopped answering"
     )
-    assert (tmp_path / "state.json").read_text() == written
-    attempts.record(tmp_path, JOB, cause)
-    attempts.record(tmp_path, JOB, cause)
+    assert not (tmp_path / "state.json").exists()
     # The restart trained (it kept a progress since it started: #52, whatever the chief's clock
     # says, here 22 s behind the batch node's), and failed of a kill again.
     at_start = restarts.progress_mark(tmp_path)
     reports.write_json_atomically(tmp_path / "progress.json", {"global_step": 50, "time": 3.0})
     recorded(tmp_path, "42.2.1", dataclasses.replace(LOST, time=40.0))
     said, cause = what_follows.after_failure(
-        tmp_path, JOB, failed_step(tmp_path, 25.0, None, at_start), most=2, who="train"
+        tmp_path, JOB, failed_step(tmp_path, 25.0, None, at_start), done=2, most=2, who="train"
     )
     assert cause is None and said == (
         "train: not starting the step again: worker 0 stopped answering, and the job made its 2 "
@@ -166,14 +160,14 @@ def test_a_killed_task_starts_the_step_again_until_the_job_made_its_restarts(
     # One that kept no progress after it started does not loop.
     at_start = restarts.progress_mark(tmp_path)
     said, cause = what_follows.after_failure(
-        tmp_path, JOB, failed_step(tmp_path, 35.0, 40, at_start), most=3, who="train"
+        tmp_path, JOB, failed_step(tmp_path, 35.0, 40, at_start), done=1, most=2, who="train"
     )
     assert cause is None and said.endswith("it failed before it trained a step")
     # A script of the user's logs no progress: a checkpoint of a later step than at the start
     # says that it trained.
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-60"\n')
     _, cause = what_follows.after_failure(
-        tmp_path, JOB, failed_step(tmp_path, 35.0, 40, at_start), most=3, who="train"
+        tmp_path, JOB, failed_step(tmp_path, 35.0, 40, at_start), done=1, most=2, who="train"
     )
     assert cause == "worker 0 stopped answering"
 
@@ -221,9 +215,8 @@ def test_a_node_that_left_the_job_starts_the_step_again_on_the_nodes_left(
     assert restarts.line(tmp_path, JOB, step, "train", ("node2",)) == (
         "train: the step failed (exit 137): node2 left job 42: its node failed"
     )
-    attempts.record(tmp_path, JOB, "worker 0 stopped answering")
     said, cause = what_follows.after_failure(
-        tmp_path, JOB, step, most=2, who="train", left=("node2", "node3")
+        tmp_path, JOB, step, done=1, most=2, who="train", left=("node2", "node3")
     )
     assert cause == (
         "node[2-3] left the job: its node failed, and the job (--no-kill) goes on with the "
@@ -233,9 +226,8 @@ def test_a_node_that_left_the_job_starts_the_step_again_on_the_nodes_left(
         f"train: starting the step again in job 42 on the nodes left (restart 2 of at most 2), "
         f"with no checkpoint in its model directory: {cause}"
     )
-    attempts.record(tmp_path, JOB, cause)
     said, cause = what_follows.after_failure(
-        tmp_path, JOB, step, most=2, who="train", left=("node2",)
+        tmp_path, JOB, step, done=2, most=2, who="train", left=("node2",)
     )
     assert cause is None and said.endswith("restart(s) (--max_restarts)")
 

@@ -123,6 +123,9 @@ def _steps(
     environ: dict[str, str] | None = None
     # A step srun's options size by nodes or tasks cannot start again on fewer nodes.
     sized = lost_nodes.sized_by(command[1:])
+    # Counted here, in memory, for this call's steps: a count in the run's state.json, which
+    # a task on another node rewrites whole, may read stale on a network file system.
+    done = 0
     while True:
         started = time.time()
         at_start = history.checkpoint_step(model_dir)
@@ -145,7 +148,7 @@ def _steps(
             )  # fmt: skip
             _say(restarts.line(model_dir, job, step, PROGRAM, left))
             said, cause = what_follows.after_failure(
-                model_dir, job, step, most=most, who=PROGRAM, left=left
+                model_dir, job, step, done=done, most=most, who=PROGRAM, left=left
             )
         # Asked again after the decision, which reads the run's files: a stop meanwhile wins.
         if _said_stopped(signals):
@@ -162,6 +165,7 @@ def _steps(
         if cause is None:
             return status
         attempts.record(model_dir, job, cause)
+        done += 1
         if left and held is not None:
             held = held.keeping([node for node in held.nodes if node not in left])
             environ = held.step_environment(os.environ)

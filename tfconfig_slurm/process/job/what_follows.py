@@ -10,8 +10,8 @@
   said, or a job that may not requeue gone on in a new job without the node
   (after_node_failure).
 
-Each limit counts from one record (process/records/attempts.py). docs/development.md draws the
-whole. No TensorFlow here.
+The limits over the whole run count from one record (process/records/attempts.py); the batch
+script counts its own restarts. docs/development.md draws the whole. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -179,19 +179,19 @@ def after_failure(
     job: SlurmJob,
     step: restarts.Step,
     *,
+    done: int,
     most: int,
     who: str,
     left: Sequence[str] = (),
 ) -> tuple[str, str | None]:
-    """The line, said by `who`, that says whether the step starts again (at most `most` times
-    in an attempt of the job, as attempts.count counts them), and the restart's cause where it
-    does (None: it does not); ("", None) where the job makes none. The nodes `left` left the
-    job meanwhile (a --no-kill job's failed node): the step starts again on the nodes left,
-    whatever its tasks said of their peers on it. The caller keeps a restart it makes in the
-    run's state.json (attempts.record)."""
+    """The line, said by `who`, that says whether the step starts again (`done` restarts made
+    of at most `most`, by this call of `tfconfig-slurm srun`, which counts them itself), and the
+    restart's cause where it does (None: it does not); ("", None) where the job makes none. The
+    nodes `left` left the job meanwhile (a --no-kill job's failed node): the step starts again
+    on the nodes left, whatever its tasks said of their peers on it. The caller keeps a restart
+    it makes in the run's state.json (attempts.record)."""
     if most <= 0:
         return "", None
-    done = attempts.count(model_dir, job).in_attempt
     if left:
         judged = restarts.Verdict(
             again=True,

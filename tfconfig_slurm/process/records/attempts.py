@@ -1,11 +1,12 @@
-"""How often a run started again, counted in one place for every limit that bounds it.
+"""How often a run started again, for the limits counted over the whole run.
 
-The run keeps one record of it: state.json's "restarts", which every attempt carries, an entry
-each time its step started again in its job (the batch script's `tfconfig-slurm srun`), or the
-run went on in a new job for a node that failed (`continued_in`). A requeue is SLURM's to count
-(SLURM_RESTART_COUNT), and a continuation in a new job, where SLURM refused the requeue, counts
-on in the next job's TFCONFIG_SLURM_CONTINUATION: both are read from the job's variables
-(cluster/step.py). No TensorFlow here.
+The run keeps one record of its restarts: state.json's "restarts", which every attempt carries,
+an entry each time its step started again in its job (the batch script's `tfconfig-slurm
+srun`, which counts its own restarts in memory as well), or the run went on in a new job for a
+node that failed (`continued_in`). A requeue is SLURM's to count (SLURM_RESTART_COUNT), and a
+continuation in a new job, where SLURM refused the requeue, counts on in the next job's
+TFCONFIG_SLURM_CONTINUATION: both are read from the job's variables (cluster/step.py). No
+TensorFlow here.
 """
 
 from __future__ import annotations
@@ -21,10 +22,8 @@ from tfconfig_slurm.process.records.run_dir import RunDir
 
 
 class Count(NamedTuple):
-    """How often the run started again, as each limit counts it."""
+    """How often the run started again, as each limit over the whole run counts it."""
 
-    # Its step, in this attempt of the job (a batch script's run): --max_restarts.
-    in_attempt: int
     # In a new job, for a node that failed (over the whole run): --max_restarts.
     for_nodes: int
     # Its job requeued, or the run gone on in a new job on a stop (over the run):
@@ -36,12 +35,6 @@ def count(model_dir: Path, job: SlurmJob) -> Count:
     """How often the run in `model_dir`, now in `job`, started again."""
     entries = reports.read_state(model_dir).get("restarts", ())
     return Count(
-        in_attempt=sum(
-            "continued_in" not in each
-            and each.get("job_id") == job.name
-            and each.get("restart", 0) == job.restart_count
-            for each in entries
-        ),
         for_nodes=sum("continued_in" in each for each in entries),
         requeued=job.restart_count + job.continuation,
     )
@@ -50,7 +43,8 @@ def count(model_dir: Path, job: SlurmJob) -> Count:
 def causes_in_job(state: Mapping[str, Any], job: str) -> list[str]:
     """Why the run's step started again in `job`, each time (any attempt of it), from its
     state.json `state`: the runs table's, and a hang's second time."""
-    return [str(each["cause"]) for each in state.get("restarts", ()) if each.get("job_id") == job]
+    restarts = state.get("restarts", ())
+    return [str(each.get("cause", "")) for each in restarts if each.get("job_id") == job]
 
 
 def record(model_dir: Path, job: SlurmJob, cause: str, continued_in: str | None = None) -> None:

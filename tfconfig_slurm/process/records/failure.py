@@ -106,7 +106,9 @@ def recording_errors() -> Iterator[None]:
         attached = _TASK.attached
         if attached is not None:
             text = describe(error)
-            status = ExitStatus.REFUSED if isinstance(error, TfconfigSlurmError) else 1
+            status = (
+                ExitStatus.REFUSED if isinstance(error, TfconfigSlurmError) else ExitStatus.FAILED
+            )
             task = str(attached.role.task_id)
             _record(attached, Failure(task, attached.node, text, status, None, time.time()))
         raise

@@ -162,7 +162,7 @@ class Throughput:
 
 def _keep_progress(global_step: int) -> None:
     """Keeps `global_step` in the run's progress.json, where this process keeps one: at the
-    first step (a restart that took one trained: job/restarts.py) and at each line."""
+    first step (a restart that took one trained: job/what_follows.py) and at each line."""
     if _PROGRESS.path is not None:
         # Training goes on where the file cannot be written (a full disk, say).
         with contextlib.suppress(OSError):
