@@ -83,7 +83,7 @@ def requeue(
             _resume(model_dir),
         )
         return ExitStatus.DONE
-    target, restarts = job.name, attempts.count(model_dir, job).requeued
+    target, restarts = job.name, attempts.requeued(job)
     if restarts >= max_requeues:
         logging.error(
             "job %s stopped on %s and the run was requeued or continued %d times already "
@@ -125,7 +125,7 @@ def _requeue_refused(
     with. A requeue that failed may have been done all the same (slurmctld answered too
     late), and one that SLURM may do failed for another reason: a new job in either case would
     leave two jobs queued for one run. Only a job that may not requeue goes on in one."""
-    target, restarts = job.name, attempts.count(model_dir, job).requeued
+    target, restarts = job.name, attempts.requeued(job)
     record = continuation.job_record(target)
     if isinstance(record, str):
         why = f"its state cannot be read ({record})"
@@ -276,7 +276,7 @@ def after_node_failure(
     if earlier is not None and earlier.after == job.name:
         # Its stop went on in a new job already (the runtime's, on SIGTERM).
         return f"{refused}: the run goes on in job {earlier.job_id}"
-    done = attempts.count(model_dir, job).for_nodes
+    done = attempts.continued_for_nodes(model_dir)
     if done >= most:
         return (
             f"{refused}; the run went on in a new job for a failed node {done} time(s) already, "

@@ -14,30 +14,23 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.process.records import reports
 from tfconfig_slurm.process.records.run_dir import RunDir
 
 
-class Count(NamedTuple):
-    """How often the run started again, as each limit over the whole run counts it."""
-
-    # In a new job, for a node that failed (over the whole run): --max_restarts.
-    for_nodes: int
-    # Its job requeued, or the run gone on in a new job on a stop (over the run):
-    # --max_requeues.
-    requeued: int
+def continued_for_nodes(model_dir: Path) -> int:
+    """How often the run in `model_dir` went on in a new job for a node that failed (over the
+    whole run): what --max_restarts bounds there."""
+    return sum("continued_in" in each for each in reports.read_state(model_dir).get("restarts", ()))
 
 
-def count(model_dir: Path, job: SlurmJob) -> Count:
-    """How often the run in `model_dir`, now in `job`, started again."""
-    entries = reports.read_state(model_dir).get("restarts", ())
-    return Count(
-        for_nodes=sum("continued_in" in each for each in entries),
-        requeued=job.restart_count + job.continuation,
-    )
+def requeued(job: SlurmJob) -> int:
+    """How often the run now in `job` had its job requeued, or went on in a new job on a stop
+    (over the whole run): what --max_requeues bounds. Read from the job's variables alone."""
+    return job.restart_count + job.continuation
 
 
 def causes_in_job(state: Mapping[str, Any], job: str) -> list[str]:

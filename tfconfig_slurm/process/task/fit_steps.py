@@ -33,7 +33,7 @@ class Lines:
         examples_per_step: int,
         scalars: Scalars | None,
         loss_scale: int = 1,
-    ):
+    ) -> None:
         self._every = every
         self._examples_per_step = examples_per_step
         self._scalars = scalars
