@@ -52,7 +52,7 @@ from tfconfig_slurm.commands import (
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.job import preemption
-from tfconfig_slurm.process.records import failure, history, model_dir, refusal
+from tfconfig_slurm.process.records import claim, failure, history, model_dir, refusal
 from tfconfig_slurm.process.supervision import local_cluster, supervise
 from tfconfig_slurm.process.task import hang_watch, lifecycle, place
 from tfconfig_slurm.process.user_code import experiment as experiment_lib
@@ -127,7 +127,7 @@ def _start(
         # A directory every task would refuse (another live run holds it, or another backend
         # or experiment trained it) stops a batch script, or a local cluster's launcher, here,
         # in one line, before any task starts.
-        model_dir.check_free(directory, None, named, job)
+        claim.check(directory, claim.this_holder(job), named)
         run_directory.check_trainable([directory], spec, kind, policy.coordinator, named)
     if runtime_flags.PRINT_MODEL_DIR.value:
         _print_model_dir(directory)

@@ -18,6 +18,7 @@ refused, unless --override.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import sys
@@ -299,9 +300,10 @@ def _run_held(
     # The script it runs is its experiment.
     script = Path(next((word for word in command[1:] if word.endswith(".py")), command[0])).name
     # Refused before anything is written there: another live run's, then another script's.
-    model_dir.check_free(directory, role, _NAMING, job)
-    history.check_same_experiment(directory, script, _NAMING, scripts_share=True)
-    held = model_dir.hold(directory, role, _NAMING, job)
+    same_experiment = functools.partial(
+        history.check_same_experiment, directory, script, _NAMING, scripts_share=True
+    )
+    _, held = model_dir.claimed(directory, role, _NAMING, job, same_experiment)
     failure.attach(directory, role, node)
     if not owns_run(role):
         return None, held

@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
@@ -15,6 +16,8 @@ from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.records import claim
 from tfconfig_slurm.process.records.run_dir import RunDir
+
+T = TypeVar("T")
 
 # Less than this free, a run would fail at its first checkpoint, with a partial file left.
 _MIN_FREE_BYTES = 64 * 2**20
@@ -113,37 +116,30 @@ def check_same_start(model_dir: Path, steps: Sequence[int], who: str) -> None:
         )
 
 
-def check_free(
+def claimed(
     model_dir: Path,
     role: ClusterRole | None,
     naming: claim.Naming,
     job: SlurmJob | None,
-) -> None:
-    """Refuses (UsageError) a model directory that another live run holds, making nothing:
-    `hold`'s refusal, said before the backend loads."""
+    load: Callable[[], T],
+) -> tuple[T, claim.Claim | None]:
+    """The model directory claimed for this task of the SLURM job `job` (None outside SLURM), in
+    one call: refused (UsageError) at once where another live run holds it, making nothing;
+    then `load()`, whatever else may refuse the run before anything is written there (the
+    backend's loading); then the directory made and held. Returns what `load` returned and the
+    claim this task keeps renewed and releases at the end: the chief's, or a single process's."""
     holder = _holder(role, job)
     if holder is not None:
         claim.check(model_dir, holder, naming)
-
-
-def hold(
-    model_dir: Path,
-    role: ClusterRole | None,
-    naming: claim.Naming,
-    job: SlurmJob | None,
-) -> claim.Claim | None:
-    """Holds the model directory for this run, as this task of the SLURM job `job` (None
-    outside SLURM); returns the claim this task keeps renewed and releases at the end: the
-    chief's, or a single process's. Creates the directory."""
-    holder = _holder(role, job)
+    loaded = load()
     if holder is None:
         model_dir.mkdir(parents=True, exist_ok=True)
-        return None
+        return loaded, None
     held = claim.claim(model_dir, holder, naming)
     if role is not None and role.role != CHIEF:
-        return None
+        return loaded, None
     held.renew()
-    return held
+    return loaded, held
 
 
 def _holder(role: ClusterRole | None, job: SlurmJob | None) -> claim.Holder | None:

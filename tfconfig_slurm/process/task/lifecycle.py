@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -131,18 +132,9 @@ def run_to_exit(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]
 def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, returns: bool) -> Any:
     role = task.place.role
     _check_layout(kind.layout, task.place)
-    model_dir.check_free(task.model_dir, role, task.naming, task.job)
-    failure.attach(task.model_dir, role, task.place.node)
-    if role is not None:
-        # This task's own port or peers refused are the run's first failure: its peers,
-        # whose checks pass, would otherwise record it lost once it has gone.
-        with failure.recording_errors():
-            network.check_task(role)
-    with _refusal_recorded(role):
-        history.check_resumable(task.model_dir, kind.checkpoints, task.naming)
-        trainer = backend()
-        history.check_same_experiment(task.model_dir, trainer.experiment, task.naming)
-        held = model_dir.hold(task.model_dir, role, task.naming, task.job)
+    trainer, held = model_dir.claimed(
+        task.model_dir, role, task.naming, task.job, functools.partial(_loaded, task, kind, backend)
+    )
     if role is not None and role.run_id is not None:
         threading.Thread(
             target=_end_if_failed_while_stopping,
@@ -162,6 +154,23 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
             if held is not None:
                 held.release()
             raise
+
+
+def _loaded(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) -> Backend:
+    """The backend made, once the task's port, its peers and the model directory's checkpoints
+    and experiment pass, with its failures recorded from here on."""
+    role = task.place.role
+    failure.attach(task.model_dir, role, task.place.node)
+    if role is not None:
+        # This task's own port or peers refused are the run's first failure: its peers,
+        # whose checks pass, would otherwise record it lost once it has gone.
+        with failure.recording_errors():
+            network.check_task(role)
+    with _refusal_recorded(role):
+        history.check_resumable(task.model_dir, kind.checkpoints, task.naming)
+        trainer = backend()
+        history.check_same_experiment(task.model_dir, trainer.experiment, task.naming)
+    return trainer
 
 
 @contextlib.contextmanager
