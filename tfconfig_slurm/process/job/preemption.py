@@ -135,6 +135,10 @@ class StopRequest:
             self.signal_name = name
             self._noted = True
 
+    def note_signal(self, number: int) -> None:
+        """`note`, for a handler given the signal's `number`."""
+        self.note(signal.Signals(number).name)
+
     def listen_again(self) -> None:
         """Takes the signals back from whatever took them since (MultiWorkerMirroredStrategy
         installs its own SIGTERM handler, which only logs)."""
@@ -142,7 +146,7 @@ class StopRequest:
         def handler(number: int, frame: FrameType | None) -> None:
             # Only a flag: the handler may run in the middle of anything, even another
             # Event.set; the signals thread sets the event.
-            self.note(signal.Signals(number).name)
+            self.note_signal(number)
 
         for signum in self._signums:
             signal.signal(signum, handler)

@@ -18,7 +18,6 @@ parent only supervises.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -31,7 +30,6 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import FrameType
 from typing import IO
 
 from absl import logging
@@ -41,6 +39,7 @@ from tfconfig_slurm.cluster.role import LOCAL_RUN_PREFIX, ClusterRole
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import ExitStatus, UsageError
 from tfconfig_slurm.process import exits, timing
+from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import claim, failure
 from tfconfig_slurm.process.records.run_dir import RunDir
 from tfconfig_slurm.process.supervision import children
@@ -48,25 +47,6 @@ from tfconfig_slurm.process.supervision import children
 _COUNTS = {"ps": PS, "workers": WORKER, "evaluator": EVALUATOR}
 # More tasks than this a CPU only share it: a cluster that size warns as it starts.
 TASKS_PER_CPU = 4
-
-
-class _Signalled(Exception):  # noqa: N818  (a signal, not an error)
-    def __init__(self, signum: signal.Signals) -> None:
-        super().__init__(signum.name)
-        self.signum = signum
-
-
-def _raising_on(signums: Sequence[signal.Signals]) -> contextlib.AbstractContextManager[None]:
-    """Within the block, the first of these signals raises _Signalled in the main thread,
-    wherever it is; the ones after it are ignored, so that stopping the tasks is never cut
-    short and none is left behind."""
-
-    def handler(number: int, frame: FrameType | None) -> None:
-        for signum in signums:
-            signal.signal(signum, signal.SIG_IGN)
-        raise _Signalled(signal.Signals(number))
-
-    return children.handling(signums, handler)
 
 
 @dataclass(frozen=True)
@@ -186,14 +166,18 @@ def _run(
     refusals: dict[LocalTask, list[str]] = {task: [] for task in tasks}
     group = children.Group(own_sessions=True)
     started: dict[LocalTask, tuple[children.Child, threading.Thread]] = {}
-    stopped_by: signal.Signals | None = None
     failed: LocalTask | None = None
+    # Only noted, then acted on by the loops below: a second signal never cuts the stop short.
+    stop = preemption.StopRequest()
+    told = children.handling(children.STOPPING, lambda number, frame: stop.note_signal(number))
     # The tasks act on a preempt signal themselves (`#SBATCH --signal=USR1@90`, the stop
     # before a time limit, for a cluster run in a SLURM job): passed on, as each task's own.
     passing_on = children.handling(children.PASSED_ON, lambda number, frame: group.signal(number))
-    with _raising_on(children.STOPPING), passing_on:
+    with told, passing_on:
         try:
             for task in tasks:
+                if stop.requested:
+                    break
                 role = replace(every_role, role=task.role, index=task.index)
                 started[task] = _start(
                     group,
@@ -205,16 +189,16 @@ def _run(
                     program=program,
                     environ=environ,
                 )
-            failed = _supervise(group, {task: process for task, (process, _) in started.items()})
-        except _Signalled as signalled:
-            stopped_by = signalled.signum
-            logging.warning(
-                "%s: stopping every task; trainers stop at the next step with a checkpoint "
-                "(tasks still running in %.0f s are killed)",
-                stopped_by.name,
-                timing.LOCAL_STOP_GRACE_SECONDS,
-            )
-            group.stop(timing.LOCAL_STOP_GRACE_SECONDS)
+            processes = {task: process for task, (process, _) in started.items()}
+            failed = _supervise(group, processes, stop)
+            if failed is None and stop.requested:
+                logging.warning(
+                    "%s: stopping every task; trainers stop at the next step with a checkpoint "
+                    "(tasks still running in %.0f s are killed)",
+                    stop.signal_name,
+                    timing.LOCAL_STOP_GRACE_SECONDS,
+                )
+                group.stop(timing.LOCAL_STOP_GRACE_SECONDS)
         finally:
             # Every line a task wrote, its last error included, reaches log and console.
             for _, copier in started.values():
@@ -224,7 +208,7 @@ def _run(
         refusals,
         failed=failed,
         first=failure.read(model_dir, every_role.run_id or "") if failed else None,
-        stopped_by=stopped_by,
+        stopped_by=stop.signum if failed is None else None,
     )
 
 
@@ -338,10 +322,13 @@ def _copy(
                 sys.stderr.write(prefix + line)
 
 
-def _supervise(group: children.Group, tasks: dict[LocalTask, children.Child]) -> LocalTask | None:
-    """Waits for every task; returns the first that failed, once the others are stopped."""
+def _supervise(
+    group: children.Group, tasks: dict[LocalTask, children.Child], stop: preemption.StopRequest
+) -> LocalTask | None:
+    """Waits for every task, or for the launcher to be told to stop; returns the first task
+    that failed, once the others are stopped."""
     running = dict(tasks)
-    while running:
+    while running and not stop.requested:
         for task, process in list(running.items()):
             status = process.poll()
             if status is None:
