@@ -1,5 +1,4 @@
-"""The JAX processes of a run as one: jax.distributed joined from the task's role, CPU
-collectives on the address the layout gives the task (gloo.py), one random seed, and the small
+"""The runtime's JAX processes of a run as one: JAX started in one function, and the small
 agreements training needs (a stop, the checkpoint restored, the weights at the end)."""
 
 from __future__ import annotations
@@ -39,10 +38,12 @@ def first_line(error: Exception) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
-def join(role: ClusterRole | None) -> None:
-    """This process's place among the run's JAX processes (none for a single process), and
-    the run's seed: every process must build the same initial weights (JAX refuses a
-    variable whose value differs between them)."""
+def start(role: ClusterRole | None) -> None:
+    """JAX started for this process of the run, all of it before JAX makes its backends (which
+    gloo.on refuses to follow), in this order: JAX's settings, read by what comes after; the
+    CPU backend's factory with gloo on the task's address; this process's place among the run's
+    processes; the run's seed, for every process must build the same initial weights (JAX
+    refuses a variable whose value differs between them). A single process keeps JAX as it is."""
     if role is None:
         return
     # A process lost would otherwise end every other within a second or so, aborted by JAX's
@@ -51,6 +52,7 @@ def join(role: ClusterRole | None) -> None:
     jax.config.update("jax_enable_recoverability", True)
     # JAX's preemption notifier would take SIGTERM, which the runtime stops on.
     jax.config.update("jax_enable_preemption_service", False)
+    gloo.on(role.address.rpartition(":")[0])
     jax.distributed.initialize(
         coordinator_address=role.trainer_address(0),
         num_processes=role.trainers,
@@ -59,7 +61,6 @@ def join(role: ClusterRole | None) -> None:
         # SLURM_LOCALID for the one GPU to use, among the ones this task cannot see.
         cluster_detection_method="deactivate",
     )
-    gloo.on(role.address.rpartition(":")[0])
     # Not keras.utils.set_random_seed: it imports TensorFlow wherever one is installed, for
     # its seed too. Keras draws its default seeds from Python's random.
     seed = zlib.crc32((role.run_id or "").encode())

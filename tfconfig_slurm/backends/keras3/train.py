@@ -226,7 +226,7 @@ class _Process(NamedTuple):
         port = contextlib.ExitStack()
         if role is not None and role.role != CHIEF:
             port.enter_context(answering.answering(role))
-        processes.join(role)
+        processes.start(role)
         with _others_end_first(role):
             return cls._made(experiment, settings, task, port)
 
@@ -306,7 +306,7 @@ def _end_together(role: ClusterRole | None) -> None:
     """The chief, whose process holds the run's JAX service, ends last: the others' JAX
     clients abort their process once the service is gone (`Terminating process because the
     JAX distributed service detected fatal errors`), and jax.distributed.shutdown's barrier
-    holds no process back where a lost one may not end the others (processes.join). So the
+    holds no process back where a lost one may not end the others (processes.start). So the
     chief waits until every other's port, closed by its end, no longer answers."""
     if role is None or role.role != CHIEF:
         return
