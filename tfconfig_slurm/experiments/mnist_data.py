@@ -1,14 +1,8 @@
-"""The MNIST digits the shipped experiments train on (mnist_deep, mnist_keras, mnist_keras3),
-as numpy arrays: no TensorFlow here, for the Keras 3 experiment on JAX (mnist_pipeline.py makes
-them TensorFlow's datasets).
-
-The four standard MNIST IDX files (`train-images-idx3-ubyte[.gz]`, `train-labels-...`,
-`t10k-images-...`, `t10k-labels-...`, or as Kaggle's copy spells them,
-`train-images.idx3-ubyte`) from `--data_dir`, which must hold all four. Without `--data_dir`,
-nothing can be downloaded here, so the 1797 real handwritten digits that ship in this package
-(`digits.csv.gz`: E. Alpaydin and C. Kaynak's test set of the UCI "Optical Recognition of
-Handwritten Digits", CC BY 4.0, as scikit-learn ships it), scaled from 8x8 to 28x28, with a
-fixed split: 1438 to train, 359 to test.
+"""The MNIST digits the shipped experiments train on, as numpy arrays (no TensorFlow here, for
+the Keras 3 experiment on JAX; mnist_pipeline.py makes them datasets): the four MNIST IDX files
+in `--data_dir`, else the 1797 handwritten digits of `digits.csv.gz` (E. Alpaydin and C.
+Kaynak's test set of the UCI "Optical Recognition of Handwritten Digits", CC BY 4.0, as
+scikit-learn ships it), scaled from 8x8 to 28x28, with a fixed split.
 """
 
 from __future__ import annotations
@@ -59,9 +53,8 @@ def check_hparams(hparams: Mapping[str, Any]) -> None:
 def batches(params: Mapping[str, Any], *, training: bool) -> Iterator[Examples]:
     """Batches of (images, labels) as numpy arrays; for training, this trainer's shard
     (params["trainer_index"] of params["num_trainers"]), reshuffled each pass, endless, from
-    where the run is (params["global_step"], 0 without it). A batch larger than the shard is
-    refused (ValueError) as this is called, not when its first batch is asked for: it would
-    make none, and a fit waiting for one would spin for ever."""
+    params["global_step"]. A batch larger than the shard raises ValueError now: it would make
+    none, and a fit waiting for one would spin for ever."""
     images, labels = load_examples(params.get("data_dir"), training)
     size = params["batch_size"]
     if not training:
@@ -94,9 +87,8 @@ def _training_batches(
 ) -> Iterator[Examples]:
     # Whole batches only: a short last one would give the trainers unequal batches.
     per_pass = len(labels) // size
-    # A run resumed at global step k (each step one batch of each trainer's) goes on from its
-    # k-th batch, where a fixed order from the first would train the same batches again at
-    # every resume: each pass's order is the trainer's and the pass's own.
+    # A run resumed at global step k goes on from its k-th batch (not the same batches again
+    # at every resume): each pass's order is the trainer's and the pass's own.
     passes, skipped = divmod(global_step, per_pass)
     while True:
         shuffled = np.random.default_rng([trainer, passes]).permutation(len(labels))
@@ -167,8 +159,8 @@ def _read_idx(path: Path, magic: int) -> npt.NDArray[np.uint8]:
 
 
 def _digits(training: bool) -> Examples:
-    # Shipped here, not read from scikit-learn: with scikit-learn installed, Keras 3 imports it
-    # (and SciPy) inside `import tensorflow`, 1.6 s of every TensorFlow 2.16+ task's start.
+    # Not read from scikit-learn: installed, Keras 3 imports it and SciPy inside every
+    # TensorFlow 2.16+ task's `import tensorflow`, which slows each start.
     digits = np.loadtxt(_DIGITS_FILE, delimiter=",")
     order = np.random.RandomState(_DIGITS_SPLIT_SEED).permutation(len(digits))
     test_count = int(len(order) * _DIGITS_TEST_SHARE)

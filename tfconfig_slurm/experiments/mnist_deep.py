@@ -1,8 +1,6 @@
 """Deep MNIST: the convnet of the seed scripts (conv 5x5x32, pool, conv 5x5x64, pool, dense 1024,
-dropout, dense 10; Adam) as an Estimator model_fn, for TensorFlow 2.15.
-
-Data: the MNIST files in `--data_dir`, else the digits that ship here (mnist_data.py).
-"""
+dropout, dense 10; Adam) as an Estimator model_fn, for TensorFlow 2.15, on the MNIST files in
+`--data_dir`, else the digits that ship here (mnist_data.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Deep MNIST in Keras (tf-keras), for TensorFlow 2.16+: mnist_deep's convnet (conv 5x5x32,
-pool, conv 5x5x64, pool, dense 1024, dropout, dense 10; Adam) on the same data.
-
-Data: the MNIST files in `--data_dir`, else the digits that ship here (mnist_data.py).
-"""
+"""Deep MNIST in Keras (tf-keras), for TensorFlow 2.16+: mnist_deep's convnet on the same data
+(the MNIST files in `--data_dir`, else the digits that ship here: mnist_data.py)."""
 
 from __future__ import annotations
 

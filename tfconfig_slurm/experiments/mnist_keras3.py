@@ -1,10 +1,5 @@
-"""Deep MNIST in Keras 3 (`import keras`), trained on JAX: mnist_keras's convnet (conv 5x5x32,
-pool, conv 5x5x64, pool, dense 1024, dropout, dense 10; Adam) on the same data, without
-TensorFlow.
-
-Data: the MNIST files in `--data_dir`, else the digits that ship here (mnist_data.py), as
-numpy batches: each process of a run reads its own share, reshuffled every pass.
-"""
+"""Deep MNIST in Keras 3 (`import keras`), trained on JAX without TensorFlow: mnist_keras's
+convnet on the same data (mnist_data.py), as numpy batches of each process's own share."""
 
 from __future__ import annotations
 

@@ -15,18 +15,14 @@ _CHUNK = 1024
 
 def dataset(params: dict[str, Any], *, training: bool, in_graph: bool = False) -> tf.data.Dataset:
     """Batches of (images, labels); for training, this trainer's shard, shuffled, repeated.
-
-    By default the examples come from Python, so that a graph (Estimator's, which its event
-    files keep) does not hold them; `in_graph` puts them in the dataset's graph, for a
-    dataset another process builds (a ParameterServerStrategy worker), which cannot call
-    back into this one's Python: its batches stalled so."""
+    The examples come from Python, so that Estimator's graph (kept in its event files) does
+    not hold them; `in_graph` puts them in the graph, for a dataset another process builds
+    (a ParameterServerStrategy worker), which cannot call back into this one's Python."""
     images, labels = load_examples(params.get("data_dir"), training)
     if in_graph:
         return _batches(tf.data.Dataset.from_tensor_slices((images, labels)), params, training)
 
-    # Chunks, which unbatch() splits inside TensorFlow: a Python call per example took 4.6 ms
-    # of CPU a batch of 64, and 0.36 s before the first batch (the shuffle buffer fills
-    # first); a call per chunk, 0.2 ms and 0.05 s (measured here).
+    # Chunks, which unbatch() splits inside TensorFlow: a Python call per example is slow.
     def chunks() -> Any:
         for start in range(0, len(labels), _CHUNK):
             yield images[start : start + _CHUNK], labels[start : start + _CHUNK]

@@ -1,10 +1,6 @@
 """`tfconfig_slurm.train_and_evaluate`: tf.estimator.train_and_evaluate for a user's own
-script, with everything `python -m tfconfig_slurm.run` gives an experiment.
-
-The script changes one line and runs under a plain `srun python my_script.py`: each task takes
-its place in the step's layout (TFCONFIG_SLURM_* variables set the layout, as the layout flags
-do), and then runs the lifecycle the CLI's tasks run (process/task/lifecycle.py).
-"""
+script under a plain `srun python my_script.py`, run through the lifecycle the CLI's tasks run
+(process/task/lifecycle.py)."""
 
 from __future__ import annotations
 
@@ -36,8 +32,7 @@ _NAMING = claim.Naming(
     "RunConfig(model_dir=...)",
     "give this run a model_dir of its own",
 )
-# The signals that stop training at the next step with a checkpoint, and which of them
-# requeue the job (as python -m tfconfig_slurm.run's defaults).
+# As python -m tfconfig_slurm.run's defaults.
 _STOP_POLICY = preemption.StopPolicy(
     requeue_on={signal.SIGUSR1.name},
     max_requeues=3,
@@ -53,26 +48,21 @@ def train_and_evaluate(
     *,
     layout: LayoutPolicy | None = None,
 ) -> tuple[dict[str, Any] | None, list[Any]] | None:
-    """tf.estimator.train_and_evaluate, as this task of a SLURM step, a TF_CONFIG's cluster,
-    a local cluster or a single process.
-
-    Where it runs decides how it trains:
+    """tf.estimator.train_and_evaluate, as this task of wherever it runs:
       - with a TF_CONFIG made for this task (launch/with-tfconfig, a local cluster): that task;
-      - in a SLURM job step of several tasks: the task's role in the layout that
-        tfconfig-slurm computes, with the TFCONFIG_SLURM_PS_PER_NODE, _ROLES, _EVALUATOR,
-        _ADDRESS_TEMPLATE and _PORT_BASE variables as the layout flags (or `layout`);
+      - in a SLURM job step of several tasks: its role in tfconfig-slurm's layout, with the
+        TFCONFIG_SLURM_PS_PER_NODE, _ROLES, _EVALUATOR, _ADDRESS_TEMPLATE and _PORT_BASE
+        variables as the layout flags (or `layout`);
       - with TFCONFIG_SLURM_LOCAL_CLUSTER=ps=1,workers=1: a cluster of this script's
         processes on this machine (this process waits for them, then exits with their status);
       - otherwise in this process.
-    The estimator's RunConfig settings are kept where the cluster does not decide them;
-    `train_spec.max_steps` must be set. Parameter servers exit once every trainer has
-    finished, and never return; SIGUSR1 stops every trainer at the next step with a
-    checkpoint and requeues the SLURM job, SIGTERM stops without requeueing (the process
-    then exits). summary.json goes to the model directory.
+    RunConfig settings are kept where the cluster does not decide them; `train_spec.max_steps`
+    must be set; summary.json goes to the model directory. Parameter servers never return.
+    SIGUSR1 stops every trainer at the next step with a checkpoint and requeues the SLURM job;
+    SIGTERM stops without requeueing.
 
-    Returns as tf.estimator.train_and_evaluate does in one process, (metrics, export
-    results), on the chief and in a single process; None on a worker and the evaluator.
-    Bad input ends the process with one line naming the setting, and exit status 2.
+    Returns (metrics, export results) on the chief and in a single process, None on a worker
+    and the evaluator. Bad input ends the process with one line naming the setting, exit 2.
     """
     console.start_logging()
     program = console.script_name()

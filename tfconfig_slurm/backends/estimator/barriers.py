@@ -1,19 +1,11 @@
 """The Estimator cluster's barriers: a start barrier for workers, and a stop barrier for the ps.
 
-The Estimator's own parameter server calls `server.join()` and never returns, so a job never
-ends. Here each ps owns a queue (a FIFOQueue placed on it, found by its shared name); every
-trainer puts one token on every ps once its training has ended (after the chief's final
-checkpoint), and a ps exits once it holds a token from every trainer. At start, workers
-wait for a token the chief puts on the first ps once its session has initialised the
-variables: without it a worker that comes first finds the model "not ready" and the
-Estimator's session manager sleeps 30 s before it looks again. Told to stop (preemption),
-each worker says it has stopped on a third queue on the first ps, and the chief stops last,
-so that its final checkpoint holds every step taken.
-
-A wait never ends by itself when a peer dies: the watchdog
-(process/supervision/watchdog.py) ends the waiting process instead. A ps tells its caller of
-each token as it comes, so that a trainer that finished may leave without being taken for
-dead.
+The Estimator's own ps calls `server.join()` and never returns. Here each ps owns a FIFOQueue
+(found by its shared name); every trainer puts a token on every ps once its training has
+ended, and a ps exits once it holds one from every trainer. At start, workers wait for a token
+the chief puts on the first ps once its session has initialised the variables: else a worker
+that comes first finds the model "not ready" and its session manager sleeps 30 s. A dead peer
+ends no wait: the watchdog (process/supervision/watchdog.py) ends the waiting process.
 """
 
 from __future__ import annotations
@@ -39,8 +31,7 @@ def _ps_device(index: int) -> str:
 
 
 def _queue(name: str, ps_index: int, capacity: int) -> tf.queue.FIFOQueue:
-    # Every process builds the queue with the same name, device and capacity, so that all of
-    # them open the one resource on the ps.
+    # The same name, device and capacity in every process: all open the one resource on the ps.
     with tf.device(_ps_device(ps_index)):
         return tf.queue.FIFOQueue(capacity, [tf.int32], shapes=[[]], shared_name=name, name=name)
 
@@ -53,10 +44,6 @@ def _start_queue(trainers: int) -> tf.queue.FIFOQueue:
     return _queue("tfconfig_slurm_start", 0, trainers)
 
 
-def _stopped_queue(trainers: int) -> tf.queue.FIFOQueue:
-    return _queue("tfconfig_slurm_stopped", 0, trainers)
-
-
 def _drain(
     target: str,
     ps_index: int,
@@ -64,9 +51,8 @@ def _drain(
     count: int,
     on_token: OnToken = lambda token: None,
 ) -> list[int]:
-    """Takes `count` tokens from a queue on ps `ps_index` as they arrive, calling on_token
-    with each. It never blocks in a dequeue, which nothing could interrupt: it dequeues only
-    what the queue holds."""
+    """Takes `count` tokens from a queue on ps `ps_index`, calling on_token with each. It
+    dequeues only what the queue holds: nothing could interrupt a blocked dequeue."""
     available = tf.compat.v1.placeholder(tf.int32, [])
     size, take = queue.size(), queue.dequeue_many(available)
     config = tf.compat.v1.ConfigProto(device_filters=[_ps_device(ps_index)])
@@ -86,7 +72,8 @@ def _drain(
 def serve_until_trainers_finish(
     server: Any, ps_index: int, trainers: int, on_token: OnToken
 ) -> list[int]:
-    """Serves variables until every trainer has said it is done; returns who did, in order."""
+    """Serves variables until every trainer has said it is done; returns who did, in order.
+    on_token hears of each as it comes, so that a trainer that finished is not taken for dead."""
     with tf.Graph().as_default():
         finished = _drain(
             server.target, ps_index, _stop_queue(ps_index, trainers), trainers, on_token
@@ -102,15 +89,8 @@ def serve_until_trainers_finish(
     return finished
 
 
-def wait_for_chief(target: str, trainers: int) -> None:
-    """A worker's start: returns once the chief has initialised the model's variables."""
-    with tf.Graph().as_default():
-        _drain(target, 0, _start_queue(trainers), 1)
-
-
 def send_stop_tokens(target: str, ps_count: int, trainers: int, trainer_id: int) -> None:
-    """Tells every ps that this trainer is done, from a session of its own, once its training
-    has ended: whether it trained to the end, had nothing to train, or failed."""
+    """Tells every ps that this trainer is done: trained to the end, had nothing left, or failed."""
     with tf.Graph().as_default():
         enqueue = tf.group(
             *(_stop_queue(index, trainers).enqueue(trainer_id) for index in range(ps_count))
@@ -121,12 +101,9 @@ def send_stop_tokens(target: str, ps_count: int, trainers: int, trainer_id: int)
 
 
 class StartBarrierHook(tf.compat.v1.train.SessionRunHook):
-    """A trainer's part in the start barrier, inside its training session.
-
-    On the chief, once the session has initialised the variables, it lets each worker start.
-    A worker waits for that in `begin()`: its graph is built by then, and its session not yet
-    created, so the session finds the model ready at once.
-    """
+    """A trainer's part in the start barrier: the chief lets each worker start once its session
+    has initialised the variables; a worker waits in `begin()`, before its session is made, so
+    that the session finds the model ready at once."""
 
     def __init__(self, target: str, trainers: int, trainer_id: int) -> None:
         self._target = target
@@ -142,7 +119,8 @@ class StartBarrierHook(tf.compat.v1.train.SessionRunHook):
             else None
         )
         if not is_chief:
-            wait_for_chief(self._target, self._trainers)
+            with tf.Graph().as_default():
+                _drain(self._target, 0, _start_queue(self._trainers), 1)
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         if self._start is not None:
@@ -150,13 +128,9 @@ class StartBarrierHook(tf.compat.v1.train.SessionRunHook):
 
 
 class LeaveSessionOpenHook(tf.compat.v1.train.SessionRunHook):
-    """Leaves the training session open when training ends, after every hook's end() (the
-    chief's final checkpoint included).
-
-    Closing a distributed session while its ps is up blocked 2-8 s in one run of two here
-    (9-40 s in ../shared/reference/ESTIMATOR_FACTS.md), and nothing needs it closed: the
-    trainer then hands the ps its tokens and exits, and the ps drops the session as it exits.
-    """
+    """Leaves the training session open when training ends: closing a distributed session
+    while its ps is up can block for many seconds (../shared/reference/ESTIMATOR_FACTS.md), and
+    nothing needs it closed: the ps drops it as it exits."""
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         # MonitoredSession closes this very object last; only this instance is changed.
@@ -164,13 +138,10 @@ class LeaveSessionOpenHook(tf.compat.v1.train.SessionRunHook):
 
 
 class PreemptionHook(tf.compat.v1.train.SessionRunHook):
-    """Stops this trainer at the first step boundary after a stop request.
-
-    It first runs the RELEASE_PEERS ops. In a cluster each worker then says so on a queue on
-    the first ps, and the chief stops only once every worker has (or timing.PREEMPT_WAIT_SECONDS
-    passed): the final checkpoint, which Estimator writes as the chief stops, then holds every
-    step any trainer took.
-    """
+    """Stops this trainer at the first step boundary after a stop request, once it has run the
+    RELEASE_PEERS ops. In a cluster each worker says so on a queue on the first ps, and the
+    chief stops once every worker has (or timing.PREEMPT_WAIT_SECONDS passed): the final
+    checkpoint, written as the chief stops, then holds every step any trainer took."""
 
     def __init__(self, stop: preemption.StopRequest, trainers: int, trainer_id: int) -> None:
         self._stop = stop
@@ -183,7 +154,7 @@ class PreemptionHook(tf.compat.v1.train.SessionRunHook):
         self._release = tf.compat.v1.get_collection(RELEASE_PEERS)
         self._say_stopped = self._count_stopped = None
         if self._trainers > 1:
-            queue = _stopped_queue(self._trainers)
+            queue = _queue("tfconfig_slurm_stopped", 0, self._trainers)
             if self._trainer_id == 0:
                 self._count_stopped = queue.size()
             else:
@@ -212,8 +183,7 @@ class PreemptionHook(tf.compat.v1.train.SessionRunHook):
                     workers,
                     timing.PREEMPT_WAIT_SECONDS,
                 )
-        # Unnamed, as the Keras backend's line: the task's name is the log's (srun --label,
-        # a local cluster's prefix), and a trainer's number is not its role's index.
+        # Unnamed: the log names the task (srun --label), and a trainer's number is no index.
         logging.info(
             "stopping on %s at global step %d",
             self._stop.signal_name,

@@ -1,11 +1,7 @@
-"""A user's Estimator, remade for one task of the cluster or for this process alone.
-
-RunConfig reads TF_CONFIG once, when it is made, and an Estimator keeps its RunConfig: an
-Estimator built in a user's script, before the runtime knew the task, describes no cluster
-(or another one). The runtime makes a new Estimator around the user's model_fn (with the
-user's params), warm start and RunConfig settings, under the TF_CONFIG it wants; the cluster
-decides only the cluster, the task and the device filters.
-"""
+"""A user's Estimator, remade for one task of the cluster or for this process alone: RunConfig
+reads TF_CONFIG once, when made, so one built in a user's script before the runtime knew the
+task describes no cluster (or another). The new one keeps the user's model_fn, params, warm
+start and RunConfig settings; the cluster decides only the cluster, task and device filters."""
 
 from __future__ import annotations
 
@@ -50,8 +46,7 @@ def for_task(
     bound = user.model_fn
 
     def model_fn(features: Any, labels: Any, mode: str, params: Any, config: Any) -> Any:
-        # The user's model_fn with the user's params (bound), and the new RunConfig. The
-        # params are given to the new Estimator too, for the input functions it calls.
+        # The user's params are bound to model_fn; the new Estimator gets them for its input_fns.
         del params
         return bound(features, labels, mode, config)
 

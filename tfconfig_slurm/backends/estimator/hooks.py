@@ -1,11 +1,6 @@
 """Session hooks the runtime adds to every trainer: throughput, logged and written as scalars;
-and the chief's checkpoints, timed.
-
-The examples of a step are counted in the graph: the batch dimension of what the input
-pipeline handed the step (the first tensor of Estimator's dataset iterator, or of a queue's
-dequeue for the input functions that read queues), so that a user's script need not say its
-batch size, and a last batch cut short counts for what it holds.
-"""
+and the chief's checkpoints, timed. A step's examples are counted in the graph, from its input's
+batch dimension, so that a script need not say its batch size and a short batch counts as such."""
 
 from __future__ import annotations
 
@@ -23,10 +18,8 @@ _INPUT_OPS = ("IteratorGetNext", "QueueDequeueManyV2", "QueueDequeueUpToV2")
 
 
 class ThroughputHook(tf.compat.v1.train.SessionRunHook):
-    """Feeds the runtime's throughput meter (process/task/throughput.py, which logs the loss,
-    examples/s and global steps/s as the HPC centres' scripts report training) from each
-    step, and writes the speeds as scalars (Estimator writes the loss); at the end, the run's
-    means. Estimator's own step lines are silenced."""
+    """Feeds the runtime's throughput meter (process/task/throughput.py) from each step, and
+    writes the speeds as scalars (Estimator writes the loss); at the end, the run's means."""
 
     def __init__(self, summary_dir: str, every_steps: int) -> None:
         self._summary_dir = summary_dir
@@ -37,8 +30,7 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
 
     def begin(self) -> None:
         self._fetches = {"step": tf.compat.v1.train.get_global_step()}
-        # Estimator puts the EstimatorSpec's loss last in this collection, after any the
-        # model_fn's tf.compat.v1.losses added.
+        # Estimator puts the EstimatorSpec's loss last, after any tf.compat.v1.losses added.
         losses = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.LOSSES)
         if losses:
             self._fetches["loss"] = losses[-1]
@@ -72,8 +64,7 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
             self._writer.flush()
 
     def mean_examples_per_sec(self) -> float | None:
-        """Examples per second over the run, from the second step to the last; None if too
-        short, or if the input's batch size could not be found."""
+        """Throughput.mean_examples_per_sec: None if too short, or the batch size unknown."""
         return self._meter.mean_examples_per_sec()
 
     def _record(self, rates: Rates, step: int) -> None:
@@ -104,10 +95,9 @@ def _batch_size() -> tf.Tensor | None:
 
 
 class CheckpointTimer(tf.compat.v1.train.CheckpointSaverListener):
-    """Times each checkpoint the chief writes, for the stop before the time limit, which must
-    leave time for one more (process/job/time_limit.py). From a checkpoint to the next step
-    the hang watch rests: a single process's train_and_evaluate evaluates there, for as long
-    as its eval set takes."""
+    """Times each checkpoint the chief writes, for the stop before the time limit
+    (process/job/time_limit.py). The hang watch rests from a checkpoint to the next step: a
+    single process's train_and_evaluate evaluates there."""
 
     def __init__(self, stop: StopRequest) -> None:
         self._stop = stop

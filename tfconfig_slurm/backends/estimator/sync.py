@@ -1,20 +1,13 @@
 """--sync_replicas: synchronous updates through SyncReplicasOptimizer, the experiment unaware.
 
 While the experiment's model_fn builds its training graph, any tf.compat.v1.train optimizer's
-apply_gradients (minimize calls it) goes through a SyncReplicasOptimizer wrapped around that
-optimizer, aggregating one gradient per replica for every step. No tokens are queued at start,
-so the first step waits for a gradient from every replica: the chief cannot run ahead while
-the workers start.
-
+apply_gradients goes through a SyncReplicasOptimizer around it, one gradient per replica each
+step. No tokens are queued at start, so the chief cannot run ahead while the workers start.
 At the end the chief's queue runner waits for gradients that never come, and the session's
-close waits 120 s for it (stop_grace_period_secs, which Estimator does not let one change).
-The chief's last hook therefore stops the coordinator and closes the raw session, after every
-other hook's end(), so the final checkpoint and the ps tokens are in first.
-
-Told to stop, a trainer stops at a step boundary, and a peer told a moment later may already
-be inside the next step, its gradient sent, waiting for a token that only a complete step
-brings. A trainer that stops therefore first queues a token for each peer
-(barriers.RELEASE_PEERS): the peer's step ends without an update, and it sees its stop.
+close waits 120 s for it (stop_grace_period_secs, which Estimator does not expose): the
+chief's last hook stops it after every other hook's end(). A stopping trainer first queues a
+token for each peer (barriers.RELEASE_PEERS), so that a peer already inside the next step,
+its gradient sent, ends that step without an update and sees its stop.
 """
 
 from __future__ import annotations
@@ -86,8 +79,6 @@ def synchronous_model_fn(model_fn: ModelFn, replicas: int, is_chief: bool) -> Mo
                 "or leave --sync_replicas out",
             )
         hooks = [made[0].make_session_run_hook(is_chief, num_tokens=0)]
-        # Without these tokens a peer inside the step a stopping trainer never joins waits
-        # for its token forever, and keeps the parameter servers up with it.
         tf.compat.v1.add_to_collection(
             barriers.RELEASE_PEERS, made[0].get_init_tokens_op(replicas - 1)
         )

@@ -1,10 +1,7 @@
-"""The Estimator backend: what to train (`Training`), and the role of this task played to its
-end (a single process, a parameter server, a trainer, the evaluator), for the lifecycle that
-`python -m tfconfig_slurm.run` and `tfconfig_slurm.train_and_evaluate` share.
-
-Checkpoints and event files live in the Estimator's model directory; running again with the
-same directory resumes from its latest checkpoint.
-"""
+"""The Estimator backend of the lifecycle that `python -m tfconfig_slurm.run` and
+`tfconfig_slurm.train_and_evaluate` share: what to train (`Training`), and this task's role
+played to its end. Running again with the same model directory resumes from its latest
+checkpoint."""
 
 from __future__ import annotations
 
@@ -44,8 +41,7 @@ class Training:
 
 
 class EstimatorBackend:
-    """Estimator training as the lifecycle's backend (process/task/lifecycle.py): this task's role
-    played to its end, a single process, a parameter server, a trainer or the evaluator."""
+    """Estimator training as the lifecycle's backend (process/task/lifecycle.py)."""
 
     def __init__(self, training: Training, role: ClusterRole | None, stop: StopRequest) -> None:
         self._training = training
@@ -66,8 +62,7 @@ class EstimatorBackend:
         """Beside the Estimator's events, whose eval/ scalars are the metrics the HParams tab
         shows (tag and group "eval")."""
         summary = hparams_api.hparams_pb(dict(hparams), trial_id=trial_id)
-        # The Estimator's own writer of the directory, by the very name it uses: two writers
-        # starting in one second would write one events file. Made outside eager mode.
+        # The Estimator's own writer (two starting in one second would share an events file).
         with tf.Graph().as_default():
             writer = tf.compat.v1.summary.FileWriterCache.get(str(self._directory))
         # TensorBoard's Summary proto is not TensorFlow's class: the writer takes its bytes.

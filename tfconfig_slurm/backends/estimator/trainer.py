@@ -1,7 +1,6 @@
-"""A trainer of the cluster (the chief or a worker): its gRPC server, train_and_evaluate with
-the runtime's hooks, the stop tokens for the parameter servers, and its report; the chief then
-evaluates the final checkpoint (or takes the evaluator's result), exports, and writes
-summary.json."""
+"""A trainer of the cluster (the chief or a worker): train_and_evaluate with the runtime's
+hooks, the stop tokens for the parameter servers and its report; the chief then evaluates,
+exports and writes summary.json."""
 
 from __future__ import annotations
 
@@ -37,16 +36,14 @@ def run(
     name: str,
     leave_session_open: bool,
 ) -> Result | None:
-    """Trains as `role` through `server`, the task's own (which carries the thread limits:
-    "environment": "google" in TF_CONFIG makes the Estimator use it instead of starting one).
-    The chief returns what train_and_evaluate returns in one process, a worker (and a chief
-    told to stop) None. Told to stop, trainers stop at the next step boundary, after the
-    chief's checkpoint."""
+    """Trains as `role` through `server`, the task's own, which carries the thread limits
+    ("environment": "google" in TF_CONFIG keeps the Estimator from starting one). The chief
+    returns what train_and_evaluate returns in one process; a worker, or a chief told to
+    stop, None."""
     started = time.monotonic()
     config = tf.compat.v1.ConfigProto()
     config.CopyFrom(user.config.session_config)
-    # Without explicit device filters a session_config lets a trainer wait for every other
-    # trainer.
+    # Without device filters a trainer would wait for every other trainer.
     if not config.device_filters:
         config.device_filters.extend(["/job:ps", f"/job:{role.role}/task:{role.index}"])
     model_dir = Path(user.model_dir)
@@ -65,9 +62,7 @@ def run(
                 estimator, with_runtime(train_spec, estimator, hooks, stop), eval_spec
             )
     finally:
-        # Once training has ended (the chief's final checkpoint written), from a session of
-        # its own; also when training failed or there was nothing left to train: the
-        # parameter servers must not wait for this trainer.
+        # Also when training failed or had nothing left: the ps must not wait for this trainer.
         barriers.send_stop_tokens(server.target, role.ps_count, role.trainers, role.trainer_id)
         # Only now: a ps that died meanwhile would hold the tokens' session forever.
         peers.stop()
@@ -96,10 +91,9 @@ def _reported(
     name: str,
     started: float,
 ) -> Result:
-    """The chief's end of a run trained to its last step: its metrics, exports and summary.
-    In a cluster the Estimator's chief does not evaluate. Without an evaluator task it
-    evaluates the final checkpoint here, in-process and with no cluster (the parameter
-    servers may be gone by now); with one, it takes the evaluator's final result."""
+    """The chief's end of a run trained to its last step: its metrics (the evaluator's, else
+    the final checkpoint evaluated here with no cluster, whose ps may be gone), exports and
+    summary (in a cluster the Estimator's chief does not evaluate)."""
     model_dir = Path(user.model_dir)
     local = estimators.for_task(user, None)
     evaluated = reports.evaluator_result(model_dir, run_marker) if role.has_evaluator else None
@@ -140,11 +134,9 @@ def export(
 
 
 def throughput_hook(estimator: tf.estimator.Estimator, role: ClusterRole | None) -> ThroughputHook:
-    """Logs every RunConfig.log_step_count_steps steps. The chief writes its scalars into the
-    model directory, beside the Estimator's own events; another trainer into a directory of
-    its own: v1 event file names carry only the second and the host, so two writers starting
-    together on one host would write one file (so the chief's names the directory exactly as
-    the Estimator's writer does)."""
+    """Logs every RunConfig.log_step_count_steps steps. The chief writes its scalars beside the
+    Estimator's events, by the directory's very name (the same writer); another trainer into
+    a directory of its own: v1 event file names carry only the second and the host."""
     summaries: str = estimator.model_dir
     if role is not None and role.role != CHIEF:
         summaries = str(Path(summaries, f"{role.role}-{role.index}"))
@@ -172,8 +164,8 @@ def with_runtime(
 
 
 def log_export(result: Any) -> None:
-    """Says where an exporter's result (a path, as bytes or text) went; None is an exporter
-    that chose not to export (BestExporter, for a model no better)."""
+    """Says where an exporter's result (a path, as bytes or text) went; None: not exported
+    (BestExporter, for a model no better)."""
     if result is not None:
         logging.info(
             "exported the model to %s", result.decode() if isinstance(result, bytes) else result

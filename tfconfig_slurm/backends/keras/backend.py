@@ -1,7 +1,5 @@
-"""What the tf-keras backends (train.py, coordinator.py, sidecar.py) share as the lifecycle's
-backend (process/task/lifecycle.py), beyond what Keras 3's shares with them
-(process/task/keras_run.py): once training is set up in this process, the hparams' record for
-TensorBoard; and, for the two that train, the checkpoint step their saver last wrote."""
+"""What the tf-keras backends share beyond keras_run.KerasRun: the hparams' record for
+TensorBoard, and for the two that train, the checkpoint step their saver last wrote."""
 
 from __future__ import annotations
 

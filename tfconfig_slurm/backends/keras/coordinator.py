@@ -1,21 +1,12 @@
-"""The Keras backend's parameter-server flavour, on TensorFlow 2.16+ with tf-keras: the
-coordinator (the chief) of a tf.distribute.ParameterServerStrategy cluster, for the lifecycle
-of process/task/lifecycle.py. Its parameter servers and workers only serve (serve.py), supervised
-as with-tfconfig supervises a coordinator's step (process/supervision/supervise.py).
+"""The Keras backend's parameter-server flavour (TensorFlow 2.16+, tf-keras): the coordinator
+of a tf.distribute.ParameterServerStrategy cluster, whose parameter servers and workers only
+serve (serve.py), supervised as process/supervision/supervise.py supervises.
 
-- The coordinator builds the experiment's model under the strategy (its variables on the
-  parameter servers, split across them by size), restores the model directory's latest
-  checkpoint and trains the steps left to --train_steps with model.fit, each worker reading
-  its own share of the experiment's dataset("train", params) (_worker_batches).
-- fit runs in epochs of --log_every_steps steps (fewer where no more are left: epoch_steps),
-  after each of which the coordinator logs the loss and examples/s and checkpoints where one
-  is due (process/task/cadence.py: by steps, or by time, the clock read at each epoch's end).
-  The coordinator schedules a whole epoch's steps at once unless held back: _InFlight keeps at
-  most two steps a worker scheduled and not done, so that a stop signal ends fit within those
-  steps (not at the epoch's end), with a checkpoint of the step.
-- At the end it takes the final checkpoint's metrics from the run's evaluator (--evaluator:
-  sidecar.py), or evaluates it in a process of its own (evaluate.py), and writes summary.json
-  and the eval/ scalars, as the other backends do.
+The coordinator restores the model under the strategy (its variables split across the ps by
+size) and trains the steps left with model.fit, in epochs of --log_every_steps after each of
+which it logs and checkpoints where due (_Epochs); _InFlight ends fit soon after a stop. At
+the end it takes the final metrics from the run's evaluator (sidecar.py), or evaluates in a
+process of its own (evaluate.py), and writes summary.json.
 """
 
 from __future__ import annotations
@@ -130,8 +121,7 @@ class CoordinatorBackend(TrainingBackendBase):
         )
 
     def _evaluate(self) -> dict[str, float]:
-        """The final checkpoint evaluated on the whole eval set, in a process of its own
-        outside the cluster (evaluate.py)."""
+        """The final checkpoint evaluated in a process of its own, outside the cluster."""
         settings = self._settings
         command = [
             sys.executable, "-m", "tfconfig_slurm.backends.keras.evaluate", self._experiment.spec,
@@ -181,11 +171,10 @@ class EvaluationError(RuntimeError):
 def _worker_batches(
     experiment: KerasExperiment, params: Mapping[str, Any], workers: int, _: Any
 ) -> tf.data.Dataset:
-    """A worker's stream of dataset("train", params), its params saying which worker of how
-    many reads it: trainer_index is worker k's k, as a scalar int64 tensor. The function is
-    traced once, on the coordinator, and run on every worker; ParameterServerStrategy's
-    InputContext says one pipeline of id 0 on each, so only the worker index TensorFlow fills
-    in as a worker runs it tells the workers apart (without it every worker read one share)."""
+    """A worker's stream of dataset("train", params), trainer_index (a scalar int64 tensor)
+    saying which worker reads it. Traced once on the coordinator and run on every worker,
+    where InputContext says one pipeline of id 0: only the worker index TensorFlow fills in
+    as a worker runs it tells the workers apart."""
     index = tf.distribute.coordinator.experimental_get_current_worker_index()
     share = {**params, "num_trainers": workers, "trainer_index": index}
     return experiment_dataset(experiment, "train", share).repeat()
@@ -231,11 +220,9 @@ class _Coordinator(NamedTuple):
 
 
 class _InFlight(keras.callbacks.Callback):  # type: ignore[misc]
-    """Holds the coordinator to STEPS_A_WORKER scheduled steps a worker not yet done, waiting
-    for the oldest, and ends fit after the step scheduled when a stop was asked for. Left to
-    itself the coordinator schedules an epoch's steps at once (its queue holds 262144), and fit
-    ends only when all have run: with 1 s steps, an epoch of 100 on one worker kept a stop
-    waiting past SLURM's 90 s warning."""
+    """Holds the coordinator to STEPS_A_WORKER scheduled steps a worker not yet done, and ends
+    fit after the step scheduled when a stop was asked for: left to itself, the coordinator
+    schedules an epoch's steps at once, and fit ends only when all have run."""
 
     # Steps a worker may have scheduled and not done: one running, one ready behind it.
     STEPS_A_WORKER = 2
@@ -261,11 +248,10 @@ class _InFlight(keras.callbacks.Callback):  # type: ignore[misc]
 
 
 class _Epochs(keras.callbacks.Callback):  # type: ignore[misc]
-    """After each epoch: the global step, the loss and examples/s logged (and written for
-    TensorBoard), a checkpoint where due, and a stop where asked for. The fit that reaches
-    the last step, or stops, ends the run from its last callback: leaving fit deletes the
-    workers' iterators, behind which TensorFlow 2.21 held the coordinator's next operation
-    for minutes here (the Keras backend's _FinishInside saw the same)."""
+    """After each epoch: the loss and examples/s logged and written, a checkpoint where due,
+    and a stop where asked for. The fit that reaches the last step, or stops, ends the run
+    from its last callback, as train._FinishInside does: leaving fit deletes the workers'
+    iterators, which can hold the coordinator for minutes."""
 
     def __init__(
         self,

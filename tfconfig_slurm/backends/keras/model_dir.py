@@ -58,9 +58,8 @@ def restored(
 
 
 def built_model(experiment: KerasExperiment, params: Mapping[str, Any]) -> Any:
-    """The experiment's build_model(params), refused in one line unless a compiled tf-keras
-    model: a Keras 3 model trained a whole run, then failed to export, and an uncompiled one
-    failed in TensorFlow's checkpoint code."""
+    """The experiment's build_model(params), refused unless a compiled tf-keras model: a Keras
+    3 model failed only at the export, an uncompiled one deep in TensorFlow's checkpoints."""
     model = experiment.build_model(params)
     if not isinstance(model, keras.Model):
         module, name = type(model).__module__, type(model).__qualname__
@@ -100,9 +99,8 @@ class Saver:
         restored: int,
         stop: preemption.StopRequest,
     ) -> None:
-        # On the node's own disk: a worker's copy is written only to be thrown away. Named,
-        # not made: the manager makes it at a save, which deletes it, so that a worker that
-        # never saves (nothing left to train) leaves nothing behind.
+        # On the node's own disk, named, not made: the manager makes it at a save, which then
+        # deletes it, so that a worker that never saves leaves nothing behind.
         self._scratch = (
             None
             if role is None or role.role == CHIEF

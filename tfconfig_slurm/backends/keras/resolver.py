@@ -7,15 +7,11 @@ TF_CONFIG:
   strategy = tf.distribute.ParameterServerStrategy(
       tfconfig_slurm.cluster_resolver(coordinator=True))
 
-The task's place comes from the one door every entry point takes (process/place.find): a
-TF_CONFIG made for this step (with-tfconfig's, a --local_cluster's) wins, so the resolver
-agrees with the wrapper around the script; else the layout of the TFCONFIG_SLURM_* variables
-(the layout flags' names) and the keyword arguments, which win over them. A TF_CONFIG the
-resolver made itself is taken back out of the environment: no environment string carries the
-cluster, so no 128 KiB limit applies. The task's GPUs are set in CUDA_VISIBLE_DEVICES, as
-with-tfconfig sets them: make the resolver before TensorFlow first looks at its devices. The
-task's port must be free on its node when the resolver first lays it out, as with-tfconfig
-checks it.
+The task's place comes from place.find, as for every entry point: a TF_CONFIG made for this
+step (with-tfconfig's, a --local_cluster's) wins, so the resolver agrees with a wrapper around
+the script; else the TFCONFIG_SLURM_* variables, under the keyword arguments. A TF_CONFIG the
+resolver made is not left in the environment (so no 128 KiB limit applies). Make the resolver
+before TensorFlow first looks at its devices: it sets the task's CUDA_VISIBLE_DEVICES.
 """
 
 from __future__ import annotations
@@ -90,11 +86,9 @@ def cluster_resolver(
 
 
 def _check_devices_not_listed(before: str | None, now: str) -> None:
-    """Raises UsageError where TensorFlow has listed this process's devices already: CUDA read
-    CUDA_VISIBLE_DEVICES then, and the task's GPUs, set now, would not take effect (the task
-    would use GPUs SLURM gave another)."""
-    # TensorFlow keeps the devices it found here once it has looked; it has no public word
-    # for whether it has.
+    """Raises UsageError where TensorFlow has listed its devices already: CUDA read
+    CUDA_VISIBLE_DEVICES then, so the task's GPUs, set now, would not take effect."""
+    # Where TensorFlow keeps the devices it found; it has no public word for whether it has.
     if getattr(context.context(), "_physical_devices", None) is None:
         return
     raise UsageError(

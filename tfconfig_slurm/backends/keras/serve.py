@@ -1,7 +1,6 @@
-"""A ParameterServerStrategy cluster's parameter server or worker, for the runtime: the gRPC
-server of the task its TF_CONFIG names, with its thread pools as the runtime sized them
-(cluster/threads.py; 0: TensorFlow's own), serving the coordinator until its supervisor ends
-it (a started server cannot be stopped, and join() never returns; process/supervision/supervise.py).
+"""A ParameterServerStrategy cluster's parameter server or worker: the gRPC server of the task
+its TF_CONFIG names, with the runtime's thread pools (cluster/threads.py; 0: TensorFlow's own),
+serving until its supervisor ends it (a started server cannot be stopped).
 
   python -m tfconfig_slurm.backends.keras.serve INTRA_OP_THREADS INTER_OP_THREADS
 """
@@ -16,13 +15,11 @@ from tfconfig_slurm.process.task import native_noise
 
 
 def main() -> None:
-    # A job's warning before its time limit (or a preemption's) is the coordinator's to act
-    # on; its default action would end the server, which the coordinator cannot go on
-    # without.
+    # A warning before the time limit (or a preemption) is the coordinator's to act on; by
+    # default it would end this server, which the coordinator cannot go on without.
     for warning in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(warning, signal.SIG_IGN)
-    # TensorFlow's start-up notes, as its import and the server's start write them, are held
-    # back as the runtime's other tasks hold them.
+    # TensorFlow's start-up notes held back, as in the runtime's other tasks.
     with native_noise.start_up_notes_held(bool(os.environ.get("CUDA_VISIBLE_DEVICES"))):
         import tensorflow as tf  # noqa: PLC0415
 

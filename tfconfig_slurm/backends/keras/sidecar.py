@@ -1,15 +1,8 @@
-"""The evaluator of a ParameterServerStrategy run (--coordinator --evaluator), for the
-lifecycle of process/task/lifecycle.py: a sidecar, as tf-keras's SidecarEvaluator is, outside the
-coordinator's cluster (its TF_CONFIG names only itself: an evaluator in the coordinator's
-cluster hangs it, TensorFlow #46169).
-
-- It evaluates each new checkpoint of the model directory on the whole eval set (or
-  --eval_steps batches), logs its metrics and writes them for TensorBoard's eval/ run.
-- At the first checkpoint at or past --train_steps it leaves the metrics for the coordinator's
-  summary.json (process/records/reports.py) and ends.
-- It ends when the coordinator has gone (told to stop too, it waits for that: the
-  coordinator may yet finish its last steps and wait for their result); the coordinator
-  lost while the run is not stopping ends it as a failure.
+"""The evaluator of a ParameterServerStrategy run (--coordinator --evaluator): a sidecar, as
+tf-keras's SidecarEvaluator is, outside the coordinator's cluster (its TF_CONFIG names only
+itself: an evaluator in the coordinator's cluster hangs it, TensorFlow #46169). It evaluates
+each new checkpoint for TensorBoard's eval/ run, and leaves the metrics of the first at or
+past --train_steps for the coordinator's summary.json.
 """
 
 from __future__ import annotations
@@ -55,10 +48,8 @@ class SidecarBackend(KerasBackendBase):
 
     def train(self, end: Callable[[Ending], Any]) -> Any:
         sidecar, settings, stop = self._set_up(), self._settings, self._stop
-        # Evaluates until the coordinator has gone, whatever signal this task got: a stop
-        # told to both may still leave the coordinator its last steps, whose final checkpoint
-        # it waits for the result of. Its end (FINISHED on its port, or its port closed after
-        # a stop) ends this task; its loss while the run is not stopping is a failure.
+        # Until the coordinator has gone, whatever signal this task got: a stopping coordinator
+        # may still finish its last steps and wait for their result.
         gone = threading.Event()
 
         def lost(name: str, address: str, silent_for: float) -> None:
@@ -70,6 +61,7 @@ class SidecarBackend(KerasBackendBase):
             self._cluster_role.named(CHIEF), on_lost=lost, on_finished=lambda name: gone.set()
         )
         batches = eval_batches(self._experiment, settings.params)
+        run = reports.marker(self._cluster_role, settings.train_steps)
         for path in tf.train.checkpoints_iterator(
             str(settings.model_dir), timeout=timing.CHECKPOINT_LOOK_SECONDS, timeout_fn=gone.is_set
         ):
@@ -79,7 +71,6 @@ class SidecarBackend(KerasBackendBase):
             try:
                 evaluated = evaluate_checkpoint(sidecar.model, path, batches, settings.eval_steps)
             except tf.errors.OpError as error:
-                run = reports.marker(self._cluster_role, settings.train_steps)
                 if step >= settings.train_steps:
                     # No later checkpoint will come: the coordinator evaluates this one itself.
                     logging.warning("evaluator 0: cannot evaluate %s: %s", path, error.message)
@@ -94,7 +85,6 @@ class SidecarBackend(KerasBackendBase):
             logging.info("evaluator 0: step %d: %s", step, reports.metric_text(metrics))
             write_scalars(sidecar.writer, metrics, step)
             if step >= settings.train_steps:
-                run = reports.marker(self._cluster_role, settings.train_steps)
                 reports.write_evaluator_result(settings.model_dir, run, metrics)
                 return end(Ending(None))
         if not stop.requested:

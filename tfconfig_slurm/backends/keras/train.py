@@ -1,17 +1,10 @@
-"""The Keras backend, on TensorFlow 2.16+ with tf-keras: one process, or one trainer of a
-tf.distribute.MultiWorkerMirroredStrategy cluster (chief and workers, no parameter server),
-for the lifecycle of process/task/lifecycle.py.
+"""The Keras backend (TensorFlow 2.16+, tf-keras): one process, or one trainer of a
+MultiWorkerMirroredStrategy cluster (chief and workers, no parameter server).
 
-- Every trainer builds the model under the strategy, restores the model directory's latest
-  checkpoint and trains the steps left to --train_steps with model.fit, on the batches of the
-  experiment's dataset("train", params) of this trainer (params["batch_size"] each: the
-  global batch is that times the trainers).
-- Checkpoints are numbered by the global step (the optimizer's iterations), so a run resumes
-  to the step. Every trainer saves, as the strategy's collectives require: the chief into the
-  model directory, the others into a scratch directory of their own that they delete.
-- What follows each step (its line, a checkpoint, a stop agreed on by an all-reduce) is
-  process/task/fit_steps.py's, as for Keras 3; each trainer watches its neighbours in the tree
-  of trainers (watch_plan.py), and the chief writes the reports (keras_run.py).
+Every trainer restores the model under the strategy and trains the steps left with model.fit
+on its own batches (params["batch_size"] each: the global batch is that times the trainers).
+What follows each step is process/task/fit_steps.py's, as for Keras 3; each trainer watches
+its neighbours (watch_plan.py), and the chief writes the reports (keras_run.py).
 """
 
 from __future__ import annotations
@@ -204,9 +197,8 @@ def _train_batches(
     params: Mapping[str, Any],
     role: ClusterRole | None,
 ) -> Any:
-    """The experiment's training batches; in a cluster each trainer's own, as its dataset
-    shards them by params["trainer_index"] (distribute_datasets_from_function: no batch is
-    split between trainers)."""
+    """The experiment's training batches; in a cluster each trainer's own, sharded by
+    params["trainer_index"] (distribute_datasets_from_function splits no batch)."""
     if role is None:
         return experiment_dataset(experiment, "train", params)
     return strategy.distribute_datasets_from_function(
@@ -216,9 +208,8 @@ def _train_batches(
 
 class _FinishInside(keras.callbacks.Callback):  # type: ignore[misc]
     """Ends the run from fit's last callback, before fit returns: leaving fit deletes its
-    input iterator, and TensorFlow 2.21 waits out its tf.data autotuner's sleep to do that
-    (up to a minute: 36-53 s seen between the last step and the evaluation). The CLI's
-    lifecycle ends the process there (process/exits.py), which deletes nothing."""
+    input iterator, which waits out the tf.data autotuner's sleep (up to a minute); the CLI's
+    lifecycle ends the process first (process/exits.py)."""
 
     def __init__(self, finish: Callable[[], Any]) -> None:
         super().__init__()
