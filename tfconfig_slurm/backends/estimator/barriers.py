@@ -4,7 +4,9 @@ The Estimator's own ps calls `server.join()` and never returns. Here each ps own
 (found by its shared name); every trainer puts a token on every ps once its training has
 ended, and a ps exits once it holds one from every trainer. At start, workers wait for a token
 the chief puts on the first ps once its session has initialised the variables: else a worker
-that comes first finds the model "not ready" and its session manager sleeps 30 s. A dead peer
+that comes first finds the model "not ready" and its session manager sleeps 30 s. Told to
+stop, each worker says so on a third queue on the first ps, and the chief stops last, so that
+its final checkpoint holds every step taken. A dead peer
 ends no wait: the watchdog (process/supervision/watchdog.py) ends the waiting process.
 """
 
