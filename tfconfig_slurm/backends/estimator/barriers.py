@@ -6,8 +6,8 @@ ended, and a ps exits once it holds one from every trainer. At start, workers wa
 the chief puts on the first ps once its session has initialised the variables: else a worker
 that comes first finds the model "not ready" and its session manager sleeps 30 s. Told to
 stop, each worker says so on a third queue on the first ps, and the chief stops last, so that
-its final checkpoint holds every step taken. A dead peer
-ends no wait: the watchdog (process/supervision/watchdog.py) ends the waiting process.
+its final checkpoint holds every step taken. A dead peer ends no wait: the watchdog
+(process/supervision/watchdog.py) ends the waiting process.
 """
 
 from __future__ import annotations
