@@ -51,6 +51,7 @@ from tfconfig_slurm.commands import (
 )
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
+from tfconfig_slurm.process import held_signals
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import claim, failure, history, model_dir, refusal
 from tfconfig_slurm.process.supervision import local_cluster, supervise
@@ -74,6 +75,8 @@ def main(argv: Sequence[str]) -> int | None:
     stop = preemption.StopRequest()
     preempt = preemption.parse_signal(runtime_flags.PREEMPT_SIGNAL.value)
     stop.listen(preempt, signal.SIGTERM)
+    for came in held_signals.release({preempt, signal.SIGTERM}):
+        stop.ask(came.name)
     # A hang is debuggable: SIGQUIT writes every thread's stack, and nothing else happens.
     faulthandler.register(signal.SIGQUIT, all_threads=True)
     requeue_on = {preempt.name} if preempt else set()
