@@ -1,6 +1,5 @@
-"""An experiment's hparams on the command line: `--hparams=name=value,...` over its HPARAMS,
-each value typed as its default and passed by its check_hparams, and a sweep file's lines
-(one --hparams value a line). No TensorFlow here."""
+"""An experiment's hparams on the command line (`--hparams=name=value,...` over its HPARAMS)
+and a sweep file's lines. No TensorFlow here."""
 
 from __future__ import annotations
 
@@ -58,8 +57,7 @@ def with_overrides(
 
 def swept(hparams: str, line: str) -> str:
     """--hparams with a sweep file's line after it, the line's values in place of those it
-    sets too: each is a user's list of its own, and a name only one of them repeats is
-    refused."""
+    sets too (a name repeated within one of them is still refused)."""
     names = {item.partition("=")[0].strip() for item in line.split(",")}
     kept = [item for item in hparams.split(",") if item.partition("=")[0].strip() not in names]
     return ",".join(filter(None, (*kept, line)))

@@ -1,10 +1,7 @@
-"""Which TensorFlow this Python has, read from the installed packages' metadata without
-importing it (an import takes seconds), and the check that a runtime can run on it.
-
-The Estimator runtime needs TensorFlow 2.15 and tensorflow-estimator, which exist for Python
-3.9 to 3.11 only; TensorFlow 2.16 removed tf.estimator. The Keras runtime needs TensorFlow
-2.16 or later with tf-keras. The Keras 3 runtime needs Keras 3 and JAX, and no TensorFlow.
-No TensorFlow here.
+"""Which TensorFlow, Keras and JAX this Python has, read from the packages' metadata without
+importing them (an import takes seconds), and the check that a runtime can run on them:
+Estimator needs TensorFlow 2.15 (2.16 removed it), Keras TensorFlow 2.16+ with tf-keras,
+Keras 3 JAX. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -43,11 +40,7 @@ _KERAS_INSTALL = (
 )
 
 
-# The oldest JAX the Keras 3 runtime runs on, found by trying (its host tests pass on 0.8.2,
-# 0.11.2 and 0.12.0.1; CI runs them on this one too): 0.8.1 lacks the option that turns JAX's
-# preemption service off (jax_enable_preemption_service, from 0.8.2), which would take the
-# SIGTERM the runtime stops on. The rest came earlier: recoverable tasks 0.7.1, jax._src.lib's
-# _jax 0.6.1, no cluster detection 0.4.36, JAX_LOCAL_DEVICE_IDS 0.4.33.
+# The oldest JAX the Keras 3 runtime runs on (CI tests it): the rest it needs came earlier.
 OLDEST_JAX = (0, 8, 2)
 _OLDEST_JAX_LACKS = (
     "the option that turns its preemption service off (jax_enable_preemption_service), which "
