@@ -1,11 +1,7 @@
 """A job that may not requeue itself (Requeue=0) goes on in a new one: its batch script
-submitted again, with what the job asked for, to start once it has ended, in the same run
-directory, counted against --max_requeues.
-
-The script's arguments are SLURM's command line, joined at spaces, unless the script hands them
-on whole (BATCH_ARGS, as launch/train.sbatch does). What SLURM's record does not show
-(`NOT_CARRIED`) comes from the script's own `#SBATCH` lines. No TensorFlow here.
-"""
+submitted again to start once it has ended, asking for what the job asked for (what SLURM's
+record does not show, `NOT_CARRIED`, comes from the script's `#SBATCH` lines), in the same
+run directory. No TensorFlow here."""
 
 from __future__ import annotations
 
@@ -38,8 +34,7 @@ _THIS_TASK_ONLY = {
 _KEPT = {"SLURM_CONF"}
 # `scontrol show job`: Key=value pairs, several a line; keys start with a capital letter.
 _FIELD = re.compile(r"(?:^| )([A-Z][A-Za-z/:_]*)=")
-# Fields of free text (a name, a path, a comment), which scontrol prints last on their line:
-# each takes the rest of its line, whatever " Key=" it holds.
+# Free text, which scontrol prints last on its line: the rest of the line, " Key=" and all.
 _FREE_TEXT = frozenset(
     {"JobName", "Command", "WorkDir", "Comment", "StdErr", "StdIn", "StdOut", "Reservation"}
 )
@@ -82,15 +77,13 @@ def parse_record(text: str) -> dict[str, str]:
 
 
 def requeued(record: Mapping[str, str], restart_count: int) -> bool:
-    """Whether the job of `record` was requeued since its run `restart_count` started: a
-    `scontrol requeue` that failed, or gave up waiting, may still have been done."""
+    """Whether the job of `record` was requeued since its run `restart_count` started."""
     restarts = record.get("Restarts", "")
     return restarts.isdigit() and int(restarts) > restart_count
 
 
 def batch_command(record: Mapping[str, str], environ: Mapping[str, str]) -> list[str]:
-    """The batch script and its arguments: whole where the script handed them on (BATCH_ARGS),
-    else SLURM's command line split at spaces."""
+    """The batch script and its arguments: as handed on (BATCH_ARGS), else split at spaces."""
     command = record.get("Command", "")
     try:
         arguments = json.loads(environ.get(BATCH_ARGS, ""))
@@ -106,8 +99,7 @@ def batch_command(record: Mapping[str, str], environ: Mapping[str, str]) -> list
 
 
 def say_at_start(job: SlurmJob, environ: Mapping[str, str]) -> None:
-    """Says at start what a stop will do where `job` may not requeue itself: go on in a new
-    job, or end the run at a checkpoint that nothing resumes."""
+    """Says at start what a stop will do where `job` may not requeue itself."""
     record = job_record(job.name)
     if isinstance(record, str):
         logging.warning(
@@ -156,8 +148,7 @@ def submit(
     environ: Mapping[str, str],
     record: Mapping[str, str],
 ) -> str:
-    """Submits the job of `record` again, to go on after it in `model_dir`: the new job's id;
-    ContinuationError says why not. The first task to claim it submits it, once."""
+    """Submits the job of `record` again, to go on after it in `model_dir`: the new job's id."""
     problem = check(record, environ)
     if problem:
         raise ContinuationError(problem)
@@ -307,8 +298,7 @@ def _gpus_and_memory(record: Mapping[str, str]) -> dict[str, str | None]:
 
 
 def _gpus(tres: str) -> str | None:
-    """The GPUs of a per-job, per-task or per-socket TRES field (`gres:gpu:a100:2`:
-    `a100:2`), as --gpus and its kin take them; None where it names none."""
+    """The GPUs of a TRES field as --gpus takes them (`gres:gpu:a100:2`: `a100:2`), or None."""
     for item in tres.split(","):
         for prefix in ("gres:gpu:", "gres/gpu:", "gres/gpu="):
             if item.startswith(prefix):
@@ -317,9 +307,8 @@ def _gpus(tres: str) -> str | None:
 
 
 def _pattern(path: str, record: Mapping[str, str]) -> str | None:
-    """An output file as SLURM shows it, this job's id (and its array's) in its name made %j,
-    so that the next job writes a file of its own. Its folders and the job's name are kept
-    as they are: they may hold the same number."""
+    """An output file as SLURM shows it, this job's id in its name (not in its folders nor
+    the job's name, which may hold the same number) made %j for the next job's own file."""
     if not path:
         return None
     folder, _, name = path.rpartition("/")
@@ -334,8 +323,7 @@ def _pattern(path: str, record: Mapping[str, str]) -> str | None:
 
 
 def next_environment(environ: Mapping[str, str], model_dir: Path, count: int) -> dict[str, str]:
-    """This task's environment without this job's and task's own, naming the run directory
-    and the continuation's count."""
+    """This task's environment without this job's and task's own, for continuation `count`."""
     kept = {
         name: value
         for name, value in environ.items()

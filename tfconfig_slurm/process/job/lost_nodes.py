@@ -1,8 +1,6 @@
-"""A node that left the job: where a node of a `--no-kill` job fails, SLURM kills the step's
-tasks on the nodes left, but srun waits on for the tasks of the node that is gone, and only
-the job's record (scontrol) says that it is gone. `NodeWatch` ends srun then, for the step to
-start again on the nodes left. No TensorFlow here.
-"""
+"""A node that left the job: where a node of a `--no-kill` job fails, srun waits on for its
+tasks, and only the job's record says that it is gone; `NodeWatch` ends srun then, for the
+step to start again on the nodes left. No TensorFlow here."""
 
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ def nodes_now(job: SlurmJob) -> tuple[str, ...] | None:
 
 
 def nodes_of(record: Mapping[str, str] | str) -> tuple[str, ...] | None:
-    """The nodes a job's record lists; None where there is no record, or it lists none (a job
-    requeued already)."""
+    """The nodes a job's record lists; None where there is none, or it lists none."""
     return None if isinstance(record, str) else _expanded(record.get("NodeList", "")) or None
 
 
@@ -53,8 +50,7 @@ def down(nodes: Sequence[str]) -> tuple[str, ...]:
     return tuple(node for node in nodes if node in failed)
 
 
-# srun's options that size a step by its nodes or tasks, which the nodes left cannot keep
-# (--ntasks-per-node can): srun refuses such a step there.
+# srun's options that size a step by nodes or tasks: srun refuses them on the nodes left.
 _SIZING = ("-N", "--nodes", "-n", "--ntasks", "-w", "--nodelist")
 # srun's lines that say a task ended, or a node failed: the watch starts at the first.
 _ENDED = re.compile(r": tasks? [0-9][-,0-9]*: |[Nn]ode failure|NODE FAILURE")
@@ -96,8 +92,7 @@ class NodeWatch:
             self._thread.start()
 
     def _watch(self) -> None:
-        # Often while a node's failure may still be declared (SlurmdTimeout), then seldom: a
-        # step whose other tasks go on after one ended is not asked about every 2 s for hours.
+        # Often while a node's failure may still be declared (SlurmdTimeout), then seldom.
         seldom = time.monotonic() + timing.NODE_WATCH_OFTEN_SECONDS
         while self._srun.poll() is None:
             left = gone(self._held, nodes_now(self._job))
@@ -116,8 +111,7 @@ class NodeWatch:
 
 
 def without(record: Mapping[str, str], held: Allocation, left: Sequence[str]) -> dict[str, str]:
-    """`record`, asking for as many nodes as the job had, never those that `left` it (a list
-    of nodes asked for that names one is dropped)."""
+    """`record`, asking for as many nodes as the job had, none of those that `left` it."""
     excluded = (*_expanded(record.get("ExcNodeList", "")), *left)
     asked = _expanded(record.get("ReqNodeList", ""))
     return {

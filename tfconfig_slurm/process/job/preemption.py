@@ -44,11 +44,9 @@ _SAID_WAIT_SECONDS = 0.1
 class StopRequest:
     """Whether this task was told to stop, and by which signal.
 
-    Python runs a handler only between two bytecodes of the main thread, which may be blocked
-    in TensorFlow's C++ for good (a step waiting on a dead parameter server): so the signals
-    also reach a thread at once, through the interpreter's wakeup file descriptor. The handler
-    only notes the signal and the thread sets the event, as the main thread may hold that
-    event's own lock (a coordinator told twice hung for good in Event.set).
+    A handler runs only between two bytecodes of the main thread, which may be blocked in C++
+    for good, or hold the event's own lock (a coordinator told twice hung in Event.set): so it
+    only notes the signal, and a thread woken by the interpreter's wakeup fd sets the event.
     """
 
     def __init__(self) -> None:
@@ -61,9 +59,8 @@ class StopRequest:
         self.longest_checkpoint = 0.0
 
     def checkpoint_written(self, step: int, seconds: float, waited: float = 0.0) -> None:
-        """Says a checkpoint of `step` written in `seconds`, `waited` of them for the steps
-        dispatched before it (Keras 3 on JAX runs ahead of its devices), and keeps the
-        longest."""
+        """Says a checkpoint written, `waited` of its `seconds` for the steps dispatched before
+        it (Keras 3 on JAX runs ahead of its devices), and keeps the longest."""
         if waited >= _SAID_WAIT_SECONDS:
             logging.info(
                 "checkpoint of step %d written in %.2f s, %.2f s of it waiting for the steps "
@@ -113,8 +110,7 @@ class StopRequest:
             self._noted = True
 
     def listen_again(self) -> None:
-        """Takes the signals back from whatever took them since (MultiWorkerMirroredStrategy
-        installs its own SIGTERM handler, which only logs)."""
+        """Takes the signals back (MultiWorkerMirroredStrategy installs a SIGTERM handler)."""
 
         def handler(number: int, frame: FrameType | None) -> None:
             self.note(signal.Signals(number).name)
@@ -132,9 +128,8 @@ class StopRequest:
         return signal.Signals[self.signal_name] if self._noted else None
 
     def said(self, agreed: str) -> str:
-        """How a stop agreed on as `agreed` is said at this task's end: by its own signal where
-        one came after its peers' (SIGTERM reaches the tasks in any order), so that a requeue
-        signal requeues."""
+        """A stop agreed on as `agreed`, said by this task's own signal where one came after
+        its peers' (SIGTERM reaches the tasks in any order), so that a requeue signal requeues."""
         return self.signal_name if agreed == PEERS_SIGNAL and self._noted else agreed
 
     def wait(self, seconds: float | None = None) -> bool:
@@ -147,8 +142,7 @@ PEERS_SIGNAL = "a peer's signal"
 
 
 def _interrupted(times: int) -> None:
-    """Ctrl-C: the first stops at the next step, as any stop signal; the second ends the
-    process at once (a task waiting for a peer that never started, or a long step)."""
+    """Ctrl-C: the first stops at the next step, the second ends the process at once."""
     if times == 1:
         logging.warning(
             "SIGINT: stopping at the next step, with a checkpoint; Ctrl-C again ends the "

@@ -1,8 +1,7 @@
 """Whether a failed job step is worth starting again in the same job, and the lines that say
 so: where no code of the user's failed (a task killed, a peer that stopped answering), a
 restart loses at most a checkpoint interval; where it did, or the cause is unknown, the same
-failure would come again. No TensorFlow here.
-"""
+failure would come again. No TensorFlow here."""
 
 from __future__ import annotations
 
@@ -20,14 +19,11 @@ from tfconfig_slurm.process.records.failure import Failure
 from tfconfig_slurm.process.records.reports import RunState
 from tfconfig_slurm.process.records.run_dir import RunDir
 
-# srun names a task's node and its rank, and how it ended ("node2: task 3: Killed"), or
-# several ranks ("node2: tasks 3-5: Exited with exit code 2").
+# srun's line of a task's end: its node, rank and how it ended ("node2: tasks 3-5: Killed").
 _SRUN_TASK = re.compile(r"[^ \n]+: tasks? ([0-9]+)[-,0-9]*: (.*)")
-# The out-of-memory killer, as slurmstepd ("Detected 1 oom_kill event") or srun ("task 0: Out
-# Of Memory") reports it.
+# The out-of-memory killer, as slurmstepd or srun reports it.
 _OOM_KILL = re.compile(r"oom[-_ ]kill|out of memory", re.I)
-# srun's words for a task that died of a crash signal (strsignal's): the same crash would come
-# again, whatever its peers recorded of it (a loss, within milliseconds).
+# A crash signal (strsignal's words) would come again, whatever the peers recorded of it.
 _CRASH = re.compile(
     r"tasks? [0-9][-,0-9]*: (Segmentation fault|Aborted|Bus error|Illegal instruction|"
     r"Floating point exception)"
@@ -86,8 +82,7 @@ def read_step(
     srun_said: str,
     progress_at_start: object = None,
 ) -> Step:
-    """The step of `job` that ended with `status`, with its first failure recorded since it
-    `started`."""
+    """The step of `job` that ended, with its first failure recorded since it `started`."""
     first = failure.of_job(model_dir, job.job_id, job.restart_count, started)
     return Step(status, started, checkpoint_at_start, first, srun_said, progress_at_start)
 
@@ -109,9 +104,8 @@ def stopped_unrequeued(model_dir: Path, job: SlurmJob) -> bool:
 
 
 def line(model_dir: Path, job: SlurmJob, step: Step, who: str, left: Sequence[str] = ()) -> str:
-    """The line that names the first task of `step` to fail: from its record, else from srun's
-    message and that task's log; or the nodes that `left` the job (their tasks, cut off, may
-    have recorded their peers as lost first)."""
+    """The line that names the first task of `step` to fail, or the nodes that `left` the job
+    (their tasks, cut off, may have recorded their peers as lost first)."""
     logs = RunDir(model_dir).logs
     # A batch script that names no task logs (srun --output) has none there.
     where = f"; task logs in {logs}" if logs.is_dir() else ""

@@ -2,14 +2,10 @@
 
 Without `#SBATCH --signal=USR1@90` a time limit sends SIGTERM, then SIGKILL, and nothing
 requeues the job. So the task that requeues it asks squeue for the time left (again every
-minute: `scontrol update TimeLimit=` moves it) and, `margin` seconds before the limit, sends
-the preempt signal to itself and then the job (`scancel --signal`), as the warning would.
-The margin is at most half the time left at start, so that a short job trains first. The
-run's owner, where it is another task, only follows the limit, to say why the run stopped,
-except that its own checkpoints may widen its margin and have it stop the job itself. The
-stop never waits on slurmctld: the checkpoint is what must fit in the margin.
-
-No TensorFlow here.
+minute: `scontrol update TimeLimit=` moves it) and, `margin` seconds before the limit (at most
+half the time left at start), sends the preempt signal to itself, then to the job. The run's
+owner, where it is another task, only follows the limit, unless its slower checkpoints widen
+its margin. The stop never waits on slurmctld. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -74,8 +70,7 @@ def watch(
     acts: bool = True,
     ask: Ask = time_left,
 ) -> TimeLimit:
-    """Starts watching `job`'s time limit from a thread; a task that does not `act` only
-    follows it."""
+    """Starts watching `job`'s time limit from a thread (without `acts`, only following it)."""
     limit = TimeLimit(job, stop, signal_name, margin=margin, ask=ask, acts=acts)
     threading.Thread(target=limit.keep, name="time-limit", daemon=True).start()
     return limit
@@ -136,8 +131,7 @@ class TimeLimit:
                 if self._acts or margin > self.margin:
                     self._stop_the_job(deadline - time.time())
                 return
-            # Asked again every LIMIT_POLL_SECONDS, and once within FINAL_LOOK_SECONDS of the
-            # stop (its last look; an answer before, however recent, is not).
+            # Asked every LIMIT_POLL_SECONDS, and a last look within FINAL_LOOK_SECONDS of the stop.
             in_final = time.time() >= stop_at - timing.FINAL_LOOK_SECONDS
             if (
                 in_final and last_look != stop_at
@@ -225,8 +219,7 @@ class TimeLimit:
             name,
             job,
         )
-        # This task first: slurmctld may be slow, and scancel may not reach this task (a
-        # batch script's own python).
+        # This task first: slurmctld may be slow, and scancel miss a batch script's python.
         self.stop.ask(self.signal_name)
         problem = slurm_commands.failure(["scancel", f"--signal={name}", job])
         if problem:

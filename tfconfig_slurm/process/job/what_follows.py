@@ -1,8 +1,6 @@
-"""What follows the end of a run's step, decided in one module, in the process that sees it:
-the requeue or continuation of a task stopped on a signal (after_stop), and the batch script's
-restart of a failed step (after_failure, after_node_failure). docs/development.md draws the
-whole. No TensorFlow here.
-"""
+"""What follows the end of a run's step, in the process that sees it: a stopped task's requeue
+or continuation (after_stop), the batch script's restart of a failed step (after_failure,
+after_node_failure). docs/development.md draws the whole. No TensorFlow here."""
 
 from __future__ import annotations
 
@@ -28,8 +26,7 @@ def after_stop(
     policy: StopPolicy,
     model_dir: Path,
 ) -> ExitStatus:
-    """Once a task of `job` (None outside SLURM) stopped on a signal: the job requeued where
-    the policy says, else how to resume said; the exit status this task should end with."""
+    """The exit status of a task stopped on a signal, once the job is requeued or not."""
     if stopped_on in policy.requeue_on:
         return requeue(environ, job, policy.max_requeues, stopped_on, model_dir)
     if job is None:
@@ -60,8 +57,7 @@ def requeue(
     stopped_on: str,
     model_dir: Path,
 ) -> ExitStatus:
-    """Puts `job` back in the queue, or where SLURM refuses, submits it again to go on after
-    it; the exit status this task should end with."""
+    """Requeues `job`, or submits it again where SLURM refuses; this task's exit status."""
     if job is None:
         logging.warning(
             "stopped on %s outside a SLURM job: nothing to requeue; %s",
@@ -107,9 +103,8 @@ def _requeue_refused(
     stopped_on: str,
     model_dir: Path,
 ) -> ExitStatus:
-    """After `scontrol requeue` failed, the exit status this task should end with. Only a job
-    that may not requeue goes on in a new one: a failed requeue may have been done all the
-    same, or be SLURM's to do, and a new job would queue two for one run."""
+    """This task's exit status after `scontrol requeue` failed. Only a job that may not
+    requeue goes on in a new one: a failed requeue may have been done, or be SLURM's to do."""
     target, restarts = job.name, attempts.requeued(job)
     record = continuation.job_record(target)
     if isinstance(record, str):
@@ -169,10 +164,9 @@ def after_failure(
     who: str,
     left: Sequence[str] = (),
 ) -> tuple[str, str | None]:
-    """The line that says whether the step starts again (`done` restarts of at most `most`,
-    counted by the caller), and the restart's cause where it does; ("", None) where the job
-    makes none. Where nodes `left` the job (--no-kill), it starts again on those left,
-    whatever its tasks said of their peers there."""
+    """The line that says whether the step starts again (`done` restarts of at most `most`),
+    and the restart's cause where it does; ("", None) where the job makes none. Where nodes
+    `left` the job (--no-kill), it starts again on those left, whatever its tasks said."""
     if most <= 0:
         return "", None
     if left:
@@ -209,8 +203,7 @@ def after_failure(
 def _not_hung_again(
     model_dir: Path, job: SlurmJob, first: Failure | None, judged: restarts.Verdict
 ) -> restarts.Verdict:
-    """A step that hung where an earlier step of the job hung and was restarted for hangs in
-    the run's own code or data: no restart cures it."""
+    """No restart for a step that hung where an earlier one hung and was restarted for."""
     hung_at = first.hung_at() if first is not None else None
     if hung_at is None:
         return judged
@@ -225,9 +218,8 @@ def _not_hung_again(
 
 
 def _trained(model_dir: Path, step: restarts.Step) -> bool:
-    """Whether the step trained at all: progress.json changed since it started, or (a script
-    of the user's keeps none) a later checkpoint was written. Not by the times: those are two
-    nodes' clocks."""
+    """Whether the step trained at all: progress.json changed, or (a script of the user's
+    keeps none) a later checkpoint was written; not by the times (two nodes' clocks)."""
     if restarts.progress_mark(model_dir) not in ({}, step.progress_at_start):
         return True
     now = history.checkpoint_step(model_dir)
@@ -237,9 +229,8 @@ def _trained(model_dir: Path, step: restarts.Step) -> bool:
 def after_node_failure(
     model_dir: Path, job: SlurmJob, held: Allocation, environ: Mapping[str, str], most: int
 ) -> str:
-    """Where a node of `job` failed and Slurm ends the job for it: the line that says what
-    becomes of the run ("" where no node is known to have failed). A job that may not requeue
-    goes on in a new job without the node, at most `most` times over the run."""
+    """The line that says what becomes of the run where Slurm ends `job` for a failed node
+    ("" where none is known to have): one that may not requeue goes on without the node."""
     record = continuation.job_record(job.name)
     # A job ending lists fewer nodes as each completes: only those Slurm says failed are.
     left = lost_nodes.down(lost_nodes.gone(held.nodes, lost_nodes.nodes_of(record)))

@@ -1,15 +1,6 @@
-"""The experiment protocol: finding, importing and checking the module a user wrote.
-
-An experiment is a module (`experiments/<name>.py` in the working directory, else among the
-shipped ones, a dotted module path, or a file path) of one of two kinds, told apart by its
-source before it is imported (docs/training.md and docs/keras.md tell each in full):
-- Estimator: `model_fn(features, labels, mode, params)` and either `input_fn(mode, params)` or
-  `train_input_fn(params)` and `eval_input_fn(params)`; optionally `serving_input_receiver_fn`.
-- Keras: `build_model(params)`, returning the compiled model, and `dataset(mode, params)`; a
-  Keras 3 one (it imports `keras`) may define `layout_map(devices, params)`.
-Either may define `HPARAMS` (defaults for `--hparams`) and `check_hparams(hparams)`, which
-raises ValueError for values it cannot train with.
-"""
+"""The experiment protocol (docs/training.md, docs/keras.md): finding, importing and checking
+the module a user wrote, an Estimator one (model_fn and its input functions) or a Keras one
+(build_model and dataset), told apart by its source before it is imported."""
 
 from __future__ import annotations
 
@@ -124,9 +115,8 @@ class KerasExperiment:
 
 
 def kind(spec: str) -> str:
-    """ESTIMATOR, KERAS or KERAS3, read from its source so that a wrong install is named
-    before any import: a module that defines build_model is Keras, Keras 3 where it imports
-    `keras` and not `tf_keras`."""
+    """ESTIMATOR, KERAS or KERAS3 (build_model and `import keras`), read from the source so
+    that a wrong install is named before any import."""
     tree = _syntax(spec)
     statements = tree.body if tree else []
     if "build_model" not in _top_level_names(statements):
@@ -147,8 +137,8 @@ def _imported_packages(statements: list[ast.stmt]) -> set[str]:
 
 
 def literal_hparams(spec: str) -> dict[str, Any] | None:
-    """The experiment's HPARAMS where its source assigns them a literal dict and names them
-    nowhere else, read without importing it (and TensorFlow); None: the import tells."""
+    """The experiment's HPARAMS where its source assigns them a literal dict that nothing else
+    names, read without importing it (and TensorFlow); None otherwise."""
     tree = _syntax(spec)
     if tree is None or _names_hparams_elsewhere(tree):
         return None
@@ -167,8 +157,7 @@ def literal_hparams(spec: str) -> dict[str, Any] | None:
 
 
 def _names_hparams_elsewhere(tree: ast.Module) -> bool:
-    """Whether anything but one plain name could bind or change HPARAMS: a second mention,
-    an import of that name or of everything, a global statement, or the name as a string."""
+    """Whether anything but one plain assignment could bind or change HPARAMS."""
     mentions = 0
     for node in ast.walk(tree):
         mentions += isinstance(node, ast.Name) and node.id == "HPARAMS"
@@ -183,8 +172,8 @@ def _names_hparams_elsewhere(tree: ast.Module) -> bool:
 
 
 def _syntax(spec: str) -> ast.Module | None:
-    """The experiment module's syntax tree, None where its source cannot be read. A syntax
-    error is refused here: a module that does not parse would be taken for Estimator's."""
+    """The experiment module's syntax tree, None where its source cannot be read; a syntax
+    error is refused, not taken for an Estimator experiment."""
     _, path = locate(spec)
     if path is None:
         found = importlib.util.find_spec(spec)
@@ -234,8 +223,7 @@ def require_runtime(spec: str) -> str:
 
 
 def choose_jax(environ: Mapping[str, str]) -> dict[str, str]:
-    """The variable that sets Keras 3 (read at its first import) on JAX, for the command that
-    owns the process's environment to set; another backend in `environ` is said replaced."""
+    """The variable that sets Keras 3 on JAX, for the command that owns the environment."""
     chosen = environ.get(KERAS_BACKEND, "jax")
     if chosen != "jax":
         logging.warning(
@@ -288,8 +276,7 @@ def load_keras(spec: str) -> KerasExperiment:
 
 
 def _check_layout_map(spec: str, module: ModuleType) -> None:
-    """Refuses a layout_map not callable as layout_map(devices, params), or a tf-keras
-    experiment's, which tf.distribute would leave unread."""
+    """Refuses a layout_map that the run would not call as it means to."""
     if not callable(module.layout_map):
         raise UsageError(
             "--experiment",
@@ -307,9 +294,8 @@ def _check_layout_map(spec: str, module: ModuleType) -> None:
 
 
 def keeping_learning_rate(optimizer: Any, restore: Callable[[], Any]) -> None:
-    """Runs `restore()`, then gives `optimizer` back the learning rate it was compiled with,
-    where that is a number: Keras restores the rate with the variables, so a resume with
-    another learning_rate trained on with the old one."""
+    """Runs `restore()`, then gives `optimizer` back the learning rate it was compiled with:
+    Keras restores the rate, so a resume with another learning_rate trained on the old one."""
     rate = optimizer.get_config().get("learning_rate")
     restore()
     if isinstance(rate, numbers.Real):
@@ -317,8 +303,7 @@ def keeping_learning_rate(optimizer: Any, restore: Callable[[], Any]) -> None:
 
 
 def check_compiled(experiment: KerasExperiment, model: Any) -> None:
-    """Refuses a model that build_model returned uncompiled, which failed deep inside the
-    framework."""
+    """Refuses a model that build_model returned uncompiled (it failed deep in the framework)."""
     if getattr(model, "optimizer", None) is None:
         raise UsageError(
             "--experiment",
@@ -357,8 +342,7 @@ def load(spec: str) -> Experiment:
 def _optional_check(
     module: ModuleType, function: str, call: str, refuses: str, *probe: Any
 ) -> Callable[..., None] | None:
-    """The experiment's optional `function`, None where it defines none; refused where it is
-    no function callable as `call`."""
+    """The experiment's optional `function`, None where it has none; refused if not `call`."""
     check = getattr(module, function, None)
     if check is None:
         return None
@@ -385,8 +369,7 @@ def _check_data(module: ModuleType) -> DataCheck | None:
 
 
 def checked_data_dir(experiment: Experiment | KerasExperiment, data_dir: str | None) -> str | None:
-    """`data_dir` (--data_dir), passed by the experiment's check_data where it has one: its
-    ValueError refuses the run in one line, not a traceback in each task."""
+    """`data_dir`, passed by the experiment's check_data (a ValueError refuses it)."""
     if data_dir is not None and experiment.check_data is not None:
         try:
             experiment.check_data(data_dir)
@@ -436,8 +419,7 @@ def _import_failed(spec: str, path: Path | None, error: Exception) -> UsageError
 
 
 def _where(error: Exception) -> str:
-    """file:line of the error: a syntax error's own, else the last frame outside the import
-    machinery."""
+    """file:line of the error, the import machinery's frames left out."""
     if isinstance(error, SyntaxError) and error.filename:
         return f"{error.filename}:{error.lineno}"
     frames = [
@@ -481,8 +463,7 @@ def _input_fns(module: ModuleType) -> tuple[InputFn, InputFn]:
 
 
 def _check_call(module: ModuleType, function: str, call: str, *args: Any) -> None:
-    """Refuses at load a `function` whose call with `args` would fail in the middle of
-    training."""
+    """Refuses at load a `function` whose call with `args` would fail in training."""
     signature = _signature(module, function)
     if signature is None:
         return
@@ -493,8 +474,7 @@ def _check_call(module: ModuleType, function: str, call: str, *args: Any) -> Non
 
 
 def _check_by_name(module: ModuleType, function: str, call: str) -> None:
-    """As _check_call for a function Estimator calls, passing each argument it names by name
-    (and refusing a model_fn without features or params, which the runtime passes)."""
+    """As _check_call, for a function Estimator calls with each argument it names by name."""
     signature = _signature(module, function)
     if signature is None:
         return
