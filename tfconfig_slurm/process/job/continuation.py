@@ -1,26 +1,11 @@
-"""A job that may not requeue itself goes on in a new one: its batch script submitted again.
-
-Where `scontrol requeue` is refused (a job submitted with `--no-requeue`, a cluster with
-`JobRequeue=0`: the job's record says Requeue=0), the task that requeues submits the job's own
-batch script again, with the arguments and what the job asked for (`scontrol show job`:
-`resources` lists each request carried), to start once this job has ended
-(`--dependency=afterany:JOB`), in the same run directory (EXPERIMENT_ID and
-TFCONFIG_SLURM_OUTPUT), counted as the job's continuation (TFCONFIG_SLURM_CONTINUATION)
-against --max_requeues. The new job id is kept in the run directory for `tfconfig-slurm runs`.
-
-The script's arguments are SLURM's command line, joined at spaces; launch/train.sbatch hands
-them on whole (BATCH_ARGS), and only a batch script of the user's own has them split at
-spaces. What SLURM's record does not show (`NOT_CARRIED`) comes from the script's own
-`#SBATCH` lines. A heterogeneous job, or a step that runs in no batch job (an `srun` inside
-`salloc`), cannot go on so: `check` says why, at start.
-
-No TensorFlow here.
-"""
+"""A job that may not requeue itself (Requeue=0) goes on in a new one: its batch script
+submitted again to start once it has ended, asking for what the job asked for (what SLURM's
+record does not show, `NOT_CARRIED`, comes from the script's `#SBATCH` lines), in the same
+run directory. No TensorFlow here."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import time
@@ -35,11 +20,9 @@ from tfconfig_slurm.process import polling, slurm_commands, timing
 from tfconfig_slurm.process.records import reports
 from tfconfig_slurm.process.records.run_dir import OUTPUT_ROOT_VARIABLE, RunDir
 
-# The batch script's arguments as a JSON list, exported by launch/train.sbatch: SLURM's record
-# keeps them joined at spaces.
+# The batch script's arguments as a JSON list (launch/train.sbatch).
 BATCH_ARGS = "TFCONFIG_SLURM_BATCH_ARGS"
-# The variables of this job that must not reach the next one: SLURM sets its own, and a
-# task's TF_CONFIG and GPUs belong to this step.
+# Not for the next job: SLURM sets its own, and a task's TF_CONFIG and GPUs are this step's.
 _THIS_JOB_ONLY = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "PMI_", "PMIX_")
 _THIS_TASK_ONLY = {
     "TF_CONFIG",
@@ -51,8 +34,7 @@ _THIS_TASK_ONLY = {
 _KEPT = {"SLURM_CONF"}
 # `scontrol show job`: Key=value pairs, several a line; keys start with a capital letter.
 _FIELD = re.compile(r"(?:^| )([A-Z][A-Za-z/:_]*)=")
-# Fields of free text (a name, a path, a comment), which scontrol prints last on their line:
-# each takes the rest of its line, whatever " Key=" it holds.
+# Free text, which scontrol prints last on its line: the rest of the line, " Key=" and all.
 _FREE_TEXT = frozenset(
     {"JobName", "Command", "WorkDir", "Comment", "StdErr", "StdIn", "StdOut", "Reservation"}
 )
@@ -95,15 +77,13 @@ def parse_record(text: str) -> dict[str, str]:
 
 
 def requeued(record: Mapping[str, str], restart_count: int) -> bool:
-    """Whether the job of `record` was requeued since its run `restart_count` (this one)
-    started: a `scontrol requeue` that failed, or gave up waiting, may still have been done."""
+    """Whether the job of `record` was requeued since its run `restart_count` started."""
     restarts = record.get("Restarts", "")
     return restarts.isdigit() and int(restarts) > restart_count
 
 
 def batch_command(record: Mapping[str, str], environ: Mapping[str, str]) -> list[str]:
-    """The batch script and its arguments: whole where the script handed them on (BATCH_ARGS),
-    else SLURM's command line split at spaces."""
+    """The batch script and its arguments: as handed on (BATCH_ARGS), else split at spaces."""
     command = record.get("Command", "")
     try:
         arguments = json.loads(environ.get(BATCH_ARGS, ""))
@@ -119,9 +99,7 @@ def batch_command(record: Mapping[str, str], environ: Mapping[str, str]) -> list
 
 
 def say_at_start(job: SlurmJob, environ: Mapping[str, str]) -> None:
-    """Says in one line, at start, what a stop (the time limit, the preempt signal) will do
-    where `job` may not requeue itself: go on in a new job, or end the run at a checkpoint
-    that nothing resumes."""
+    """Says at start what a stop will do where `job` may not requeue itself."""
     record = job_record(job.name)
     if isinstance(record, str):
         logging.warning(
@@ -170,20 +148,14 @@ def submit(
     environ: Mapping[str, str],
     record: Mapping[str, str],
 ) -> str:
-    """Submits the job of `record` again, to go on after it in `model_dir`; returns the new
-    job's id, or raises ContinuationError saying why it could not."""
+    """Submits the job of `record` again, to go on after it in `model_dir`: the new job's id."""
     problem = check(record, environ)
     if problem:
         raise ContinuationError(problem)
     model_dir = model_dir.resolve()
     try:
-        os.close(
-            os.open(
-                RunDir(model_dir).continuation_claim(job.name),
-                os.O_CREAT | os.O_EXCL | os.O_WRONLY,
-                0o666,
-            )
-        )
+        # Made exclusively (O_EXCL): two tasks may continue the job at once.
+        RunDir(model_dir).continuation_claim(job.name).touch(exist_ok=False)
     except FileExistsError:
         return _submitted_by_another(model_dir, job)
     submitted = slurm_commands.sbatch(
@@ -196,17 +168,15 @@ def submit(
     )
     if submitted.problem:
         raise ContinuationError(submitted.problem)
-    new_job = submitted.job_id
     reports.write_json_atomically(
         RunDir(model_dir).continuation,
-        {"job_id": new_job, "after": job.name, "time": time.time()},
+        {"job_id": submitted.job_id, "after": job.name, "time": time.time()},
     )
-    return new_job
+    return submitted.job_id
 
 
 def _submitted_by_another(model_dir: Path, job: SlurmJob) -> str:
-    """The job another task submitted to continue `job` (it claimed it first), once it says
-    which; ContinuationError where it says none in time."""
+    """The job another task, which claimed it first, submitted to continue `job`."""
     seconds = timing.SLURM_COMMAND_SECONDS * 2
     continued = polling.poll(
         lambda: read(model_dir), lambda said: said is not None and said.after == job.name, seconds
@@ -233,11 +203,7 @@ class ContinuationError(Exception):
 
 
 def resources(record: Mapping[str, str]) -> list[str]:
-    """The sbatch options that ask for what the job of `record` asked for: its name, directory
-    and output files (its own job id in them as %j), nodes (and the ones it asked for or
-    excluded), tasks, CPUs, GPUs (per job, node, task or socket, with their memory and CPUs),
-    memory, temporary disk, features, time, partition, account, QOS, reservation, licenses,
-    exclusive use, requeue, mail, nice, comment, and an array task's index."""
+    """The sbatch options that ask for what the job of `record` asked for."""
     options = {**_named_options(record), **_per_node(record), **_gpus_and_memory(record)}
     # An array task (a sweep's run) goes on as the same index, which picks its line.
     if record.get("ArrayTaskId", "").isdigit():
@@ -264,8 +230,7 @@ def resources(record: Mapping[str, str]) -> list[str]:
 
 
 def _named_options(record: Mapping[str, str]) -> dict[str, str | None]:
-    """The options whose value a field of `record` gives as it is (the output files with the
-    job's id as %j)."""
+    """The options whose value a field of `record` gives as it is (output files aside)."""
     options = {
         "--job-name": record.get("JobName"),
         "--chdir": record.get("WorkDir"),
@@ -311,8 +276,7 @@ def _per_node(record: Mapping[str, str]) -> dict[str, str | None]:
 
 
 def _gpus_and_memory(record: Mapping[str, str]) -> dict[str, str | None]:
-    """GPUs (per job, task or socket, with their memory and CPUs), memory, temporary disk and
-    nice, as `record` gives them."""
+    """GPUs (with their memory and CPUs), memory, temporary disk and nice, as `record` asks."""
     options: dict[str, str | None] = {}
     for field, option in (
         ("TresPerJob", "--gpus"),
@@ -334,8 +298,7 @@ def _gpus_and_memory(record: Mapping[str, str]) -> dict[str, str | None]:
 
 
 def _gpus(tres: str) -> str | None:
-    """The GPUs of a per-job, per-task or per-socket TRES field (`gres:gpu:a100:2`:
-    `a100:2`), as --gpus and its kin take them; None where it names none."""
+    """The GPUs of a TRES field as --gpus takes them (`gres:gpu:a100:2`: `a100:2`), or None."""
     for item in tres.split(","):
         for prefix in ("gres:gpu:", "gres/gpu:", "gres/gpu="):
             if item.startswith(prefix):
@@ -344,10 +307,8 @@ def _gpus(tres: str) -> str | None:
 
 
 def _pattern(path: str, record: Mapping[str, str]) -> str | None:
-    """An output file as SLURM shows it, expanded for this job, as a pattern for the next one:
-    this job's id (and its array's) in the file's name made %j, so that the next job writes a
-    file of its own. Its folders, and the job's name where %x put it, are kept as they are: a
-    test's folder, or a name, may hold the same number."""
+    """An output file as SLURM shows it, this job's id in its name (not in its folders nor
+    the job's name, which may hold the same number) made %j for the next job's own file."""
     if not path:
         return None
     folder, _, name = path.rpartition("/")
@@ -362,8 +323,7 @@ def _pattern(path: str, record: Mapping[str, str]) -> str | None:
 
 
 def next_environment(environ: Mapping[str, str], model_dir: Path, count: int) -> dict[str, str]:
-    """This task's environment without what belongs to this job and task, naming the run
-    directory and the continuation's count."""
+    """This task's environment without this job's and task's own, for continuation `count`."""
     kept = {
         name: value
         for name, value in environ.items()

@@ -1,13 +1,6 @@
-"""A node that left the job: where a node of a job submitted with `--no-kill` fails, SLURM
-keeps the job on the nodes left and kills the step's tasks there, but srun waits on for the
-tasks of the node that is gone, and only the job's record (scontrol) says that it is gone.
-
-`NodeWatch` asks for the job's nodes once srun said that a task ended, and ends srun where a
-node left; the step is then started again on the nodes left (cluster/allocation.py). Where
-Slurm ends the job for the node instead, what_follows.after_node_failure says so, and continues
-a job that may not requeue in a new one, asking for the nodes `without` the one that failed.
-No TensorFlow here.
-"""
+"""A node that left the job: where a node of a `--no-kill` job fails, srun waits on for its
+tasks, and only the job's record says that it is gone; `NodeWatch` ends srun then, for the
+step to start again on the nodes left. No TensorFlow here."""
 
 from __future__ import annotations
 
@@ -32,8 +25,7 @@ def nodes_now(job: SlurmJob) -> tuple[str, ...] | None:
 
 
 def nodes_of(record: Mapping[str, str] | str) -> tuple[str, ...] | None:
-    """The nodes a job's record lists; None where there is no record (`record` says why), or
-    it lists none, as a job requeued already does."""
+    """The nodes a job's record lists; None where there is none, or it lists none."""
     return None if isinstance(record, str) else _expanded(record.get("NodeList", "")) or None
 
 
@@ -43,14 +35,12 @@ def gone(held: Sequence[str], now: Sequence[str] | None) -> tuple[str, ...]:
 
 
 def down(nodes: Sequence[str]) -> tuple[str, ...]:
-    """Those of `nodes` that Slurm says failed: down, failed, or not responding (a state
-    marked `*`); not one it cannot say of. One scontrol call for them all."""
+    """Those of `nodes` that Slurm says failed: down, failed, or not responding (`*`)."""
     if not nodes:
         return ()
     shown = slurm_commands.run(["scontrol", "show", "node", collect_hostlist(list(nodes))])
     if shown is None or shown.returncode != 0:
         return ()
-    # One record a node, a blank line between them.
     records = map(continuation.parse_record, re.split(r"\n\s*\n", shown.stdout.strip()))
     failed = {
         record.get("NodeName")
@@ -60,16 +50,14 @@ def down(nodes: Sequence[str]) -> tuple[str, ...]:
     return tuple(node for node in nodes if node in failed)
 
 
-# srun's options that size a step by its nodes or tasks, which the nodes left cannot keep
-# (--ntasks-per-node can): srun refuses such a step there.
+# srun's options that size a step by nodes or tasks: srun refuses them on the nodes left.
 _SIZING = ("-N", "--nodes", "-n", "--ntasks", "-w", "--nodelist")
 # srun's lines that say a task ended, or a node failed: the watch starts at the first.
 _ENDED = re.compile(r": tasks? [0-9][-,0-9]*: |[Nn]ode failure|NODE FAILURE")
 
 
 def sized_by(srun_args: Sequence[str]) -> str | None:
-    """The first of srun's options in `srun_args` (before its command) that sizes the step by
-    nodes or tasks; None where none does."""
+    """The first of srun's options before its command that sizes the step; None where none."""
     for index, word in enumerate(srun_args):
         option = word.split("=", 1)[0]
         if option in _SIZING or (option[:2] in _SIZING and len(option) > 2 and option[1] != "-"):
@@ -88,9 +76,8 @@ def ended(line: str) -> bool:
 
 
 class NodeWatch:
-    """Watches the nodes of `job` while `srun` runs a step on `held`, once `noticed()` says
-    that srun reported a task's end; ends srun where a node left the job. `left` then names
-    the nodes that are gone."""
+    """Once `noticed()` (srun said a task ended), watches the nodes of `job` while `srun` runs
+    a step on `held`, and ends srun where one left; `left` then names them."""
 
     def __init__(self, job: SlurmJob, held: Sequence[str], srun: subprocess.Popen[bytes]) -> None:
         self._job = job
@@ -105,16 +92,13 @@ class NodeWatch:
             self._thread.start()
 
     def _watch(self) -> None:
-        # Often while a node's failure may still be declared (SlurmdTimeout), then seldom: a
-        # step whose other tasks go on after one ended is not asked about every 2 s for hours.
+        # Often while a node's failure may still be declared (SlurmdTimeout), then seldom.
         seldom = time.monotonic() + timing.NODE_WATCH_OFTEN_SECONDS
         while self._srun.poll() is None:
             left = gone(self._held, nodes_now(self._job))
             if left and self._srun.poll() is None:
                 self.left = left
-                # srun would wait for the tasks of the node that is gone. Slurm kills the
-                # step's tasks on the nodes left as it removes the node from the job (seen
-                # here of plain `sleep` tasks: "node1: task 0: Killed").
+                # Slurm killed the tasks on the nodes left (seen of plain `sleep` tasks).
                 self._srun.kill()
                 return
             often = time.monotonic() < seldom
@@ -127,8 +111,7 @@ class NodeWatch:
 
 
 def without(record: Mapping[str, str], held: Allocation, left: Sequence[str]) -> dict[str, str]:
-    """`record`, asking for the nodes the job had (its record counts those left), never those
-    that `left` it: a list of nodes asked for that names one is dropped."""
+    """`record`, asking for as many nodes as the job had, none of those that `left` it."""
     excluded = (*_expanded(record.get("ExcNodeList", "")), *left)
     asked = _expanded(record.get("ReqNodeList", ""))
     return {

@@ -1,21 +1,6 @@
-"""Preemption and time limits: a signal asks every task to stop at a step boundary, and the
-job requeues itself to resume from the checkpoint written there.
-
-SLURM warns a job before its time limit or a preemption when asked to (`#SBATCH
---signal=USR1@90`: SIGUSR1 to every task of every step, 90 s ahead). Without that warning a
-time limit, `scancel` or a preemption sends SIGTERM, and SIGKILL after KillWait (30 s by
-default): SIGTERM stops training the same way, and requeues only when asked to
-(`--requeue_on_sigterm`; SLURM requeues preempted jobs itself where PreemptMode says so).
-A handler only sets a flag: trainers look at it between steps (each backend's hook or
-callback), the chief writes its final checkpoint once every worker has stopped, and the first
-parameter server, which sees every trainer finish, requeues the job with `scontrol requeue` (array
-tasks by their own id), or where SLURM refuses, submits it again to go on after it
-(process/job/what_follows.py decides which). The requeued run (SLURM_RESTART_COUNT > 0)
-resumes from that checkpoint. A run requeued or continued --max_requeues times already is not
-requeued again, and says so.
-
-No TensorFlow here.
-"""
+"""A stop signal: its handler only sets a flag, which trainers read between steps, and the
+policy of what a stop does at the end (docs/preemption.md tells the whole; what_follows.py
+decides the requeue). No TensorFlow here."""
 
 from __future__ import annotations
 
@@ -59,15 +44,9 @@ _SAID_WAIT_SECONDS = 0.1
 class StopRequest:
     """Whether this task was told to stop, and by which signal.
 
-    Python runs a signal handler in the main thread, and only between two of its bytecodes:
-    a trainer blocked in TensorFlow's C++ (a step waiting on a dead parameter server) would
-    not know it was told to stop until that call returned, if ever. So the signals also
-    reach a thread at once, through the interpreter's wakeup file descriptor, which its C
-    handler writes each signal to.
-
-    The handler itself only notes the signal, and the thread sets the event: a handler runs
-    between two bytecodes of the main thread, which may be inside that event's own lock (a
-    coordinator told twice, by scancel and by its supervisor, hung for good in Event.set).
+    A handler runs only between two bytecodes of the main thread, which may be blocked in C++
+    for good, or hold the event's own lock (a coordinator told twice hung in Event.set): so it
+    only notes the signal, and a thread woken by the interpreter's wakeup fd sets the event.
     """
 
     def __init__(self) -> None:
@@ -76,14 +55,12 @@ class StopRequest:
         self._wakeups: socket.socket | None = None
         self.signal_name = ""
         self._noted = False
-        # The longest this task took to write a checkpoint: a stop before the time limit
-        # must leave it time for one more (process/job/time_limit.py). A float is read whole.
+        # A stop before the time limit leaves time for one more (time_limit.py).
         self.longest_checkpoint = 0.0
 
     def checkpoint_written(self, step: int, seconds: float, waited: float = 0.0) -> None:
-        """A backend wrote the checkpoint of `step` in `seconds`, `waited` of them for the
-        steps dispatched before it to be done (Keras 3 on JAX runs ahead of its devices):
-        said, and kept for the stop before the time limit, which waits for those too."""
+        """Says a checkpoint written, `waited` of its `seconds` for the steps dispatched before
+        it (Keras 3 on JAX runs ahead of its devices), and keeps the longest."""
         if waited >= _SAID_WAIT_SECONDS:
             logging.info(
                 "checkpoint of step %d written in %.2f s, %.2f s of it waiting for the steps "
@@ -97,8 +74,7 @@ class StopRequest:
         self.longest_checkpoint = max(self.longest_checkpoint, seconds)
 
     def listen(self, *signums: signal.Signals | None) -> None:
-        """From now on, each of `signums` asks this task to stop; nothing else happens on it.
-        Call it from the main thread."""
+        """From now on, each of `signums` asks this task to stop; call it from the main thread."""
         self._signums.extend(filter(None, signums))
         self.listen_again()
         if self._wakeups is None:
@@ -127,10 +103,8 @@ class StopRequest:
         self._event.set()
 
     def note(self, name: str) -> None:
-        """Notes the stop, as the signal `name` asks for it; only that, so that a signal
-        handler may call it: a process that acts on the signal otherwise (passes it on to its
-        command, with-tfconfig's supervisor and `tfconfig-slurm srun`) notes it here too. The
-        first signal names the stop. No lock: the handler may run with it held."""
+        """Notes the stop, named by the first signal; only that, and with no lock, so that a
+        signal handler may call it (a supervisor that passes the signal on notes it too)."""
         if not self._noted:
             self.signal_name = name
             self._noted = True
@@ -140,12 +114,9 @@ class StopRequest:
         self.note(signal.Signals(number).name)
 
     def listen_again(self) -> None:
-        """Takes the signals back from whatever took them since (MultiWorkerMirroredStrategy
-        installs its own SIGTERM handler, which only logs)."""
+        """Takes the signals back (MultiWorkerMirroredStrategy installs a SIGTERM handler)."""
 
         def handler(number: int, frame: FrameType | None) -> None:
-            # Only a flag: the handler may run in the middle of anything, even another
-            # Event.set; the signals thread sets the event.
             self.note_signal(number)
 
         for signum in self._signums:
@@ -161,14 +132,12 @@ class StopRequest:
         return signal.Signals[self.signal_name] if self._noted else None
 
     def said(self, agreed: str) -> str:
-        """How a stop the trainers agreed on as `agreed` is said at this task's end: by its own
-        signal where one came after its peers' (SIGTERM to every task reaches them in any
-        order), so that a requeue signal requeues and the report names it."""
+        """A stop agreed on as `agreed`, said by this task's own signal where one came after
+        its peers' (SIGTERM reaches the tasks in any order), so that a requeue signal requeues."""
         return self.signal_name if agreed == PEERS_SIGNAL and self._noted else agreed
 
     def wait(self, seconds: float | None = None) -> bool:
-        """Returns once this task is told to stop (for a thread that acts on it), or after
-        `seconds`: whether it was told."""
+        """Whether this task was told to stop, waiting up to `seconds` for it."""
         return self._event.wait(seconds)
 
 
@@ -177,9 +146,7 @@ PEERS_SIGNAL = "a peer's signal"
 
 
 def _interrupted(times: int) -> None:
-    """Ctrl-C at a terminal: the first stops at the next step, with its checkpoint, as any stop
-    signal; the second ends the process at once, where a task waits for a peer that never
-    started (up to timing.START_SECONDS) or a step that takes long."""
+    """Ctrl-C: the first stops at the next step, the second ends the process at once."""
     if times == 1:
         logging.warning(
             "SIGINT: stopping at the next step, with a checkpoint; Ctrl-C again ends the "
@@ -192,9 +159,8 @@ def _interrupted(times: int) -> None:
 
 @dataclass(frozen=True)
 class StopPolicy:
-    """What a stop on a signal does at the end: which signals requeue the job, how often;
-    and the stop before the job's time limit (process/job/time_limit.py): the signal it is
-    taken for (None: none), how many seconds before the limit."""
+    """Which signals requeue the job, how often; and the stop before its time limit
+    (time_limit.py): the signal it is taken for (None: none), how long before."""
 
     requeue_on: Collection[str]
     max_requeues: int

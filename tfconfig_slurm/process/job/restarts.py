@@ -1,10 +1,7 @@
-"""Whether a job step that failed is worth starting again in the same job, from its latest
-checkpoint, and the lines that say so: where no code of the user's failed (a task killed with
-SIGKILL, by a person or the out-of-memory killer, or a peer that stopped answering), a restart
-loses at most a checkpoint interval; where it did (an exception, bad input, a crash signal) or
-the cause is unknown, the same failure would come again, and the job ends. A restart that
-failed before it trained a step does not loop either. No TensorFlow here.
-"""
+"""Whether a failed job step is worth starting again in the same job, and the lines that say
+so: where no code of the user's failed (a task killed, a peer that stopped answering), a
+restart loses at most a checkpoint interval; where it did, or the cause is unknown, the same
+failure would come again. No TensorFlow here."""
 
 from __future__ import annotations
 
@@ -22,14 +19,11 @@ from tfconfig_slurm.process.records.failure import Failure
 from tfconfig_slurm.process.records.reports import RunState
 from tfconfig_slurm.process.records.run_dir import RunDir
 
-# srun names a task's node and its rank, and how it ended ("node2: task 3: Killed"), or
-# several ranks ("node2: tasks 3-5: Exited with exit code 2").
+# srun's line of a task's end: its node, rank and how it ended ("node2: tasks 3-5: Killed").
 _SRUN_TASK = re.compile(r"[^ \n]+: tasks? ([0-9]+)[-,0-9]*: (.*)")
-# The out-of-memory killer, as slurmstepd ("Detected 1 oom_kill event") or srun ("task 0: Out
-# Of Memory") reports it.
+# The out-of-memory killer, as slurmstepd or srun reports it.
 _OOM_KILL = re.compile(r"oom[-_ ]kill|out of memory", re.I)
-# srun's words for a task that died of a crash signal (strsignal's): the same crash would come
-# again, whatever its peers recorded of it (a loss, within milliseconds).
+# A crash signal (strsignal's words) would come again, whatever the peers recorded of it.
 _CRASH = re.compile(
     r"tasks? [0-9][-,0-9]*: (Segmentation fault|Aborted|Bus error|Illegal instruction|"
     r"Floating point exception)"
@@ -46,22 +40,18 @@ class Verdict(NamedTuple):
 
 
 class Step(NamedTuple):
-    """A step that failed, as the run and srun left it: its exit status, when it started, the
-    run's latest checkpoint step then (None: none), its first failure recorded since (None:
-    none), srun's messages, and the progress the run had kept then."""
+    """A step that failed, as the run and srun left it."""
 
     status: int
     started: float
     checkpoint_at_start: int | None
     first: Failure | None
     srun_said: str
-    # progress.json as the step found it (progress_mark): changed since, the step trained.
     progress_at_start: object = None
 
 
 def verdict(first: Failure | None, srun_said: str, *, trained: bool) -> Verdict:
-    """What the step's first failure (its record, else srun's messages `srun_said`) says of a
-    restart; `trained` says whether the failed step took a step of training at all."""
+    """What the step's first failure (its record, else srun's messages) says of a restart."""
     if not trained:
         return Verdict(again=False, why="it failed before it trained a step")
     crashed = _CRASH.search(srun_said)
@@ -74,17 +64,12 @@ def _of_srun(srun_said: str) -> Verdict:
     if _OOM_KILL.search(srun_said):
         return Verdict(again=True, why="the out-of-memory killer ended a task")
     # The first task srun names: those it killed after it (--kill-on-bad-exit) say nothing.
-    named = first_task_said(srun_said)
+    named = _SRUN_TASK.search(srun_said)
     if named is None:
         return Verdict(again=False, why="srun names no task that failed (see its lines above)")
     if named[2].strip() == "Killed":
         return Verdict(again=True, why="a task was killed")
     return Verdict(again=False, why="srun names no task killed: the tasks ended of themselves")
-
-
-def first_task_said(srun_said: str) -> re.Match[str] | None:
-    """srun's first line about a task: the whole line, the task's rank, and how it ended."""
-    return _SRUN_TASK.search(srun_said)
 
 
 def read_step(
@@ -97,22 +82,19 @@ def read_step(
     srun_said: str,
     progress_at_start: object = None,
 ) -> Step:
-    """The step of `job` (in its run since its last requeue) that ended with `status`: its
-    failure records since it `started`, read once."""
+    """The step of `job` that ended, with its first failure recorded since it `started`."""
     first = failure.of_job(model_dir, job.job_id, job.restart_count, started)
     return Step(status, started, checkpoint_at_start, first, srun_said, progress_at_start)
 
 
 def progress_mark(model_dir: Path) -> object:
-    """What the run's progress.json holds now, for a step to compare once it ends: the
-    runtime writes it at a run's first step and at every progress line."""
+    """What the run's progress.json holds now, for a step to compare once it ends."""
     return reports.read_json(RunDir(model_dir).progress)
 
 
 def stopped_unrequeued(model_dir: Path, job: SlurmJob) -> bool:
-    """Whether the run says that this attempt of `job` stopped (the runtime's exit
-    ExitStatus.NOT_REQUEUED: stopped, and not requeued); a command of the user's that exits with
-    the same status stopped nothing, and failed."""
+    """Whether the run says that this attempt of `job` stopped: a command of the user's that
+    exits with ExitStatus.NOT_REQUEUED stopped nothing, and failed."""
     state = reports.read_state(model_dir)
     return (
         state.get("state") == RunState.STOPPED
@@ -122,10 +104,8 @@ def stopped_unrequeued(model_dir: Path, job: SlurmJob) -> bool:
 
 
 def line(model_dir: Path, job: SlurmJob, step: Step, who: str, left: Sequence[str] = ()) -> str:
-    """The line, said by `who`, that names the first task of `job`'s `step` to fail: from its
-    record, else from srun's message and that task's log (launch/train.sbatch's names); or
-    the nodes that `left` the job, whose tasks, cut off, may have recorded their peers as
-    lost first."""
+    """The line that names the first task of `step` to fail, or the nodes that `left` the job
+    (their tasks, cut off, may have recorded their peers as lost first)."""
     logs = RunDir(model_dir).logs
     # A batch script that names no task logs (srun --output) has none there.
     where = f"; task logs in {logs}" if logs.is_dir() else ""
@@ -134,7 +114,7 @@ def line(model_dir: Path, job: SlurmJob, step: Step, who: str, left: Sequence[st
         return f"{failed}: {nodes_named(left)} left job {job.name}: its node failed{where}"
     if step.first is not None:
         return f"{failed}; first to fail: {step.first.line()}{where}"
-    named = first_task_said(step.srun_said)
+    named = _SRUN_TASK.search(step.srun_said)
     if named is None:
         last = step.srun_said.strip().splitlines()[-1:]
         said = f": srun's own last line: {last[0]}" if last else ", nor any line of srun's"
@@ -143,8 +123,7 @@ def line(model_dir: Path, job: SlurmJob, step: Step, who: str, left: Sequence[st
     role = _ROLE.search(task_log)
     # Its own last line, not slurmstepd's: a task that refused its input said why there.
     own = [each for each in task_log.splitlines() if not each.startswith("slurmstepd")]
-    # A task that never ran (a command not found) said nothing: its node's slurmstepd's
-    # error says why.
+    # A task that never ran (a command not found): its node's slurmstepd says why.
     node = named[0].partition(":")[0]
     stepd = [
         each
@@ -159,14 +138,12 @@ def _of_record(first: Failure) -> Verdict:
     if first.is_loss():
         return Verdict(again=True, why=f"{first.task} stopped answering")
     if first.hung_at() is not None:
-        # A stalled file system or a lost packet may pass; the same step hung again does not
-        # (decision).
+        # A stalled file system or a lost packet may pass (the same step hung again: no).
         return Verdict(again=True, why=f"{first.task} {failure.HUNG}{first.hung_at()}")
     if first.seen_by is not None:
         # A peer that said its command failed: the command's own error.
         return Verdict(again=False, why=f"{first.task}'s command failed")
-    # SIGKILL, as by a person or the out-of-memory killer; a crash (SIGSEGV, SIGABRT) would
-    # come again.
+    # SIGKILL, as by a person or the out-of-memory killer: unlike a crash, it may not recur.
     if first.what == "its command was killed by SIGKILL":
         return Verdict(again=True, why=f"{first.task} was killed by SIGKILL")
     if first.exit_status == ExitStatus.REFUSED:
@@ -175,6 +152,7 @@ def _of_record(first: Failure) -> Verdict:
 
 
 def nodes_named(nodes: Sequence[str]) -> str:
+    """`nodes` as a hostlist."""
     return str(hostlist.collect_hostlist(list(nodes)))
 
 

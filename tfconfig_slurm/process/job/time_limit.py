@@ -1,25 +1,11 @@
 """A job's time limit, kept without SLURM's warning signal.
 
-Without `#SBATCH --signal=USR1@90` a time limit sends SIGTERM, then SIGKILL 30 s later, and
-nothing requeues the job. So the task that requeues the job (process/task/lifecycle.py) asks SLURM
-how long the job has left (`squeue --format=%L`, again every minute: `scontrol update
-TimeLimit=` moves it), and `margin` seconds before the limit sends the preempt signal to every
-task of the job (`scancel --signal=USR1 JOB`) and to itself: the run stops at the next step
-with a checkpoint and the job requeues itself, exactly as on the warning signal, and
-whichever comes first wins. The margin is at most half of what the job had left when the run
-started, so that a short job trains before it stops. The run's owner, where it is another
-task, follows the limit too, to say that the run stopped for it: at most two squeue a minute
-per job, so that thousands of tasks do not each ask slurmctld. The owner writes the
-checkpoints: where twice the longest it took for one is more than the margin, that is its
-margin, and it stops the job itself when the other task would be late.
-
-A squeue that fails at start (slurmctld busy or restarting) is asked again, ever less often,
-up to once a minute, until it answers. The stop never waits on slurmctld: the checkpoint is
-what must fit in the margin. squeue is asked a last time shortly before the stop (the times
-are in process/timing.py), given only until the stop to answer, and at the stop this task
-stops first and only then tells the job (scancel).
-
-No TensorFlow here.
+Without `#SBATCH --signal=USR1@90` a time limit sends SIGTERM, then SIGKILL, and nothing
+requeues the job. So the task that requeues it asks squeue for the time left (again every
+minute: `scontrol update TimeLimit=` moves it) and, `margin` seconds before the limit (at most
+half the time left at start), sends the preempt signal to itself, then to the job. The run's
+owner, where it is another task, only follows the limit, unless its slower checkpoints widen
+its margin. The stop never waits on slurmctld. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -42,8 +28,7 @@ _TIME_LEFT = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)")
 
 
 class NoLimit(NamedTuple):
-    """squeue's answer where it gives no time left: why (a sentence), and whether asking again
-    may give one (squeue failed) or not (the job has no limit)."""
+    """No time left from squeue: why, and whether asking again may give one (squeue failed)."""
 
     why: str
     again: bool
@@ -85,9 +70,7 @@ def watch(
     acts: bool = True,
     ask: Ask = time_left,
 ) -> TimeLimit:
-    """Starts watching `job`'s time limit (see the module), from a thread: squeue is not
-    waited for at start. A task that does not act (the run's owner, beside the task that
-    requeues) only follows the limit, to say why the run stopped."""
+    """Starts watching `job`'s time limit from a thread (without `acts`, only following it)."""
     limit = TimeLimit(job, stop, signal_name, margin=margin, ask=ask, acts=acts)
     threading.Thread(target=limit.keep, name="time-limit", daemon=True).start()
     return limit
@@ -108,8 +91,7 @@ class TimeLimit:
     ) -> None:
         self.job, self.stop, self.signal_name = job, stop, signal_name
         self.margin, self._ask, self._acts = margin, ask, acts
-        # Set by the watching thread once squeue has said (None: not known, or no limit);
-        # a float is read whole.
+        # Set by the watching thread once squeue has said (None: not known, or no limit).
         self.deadline: float | None = None
 
     def due(self) -> bool:
@@ -149,10 +131,7 @@ class TimeLimit:
                 if self._acts or margin > self.margin:
                     self._stop_the_job(deadline - time.time())
                 return
-            # The limit may move (scontrol update TimeLimit=): asked again every
-            # LIMIT_POLL_SECONDS, and once shortly before the stop, which does not wait for the
-            # answer. Any answer within FINAL_LOOK_SECONDS of the stop is its last look; one
-            # before it, however recent, is not.
+            # Asked every LIMIT_POLL_SECONDS, and a last look within FINAL_LOOK_SECONDS of the stop.
             in_final = time.time() >= stop_at - timing.FINAL_LOOK_SECONDS
             if (
                 in_final and last_look != stop_at
@@ -179,8 +158,7 @@ class TimeLimit:
                 return
 
     def _limit_said(self) -> float | None:
-        """The job's deadline, and when the run stops before it, said; None, said, where it
-        has no time limit."""
+        """The job's deadline, said with the stop before it; None where it has no limit."""
         job = self.job.name
         left = self._first_answer()
         if isinstance(left, NoLimit):
@@ -206,8 +184,7 @@ class TimeLimit:
         return deadline
 
     def _first_answer(self) -> float | NoLimit:
-        """squeue's first answer that says something: while squeue fails, it is asked again,
-        ever less often, and that is said once."""
+        """squeue's first answer that says something, asked ever less often while it fails."""
         job, wait = self.job.name, timing.LIMIT_RETRY_SECONDS
         left = self._ask(job, timing.SLURM_COMMAND_SECONDS)
         if isinstance(left, NoLimit) and left.again:
@@ -242,8 +219,7 @@ class TimeLimit:
             name,
             job,
         )
-        # This task first, before slurmctld is waited on; it may also run outside any step
-        # scancel reaches (a batch script's own python).
+        # This task first: slurmctld may be slow, and scancel miss a batch script's python.
         self.stop.ask(self.signal_name)
         problem = slurm_commands.failure(["scancel", f"--signal={name}", job])
         if problem:
@@ -255,8 +231,7 @@ class TimeLimit:
 
 
 def _clock(epoch: float) -> str:
-    """The time of day, with the date where it is not today (a limit of 365 days said only
-    as a time of day read as one already past)."""
+    """The time of day, with the date where it is not today."""
     when = time.localtime(epoch)
     today = when[:3] == time.localtime()[:3]
     return time.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M:%S", when)

@@ -1,18 +1,6 @@
-"""What follows the end of a run's step, decided in one module, in the process that sees it:
-
-- a task stopped on a signal (the one that requeues: the first parameter server, else the
-  chief; process/task/lifecycle.py): its job requeued where the signal asks for it, within
-  --max_requeues, or where SLURM refuses, the run gone on in a new job (continuation.py); else
-  the line that says how to resume (after_stop);
-- the batch script's `tfconfig-slurm srun`, once its step failed: the step started again in its
-  job where no code of the run's failed (restarts.verdict), within --max_restarts an attempt,
-  else the job ended (after_failure); where Slurm ends the job for a failed node, its requeue
-  said, or a job that may not requeue gone on in a new job without the node
-  (after_node_failure).
-
-The limits over the whole run count from one record (process/records/attempts.py); the batch
-script counts its own restarts. docs/development.md draws the whole. No TensorFlow here.
-"""
+"""What follows the end of a run's step, in the process that sees it: a stopped task's requeue
+or continuation (after_stop), the batch script's restart of a failed step (after_failure,
+after_node_failure). docs/development.md draws the whole. No TensorFlow here."""
 
 from __future__ import annotations
 
@@ -20,7 +8,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from absl import logging
-from hostlist import collect_hostlist
 
 from tfconfig_slurm.cluster.allocation import Allocation
 from tfconfig_slurm.cluster.step import SlurmJob
@@ -39,10 +26,7 @@ def after_stop(
     policy: StopPolicy,
     model_dir: Path,
 ) -> ExitStatus:
-    """What a task of the SLURM job `job` (None outside SLURM), run in `environ`, does last
-    once it stopped on a signal: requeues the job when the signal is one of the policy's
-    `requeue_on` (or has it go on in a new job, process/job/continuation.py), else says how to
-    resume; the exit status this task should end with."""
+    """The exit status of a task stopped on a signal, once the job is requeued or not."""
     if stopped_on in policy.requeue_on:
         return requeue(environ, job, policy.max_requeues, stopped_on, model_dir)
     if job is None:
@@ -73,9 +57,7 @@ def requeue(
     stopped_on: str,
     model_dir: Path,
 ) -> ExitStatus:
-    """Puts the SLURM job `job` back in the queue, or where SLURM refuses, submits it again
-    (from `environ`, this task's) to go on after it; the exit status this task should end
-    with."""
+    """Requeues `job`, or submits it again where SLURM refuses; this task's exit status."""
     if job is None:
         logging.warning(
             "stopped on %s outside a SLURM job: nothing to requeue; %s",
@@ -121,10 +103,8 @@ def _requeue_refused(
     stopped_on: str,
     model_dir: Path,
 ) -> ExitStatus:
-    """After `scontrol requeue` failed, saying `problem`, the exit status this task should end
-    with. A requeue that failed may have been done all the same (slurmctld answered too
-    late), and one that SLURM may do failed for another reason: a new job in either case would
-    leave two jobs queued for one run. Only a job that may not requeue goes on in one."""
+    """This task's exit status after `scontrol requeue` failed. Only a job that may not
+    requeue goes on in a new one: a failed requeue may have been done, or be SLURM's to do."""
     target, restarts = job.name, attempts.requeued(job)
     record = continuation.job_record(target)
     if isinstance(record, str):
@@ -184,12 +164,9 @@ def after_failure(
     who: str,
     left: Sequence[str] = (),
 ) -> tuple[str, str | None]:
-    """The line, said by `who`, that says whether the step starts again (`done` restarts made
-    of at most `most`, by this call of `tfconfig-slurm srun`, which counts them itself), and the
-    restart's cause where it does (None: it does not); ("", None) where the job makes none. The
-    nodes `left` left the job meanwhile (a --no-kill job's failed node): the step starts again
-    on the nodes left, whatever its tasks said of their peers on it. The caller keeps a restart
-    it makes in the run's state.json (attempts.record)."""
+    """The line that says whether the step starts again (`done` restarts of at most `most`),
+    and the restart's cause where it does; ("", None) where the job makes none. Where nodes
+    `left` the job (--no-kill), it starts again on those left, whatever its tasks said."""
     if most <= 0:
         return "", None
     if left:
@@ -226,8 +203,7 @@ def after_failure(
 def _not_hung_again(
     model_dir: Path, job: SlurmJob, first: Failure | None, judged: restarts.Verdict
 ) -> restarts.Verdict:
-    """A step that hung at the global step an earlier step of the job hung at, and was started
-    again for, hangs in the run's own code or data: no restart cures it."""
+    """No restart for a step that hung where an earlier one hung and was restarted for."""
     hung_at = first.hung_at() if first is not None else None
     if hung_at is None:
         return judged
@@ -242,10 +218,8 @@ def _not_hung_again(
 
 
 def _trained(model_dir: Path, step: restarts.Step) -> bool:
-    """Whether the step trained at all: the runtime kept a progress since it started (its
-    first step's, or a line's), or (a script of the user's, which keeps none) the run wrote a
-    checkpoint of a later step. Not by the times: progress.json's is the chief's node's clock,
-    the step's start the batch node's."""
+    """Whether the step trained at all: progress.json changed, or (a script of the user's
+    keeps none) a later checkpoint was written; not by the times (two nodes' clocks)."""
     if restarts.progress_mark(model_dir) not in ({}, step.progress_at_start):
         return True
     now = history.checkpoint_step(model_dir)
@@ -255,19 +229,14 @@ def _trained(model_dir: Path, step: restarts.Step) -> bool:
 def after_node_failure(
     model_dir: Path, job: SlurmJob, held: Allocation, environ: Mapping[str, str], most: int
 ) -> str:
-    """Where a node of `job` failed and Slurm ends the job for it (no --no-kill): the line that
-    says what becomes of the run, "" where no node is known to have failed. Slurm requeues a
-    job that may requeue; one that may not (Requeue=0) goes on in a new job, its batch script
-    submitted again to start after this one, on as many nodes, without the one that failed;
-    at most `most` times over the run (--max_restarts), each kept in state.json."""
+    """The line that says what becomes of the run where Slurm ends `job` for a failed node
+    ("" where none is known to have): one that may not requeue goes on without the node."""
     record = continuation.job_record(job.name)
-    # A job requeued already lists no nodes: what failed is not known from it. A job ending
-    # (a requeue's, a time limit's) lists fewer as each node completes: only those Slurm says
-    # failed are.
+    # A job ending lists fewer nodes as each completes: only those Slurm says failed are.
     left = lost_nodes.down(lost_nodes.gone(held.nodes, lost_nodes.nodes_of(record)))
     if isinstance(record, str) or not left:
         return ""
-    nodes = collect_hostlist(list(left))
+    nodes = restarts.nodes_named(left)
     failed = f"{nodes} failed, and Slurm ends job {job.name}"
     if record.get("Requeue") != "0":
         return f"{failed} and requeues it: the run resumes from its latest checkpoint then"

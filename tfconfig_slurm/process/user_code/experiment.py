@@ -1,20 +1,6 @@
-"""The experiment protocol: finding, importing and checking the module a user wrote.
-
-An experiment is a module, named as `experiments/<name>.py` (in the working directory, else
-among the experiments that ship with the package), a dotted module path, or a file path, of
-one of two kinds, told apart by its source before it is imported:
-- Estimator (TensorFlow 2.15): it defines `model_fn(features, labels, mode, params)` and either
-  `input_fn(mode, params)` or both `train_input_fn(params)` and `eval_input_fn(params)`;
-  optionally `serving_input_receiver_fn` (exported at the end).
-- Keras (TensorFlow 2.16+, tf-keras): it defines `build_model(params)`, which returns the
-  compiled model, and `dataset(mode, params)`, which returns the batches for mode "train"
-  (this trainer's shard, repeated) or "eval". A Keras 3 one (it imports `keras`) may define
-  `layout_map(devices, params)`, the keras.distribution.LayoutMap to train ModelParallel with.
-Either may define `HPARAMS`, a dict of defaults that `--hparams` may override, and
-`check_hparams(hparams)`, which raises ValueError, saying why, for values it cannot train with
-(each task calls it as it loads the experiment, before it trains, and refuses the run in one
-line; so does a sweep for each line, before it submits).
-"""
+"""The experiment protocol (docs/training.md, docs/keras.md): finding, importing and checking
+the module a user wrote, an Estimator one (model_fn and its input functions) or a Keras one
+(build_model and dataset), told apart by its source before it is imported."""
 
 from __future__ import annotations
 
@@ -42,8 +28,7 @@ from tfconfig_slurm.process.user_code.hparams import HparamsCheck
 # An experiment's check of --data_dir: raises ValueError for a directory it cannot train on.
 DataCheck = Callable[[str], None]
 
-# The experiments installed with the package, where `--experiment NAME` looks for NAME.py
-# after the working directory's experiments/.
+# Where `--experiment NAME` looks for NAME.py after the working directory's experiments/.
 _SHIPPED = Path(__file__).resolve().parents[2] / "experiments"
 _HINT = "name a file experiments/NAME.py, a file path, or an importable module path"
 
@@ -71,10 +56,7 @@ class Experiment:
 
 
 def locate(spec: str) -> tuple[str, Path | None]:
-    """The experiment's name and its file, or None for a module to import by name.
-
-    Raises UsageError when nothing by that name exists; imports nothing.
-    """
+    """The experiment's name and its file (None: a module to import by name); imports nothing."""
     path = Path(spec)
     if not spec:
         raise UsageError("--experiment", "is empty", _HINT)
@@ -121,23 +103,20 @@ class KerasExperiment:
     """What the runtime needs from a Keras experiment module."""
 
     name: str
-    # --experiment as given, for another process to load the same experiment.
+    # --experiment as given, for another process to load.
     spec: str
     build_model: Callable[[Mapping[str, Any]], Any]
     dataset: Callable[[str, Mapping[str, Any]], Any]
     hparams: Mapping[str, Any]
     check_hparams: HparamsCheck | None
     check_data: DataCheck | None = None
-    # Keras 3's: the LayoutMap of the given devices (the run's, in process order) to shard the
-    # variables by; None to train data-parallel.
+    # Keras 3's LayoutMap of the run's devices, in process order; None: data-parallel.
     layout_map: Callable[[list[Any], Mapping[str, Any]], Any] | None = None
 
 
 def kind(spec: str) -> str:
-    """ESTIMATOR, KERAS or KERAS3: a module that defines build_model at its top level is a
-    Keras experiment, and a Keras 3 one where it imports `keras` and not `tf_keras` (on
-    TensorFlow 2.16+, `import keras` is Keras 3). Read from its source, so that a wrong
-    install is named before any import."""
+    """ESTIMATOR, KERAS or KERAS3 (build_model and `import keras`), read from the source so
+    that a wrong install is named before any import."""
     tree = _syntax(spec)
     statements = tree.body if tree else []
     if "build_model" not in _top_level_names(statements):
@@ -158,10 +137,8 @@ def _imported_packages(statements: list[ast.stmt]) -> set[str]:
 
 
 def literal_hparams(spec: str) -> dict[str, Any] | None:
-    """The experiment's HPARAMS where its source assigns them a literal dict at top level
-    (`HPARAMS = {"learning_rate": 1e-3}`) and names them nowhere else (so that nothing
-    changes them), read without importing it (and TensorFlow); None otherwise, for the
-    import to tell."""
+    """The experiment's HPARAMS where its source assigns them a literal dict that nothing else
+    names, read without importing it (and TensorFlow); None otherwise."""
     tree = _syntax(spec)
     if tree is None or _names_hparams_elsewhere(tree):
         return None
@@ -180,8 +157,7 @@ def literal_hparams(spec: str) -> dict[str, Any] | None:
 
 
 def _names_hparams_elsewhere(tree: ast.Module) -> bool:
-    """Whether anything but one plain name could bind or change HPARAMS: a second mention,
-    an import of that name or of everything, a global statement, or the name as a string."""
+    """Whether anything but one plain assignment could bind or change HPARAMS."""
     mentions = 0
     for node in ast.walk(tree):
         mentions += isinstance(node, ast.Name) and node.id == "HPARAMS"
@@ -196,9 +172,8 @@ def _names_hparams_elsewhere(tree: ast.Module) -> bool:
 
 
 def _syntax(spec: str) -> ast.Module | None:
-    """The experiment module's syntax tree, or None where its source cannot be read. A syntax
-    error is refused here, as importing it would be: the kind read from a module that does
-    not parse would be taken for Estimator's, and the error for the wrong install."""
+    """The experiment module's syntax tree, None where its source cannot be read; a syntax
+    error is refused, not taken for an Estimator experiment."""
     _, path = locate(spec)
     if path is None:
         found = importlib.util.find_spec(spec)
@@ -248,10 +223,7 @@ def require_runtime(spec: str) -> str:
 
 
 def choose_jax(environ: Mapping[str, str]) -> dict[str, str]:
-    """The variable that sets Keras 3, which reads its backend as it is first imported, on
-    JAX: the one backend with a multi-process path (keras.distribution). Another backend set
-    in `environ` is said to be replaced. The command that owns the process's environment
-    sets it."""
+    """The variable that sets Keras 3 on JAX, for the command that owns the environment."""
     chosen = environ.get(KERAS_BACKEND, "jax")
     if chosen != "jax":
         logging.warning(
@@ -267,11 +239,8 @@ KERAS_BACKEND = "KERAS_BACKEND"
 
 
 def load_for(kind: str, spec: str) -> Experiment | KerasExperiment:
-    """The experiment `spec` names, loaded as its kind is (a Keras 3 one with choose_jax
-    called first, by the command that owns the process's environment)."""
-    if kind == ESTIMATOR:
-        return load(spec)
-    return load_keras(spec)
+    """The experiment `spec` names, loaded as its kind is (Keras 3: after choose_jax)."""
+    return load(spec) if kind == ESTIMATOR else load_keras(spec)
 
 
 def load_keras(spec: str) -> KerasExperiment:
@@ -307,10 +276,7 @@ def load_keras(spec: str) -> KerasExperiment:
 
 
 def _check_layout_map(spec: str, module: ModuleType) -> None:
-    """Refuses, in one line, a layout_map that the run would not call as it means to: one not
-    callable as layout_map(devices, params), or one of a tf-keras experiment, whose
-    tf.distribute strategies have no LayoutMap (a tf-keras run would train data-parallel and
-    leave it unread)."""
+    """Refuses a layout_map that the run would not call as it means to."""
     if not callable(module.layout_map):
         raise UsageError(
             "--experiment",
@@ -328,10 +294,8 @@ def _check_layout_map(spec: str, module: ModuleType) -> None:
 
 
 def keeping_learning_rate(optimizer: Any, restore: Callable[[], Any]) -> None:
-    """Runs `restore()` (a checkpoint into the model and its compiled `optimizer`), then gives
-    the optimizer back the learning rate it was compiled with, where that is a number: Keras
-    keeps the rate among the optimizer's variables, so a resume with another learning_rate
-    (--hparams, which state.json records) trained on with the old one."""
+    """Runs `restore()`, then gives `optimizer` back the learning rate it was compiled with:
+    Keras restores the rate, so a resume with another learning_rate trained on the old one."""
     rate = optimizer.get_config().get("learning_rate")
     restore()
     if isinstance(rate, numbers.Real):
@@ -339,9 +303,7 @@ def keeping_learning_rate(optimizer: Any, restore: Callable[[], Any]) -> None:
 
 
 def check_compiled(experiment: KerasExperiment, model: Any) -> None:
-    """Refuses, in one line, a model that build_model returned uncompiled: its training has
-    no optimizer, and failed deep inside the framework (tf-keras: in TensorFlow's
-    checkpoint code)."""
+    """Refuses a model that build_model returned uncompiled (it failed deep in the framework)."""
     if getattr(model, "optimizer", None) is None:
         raise UsageError(
             "--experiment",
@@ -380,8 +342,7 @@ def load(spec: str) -> Experiment:
 def _optional_check(
     module: ModuleType, function: str, call: str, refuses: str, *probe: Any
 ) -> Callable[..., None] | None:
-    """The experiment's optional `function` (check_hparams, check_data), None where it
-    defines none; refused in one line where it is no function callable as `call`."""
+    """The experiment's optional `function`, None where it has none; refused if not `call`."""
     check = getattr(module, function, None)
     if check is None:
         return None
@@ -408,8 +369,7 @@ def _check_data(module: ModuleType) -> DataCheck | None:
 
 
 def checked_data_dir(experiment: Experiment | KerasExperiment, data_dir: str | None) -> str | None:
-    """`data_dir` (--data_dir), passed by the experiment's check_data where it has one: its
-    ValueError's words refuse the run in one line, not a traceback in each task's input."""
+    """`data_dir`, passed by the experiment's check_data (a ValueError refuses it)."""
     if data_dir is not None and experiment.check_data is not None:
         try:
             experiment.check_data(data_dir)
@@ -459,8 +419,7 @@ def _import_failed(spec: str, path: Path | None, error: Exception) -> UsageError
 
 
 def _where(error: Exception) -> str:
-    """file:line of the error: a syntax error's own, else the traceback's last frame outside
-    the import machinery (<frozen importlib._bootstrap> says nothing to a user)."""
+    """file:line of the error, the import machinery's frames left out."""
     if isinstance(error, SyntaxError) and error.filename:
         return f"{error.filename}:{error.lineno}"
     frames = [
@@ -504,8 +463,7 @@ def _input_fns(module: ModuleType) -> tuple[InputFn, InputFn]:
 
 
 def _check_call(module: ModuleType, function: str, call: str, *args: Any) -> None:
-    """Fails at load, in one line, where the runtime's call of `function` with `args` would
-    fail with a TypeError traceback in the middle of training."""
+    """Refuses at load a `function` whose call with `args` would fail in training."""
     signature = _signature(module, function)
     if signature is None:
         return
@@ -516,9 +474,7 @@ def _check_call(module: ModuleType, function: str, call: str, *args: Any) -> Non
 
 
 def _check_by_name(module: ModuleType, function: str, call: str) -> None:
-    """As _check_call for a function Estimator calls: it passes each of features, labels,
-    mode, params and config by name to a function that names it (and refuses a model_fn
-    without features, or without params when there are params, as the runtime's are)."""
+    """As _check_call, for a function Estimator calls with each argument it names by name."""
     signature = _signature(module, function)
     if signature is None:
         return
@@ -551,8 +507,7 @@ def _refuse(
 
 
 def _named(module: ModuleType) -> str:
-    """The module as its user named it: a file's stem (imported as experiment_<stem>), else
-    its module name."""
+    """The module as its user named it: a file's stem, else its module name."""
     file = getattr(module, "__file__", None)
     if file and module.__name__ == f"experiment_{Path(file).stem}":
         return Path(file).stem

@@ -1,6 +1,5 @@
-"""An experiment's hparams on the command line: `--hparams=name=value,...` over its HPARAMS,
-each value typed as its default and passed by its check_hparams, and a sweep file's lines
-(one --hparams value a line). No TensorFlow here."""
+"""An experiment's hparams on the command line (`--hparams=name=value,...` over its HPARAMS)
+and a sweep file's lines. No TensorFlow here."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ HparamsCheck = Callable[[Mapping[str, Any]], None]
 def with_overrides(
     defaults: Mapping[str, Any], overrides: str, check: HparamsCheck | None = None
 ) -> dict[str, Any]:
-    """`defaults` with `--hparams=name=value,...` applied, each value of its default's type,
-    and passed by the experiment's `check`, if it has one."""
+    """`defaults` with `--hparams` applied, typed as each default and passed by `check`."""
     values, given = dict(defaults), set()
     for item in filter(None, (part.strip() for part in overrides.split(","))):
         name, equals, text = (piece.strip() for piece in item.partition("="))
@@ -57,9 +55,7 @@ def with_overrides(
 
 
 def swept(hparams: str, line: str) -> str:
-    """--hparams with a sweep file's line after it, the line's values in place of those it
-    sets too: each is a user's list of its own, and a name only one of them repeats is
-    refused."""
+    """--hparams with a sweep file's line after it, the line's values in place of its own."""
     names = {item.partition("=")[0].strip() for item in line.split(",")}
     kept = [item for item in hparams.split(",") if item.partition("=")[0].strip() not in names]
     return ",".join(filter(None, (*kept, line)))

@@ -1,11 +1,6 @@
-"""Which TensorFlow this Python has, read from the installed packages' metadata without
-importing it (an import takes seconds), and the check that a runtime can run on it.
-
-The Estimator runtime needs TensorFlow 2.15 and tensorflow-estimator, which exist for Python
-3.9 to 3.11 only; TensorFlow 2.16 removed tf.estimator. The Keras runtime needs TensorFlow
-2.16 or later with tf-keras. The Keras 3 runtime needs Keras 3 and JAX, and no TensorFlow.
-No TensorFlow here.
-"""
+"""Which TensorFlow, Keras and JAX this Python has, read from the packages' metadata without
+importing them (an import takes seconds), and the check that a runtime can run on them. No
+TensorFlow here."""
 
 from __future__ import annotations
 
@@ -31,23 +26,14 @@ LAST_ESTIMATOR_RELEASE = (2, 15)
 _ESTIMATOR_INSTALL = (
     "install the Estimator extra into a Python 3.9-3.11 environment, in the tfconfig-slurm "
     "checkout: make venv (.venv), or python3.11 -m venv venv && venv/bin/pip install "
-    "'.[estimator]'; on "
-    "TensorFlow 2.16+, train a Keras experiment (--experiment mnist_keras), or run a "
-    "MultiWorkerMirroredStrategy script under with-tfconfig --all_reduce"
+    "'.[estimator]'; on TensorFlow 2.16+, train a Keras experiment (--experiment mnist_keras), "
+    "or run a MultiWorkerMirroredStrategy script under with-tfconfig --all_reduce"
 )
-
-
 _KERAS_INSTALL = (
     "install the tf2 extra, in the tfconfig-slurm checkout: make venv-tf2 (.venv-tf2), or "
     "pip install '.[tf2]' (TensorFlow 2.16+ with tf-keras, Python 3.9-3.13 by release)"
 )
-
-
-# The oldest JAX the Keras 3 runtime runs on, found by trying (its host tests pass on 0.8.2,
-# 0.11.2 and 0.12.0.1; CI runs them on this one too): 0.8.1 lacks the option that turns JAX's
-# preemption service off (jax_enable_preemption_service, from 0.8.2), which would take the
-# SIGTERM the runtime stops on. The rest came earlier: recoverable tasks 0.7.1, jax._src.lib's
-# _jax 0.6.1, no cluster detection 0.4.36, JAX_LOCAL_DEVICE_IDS 0.4.33.
+# The oldest JAX the Keras 3 runtime runs on (CI tests it): the rest it needs came earlier.
 OLDEST_JAX = (0, 8, 2)
 _OLDEST_JAX_LACKS = (
     "the option that turns its preemption service off (jax_enable_preemption_service), which "
@@ -55,9 +41,8 @@ _OLDEST_JAX_LACKS = (
 )
 _KERAS3_INSTALL = (
     "install the keras3 extra (keras3-cuda12 or keras3-cuda13 for GPUs), in the tfconfig-slurm "
-    "checkout: make "
-    "venv-keras3 (.venv-keras3), or pip install '.[keras3]' (Keras 3 and JAX; JAX's current "
-    "releases need Python 3.12+)"
+    "checkout: make venv-keras3 (.venv-keras3), or pip install '.[keras3]' (Keras 3 and JAX; "
+    "JAX's current releases need Python 3.12+)"
 )
 
 
@@ -84,8 +69,7 @@ def installed() -> Installed:
 
 
 def require_estimator(what: str, found: Installed | None = None) -> None:
-    """Raises InstallError, naming `what` needed it, unless TensorFlow 2.15 (or older) and
-    tensorflow-estimator are installed."""
+    """InstallError for `what` unless TensorFlow 2.15 or older and tensorflow-estimator are."""
     found = found or installed()
     python = "Python {}.{}".format(*found.python)
     if found.tensorflow is None:
@@ -113,9 +97,8 @@ def require_tensorflow(what: str, found: Installed | None = None) -> None:
 
 
 def require_keras(what: str, found: Installed | None = None, *, twin: str | None = None) -> None:
-    """Raises InstallError, naming `what` needed it, unless TensorFlow 2.16+ and tf-keras
-    (Keras 2, whose multi-worker training works where Keras 3's does not) are installed. A
-    shipped experiment's Keras 3 `twin` is named where Keras 3 on JAX is."""
+    """InstallError for `what` unless TensorFlow 2.16+ and tf-keras (Keras 2, whose
+    multi-worker training works) are; names a Keras 3 `twin` where Keras 3 is."""
     found = found or installed()
     python = "Python {}.{}".format(*found.python)
     hint = _KERAS_INSTALL
@@ -140,8 +123,7 @@ def require_keras(what: str, found: Installed | None = None, *, twin: str | None
 
 
 def require_keras3(what: str, found: Installed | None = None) -> None:
-    """Raises InstallError, naming `what` needed it, unless Keras 3 and JAX (its backend here:
-    the one with a multi-process path, keras.distribution) are installed."""
+    """InstallError for `what` unless Keras 3 and JAX (its multi-process backend) are."""
     found = found or installed()
     python = "Python {}.{}".format(*found.python)
     if found.keras is None or _major_minor(found.keras) < (3, 0):
@@ -177,8 +159,7 @@ def _major_minor(version: str) -> tuple[int, int]:
 
 
 def _release(version: str) -> tuple[int, int, int]:
-    """(major, minor, micro) of `version`; a micro that is not a number (a pre-release's
-    `0rc1`) counts as 0."""
+    """(major, minor, micro) of `version`, of a micro its leading digits only (`0rc1`: 0)."""
     parts = version.split(".")
     try:
         micro = re.match(r"\d*", parts[2] if len(parts) > 2 else "")[0]  # type: ignore[index]
