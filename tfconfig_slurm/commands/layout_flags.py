@@ -105,7 +105,6 @@ def policy_from_flags() -> LayoutPolicy:
     )
 
 
-# The #SBATCH lines the core's hints name, by the planning flag that sets the same.
 _PLANNED_BY = {
     "#SBATCH --ntasks-per-node=": "--ntasks_per_node=",
     "#SBATCH --gres=gpu:": "--gpus_per_node=",

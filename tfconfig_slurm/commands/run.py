@@ -69,8 +69,7 @@ flags.adopt_module_key_flags(runtime_flags)
 
 
 def main(argv: Sequence[str]) -> int | None:
-    # First of all: the default action of SIGUSR1 and SIGTERM ends the process, and they may
-    # come at any time.
+    # First of all: SIGUSR1's and SIGTERM's default action ends the process.
     stop = preemption.StopRequest()
     preempt = preemption.parse_signal(runtime_flags.PREEMPT_SIGNAL.value)
     stop.listen(preempt, signal.SIGTERM)

@@ -115,8 +115,7 @@ def _experiment_id(default_id: str, *, swept: bool) -> str:
 
 
 def _default_id(experiment: str, job: SlurmJob | None) -> str:
-    """The experiment's name, and in a job array the array task's index after it, so that the
-    array's tasks train into directories of their own."""
+    """The experiment's name, with the array task's index after it in a job array."""
     if job is not None and job.array_task_id is not None:
         return f"{experiment}-{job.array_task_id}"
     return experiment

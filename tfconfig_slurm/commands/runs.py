@@ -316,10 +316,8 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     continued = _continued(folder, state)
     failed_line = _first_failure(first, state, this_run=this_run is not None)
     said = _state(folder, state, summary, jobs, failed=failed_line is not None, continued=continued)
-    # SLURM's word for how the run's job ended, while squeue still lists it.
     slurm_said = _ENDED.get((jobs or {}).get(str(state.get("job_id")), ""))
     kept = step if step is not None else state.get("global_step")
-    # A running run's step: the one its owner last logged, else its latest checkpoint's.
     logged = _logged_step(paths, state) if said == "running" else None
     return {
         "experiment_id": folder.name,
@@ -359,9 +357,7 @@ def _refused_since(
     return dict(refused._asdict())
 
 
-# The state of a directory where no run started, only a job refused at its start.
 _REFUSED = "refused"
-# The state of a run whose files are not what the runtime writes.
 _UNREADABLE = "unreadable"
 
 
@@ -387,8 +383,7 @@ def _refused_itself(first: failure.Failure) -> bool:
 
 
 def _logged_step(paths: run_dir.RunDir, state: Mapping[str, Any]) -> int | None:
-    """The global step a running run's owner last logged in this attempt, None before its
-    first line: ahead of its latest checkpoint's by up to a checkpoint interval."""
+    """The global step a running run's owner last logged in this attempt, if it did."""
     progress = reports.read_json(paths.progress)
     step = progress.get("global_step")
     if not isinstance(step, int) or progress.get("time", 0.0) < _last_attempt_started(state):
@@ -489,7 +484,6 @@ def _sorted(runs: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
             f"the runs' final metrics are: {', '.join(sorted(known)) or 'none yet'}",
         )
     lower_is_better = "loss" in metric or "error" in metric
-    # Runs without the metric go last, in their order.
     with_metric = [run for run in runs if metric in run["eval"]]
     without = [run for run in runs if metric not in run["eval"]]
     with_metric.sort(key=lambda run: run["eval"][metric], reverse=not lower_is_better)

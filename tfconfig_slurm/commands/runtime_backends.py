@@ -35,8 +35,7 @@ TEST_BACKEND = "TFCONFIG_SLURM_TEST_BACKEND"
 
 
 def for_kind(kind: str, environ: Mapping[str, str]) -> Factory:
-    """The factory of the backend that trains an experiment of `kind` (but a coordinator's):
-    the test backend `environ` names, else the kind's own."""
+    """The factory of the backend for an experiment of `kind` (or the test backend)."""
     named = environ.get(TEST_BACKEND)
     if named:
         return _test_backend(named)
