@@ -1,9 +1,7 @@
 """How every command of the package starts and fails: absl flags in, one line and exit 2 out.
 
-Flags are parsed by absl (`--flagfile` and absl's syntax included) and logs go through absl
-logging, but without `absl.app`: it imports pdb at start-up, a quarter of the time
-`tfconfig-slurm` takes for a 36,864-task step. `--help` (or absl's `--helpshort`) and
-`--helpfull` print absl's own flag help.
+absl flags and logging, without `absl.app`: it imports pdb at start-up, which every task of a
+large step would pay for.
 """
 
 from __future__ import annotations
@@ -50,16 +48,11 @@ def run_cli(
 ) -> NoReturn:
     """Parses the flags of `sys.argv` and runs `main` with what remains, failing as `fail` does.
 
-    With `stop_at_first_argument`, flags end at the first word that is not one, so that a
-    wrapped command's own flags reach it untouched; with `arguments`, words that are not
-    flags may come anywhere and reach `main`; otherwise the command takes flags only, and a
-    word that is not one is refused. With `logs`, absl logging writes INFO and above to
-    stderr, as in an absl app. `tensorflow_log_level` hides TensorFlow's C++ lines below it
-    (TF_CPP_MIN_LOG_LEVEL: its start-up notes are noise for a user), unless the environment
-    sets it. `command` is how a user calls it, for the hints, where that is not `program`;
-    `usage`, the form of a whole command line, for the hint to a word taken for a flag.
-    Help asked with one of `read_by_scripts` (--print_model_dir) is refused: a script would
-    read its text for the answer."""
+    `stop_at_first_argument`: flags end at the first word that is not one, so a wrapped
+    command's flags reach it untouched; `arguments`: other words may come anywhere; else a
+    word that is not a flag is refused. `tensorflow_log_level` sets TF_CPP_MIN_LOG_LEVEL
+    unless the environment does. `command` and `usage` are for the hints. Help asked with
+    one of `read_by_scripts` is refused: a script would read its text as the answer."""
     command = command or program
     if tensorflow_log_level is not None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", tensorflow_log_level)
@@ -73,8 +66,7 @@ def run_cli(
     if quoted is not None:
         fail(program, quoted.one_line())
     if stop_at_first_argument and not _typed_here(argv[1:], sys.argv):
-        # A flag file's line that is no flag ends absl's flags there, and would lead the
-        # wrapped command: "python3" there ran python3 python3 script.py.
+        # A flag file's line that is no flag would otherwise lead the wrapped command.
         stray = UsageError(
             f"{argv[1]!r}{_flagfiles(own)}",
             "is not a flag",
@@ -104,7 +96,13 @@ def _help(
     """Prints the command's help, unless asked with a flag whose answer a script reads."""
     read = next((flag.name for flag in read_by_scripts if flag.value), None)
     if read is not None:
-        fail(program, _help_read_as_an_answer(f"--{read}", command).one_line())
+        refused = UsageError(
+            "--help",
+            f"comes with --{read}, whose answer a batch script reads: the help's text would be "
+            "read as the answer (a run directory named by it, jobs submitted)",
+            f"ask for it alone where you type commands: {command} --help",
+        )
+        fail(program, refused.one_line())
     sys.stdout.write(_usage(main, full=HELPFULL.value))
     sys.exit(0)
 
@@ -114,18 +112,8 @@ def help_asked() -> bool:
     return bool(HELP.value or HELPSHORT.value or HELPFULL.value)
 
 
-def _help_read_as_an_answer(where: str, command: str) -> UsageError:
-    return UsageError(
-        "--help",
-        f"comes with {where}, whose answer a batch script reads: the help's text would be "
-        "read as the answer (a run directory named by it, jobs submitted)",
-        f"ask for it alone where you type commands: {command} --help",
-    )
-
-
 def refuse_help_among(where: str, command: str) -> None:
-    """Refuses --help among flags that a command passes on to the jobs it submits (a
-    sweep's runtime flags), where no one would read it."""
+    """Refuses --help among flags passed on to submitted jobs, where no one would read it."""
     if help_asked():
         raise UsageError(
             "--help",
@@ -134,13 +122,12 @@ def refuse_help_among(where: str, command: str) -> None:
         )
 
 
-# What absl raises for a command line it refuses (flag_error says each as ours): a plain
-# ValueError for a negated boolean given a value (--noFLAG=1), UnicodeDecodeError for a
-# --flagfile that is no text.
+# What absl raises for a command line it refuses: ValueError for --noFLAG=1, and
+# UnicodeDecodeError for a --flagfile that is no text.
 FLAG_ERRORS = (flags.Error, UnicodeDecodeError, ValueError)
 
-# Flags a user brings from Estimator scripts, by the flag of ours that does their work (where
-# the command has it) and what to say: absl's closest name, --log_dir, is its logging's.
+# Flags a user brings from Estimator scripts: ours that does their work, and what to say
+# (absl's closest name, --log_dir, is its logging's).
 _FAMILIAR = {
     "model_dir": (
         "output_root",
@@ -158,27 +145,22 @@ _EXPECTED = {
 
 
 def refuse_empty(*holders: flags.FlagHolder[str | None]) -> None:
-    """These path-like flags refuse an empty value, which would otherwise be taken for the
-    flag left out: `--data_dir=$DATA` with $DATA unset would train on the default quietly."""
+    """Refuses an empty value, else taken for the flag left out: `--data_dir=$DATA` with
+    $DATA unset would train on the default quietly."""
     for holder in holders:
-        # absl's validators are untyped.
         flags.register_validator(  # type: ignore[no-untyped-call]
-            holder.name, _not_empty, message="empty, as from a variable that is unset"
+            holder.name,
+            lambda value: value != "",
+            message="empty, as from a variable that is unset",
         )
-
-
-def _not_empty(value: str | None) -> bool:
-    return value != ""
 
 
 def flag_error(
     error: Exception, command: str, argv: Sequence[str] = (), usage: str | None = None
 ) -> UsageError:
     """absl's refusal of a command line, as our error naming the flag (and the --flagfile it
-    came from, where `argv`, the command line, does not give it itself); `command` is how the
-    user calls the command, and `usage` the form of a whole line, for the hint."""
+    came from, where `argv` does not give it itself)."""
     if isinstance(error, UnicodeDecodeError):
-        # absl reads a --flagfile as UTF-8 text.
         return UsageError(
             "--flagfile",
             f"names a file that is not UTF-8 text ({error.reason})",
@@ -215,9 +197,7 @@ def flag_error(
 def _said_in_words(
     text: str, command: str, argv: Sequence[str], usage: str | None
 ) -> UsageError | None:
-    """absl's refusals that name a flag in words, as our error: a flag unknown, one given
-    without its value, or a negated boolean given one (--noFLAG=1, which absl raises as a
-    plain ValueError); else None."""
+    """absl's refusals that name a flag in words (unknown, no value, --noFLAG=1) as ours."""
     unknown = re.match(r"Unknown command line flag '([^']+)'(?:\. Did you mean: (.+?) \?)?", text)
     if unknown:
         # absl's "Did you mean: a, b ?" names flags without their dashes.
@@ -253,8 +233,7 @@ def _said_in_words(
 
 
 def _as_typed(name: str, argv: Sequence[str]) -> str:
-    """A flag absl names (unknown, or given no value) as the user typed it: `-m` where it was
-    given with one dash (absl takes either, and names it without its dashes), else `--m`."""
+    """A flag absl names without dashes, as the user typed it: `-m` or `--m`."""
     one_dash = re.compile(rf"-{re.escape(name)}(=|$)")
     return f"-{name}" if any(one_dash.match(word) for word in argv[1:]) else f"--{name}"
 
@@ -266,8 +245,7 @@ def _typed_here(words: Sequence[str], argv: Sequence[str]) -> bool:
 
 
 def _own_words(argv: Sequence[str], stop_at_first_argument: bool) -> Sequence[str]:
-    """The words of a command line that are the command's own: up to `--`, and with
-    `stop_at_first_argument` up to the first that is not a flag (a wrapped command's)."""
+    """The command's own words: up to `--`, or up to a wrapped command's first word."""
     if "--" in argv:
         argv = argv[: argv.index("--")]
     if not stop_at_first_argument:
@@ -280,8 +258,7 @@ def _own_words(argv: Sequence[str], stop_at_first_argument: bool) -> Sequence[st
 
 
 def _in_flagfile(name: str, argv: Sequence[str], value: str | None = None) -> str:
-    """The words ` (in --flagfile=F)` for a flag (with this value) that the command line does
-    not give itself but a flag file may hold, else none."""
+    """` (in --flagfile=F)` for a flag (with this value) the command line does not give."""
     said = rf"=?{re.escape(value)}$" if value is not None else r"(=|$)"
     given = re.compile(rf"--?(no)?{re.escape(name)}{said}")
     # absl takes "--name value" as well as "--name=value".
@@ -294,7 +271,7 @@ def _in_flagfile(name: str, argv: Sequence[str], value: str | None = None) -> st
 
 def _quoted_in_flagfile(argv: Sequence[str]) -> UsageError | None:
     """A flag a --flagfile gives in shell quotes, which absl keeps: --output_root="/x" there
-    trained in ./"/x", and --nodelist='n[1-2]' planned nodes named 'n1' and 'n2'."""
+    would train in ./"/x"."""
     if not _flagfiles(argv):
         return None
     for name in flags.FLAGS:
@@ -310,7 +287,7 @@ def _quoted_in_flagfile(argv: Sequence[str]) -> UsageError | None:
 
 
 def _quoted(name: str, value: str, argv: Sequence[str]) -> UsageError | None:
-    """The error for a flag's value in shell quotes that a flag file gave, else None."""
+    """The error for a flag's value in shell quotes from a flag file, else None."""
     if len(value) < 2 or value[0] != value[-1] or value[0] not in "'\"":
         return None
     files = _in_flagfile(name, argv, value)
@@ -335,9 +312,8 @@ def _flagfiles(argv: Sequence[str]) -> str:
 
 def _usage(main: Main, *, full: bool) -> str:
     module = sys.modules[main.__module__]
-    # absl files the flags of the module run with -m under the script's path.
+    # absl files a module's flags under its name, or the script's path when run with -m.
     owner = sys.argv[0] if main.__module__ == "__main__" else main.__module__
-    # absl heads a module's flags with its name, a file's path when run as a script.
     flag_help = flags.FLAGS.get_help() if full else flags.FLAGS.module_help(owner)
     if not full:
         flag_help = flag_help.removeprefix(f"\n{owner}:\n")

@@ -1,10 +1,7 @@
 """The layout flags every command shares, and the one way to turn them into a layout.
 
 Inside a job step the layout comes from SLURM's variables; with `--nodelist` it is planned from
-flags (plan_flags.py, which only `tfconfig-slurm --explain` lists in its help), so a user sees
-it before submitting. `tfconfig-slurm` and `with-tfconfig` resolve a
-task's layout through `resolve_layout`; the training runtime takes `step_policy` to
-process/task/place.py, which lays the step out the same way.
+flags (plan_flags.py). The runtime takes `step_policy` to process/task/place.py instead.
 """
 
 from __future__ import annotations
@@ -79,8 +76,6 @@ _PLAN_FLAGS = (
     "cpu_nodelist",
     "cpu_ntasks_per_node",
 )
-
-
 _LAYOUT_FLAGS = ("ps_per_node", "all_reduce", "roles", "evaluator", "address_template", "port_base")
 
 
@@ -110,7 +105,6 @@ def policy_from_flags() -> LayoutPolicy:
     )
 
 
-# The #SBATCH lines the core's hints name, by the planning flag that sets the same.
 _PLANNED_BY = {
     "#SBATCH --ntasks-per-node=": "--ntasks_per_node=",
     "#SBATCH --gres=gpu:": "--gpus_per_node=",
@@ -118,16 +112,14 @@ _PLANNED_BY = {
 
 
 def as_planned(text: str) -> str:
-    """The core's words for a job (its hints name the #SBATCH lines that shape it), for a
-    plan, whose shape its flags give."""
+    """The core's hints, which name #SBATCH lines, as the planning flags that set the same."""
     for line, flag in _PLANNED_BY.items():
         text = text.replace(line, flag)
     return text
 
 
 def resolve_layout(environ: Mapping[str, str]) -> ResolvedLayout:
-    """This task's layout from SLURM's variables, or a planned one when --nodelist is given;
-    the caller says the idle-GPU warning its own way."""
+    """This task's layout from SLURM's variables, or a planned one when --nodelist is given."""
     if plan_flags.NODELIST.value is not None:
         policy = policy_from_flags()
         try:

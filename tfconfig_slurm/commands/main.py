@@ -5,6 +5,7 @@ where a task was lost (srun.py). Each defines its own flags, so only one is impo
 from __future__ import annotations
 
 import difflib
+import importlib
 import sys
 
 from tfconfig_slurm.commands import task_config
@@ -12,25 +13,19 @@ from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.console import fail
 
 _PROGRAM = task_config.PROGRAM
+_COMMANDS = ("runs", "srun")
 
 
 def tfconfig_slurm() -> None:
     if len(sys.argv) == 1:
         task_config.run_without_flags()
     word = sys.argv[1]
-    if word == "runs":
+    if word in _COMMANDS:
         del sys.argv[1]
-        from tfconfig_slurm.commands import runs  # noqa: PLC0415
-
-        runs.run()
-    if word == "srun":
-        del sys.argv[1]
-        from tfconfig_slurm.commands import srun  # noqa: PLC0415
-
-        srun.run()
+        importlib.import_module(f"tfconfig_slurm.commands.{word}").run()
     if not word.startswith("-"):
         # The layout tool takes flags only: a word first is a command, mistyped or unknown.
-        close = sorted(difflib.get_close_matches(word, ["runs", "srun"]))
+        close = sorted(difflib.get_close_matches(word, _COMMANDS))
         guess = f"; did you mean {' or '.join(close)}?" if close else ""
         fail(
             _PROGRAM,

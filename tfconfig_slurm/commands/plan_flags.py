@@ -112,9 +112,7 @@ def planned_shape(policy: LayoutPolicy) -> StepShape:
 
 
 def _count_culprit(policy: LayoutPolicy, nodes: tuple[str, ...], cpu_nodes: tuple[str, ...]) -> str:
-    """The flag a step of too many tasks is named for, the one that made the count: the CPU
-    nodes' tasks, --ntasks_per_node given, else the parameter servers alone, else the nodes
-    and their GPUs."""
+    """The flag a step of too many tasks is named for: the one that made the count."""
     if CPU_NTASKS_PER_NODE.value * len(cpu_nodes) > MAX_TASKS:
         return "--cpu_ntasks_per_node"
     if NTASKS_PER_NODE.value is not None:

@@ -70,8 +70,7 @@ flags.adopt_module_key_flags(runtime_flags)
 
 
 def main(argv: Sequence[str]) -> int | None:
-    # First of all: the default action of SIGUSR1 and SIGTERM ends the process, and they may
-    # come at any time.
+    # First of all: SIGUSR1's and SIGTERM's default action ends the process.
     stop = preemption.StopRequest()
     preempt = preemption.parse_signal(runtime_flags.PREEMPT_SIGNAL.value)
     stop.listen(preempt, signal.SIGTERM)
@@ -114,12 +113,12 @@ def _start(
     requeue_on: set[str],
 ) -> int | None:
     """The task's layout and place checked, then its run (or a local cluster's, or the model
-    directory printed for a batch script); a refusal of its input is recorded for the runs
-    table where it comes before the run starts (process/records/refusal.py)."""
+    directory printed for a batch script)."""
     policy = _policy_for(kind)
     counts = _local_cluster(kind, policy)
     _check_literal_hparams(spec, hparams)
-    hang_seconds = _hang_seconds()
+    # Read now, so that a batch script's first call refuses a value every task would.
+    hang_seconds = hang_watch.seconds_from(runtime_flags.HANG_TIMEOUT.value, os.environ)
     named = run_directory.naming()
     model_dir.check_writable(directory, named)
     if runtime_flags.PRINT_MAX_RESTARTS.value:
@@ -127,9 +126,8 @@ def _start(
         sys.stdout.write(f"{max_restarts_flag.MAX_RESTARTS.value}\n")
         return 0
     if runtime_flags.PRINT_MODEL_DIR.value or counts is not None:
-        # A directory every task would refuse (another live run holds it, or another backend
-        # or experiment trained it) stops a batch script, or a local cluster's launcher, here,
-        # in one line, before any task starts.
+        # A directory every task would refuse stops a batch script, or a local cluster's
+        # launcher, here, in one line, before any task starts.
         claim.check(directory, claim.this_holder(job), named)
         run_directory.check_trainable([directory], spec, kind, policy.coordinator, named)
     if runtime_flags.PRINT_MODEL_DIR.value:
@@ -166,23 +164,14 @@ def _start(
 
 def _check_literal_hparams(spec: str, hparams: str) -> None:
     """--hparams checked against the experiment's HPARAMS where its source gives them
-    literally; else the tasks check them, as importing the module imports TensorFlow. After
-    the flags' own checks, so that a batch script stops at its first call on flags that every
-    task would refuse (and a local cluster's launcher before it starts any)."""
+    literally; else the tasks check them, as importing the module imports TensorFlow."""
     literal = experiment_lib.literal_hparams(spec)
     if literal is not None:
         hparams_lib.with_overrides(literal, hparams)
 
 
-def _hang_seconds() -> float:
-    """--hang_timeout, or TFCONFIG_SLURM_HANG_TIMEOUT: read before anything else is done, so
-    that a batch script's first call (--print_model_dir) refuses a value every task would."""
-    return hang_watch.seconds_from(runtime_flags.HANG_TIMEOUT.value, os.environ)
-
-
 def _check_one_answer() -> None:
-    """Refuses --print_max_restarts with --print_model_dir: a batch script reads one answer
-    at a time (train.sbatch took this one for the model directory, and made it)."""
+    """Refuses --print_max_restarts with --print_model_dir: a batch script reads one answer."""
     if runtime_flags.PRINT_MODEL_DIR.value:
         raise UsageError(
             "--print_max_restarts",
@@ -193,8 +182,7 @@ def _check_one_answer() -> None:
 
 
 def _print_model_dir(directory: Path) -> None:
-    """--print_model_dir's answer; on stderr, which a batch script's .out holds, which run a
-    job is about to carry on."""
+    """--print_model_dir's answer, and on stderr what training there would do."""
     sys.stdout.write(f"{directory}\n")
     sys.stderr.write(f"{history.before_start(directory, runtime_flags.TRAIN_STEPS.value)}\n")
 
@@ -212,9 +200,7 @@ def _local_cluster(kind: str, policy: LayoutPolicy) -> dict[str, int] | None:
 
 
 def _policy_for(kind: str) -> LayoutPolicy:
-    """The step's layout policy, as the flags give it, for an experiment of `kind`: a
-    coordinator's only for tf-keras, and with 2 or more threads between ops; a Keras one's
-    without parameter servers unless a coordinator's."""
+    """The step's layout policy, as the flags give it, checked for an experiment of `kind`."""
     policy = layout_flags.step_policy()
     if policy.coordinator and kind == experiment_lib.KERAS3:
         raise UsageError(
@@ -240,9 +226,8 @@ def _policy_for(kind: str) -> LayoutPolicy:
 
 def _train(kind: str, hparams: str, policy: LayoutPolicy, task: lifecycle.TaskRun) -> int | None:
     """This task of the step trains (or serves), at its place; a process that ends it."""
-    # A task's Ctrl-C (a local cluster's launcher passes SIGTERM on instead): Python's own
-    # KeyboardInterrupt waits for TensorFlow's C++ to return, which a task waiting for its
-    # peers does not.
+    # Python's KeyboardInterrupt waits for TensorFlow's C++ to return, which a task waiting
+    # for its peers does not.
     task.stop.listen(signal.SIGINT)
     task.place.set_in(os.environ)
     if task.place.role is None:
@@ -284,9 +269,8 @@ def _checked_experiment() -> str:
 
 
 def _check_one_process() -> None:
-    """The flags that only a cluster uses, in a process that trains alone: layout flags are
-    said to change nothing (not refused: one --flagfile may serve a job's steps and a try on
-    a workstation), --sync_replicas is refused."""
+    """Cluster-only flags in a process that trains alone: layout flags are only warned of
+    (one --flagfile may serve a job's steps and a workstation), --sync_replicas refused."""
     if ignored := layout_flags.given_layout_flags():
         logging.warning(
             "%s: lay out the tasks of a SLURM step, and this trains in one process, so they "
@@ -302,12 +286,9 @@ def _check_one_process() -> None:
 
 
 def _coordinated(task: lifecycle.TaskRun, hparams: str) -> int:
-    """A task of a step laid out for ParameterServerStrategy (--coordinator), run as
-    with-tfconfig runs a coordinator's script: each task supervises a child, which for a ps
-    or a worker serves (backends/keras/serve.py), and for the chief (and the evaluator) is
-    this command again, coordinating the training (evaluating its checkpoints) as the
-    lifecycle's backend. The chief's supervisor so answers on its port once its child has
-    exited, which ends the others (process/supervision/supervise.py)."""
+    """A task of a --coordinator step, run as with-tfconfig runs a coordinator's script: each
+    task supervises a child, which for a ps or a worker serves (backends/keras/serve.py), and
+    for the chief and the evaluator is this command again, as the lifecycle's backend."""
     role = task.place.role
     if role is None:
         raise UsageError(
@@ -319,8 +300,6 @@ def _coordinated(task: lifecycle.TaskRun, hparams: str) -> int:
         )
     # The step's run id, so that a marker a shell passed on from another step is no marker.
     marker = role.run_id or "a TF_CONFIG given"
-    # The coordinator and the evaluator run this command again as their child; the others
-    # serve.
     again = role.role in (CHIEF, EVALUATOR)
     if again and os.environ.get(_COORDINATING) == marker:
         lifecycle.run_to_exit(
@@ -346,9 +325,8 @@ def _coordinated(task: lifecycle.TaskRun, hparams: str) -> int:
 
 
 def _keras_layout(policy: LayoutPolicy, kind: str) -> LayoutPolicy:
-    """A Keras experiment's layout: all-reduce (MultiWorkerMirroredStrategy, or a Keras 3
-    experiment's processes on JAX), or with --coordinator ParameterServerStrategy's, with the
-    flags it cannot honour refused."""
+    """A Keras experiment's layout (all-reduce, or --coordinator's), the flags it cannot
+    honour refused."""
     on_jax = kind == experiment_lib.KERAS3
     intra_op, inter_op = runtime_flags.INTRA_OP_THREADS.value, runtime_flags.INTER_OP_THREADS.value
     threads = "--intra_op_threads" if intra_op else "--inter_op_threads"

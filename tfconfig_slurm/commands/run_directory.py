@@ -1,7 +1,5 @@
-"""Where a run of the runtime trains: the output root (--output_root, $TFCONFIG_SLURM_OUTPUT)
-and the experiment id (--experiment_id, $EXPERIMENT_ID, the experiment's name, an array task's
-index, a sweep's line, with the line's hparams), and how the user named them, for the errors
-about the directory."""
+"""Where a run of the runtime trains (output root and experiment id), and how the user named
+them, for the errors about the directory."""
 
 from __future__ import annotations
 
@@ -35,9 +33,7 @@ def output_root() -> str:
 
 
 def naming() -> claim.Naming:
-    """How this command's user named the model directory, for the errors about it: the
-    output root by --output_root, or by the variable where that chose it; a sweep's run by
-    its sweep file."""
+    """How this command's user named the model directory, for the errors about it."""
     named = claim.CLI_NAMING
     if not runtime_flags.OUTPUT_ROOT.value and os.environ.get(run_dir.OUTPUT_ROOT_VARIABLE):
         named = named._replace(
@@ -62,10 +58,8 @@ def of_sweep(named: claim.Naming, sweep: str) -> claim.Naming:
 def check_trainable(
     directories: Iterable[Path], spec: str, kind: str, coordinator: bool, named: claim.Naming
 ) -> None:
-    """Refuses, in one line, the first of the run directories that every task of a run of the
-    experiment `spec` (of `kind`, laid out for a `coordinator` or not) would refuse at its
-    start: another backend's checkpoints, another experiment's run. The experiment is found
-    once, for all of a sweep's directories."""
+    """Refuses, in one line, the first of `directories` that every task of the run would
+    refuse at its start: another backend's checkpoints, another experiment's run."""
     # Here, not at the top: the sweep's command reads no more than it needs.
     from tfconfig_slurm.commands import runtime_backends  # noqa: PLC0415
 
@@ -121,8 +115,7 @@ def _experiment_id(default_id: str, *, swept: bool) -> str:
 
 
 def _default_id(experiment: str, job: SlurmJob | None) -> str:
-    """The experiment's name, and in a job array the array task's index after it, so that the
-    array's tasks train into directories of their own."""
+    """The experiment's name, with the array task's index after it in a job array."""
     if job is not None and job.array_task_id is not None:
         return f"{experiment}-{job.array_task_id}"
     return experiment

@@ -96,7 +96,6 @@ def main(argv: Sequence[str]) -> int:
         return 0
     root = Path(argv[1] if len(argv) > 1 else run_dir.output_root(os.environ))
     hint = f"give the runs' --output_root: {PROGRAM} OUTPUT_ROOT (or set TFCONFIG_SLURM_OUTPUT)"
-    # The setting that chose the root: the argument, else the variable where it is set.
     culprit = (
         "OUTPUT_ROOT"
         if len(argv) > 1 or not os.environ.get(run_dir.OUTPUT_ROOT_VARIABLE)
@@ -151,8 +150,7 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
     )
     jobs, own = _queued_jobs(), _this_job(os.environ)
     if jobs is not None and own in jobs:
-        # Said from inside a batch script once its step is over: its own job is ending, not
-        # a sign that the run still runs.
+        # Asked by a batch script once its step is over: its own job is ending.
         jobs[own] = _ENDING
     if not folder.is_dir():
         raise UsageError(
@@ -166,7 +164,6 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
         _refuse_an_output_root(folder, paths)
         # A batch job refused before it could say why here (its first lines say it).
         return f"{folder}: no run has started here, nothing was trained{_logs(paths)}"
-    # This batch job's own refusal, where no run began or where another job's run is.
     if run["state"] == _REFUSED or (run["refused"] and run["refused"]["job_id"] == own):
         return (
             f"{folder}: job {run['refused']['job_id']} was refused at its start, nothing was "
@@ -189,20 +186,17 @@ def _refuse_an_output_root(folder: Path, paths: run_dir.RunDir) -> None:
         for each in sorted(folder.glob(pattern))
     ]
     if held:
-        # Said as an empty run, an output root looked like a batch job refused at its start.
         raise UsageError(
             "--run",
             f"is {str(folder)!r}, an output root of {len(held)} run(s) ({', '.join(held[:3])}"
             f"{', ...' if len(held) > 3 else ''}), not a run's model directory",
-            # The table lists the runs of one output root: the example's.
             f"give one of them, e.g. --run={folder / held[0]}, or list those of its output "
             f"root: {PROGRAM} {(folder / held[0]).parent}",
         )
 
 
 def _how_it_stands(folder: Path, run: Mapping[str, Any], paths: run_dir.RunDir) -> str:
-    """How the run `run` of `folder` ended, or where it is: its state, step, metrics or first
-    failure, the job that resumes it, and its restarts."""
+    """How the run `run` of `folder` ended, or where it is."""
     step, state = run["global_step"], run["state"]
     # How far a failed run got is lost with it: what is kept is its latest checkpoint.
     checkpoint = history.checkpoint_step(folder)
@@ -237,8 +231,7 @@ def _logs(paths: run_dir.RunDir) -> str:
 
 
 def _this_job(environ: Mapping[str, str]) -> str:
-    """The job this process runs in, as squeue names it (an array task as 41_3); "" outside
-    SLURM."""
+    """This process's job as squeue names it (an array task as 41_3); "" outside SLURM."""
     job = read_slurm_job(environ)
     return job.name if job else ""
 
@@ -282,9 +275,8 @@ def _readable_run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any
 
 
 def _damaged(paths: run_dir.RunDir) -> bool:
-    """Whether state.json or summary.json is there but holds no JSON object, where reading it
-    as none would show a run done without its job or hparams (the runtime writes each whole,
-    with an atomic rename)."""
+    """Whether state.json or summary.json is there but holds no JSON object (the runtime
+    writes each whole, by an atomic rename), which read as none would show a run done."""
     for path in (paths.state, paths.summary):
         try:
             value = json.loads(path.read_text())
@@ -324,10 +316,8 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     continued = _continued(folder, state)
     failed_line = _first_failure(first, state, this_run=this_run is not None)
     said = _state(folder, state, summary, jobs, failed=failed_line is not None, continued=continued)
-    # SLURM's word for how the run's job ended, while squeue still lists it.
     slurm_said = _ENDED.get((jobs or {}).get(str(state.get("job_id")), ""))
     kept = step if step is not None else state.get("global_step")
-    # A running run's step: the one its owner last logged, else its latest checkpoint's.
     logged = _logged_step(paths, state) if said == "running" else None
     return {
         "experiment_id": folder.name,
@@ -339,16 +329,12 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         "examples_per_sec": round(sum(speeds), 1) if speeds else None,
         "hparams": state.get("hparams", {}),
         "job_id": state.get("job_id"),
-        # The job the run goes on in, where its own could not requeue.
         "continued_as": continued.job_id if continued else None,
         "first_failure": failed_line if said == "failed" else None,
         "restarts": attempts.causes_in_job(state, str(state.get("job_id"))),
-        # What stopped a stopped or requeued run: "time limit", or the signal.
         "stopped_by": state.get("why", state.get("signal"))
         if said in ("stopped", "requeued", "continued")
         else None,
-        # How SLURM ended the run's job where the run could not say: cancelled, node failure,
-        # out of memory, time limit, preempted.
         "ended_by": slurm_said if said in ("stopped", "failed") else None,
         "updated": _updated(paths),
         "refused": _refused_since(refused, state),
@@ -356,9 +342,8 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
 
 
 def _updated(paths: run_dir.RunDir) -> float | None:
-    """When the run last wrote a record: a training run's progress.json moves with its step,
-    between checkpoints minutes apart; None where the run wrote none of them (a step that
-    failed at its start)."""
+    """When the run last wrote a record (progress.json moves between checkpoints); None
+    where it wrote none."""
     files = (paths.state, paths.summary, paths.checkpoint_index, paths.progress)
     return max(map(_modified, files)) or None
 
@@ -366,16 +351,13 @@ def _updated(paths: run_dir.RunDir) -> float | None:
 def _refused_since(
     refused: refusal.Refusal | None, state: Mapping[str, Any]
 ) -> dict[str, Any] | None:
-    """A job refused at its start since the run's last attempt began (the directory was held
-    by another job, say)."""
+    """A job refused at its start since the run's last attempt began."""
     if refused is None or refused.time <= _last_attempt_started(state):
         return None
     return dict(refused._asdict())
 
 
-# The state of a directory where no run started, only a job refused at its start.
 _REFUSED = "refused"
-# The state of a run whose files are not what the runtime writes.
 _UNREADABLE = "unreadable"
 
 
@@ -401,8 +383,7 @@ def _refused_itself(first: failure.Failure) -> bool:
 
 
 def _logged_step(paths: run_dir.RunDir, state: Mapping[str, Any]) -> int | None:
-    """The global step a running run's owner last logged in this attempt, None before its
-    first line: ahead of its latest checkpoint's by up to a checkpoint interval."""
+    """The global step a running run's owner last logged in this attempt, if it did."""
     progress = reports.read_json(paths.progress)
     step = progress.get("global_step")
     if not isinstance(step, int) or progress.get("time", 0.0) < _last_attempt_started(state):
@@ -442,18 +423,15 @@ def _state(
     if job is not None and jobs is not None:
         # A run still "running" whose job is over, or ending, ended without saying so.
         return "running" if queued not in (None, _ENDING) else "failed"
-    # Outside SLURM, or without squeue: the model directory's lock says whether it trains.
-    # Every run holds it before it says "running" (the chief's, a single process's, a local
-    # cluster's launcher's), and keeps it until it says how it ended: none, or a stale one,
-    # and the run ended without a word (a local cluster's launcher removes its lock as it
-    # stops the rest).
+    # Outside SLURM, or without squeue: every run holds the model directory's lock from
+    # before it says "running" until it says how it ended; none, or a stale one, and the run
+    # ended without a word.
     return "running" if claim.held_by_live_run(folder) else "failed"
 
 
 def _requeued_since(state: Mapping[str, Any]) -> bool:
-    """Whether the job of a stopped run was requeued since the run's attempt started, though
-    squeue does not list it waiting yet: while its batch script ends (COMPLETING), which the
-    script's last line, said then, must not call running."""
+    """Whether a stopped run's job was requeued since its attempt started, though squeue does
+    not list it waiting yet (COMPLETING, as its batch script's last line is said)."""
     restart = str(state.get("run") or "").rpartition(".")[2]
     if not restart.isdigit():
         return False
@@ -472,9 +450,8 @@ def _continued(folder: Path, state: Mapping[str, Any]) -> continuation.Continued
 def _first_failure(
     first: failure.Failure | None, state: Mapping[str, Any], *, this_run: bool
 ) -> str | None:
-    """The line of `first`, the last attempt's own record (`this_run`), or the newest failure
-    recorded, if it came since the run's last attempt started; else the error the run's owner
-    said it failed with (a single process records no failure of a task)."""
+    """The line of `first` (the attempt's own record, `this_run`, or a newer failure); else
+    the error the run's owner said it failed with (a single process records none)."""
     if first is None or (not this_run and first.time < _last_attempt_started(state)):
         error = state.get("error") if state.get("state") == RunState.FAILED else None
         return str(error) if error else None
@@ -507,7 +484,6 @@ def _sorted(runs: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
             f"the runs' final metrics are: {', '.join(sorted(known)) or 'none yet'}",
         )
     lower_is_better = "loss" in metric or "error" in metric
-    # Runs without the metric go last, in their order.
     with_metric = [run for run in runs if metric in run["eval"]]
     without = [run for run in runs if metric not in run["eval"]]
     with_metric.sort(key=lambda run: run["eval"][metric], reverse=not lower_is_better)
@@ -565,9 +541,8 @@ def _shown(metrics: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _why(run: Mapping[str, Any]) -> str:
-    """` (time limit)`, ` (node failure)`: what stopped or ended a run, SLURM's word first;
-    and how often its step started again in its job (` (restarted 1x in its job: worker 0
-    stopped answering)`)."""
+    """` (time limit; restarted 1x in its job: ...)`: what stopped or ended a run, and its
+    restarts."""
     why = [each for each in (_stopped_by(run), _restarted(run)) if each]
     return f" ({'; '.join(why)})" if why else ""
 

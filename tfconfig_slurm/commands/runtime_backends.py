@@ -1,8 +1,6 @@
-"""The runtime's backends, one factory each (Estimator, tf-keras, its coordinator, Keras 3),
-as the lifecycle takes them: each loads the experiment and checks the flags' settings against
-it before it imports TensorFlow itself, so that an experiment that does not import it at the
-top is refused within a fraction of a second rather than after TensorFlow's seconds of
-loading; and each task's thread pools, sized by its role."""
+"""The runtime's backends, one factory each (Estimator, tf-keras, its coordinator, Keras 3):
+each checks the flags against the experiment before it imports TensorFlow itself, so bad input
+is refused at once; and each task's thread pools, sized by its role."""
 
 from __future__ import annotations
 
@@ -32,14 +30,12 @@ from tfconfig_slurm.process.user_code import hparams as hparams_lib
 Factory = Callable[[lifecycle.TaskRun, str], lifecycle.Backend]
 
 # A backend of the test suite (tests/fake_backend.py), as `module:function`, that trains in
-# place of the experiment's: the tests of the process machinery around the training then
-# start no TensorFlow, whose import took 4-6 s a process (docs/development.md).
+# place of the experiment's, so the process machinery's tests import no TensorFlow.
 TEST_BACKEND = "TFCONFIG_SLURM_TEST_BACKEND"
 
 
 def for_kind(kind: str, environ: Mapping[str, str]) -> Factory:
-    """The factory of the backend that trains an experiment of `kind` (but a coordinator's):
-    the test backend `environ` names, else the kind's own."""
+    """The factory of the backend for an experiment of `kind` (or the test backend)."""
     named = environ.get(TEST_BACKEND)
     if named:
         return _test_backend(named)
@@ -81,9 +77,8 @@ def _settings(
     experiment: experiment_lib.Experiment | experiment_lib.KerasExperiment,
     threads: Threads = _TENSORFLOW_S,
 ) -> TrainingSettings:
-    """The flags' settings, with the experiment's hparams overridden by `hparams` and passed
-    by its check_hparams, or those the run in `directory` was trained with where it is
-    trained already."""
+    """The flags' settings, with the experiment's hparams overridden by `hparams` (or as
+    trained_with keeps them)."""
     shard = input_shard(os.environ)
     return TrainingSettings(
         model_dir=directory,
@@ -115,9 +110,8 @@ def _settings(
 
 def trained_with(directory: Path, given: dict[str, Any], train_steps: int) -> dict[str, Any]:
     """`given`, or where the run in `directory` is trained already (at `train_steps`), the
-    hparams it was trained with, which its evaluation then builds the model with: its record
-    keeps them, and a model built with others evaluated another (seen: a finished run's
-    accuracy overwritten by that of its input scaled by -1)."""
+    hparams it was trained with: its evaluation builds the model, and with others it would
+    evaluate another."""
     step = history.checkpoint_step(directory)
     then = reports.read_state(directory).get("hparams")
     if step is None or step < train_steps or not isinstance(then, dict):
@@ -191,9 +185,8 @@ _Loaded = TypeVar("_Loaded", experiment_lib.Experiment, experiment_lib.KerasExpe
 def _loaded(
     task: lifecycle.TaskRun, hparams: str, load: Callable[[str], _Loaded]
 ) -> tuple[_Loaded, TrainingSettings]:
-    """The experiment and the run's settings, with TensorFlow loaded (the experiment imports
-    it), its thread pools held and its devices looked at, its start-up notes held back
-    (process/task/native_noise.py)."""
+    """The experiment and the run's settings, with TensorFlow loaded, its thread pools held,
+    its devices looked at and its start-up notes held back (process/task/native_noise.py)."""
     with native_noise.start_up_notes_held(bool(task.place.gpu_ids)):
         experiment = load(runtime_flags.EXPERIMENT.value or "")
         threads, said = task_threads(task.place)
@@ -208,9 +201,7 @@ def _loaded(
 
 
 def check_inter_op_threads(coordinator: bool) -> None:
-    """Refuses --inter_op_threads below what a ParameterServerStrategy worker needs, in a
-    layout for its `coordinator`: the coordinator's request for a step holds one of the
-    worker's threads between ops while the step's ops run on the others."""
+    """Refuses --inter_op_threads below what a ParameterServerStrategy worker needs."""
     given, least = runtime_flags.INTER_OP_THREADS.value, threads_lib.PS_WORKER_MIN_INTER_OP
     if coordinator and given is not None and 0 < given < least:
         raise UsageError(
@@ -223,10 +214,8 @@ def check_inter_op_threads(coordinator: bool) -> None:
 
 
 def task_threads(where: place.Place) -> tuple[Threads, str]:
-    """The task's TensorFlow threads: each flag where given (0: TensorFlow's own), else sized
-    by its role and its node's share of the CPUs its process may run on (cluster/threads.py);
-    TensorFlow's own in a single process. With the line that says them ("" where none is
-    set), for the caller to log once its input has passed: a refusal stays one line."""
+    """The task's TensorFlow threads, from the flags or sized by its role (cluster/threads.py),
+    and the line that says them, for the caller to log once its input has passed."""
     check_inter_op_threads(where.role is not None and where.role.coordinator)
     cpus = len(os.sched_getaffinity(0))
     sized = (

@@ -54,11 +54,9 @@ flags.adopt_module_key_flags(max_restarts_flag)
 
 
 class _Signals:
-    """What the batch script is sent while a step runs. SIGTERM, SIGINT and SIGHUP (scancel, a
-    requeue, the time limit) tell it to stop: the step gets the same signal from SLURM and ends
-    of itself, and is not started again. SIGUSR1 and SIGUSR2 (`#SBATCH --signal=B:USR1@90`)
-    are passed on to srun, which passes them on to the tasks: their default action would end
-    this process and leave the step behind."""
+    """What the batch script is sent while a step runs: a stop (the step gets it from SLURM
+    too), or SIGUSR1/SIGUSR2 passed on to srun, whose default action would end this process
+    and leave the step behind."""
 
     def __init__(self) -> None:
         self.stop = preemption.StopRequest()
@@ -194,10 +192,9 @@ def _step(
     *,
     watch: bool,
 ) -> tuple[int, str, tuple[str, ...]]:
-    """Runs srun in `environ` (None: this process's): its exit status (128 + N for a signal
-    N), its own lines, which pass through to stderr as they come, and the nodes of `held`
-    that left the job meanwhile (a --no-kill job's failed node), which, where it `watch`es,
-    end srun, which would wait on for their tasks."""
+    """Runs srun in `environ` (None: this process's): its exit status, its own lines (passed
+    through to stderr) and the nodes of `held` that left the job meanwhile, which, where it
+    `watch`es, end srun, which would wait on for their tasks."""
     kept = []
     with subprocess.Popen(command, stderr=subprocess.PIPE, env=environ) as srun:
         signals.srun = srun

@@ -144,14 +144,12 @@ def _runtime_flags(arguments: Sequence[str]) -> list[str]:
     cli.refuse_help_among(
         "the runtime flags after SWEEP_FILE, which go to every run's job", COMMAND
     )
-    # The sweep's own flags after SWEEP_FILE were parsed above as well: they are the sweep's,
-    # and the runtime, which does not know them, must not get them.
+    # The runtime does not know the sweep's own flags.
     return _without_own_flags(list(arguments))
 
 
 def _checked_sweep(sweep_file: Path) -> list[str]:
-    """The sweep file's lines, once it, the batch script, the sbatch options and the run
-    directories its lines would train in are checked."""
+    """The sweep file's lines, once it and all the sweep would submit are checked."""
     if BATCH_SCRIPT.value is None or not Path(BATCH_SCRIPT.value).is_file():
         raise UsageError(
             "--batch_script",
@@ -189,9 +187,8 @@ def _kept(sweep_file: Path, lines: Sequence[str]) -> tuple[Path, str]:
 
 
 def _submitted(arguments: Sequence[str], kept: Path, text: str) -> str:
-    """The array submitted by sbatch's `arguments`, the lines `text` written to `kept` first;
-    its job id. The lines are kept only once sbatch took the array: a sweep that was never
-    submitted does not bind its name to its lines."""
+    """The job id of the array sbatch's `arguments` submit, `text` written to `kept` first and
+    removed where sbatch refused: a sweep never submitted does not bind its name to its lines."""
     if shutil.which("sbatch") is None:
         raise UsageError("sbatch", "is not on PATH", "run the sweep on a SLURM login node")
     submitted_before = kept.exists()

@@ -1,7 +1,6 @@
 """This task's TF_CONFIG as `tfconfig-slurm` prints it with no argument (what every task of a
-step runs), without the flags machinery: the interpreter, the core and json. absl.flags' import
-alone took a quarter of the command's time (bench/RESULTS.md, "resolve"). tfconfig.py prints a
-task's TF_CONFIG through the same function, with the policy its flags give."""
+step runs), without importing absl.flags, which is slow to import (bench/RESULTS.md,
+"resolve"); tfconfig.py prints through the same function."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from tfconfig_slurm.cluster.step import read_slurm_step
 from tfconfig_slurm.errors import TfconfigSlurmError
 from tfconfig_slurm.process.console import fail
 
-# The command's name in its messages, whichever way it was called.
 PROGRAM = "tfconfig-slurm"
 
 

@@ -69,8 +69,7 @@ flags.adopt_module_key_flags(plan_flags)
 
 
 def _restart_line(tasks: int) -> str:
-    """What a lost task costs this layout: the step's restart in its job, where the batch
-    script runs it through `tfconfig-slurm srun` (launch/train.sbatch does)."""
+    """What a lost task costs this layout."""
     restart = (
         "the step starts again in its job, from the latest checkpoint, where the batch script "
         "runs it through tfconfig-slurm srun (launch/train.sbatch does), at most --max_restarts "
