@@ -110,8 +110,8 @@ def test_a_killed_task_starts_the_step_again_in_the_job_and_a_bug_does_not(
     )
     # #52: exit 4 is the runtime's "stopped, not requeued" only where the run says it stopped.
     assert said["four"].endswith(
-        "tfconfig-slurm srun: not starting the step again: srun names no task killed: the tasks "
-        "ended of themselves\n"
+        "tfconfig-slurm srun: not starting the step again: srun names no task killed, only one "
+        "that ended: Exited with exit code 4\n"
     ), said["four"]
     assert said["always"].endswith(
         "tfconfig-slurm srun: not starting the step again: a task was killed, and the job made its "

@@ -68,7 +68,7 @@ class _Signals:
 
     def _stopped(self, number: int, frame: FrameType | None) -> None:
         del frame
-        self.stop.note(signal.Signals(number).name)
+        self.stop.note_signal(number)
 
     def _passed_on(self, number: int, frame: FrameType | None) -> None:
         del frame

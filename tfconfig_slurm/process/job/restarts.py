@@ -69,7 +69,10 @@ def _of_srun(srun_said: str) -> Verdict:
         return Verdict(again=False, why="srun names no task that failed (see its lines above)")
     if named[2].strip() == "Killed":
         return Verdict(again=True, why="a task was killed")
-    return Verdict(again=False, why="srun names no task killed: the tasks ended of themselves")
+    # Not "of themselves": a signal the task did not catch ends it too (User defined signal 1).
+    return Verdict(
+        again=False, why=f"srun names no task killed, only one that ended: {named[2].strip()}"
+    )
 
 
 def read_step(
