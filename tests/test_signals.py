@@ -159,9 +159,10 @@ def test_ctrl_c_twice_ends_a_task_that_waits_for_a_peer_that_never_started(tmp_p
     assert "SIGINT again: ending at once, without a checkpoint" in console.read_text()
 
 
-# The runtime's entry, with a stop signal delivered as soon as it is held: before the imports
-# and the listening, as where a job is told to stop while its step's tasks start.
-_SIGNALLED_AT_ONCE = """
+# The runtime's entry with a stop signal delivered as soon as it is held, before the imports
+# and the listening, as where a job is told to stop while its step's tasks start; or, as
+# launch/train.sbatch starts a task (with the stop signals blocked), before even that.
+_ENTRY = """
 import os, runpy, signal, sys
 from tfconfig_slurm.process import held_signals
 hold = held_signals.hold
@@ -169,23 +170,38 @@ held_signals.hold = lambda: (hold(), os.kill(os.getpid(), signal.{name}))
 sys.argv = ["tfconfig-slurm-run", *sys.argv[1:]]
 runpy.run_module("tfconfig_slurm.run", run_name="__main__")
 """
+_BLOCKED_ENTRY = """
+import os, runpy, signal, sys
+os.kill(os.getpid(), signal.{name})
+sys.argv = ["tfconfig-slurm-run", *sys.argv[1:]]
+runpy.run_module("tfconfig_slurm.run", run_name="__main__")
+"""
+_BLOCKED = ("env", "--block-signal=USR1,USR2,TERM")
 
 
 @pytest.mark.parametrize(
-    ("signum", "status", "said"),
+    ("signum", "status", "said", "launcher", "entry"),
     [
         # The preempt signal: the task stops before its first step, with a checkpoint.
-        (signal.SIGUSR1, 0, "stopping on SIGUSR1 at global step 0"),
+        (signal.SIGUSR1, 0, "stopping on SIGUSR1 at global step 0", (), _ENTRY),
+        (signal.SIGUSR1, 0, "stopping on SIGUSR1 at global step 0", _BLOCKED, _BLOCKED_ENTRY),
         # One it does not listen for ends it as that signal would have.
-        (signal.SIGUSR2, -signal.SIGUSR2, ""),
+        (signal.SIGUSR2, -signal.SIGUSR2, "", (), _ENTRY),
+        (signal.SIGUSR2, -signal.SIGUSR2, "", _BLOCKED, _BLOCKED_ENTRY),
     ],
+    ids=["SIGUSR1", "SIGUSR1-blocked", "SIGUSR2", "SIGUSR2-blocked"],
 )
 def test_a_stop_signal_before_the_task_listens_is_held_for_it(
-    tmp_path: Path, signum: signal.Signals, status: int, said: str
+    tmp_path: Path,
+    signum: signal.Signals,
+    status: int,
+    said: str,
+    launcher: tuple[str, ...],
+    entry: str,
 ) -> None:
     ran = subprocess.run(
         [
-            sys.executable, "-c", _SIGNALLED_AT_ONCE.format(name=signum.name),
+            *launcher, sys.executable, "-c", entry.format(name=signum.name),
             f"--output_root={tmp_path}", *TRAIN_LONG,
         ],
         env={**os.environ, **fake_backend.environ()}, capture_output=True, text=True,

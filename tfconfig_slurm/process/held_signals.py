@@ -4,7 +4,8 @@ SIGUSR1's and SIGTERM's default action ends the process, and a task imports for 
 more before it can listen (seconds, with a node's tasks all starting at once): a job told to
 stop then had its step's tasks killed by the signal, and it was neither requeued nor restarted.
 Held here, such a signal is handed to the task's stop request once it listens, or, where the
-task does not listen for it, acted on as it would have been.
+task does not listen for it, acted on as it would have been. The window before the entry's
+first line closes where the task starts with them blocked (launch/train.sbatch).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def hold() -> None:
     for signum in HELD:
         signal.signal(signum, note)
     _holding[:] = HELD
+    # Started with them blocked (launch/train.sbatch), those that came meanwhile are noted now.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
 
 
 def release(listened: Collection[signal.Signals | None]) -> list[signal.Signals]:
