@@ -191,14 +191,6 @@ def _run(
                 )
             processes = {task: process for task, (process, _) in started.items()}
             failed = _supervise(group, processes, stop)
-            if failed is None and stop.requested:
-                logging.warning(
-                    "%s: stopping every task; trainers stop at the next step with a checkpoint "
-                    "(tasks still running in %.0f s are killed)",
-                    stop.signal_name,
-                    timing.LOCAL_STOP_GRACE_SECONDS,
-                )
-                group.stop(timing.LOCAL_STOP_GRACE_SECONDS)
         finally:
             # Every line a task wrote, its last error included, reaches log and console.
             for _, copier in started.values():
@@ -325,8 +317,8 @@ def _copy(
 def _supervise(
     group: children.Group, tasks: dict[LocalTask, children.Child], stop: preemption.StopRequest
 ) -> LocalTask | None:
-    """Waits for every task, or for the launcher to be told to stop; returns the first task
-    that failed, once the others are stopped."""
+    """Waits for every task, or for the launcher to be told to stop, then stops them all;
+    returns the first task that failed, once the others are stopped."""
     running = dict(tasks)
     while running and not stop.requested:
         for task, process in list(running.items()):
@@ -339,4 +331,12 @@ def _supervise(
                 return task
             logging.info("%s %d finished", task.role, task.index)
         time.sleep(0.1)
+    if stop.requested:
+        logging.warning(
+            "%s: stopping every task; trainers stop at the next step with a checkpoint "
+            "(tasks still running in %.0f s are killed)",
+            stop.signal_name,
+            timing.LOCAL_STOP_GRACE_SECONDS,
+        )
+        group.stop(timing.LOCAL_STOP_GRACE_SECONDS)
     return None
