@@ -1,5 +1,4 @@
-"""Waiting for what another process writes or says: a read repeated until it is done. No
-TensorFlow here."""
+"""Waiting for what another process writes or says: a read repeated until it is done."""
 
 from __future__ import annotations
 

@@ -1,32 +1,22 @@
 """with-tfconfig's supervision of its command: the runtime's guarantees for a script that knows
 nothing of them.
 
-The command runs as a child, with its task's environment. Signals sent to the supervisor are
-passed on to it, and its exit status comes back out (128 + N for a child a signal ended). The
-child dies with the supervisor (children.py), so no task outlives its srun. Around it, by role:
+The command runs as a child with its task's environment; signals are passed on to it, and its
+exit status comes back out. Around it, by role (who watches whom: cluster/watch_plan.py):
 
-- Who watches whom is cluster/watch_plan.py's: a trainer its paired parameter servers, a
-  parameter server its paired trainers and the other parameter servers; without parameter
-  servers (all-reduce training), a trainer its neighbours in the tree of trainers. A watched
-  task that stops answering ends the watcher, by name, with exit status 3 (watchdog.py);
-  but a task told to stop (scancel signals every task of the step) first gives its command
-  timing.STOP_GRACE_SECONDS to finish its own stop, unless the run has recorded a failure.
-- When a trainer's command exits 0, the trainer answers on its own port, free again: alive
-  (WAITING) until the trainers below it in the tree of trainers have finished, then
-  FINISHED, until its parameter servers have gone and its parent has seen it.
-- A stock Estimator or TF2 parameter server never returns (`server.join()`): ps 0 ends its
-  command once the chief says FINISHED (every trainer finished), says FINISHED itself, and
-  the other parameter servers end theirs on that; each exits 0.
-- A task whose command failed answers FAILED for a while, then leaves with its status: its
-  watchers end at once, even if its command died before it ever listened.
+- A watched task that stops answering ends the watcher (watchdog.py); a task told to stop
+  first gives its command timing.STOP_GRACE_SECONDS to finish its own stop.
+- A trainer whose command exits 0 answers on its port, free again: WAITING until the trainers
+  below it have finished, then FINISHED until its parameter servers have gone and its parent
+  has seen it.
+- A parameter server's command never returns (`server.join()`): ps 0 ends it once the chief
+  says FINISHED, then says FINISHED itself, on which the other parameter servers end theirs.
+- A task whose command failed answers FAILED for a while, so its watchers end at once, even
+  if its command died before it ever listened.
 - An evaluator is only supervised.
 
-The task's state is explicit (task_state.py): running, stopping, and done, failed or lost. A
-watch that loses a peer takes the task's end and kills the command; the main thread, which
-looks at the state each probe interval, ends the task; every way out of supervise() closes the
-state. No thread waits for another to end the process.
-
-No TensorFlow here: processes, signals and sockets.
+The signal handlers, the watches and the main thread share the task's state (task_state.py);
+no thread waits for another to end the process.
 """
 
 from __future__ import annotations
@@ -63,9 +53,8 @@ WORKER_RESTARTS = 3
 
 
 def command_group(aside: Path | None = None) -> children.Group:
-    """The group for the one command: it shares the supervisor's process group, as srun and a
-    shell expect of a task's processes, and its stderr passes through the supervisor, which
-    reads why it failed there, and puts a native library's fatal end `aside` where given."""
+    """The group for the one command: in the supervisor's process group, as srun and a shell
+    expect, its stderr relayed (command_output.Relay; a native fatal end goes `aside`)."""
     return children.Group(own_sessions=False, relay_stderr=True, aside=aside)
 
 
@@ -78,19 +67,16 @@ def supervise(
     keras_3: bool = False,
 ) -> int:
     """Runs the command started in `command` as `role`'s task to its end; the exit status to
-    leave with. The run's `owner` (the chief, told its run directory) says in state.json that
-    the command runs, and how it ended: done, stopped on a signal, or failed. A coordinator's
-    worker whose command fails starts it again, at most `restarts` times. A `keras_3` command
-    trains Keras 3 on JAX: a traceback through Keras 3 is no sign of the wrong Keras there."""
+    leave with. The run's `owner` (the chief's) says in state.json how it ended. A
+    coordinator's worker restarts a failed command at most `restarts` times. A `keras_3`
+    command trains Keras 3 on JAX, so a traceback through Keras 3 is no sign of a wrong Keras."""
     supervisor = _Supervisor(command, role, owner, keras_3)
     supervisor.pass_signals_on()
     return supervisor.closed(supervisor.run(restarts))
 
 
 class _Supervisor:
-    """One task's supervision: its command, its role, the run's owner where it is the chief,
-    and the task's state, which the signal handlers, the watches' threads and the main thread
-    share."""
+    """One task's supervision: its command, role, the run's owner (the chief's) and state."""
 
     def __init__(
         self, command: children.Group, role: ClusterRole, owner: RunOwner | None, keras_3: bool
@@ -104,11 +90,9 @@ class _Supervisor:
         for signum in FORWARDED:
             signal.signal(signum, self._forward)
         if self.owner is not None:
-            # Once signals are passed on: a stop before would end this wrapper, its command
-            # with it, and leave the run "running". The command said apart from the runtime's
-            # experiments: a user's scripts may share a directory (one trains, one evaluates),
-            # and the runtime resumes none of theirs.
-            # Group.start gives Popen the command as a list.
+            # Only once signals are passed on: a stop before would end this wrapper and leave
+            # the run "running". The command is recorded, as the runtime resumes none of a
+            # user's scripts (which may share a directory).
             (child,) = self.command.started
             self.owner.say(RunState.RUNNING, None, command=cast("list[str]", child.args))
 
@@ -141,16 +125,16 @@ class _Supervisor:
         return status
 
     def lost(self, name: str, address: str, silent_for: float) -> None:
-        """A watch lost `name`: unless this task finishes its own stop meanwhile, or its
-        command fails of its own, the watch takes the task's end and kills the command; the
-        main thread, back from it, ends the task (_end_lost)."""
+        """A watch lost `name`: unless this task finishes its own stop or its command fails of
+        its own meanwhile, takes the task's end and kills the command (the main thread then
+        ends the task: _end_lost)."""
         if self.state.stopped_by is not None:
             since = time.monotonic()
             if _stops_meanwhile(self.command, self.role, name):
                 return
             silent_for += time.monotonic() - since
-        # A peer that says its command failed may have failed of what fails this task's too
-        # (one script, one traceback): then this task names its own failure, not the peer.
+        # A peer's command may fail of what fails this task's too (one script): then this
+        # task names its own failure, not the peer.
         if silent_for == 0 and _fails_itself(self.command):
             return
         if self.state.take_end(State.LOST, LostPeer(name, address, silent_for)):
@@ -175,10 +159,9 @@ class _Supervisor:
 def _end_lost(
     command: children.Group, role: ClusterRole, owner: RunOwner | None, lost: LostPeer
 ) -> NoReturn:
-    """Ends the task whose watch lost a peer: once its command has gone (killed, again: one
-    started again meanwhile too), its port free and its last output passed on, says which
-    peer, records it as the run's failure (the owner in state.json too), and says FAILED on
-    the task's port."""
+    """Ends the task whose watch lost a peer: once its command is gone and its last output out,
+    says which peer, records it as the run's failure, and says FAILED on the task's port."""
+    # Killed again: a command started again meanwhile too.
     command.signal(signal.SIGKILL)
     for started in command.started:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -189,8 +172,6 @@ def _end_lost(
     first = watchdog.report_lost(lost.name, lost.address, watchdog.silence(lost.silent_for))
     if owner is not None:
         owner.say(RunState.FAILED, None, lost=lost.name)
-    # Its own watchers may never have heard from it (its command died before listening):
-    # they learn it at once, as from a failed command.
     # Not the peer, where the run failed first elsewhere: two survivors lost each other.
     why = f"{lost.name} is lost" if first is None else f"the run failed ({first.task} first)"
     _say_failed(role, f"it ends, as {why}")
@@ -198,9 +179,8 @@ def _end_lost(
 
 
 def _stops_meanwhile(command: children.Group, role: ClusterRole, name: str) -> bool:
-    """For a task told to stop whose peer `name` went quiet: whether its command, still
-    running, finishes its stop within timing.STOP_GRACE_SECONDS (its peers stop too: no failure),
-    unless the run has recorded a failure meanwhile."""
+    """For a task told to stop whose peer `name` went quiet (stopping too): whether its command
+    finishes its stop within timing.STOP_GRACE_SECONDS, with no failure recorded meanwhile."""
     child = command.started[-1]
     if child.returncode is not None or failure.run_failed():
         return False
@@ -215,8 +195,7 @@ def _stops_meanwhile(command: children.Group, role: ClusterRole, name: str) -> b
 
 
 def _fails_itself(command: children.Group) -> bool:
-    """Whether this task's command, still running as a peer said its own failed, fails too
-    within timing.OWN_FAILURE_SECONDS; the main thread then says so."""
+    """Whether this task's command fails too within timing.OWN_FAILURE_SECONDS."""
     child = command.started[-1]
     _wait_for_end(child, timing.OWN_FAILURE_SECONDS)
     return child.returncode not in (None, 0)
@@ -225,10 +204,8 @@ def _fails_itself(command: children.Group) -> bool:
 def _wait_for_end(
     child: children.Child, seconds: float, unless: Callable[[], bool] = lambda: False
 ) -> None:
-    """Waits at most `seconds` for `child` to end, looking at `unless` each probe interval and
-    giving up where it holds. From a thread beside the main one too: the main thread sets
-    returncode once it has reaped the command (poll() from another would say None while that
-    thread waits)."""
+    """Waits at most `seconds` for `child` to end, giving up once `unless` holds. Safe from
+    another thread than the main one, which reaps the command: poll() there would say None."""
     deadline = time.monotonic() + seconds
     while child.returncode is None and time.monotonic() < deadline and not unless():
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -245,8 +222,8 @@ def _say_how_it_ended(owner: RunOwner, status: int, stopped_by: signal.Signals |
 
 
 def _after_command() -> None:
-    """Nothing left to pass signals on to: the stopping ones end this process, as they would
-    any (scancel), the others are ignored."""
+    """Nothing left to pass signals on to: the stopping ones end this process, the others are
+    ignored."""
     for signum in FORWARDED:
         signal.signal(signum, signal.SIG_DFL if signum in children.STOPPING else signal.SIG_IGN)
 
@@ -260,9 +237,8 @@ _EndLost = Callable[[LostPeer], NoReturn]
 def _its_failure(
     command: children.Group, child: children.Child, role: ClusterRole, *, keras_3: bool
 ) -> str:
-    """Records the failure of this task's command, with the exception its stderr ended on,
-    and says so in words: `its command failed: ValueError: ...`. A traceback through Keras 3,
-    which none of the layouts trains, is said with what to run instead."""
+    """Records the failure of this task's command with its stderr's last exception; says it as
+    `its command failed: ValueError: ...`, and a traceback through Keras 3 with a hint."""
     relay = command.relay(child)
     if relay is not None:
         relay.finish()
@@ -282,9 +258,8 @@ def _its_failure(
 
 
 def _say_failed(role: ClusterRole, why: str = "its command failed") -> None:
-    """Answers FAILED on the task's port long enough for every watcher to probe it twice: a
-    command that died before its server listened would otherwise be waited for. A task alone
-    in its cluster has no watcher to tell, and exits at once."""
+    """Answers FAILED on the task's port long enough for every watcher to probe it twice; a task
+    alone in its cluster has no watcher to tell."""
     if sum(map(len, role.cluster.values())) == 1 and not role.has_evaluator:
         logging.error("%s %d: %s; exiting", role.role, role.index, why)
         return
@@ -312,13 +287,11 @@ def _run_watched(
     owner: RunOwner | None,
     its_failure: _Explain,
 ) -> int:
-    """Runs a trainer's or coordinator's command while `watched` are watched; once it exits,
-    the run's owner says how, and a failure is recorded and said on the task's port. The
-    command's exit status; a lost peer ends the task."""
+    """Runs a trainer's or coordinator's command while `watched` are watched; its exit status,
+    said by the owner and, a failure, on the task's port. A lost peer ends the task."""
     (child,) = command.started
     peers = watchdog.PeerWatch(watched, on_lost=lost)
-    # A lost peer ends the task even where its killed command does not end (a process in
-    # uninterruptible sleep): _end_lost waits for it a while only.
+    # Not waiting for the killed command itself, which may never end (uninterruptible sleep).
     _wait_for_end(child, math.inf, unless=lambda: state.lost is not None)
     peers.stop()
     if state.lost is not None:
@@ -338,10 +311,10 @@ def _run_watched(
 
 
 def _coordinate(role: ClusterRole, status: int) -> int:
-    """A ParameterServerStrategy coordinator whose command ended with `status`, watching every
-    ps meanwhile (a lost ps fails the run; a lost worker is TensorFlow's to tolerate): once
-    it exits 0, says FINISHED, which ends every ps's and worker's command, until the
-    parameter servers have gone."""
+    """A ParameterServerStrategy coordinator whose command ended with `status`: once it exits 0,
+    says FINISHED, which ends every ps's and worker's command, until the parameter servers
+    have gone. (It watched the parameter servers only: a lost worker is TensorFlow's to
+    tolerate.)"""
     if status != 0:
         return status
     logging.info(
@@ -365,10 +338,8 @@ def _serve(
     its_failure: _Explain,
 ) -> int:
     """A task that serves (a ps, a coordinator's worker) until its herald says FINISHED
-    (watch_plan.herald), then ends its command, whose server.join() never returns. A ps also
-    watches its paired trainers (none with a coordinator) and the other parameter servers. A
-    command that fails is started again `restarts` times, each said in the log, unless a
-    stopping signal ended it, or a lost peer ends the task."""
+    (watch_plan.herald), then ends its command, whose server.join() never returns. A command
+    that fails is started again up to `restarts` times, unless stopped or a peer is lost."""
     watch = ServerWatch.start(role, lost)
     child, restarted = command.started[-1], 0
     while not watch.heard.wait(0.2) and state.lost is None:
@@ -412,35 +383,35 @@ def _server_ended(
     end_lost: _EndLost,
     its_failure: _Explain,
 ) -> int:
-    """A serving task's command that ended before its herald said FINISHED: its exit status,
-    a failure said and recorded, a stop not."""
+    """A serving task's command that ended before its herald said FINISHED: its exit status; a
+    failure, not a stop, said and recorded."""
     status = exits.exit_status(child.wait())
     _after_command()
-    # SLURM signals every process of a step it stops (scancel, a requeue, a time limit):
-    # the command may die of it before this supervisor's own copy has come.
-    if status != 0 and (state.stopped_by or -child.returncode in children.STOPPING):
+    if status == 0:
+        return 0
+    # SLURM signals every process of a step it stops: the command may die of it before this
+    # supervisor's own copy has come.
+    if state.stopped_by or -child.returncode in children.STOPPING:
         logging.info("%s: its command %s", role.task_id, exits.how_it_ended(child.returncode))
         return status
-    if status != 0:
-        # The wrapper's own status is news only where a signal ended the command.
-        how = exits.how_it_ended(child.returncode)
-        logging.error(
-            "%s: its command %s; its log above may say why.%s",
-            role.task_id,
-            f"{how} (exit {status})" if child.returncode < 0 else how,
-            _server_failure_hint(role, child.returncode),
-        )
-        if not state.take_end(State.FAILED) and state.lost is not None:
-            end_lost(state.lost)
-        _say_failed(role, its_failure(command, child, role))
+    # The wrapper's own status is news only where a signal ended the command.
+    how = exits.how_it_ended(child.returncode)
+    logging.error(
+        "%s: its command %s; its log above may say why.%s",
+        role.task_id,
+        f"{how} (exit {status})" if child.returncode < 0 else how,
+        _server_failure_hint(role, child.returncode),
+    )
+    if not state.take_end(State.FAILED) and state.lost is not None:
+        end_lost(state.lost)
+    _say_failed(role, its_failure(command, child, role))
     return status
 
 
 class ServerWatch(NamedTuple):
-    """The watches of a task that serves (a ps, a coordinator's worker) until its herald says
-    FINISHED (watch_plan.herald): `near` its herald and, a ps without a coordinator, its
-    paired trainers; `far` the other parameter servers, each released as it says FINISHED
-    (it ended its command: not lost). `heard` is set once the herald has said it."""
+    """The watches of a task that serves: `near` its herald and (a ps without a coordinator)
+    its paired trainers; `far` the other parameter servers, released as each says FINISHED.
+    `heard` is set once the herald has said FINISHED."""
 
     heard: threading.Event
     near: watchdog.PeerWatch
@@ -467,9 +438,8 @@ class ServerWatch(NamedTuple):
 
 
 def say_served(role: ClusterRole) -> None:
-    """Says FINISHED on the port of a task that has served: ps 0 until the other parameter
-    servers have gone, as they learn it from ps 0, and a coordinator's ps until its paired
-    workers have, as they learn it from their parameter servers."""
+    """Says FINISHED on the port of a task that has served until those who learn it here have
+    gone: for ps 0 the other parameter servers, for a coordinator's ps its paired workers."""
     waiting = watch_plan.other_servers(role) if role.role == PS and role.index == 0 else {}
     if role.coordinator and role.role == PS:
         waiting.update(watch_plan.paired_workers(role))
@@ -487,14 +457,13 @@ def _server_failure_hint(role: ClusterRole, returncode: int) -> str:
             " The coordinator cannot go on without it: run the step again to resume from the "
             "last checkpoint"
         )
-    # An exception in the script (Python's exit 1) is what fails a ps of the other layouts;
-    # not a signal, a lost peer (3) or a script Python could not open (2).
+    # Python's exit 1, an exception in the script; not a signal, a lost peer (3) or a script
+    # Python could not open (2).
     return f" {_ps_failure_hint(versions.installed())}" if returncode == 1 else ""
 
 
 def _ps_failure_hint(found: versions.Installed) -> str:
-    """What commonly fails a parameter server's command, as far as the TensorFlow installed
-    tells: the supervisor does not read the command's output."""
+    """What commonly fails a parameter server's command, given the TensorFlow installed."""
     mirrored = (
         "a script that trains with MultiWorkerMirroredStrategy fails beside a parameter "
         "server: run it under with-tfconfig --all_reduce"
@@ -510,13 +479,10 @@ def _ps_failure_hint(found: versions.Installed) -> str:
 def say_finished(
     role: ClusterRole, lost: watchdog.OnLost, each_probe: Callable[[], None] = lambda: None
 ) -> None:
-    """A trainer whose command exited 0: waits until each of its children in the tree of
-    trainers says FINISHED (its port answering meanwhile that it is alive), then says
-    FINISHED itself until its paired parameter servers have gone (they need only see it
-    once), and until its parent has seen it: its parent may finish much later. A child lost
-    meanwhile is `lost`'s; `each_probe`, called every probe interval while the port answers,
-    may end the task (with-tfconfig's, once `lost` took its end: its FAILED then goes out on
-    the port that said WAITING, which it could not bind twice)."""
+    """A trainer whose command exited 0: answers WAITING until each of its children in the tree
+    of trainers says FINISHED, then FINISHED until its paired parameter servers have gone and
+    its parent has seen it. A child lost meanwhile is `lost`'s; `each_probe`, called every
+    probe interval, may end the task (its FAILED then goes out on this same port)."""
     with answering.answering(role) as answer:
         children = watch_plan.children(role)
         if children:
@@ -541,10 +507,8 @@ def say_finished(
         # A peer lost as the command ended, found now: FAILED, not FINISHED.
         each_probe()
         answer.append(watchdog.FINISHED)
-        # A command that finished at once (a script rerun with nothing left to train) may
-        # finish before its parameter servers listen: their supervisors, which probe this
-        # port every PROBE_SECONDS, have yet to hear FINISHED, and would otherwise wait for
-        # this task as one still starting, then end as having lost it.
+        # A command that finished at once (nothing left to train) may finish before its
+        # parameter servers have probed this port: they would take it for lost.
         watchdog.until_gone(watch_plan.paired(role), unseen_for=timing.UNSEEN_SECONDS)
         parent = watch_plan.parent(role)
         if parent is not None:
@@ -552,8 +516,7 @@ def say_finished(
 
 
 def _until_finished_or_gone(address: str) -> None:
-    """Returns once the task at `address` says FINISHED, or has not answered for
-    timing.LOST_AFTER_SECONDS (lost: its own watchers end the step)."""
+    """Returns once the task at `address` says FINISHED, or is lost (its watchers end it)."""
     silent_since = None
     while True:
         finished = watchdog.says_finished(address)

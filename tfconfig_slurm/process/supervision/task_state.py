@@ -1,13 +1,9 @@
-"""The state of a task that with-tfconfig supervises, explicit, and only ever moving on:
-running, stopping (told to, by a signal), and how it ended: done, failed (its command), or
-lost (a peer it watched).
+"""The state of a task that with-tfconfig supervises, only ever moving on: running, stopping
+(told to, by a signal), and how it ended: done, failed (its command), or lost (a peer).
 
-The supervisor's threads move it: its main thread (its command ended), its signal handler
-(told to stop), and the watches of its peers (one lost). The end is taken once: by a watch
-that lost a peer (take_end), which then kills the command; by the main thread, whose command
-failed; or by the main thread as it returns (close), after which a watch takes nothing. The
-main thread ends the task as the state says; a watch that comes second leaves it to do so.
-No TensorFlow here.
+The end is taken once: by a watch that lost a peer (take_end), by the main thread whose
+command failed, or by the main thread as it returns (close), after which a watch takes
+nothing. The main thread ends the task as the state says.
 """
 
 from __future__ import annotations
@@ -21,6 +17,8 @@ from tfconfig_slurm.process.job.preemption import StopRequest
 
 
 class State(enum.Enum):
+    """Where a supervised task is: see the module's docstring."""
+
     RUNNING = "running"
     STOPPING = "stopping"
     DONE = "done"
@@ -62,13 +60,13 @@ class TaskState:
         return self._lost
 
     def told_to_stop(self, signum: signal.Signals) -> None:
-        """A stopping signal came. Called from the signal handler, it takes no lock: the main
-        thread it interrupts may hold it. The first signal is the one to say."""
+        """A stopping signal came; the first is the one to say. No lock: called from the signal
+        handler, whose interrupted main thread may hold it."""
         self._stop.note(signum.name)
 
     def take_end(self, state: State, lost: LostPeer | None = None) -> bool:
-        """Takes the end of the task as `state` (FAILED, or LOST with the peer): True for
-        the first caller, which ends the task; False where it is taken or closed already."""
+        """Takes the end of the task as `state` (FAILED, or LOST with the peer): True for the
+        first caller, which ends the task."""
         with self._lock:
             if self._end is not None:
                 return False
@@ -76,9 +74,8 @@ class TaskState:
         return True
 
     def close(self) -> bool:
-        """The main thread's last word, as it leaves with its command's status: from now on a
-        watch takes no end. False where a watch took it first (a peer lost): the main
-        thread ends the task for that instead."""
+        """The main thread's last word: from now on a watch takes no end. False where a watch
+        lost a peer first, for which the main thread then ends the task."""
         with self._lock:
             if self._end is None:
                 self._end = State.DONE

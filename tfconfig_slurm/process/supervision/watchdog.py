@@ -1,19 +1,11 @@
 """Ends a task whose cluster has lost a member, where SLURM cannot see the loss.
 
-TensorFlow 2.15 waits forever on a dead peer: with its ps killed, every trainer logged
-`UNAVAILABLE ... Socket closed` and was still alive 130 s later, and a ps waits for a token
-from a trainer that will never send it. Every task of the cluster listens on its gRPC port
-for as long as it has work, and the kernel completes a TCP handshake even while the process
-is busy, so a port that refuses (or, for a node cut off, never answers) for a few seconds in
-a row means the task is gone. A thread probes each watched peer that way, and when one is
-lost it logs which (role, index, address, since when) and ends this process with
-ExitStatus.PEER_LOST: `srun --kill-on-bad-exit` or the local cluster's supervisor then ends the
-rest, and each task that was waiting on this one notices it the same way, but at its first
-probe that finds no answer: the run has recorded its failure by then (failure.run_failed).
-A trainer whose collective fails need not wait for that: it probes the other trainers itself
-(PeerWatch.end_for_a_lost_peer).
-
-No TensorFlow here: only sockets and a thread.
+TensorFlow waits forever on a dead peer (a trainer whose ps was killed, a ps waiting for a
+token from a dead trainer). Every task listens on its port while it has work, and the kernel
+completes a TCP handshake even while the process is busy, so a port that refuses (or, a node
+cut off, never answers) for a few seconds in a row means the task is gone. A thread probes
+each watched peer so, and ends this process for a lost one with ExitStatus.PEER_LOST, naming
+it; `srun --kill-on-bad-exit` or the local cluster then ends the rest.
 """
 
 from __future__ import annotations
@@ -34,14 +26,11 @@ from tfconfig_slurm.errors import ExitStatus
 from tfconfig_slurm.process import exits, timing
 from tfconfig_slurm.process.records import failure
 
-# What a trainer supervised by with-tfconfig answers on its port once its command has
-# finished (supervise.py): it did not crash. A gRPC server answers with its own first frame.
+# What a supervised task answers on its port once its command has finished (a gRPC server
+# answers with its own first frame); before that, while the trainers below it work; and once
+# its command failed. All the same length: a probe reads that much.
 FINISHED = b"tfconfig-slurm: finished\n"
-# What it answers before that, while trainers below it in the tree of trainers have not
-# finished (watch_plan.py): alive, not finished. The same length: a probe reads that much.
 WAITING = b"tfconfig-slurm: waiting.\n"
-# What it answers for a while once its command has failed: lost at once, even by a watcher
-# that never heard from it (the command may have died before its server ever listened).
 FAILED = b"tfconfig-slurm: failed..\n"
 
 OnLost = Callable[[str, str, float], None]
@@ -49,8 +38,7 @@ OnFinished = Callable[[str], None]
 
 
 class Loss(NamedTuple):
-    """How a peer was found lost: as this task's line says it, and as the run's failure
-    record does."""
+    """How a peer was found lost: as this task's log line and the run's failure record say."""
 
     said: str
     recorded: str
@@ -67,8 +55,8 @@ def silence(silent_for: float) -> Loss:
     )
 
 
-# A peer whose port refuses connections once a collective with it has failed: its process
-# has ended (a live one's port listens from before its first collective).
+# A peer whose port refuses once a collective with it failed (a live one listens from before
+# its first collective).
 REFUSED = Loss(
     "refuses connections since a collective with it failed: its process is gone",
     f"{failure.STOPPED_ANSWERING}: its port refuses connections, its process gone",
@@ -76,16 +64,15 @@ REFUSED = Loss(
 
 
 def exit_on_lost(name: str, address: str, silent_for: float) -> None:
-    """Reports the lost peer (report_lost) and ends this process at once: it may be hung
-    inside TensorFlow, where nothing but an exit reaches it."""
+    """Reports the lost peer (report_lost) and ends this process at once (exits.py says why)."""
     report_lost(name, address, silence(silent_for))
     exits.end_now(ExitStatus.PEER_LOST, f"{name} is lost")
 
 
 def report_lost(name: str, address: str, loss: Loss) -> failure.Failure | None:
-    """Records the lost peer as the run's failure and says which it is, and that this task
-    ends for it. Where the run had already failed, that first failure is the cause to name,
-    and is returned: the peer may only have ended for it."""
+    """Records the lost peer as the run's failure and says that this task ends for it. Where
+    the run had failed already, names that first failure instead (the peer may only have ended
+    for it) and returns it."""
     first = failure.record_lost(name, address, loss.recorded)
     if first is None:
         _say_lost(name, address, loss)
@@ -105,7 +92,6 @@ def _say_failed_first(first: str, gone: str) -> None:
 
 
 def _say_lost(name: str, address: str, loss: Loss) -> None:
-    """Logs which peer is gone, and that this task ends for it."""
     logging.error(
         "%s at %s %s; ending this task (exit %d) so that the job ends instead of waiting for "
         "it forever",
@@ -120,10 +106,9 @@ def _say_lost(name: str, address: str, loss: Loss) -> None:
 
 class PeerWatch:
     """Watches peers (`{"ps 0": "node1:10256", ...}`) from a daemon thread until each is
-    released: a peer that has finished its work may go away without being lost. With
-    `on_finished`, a peer that answers FINISHED is released, and on_finished told. `others`
-    are the other peers of this task's collectives, probed in turn where one fails
-    (end_for_a_lost_peer)."""
+    released (finished: its leaving is no loss). With `on_finished`, a peer that answers
+    FINISHED is released and on_finished told. `others`, the other peers of this task's
+    collectives, are probed where one fails (end_for_a_lost_peer)."""
 
     def __init__(
         self,
@@ -154,26 +139,23 @@ class PeerWatch:
         _LIVE.add(self)
 
     def release(self, *names: str) -> None:
-        """Stops watching these peers: they finished, so their leaving is no loss."""
+        """Stops watching these peers."""
         with self._lock:
             self._watched.difference_update(names)
 
     def await_loss(self) -> None:
-        """Waits as long as the watch may take to name a peer that has just gone (naming it
-        ends the process): for a task that TensorFlow told a peer failed, so that the log
-        says which."""
+        """Waits as long as the watch may take to name (and end the process for) a peer that
+        has just gone: for a task TensorFlow told a peer failed, so that the log says which."""
         time.sleep(2 * self._interval + self._lost_after + timing.CONNECT_TIMEOUT_SECONDS)
 
     def end_for_a_lost_peer(self, what_failed: str, error: str = "") -> NoReturn:
-        """For a task whose collective failed, as they do when a peer is gone: names the first
-        of `others` whose port refuses (_name_a_refusing_peer), else waits for the watch to
-        name the peer (naming it ends the process), then ends the process anyway, as the peer
-        lost is not one this task watches. `error` is the collective's error in full, whose
-        text may name the lost peer's address.
+        """For a task whose collective failed: names the first of `others` whose port refuses,
+        else waits for the watch to name the peer, then ends the process anyway (the peer is
+        not one it watches). `error`, the collective's error in full, may name the peer's
+        address.
 
-        At once, not after the watch's grace: the process holding JAX's coordination service
-        was seen aborted by gloo within 0.1 s of another's loss, and JAX's client then aborts
-        every other process within milliseconds."""
+        At once, not after the watch's grace: gloo may abort the process holding JAX's
+        coordination service right after a peer's loss, and JAX then aborts every other."""
         logging.warning("%s; finding which peer is gone", what_failed)
         # A watch stopped, its peers finished: one of them leaving is no loss.
         if not self._stopped.is_set():
@@ -190,10 +172,9 @@ class PeerWatch:
 
     def _name_a_refusing_peer(self, error: str) -> None:
         """Ends this process naming the first of `others` whose port refuses: those on a host
-        whose address `error` names first, back to back, then the rest in their order (from
-        this task's place on: watch_plan.other_trainers), at most PROBES_PER_SECOND a second,
-        until the run has recorded its failure, which is named instead. Returns where none
-        refuses (a node cut off times out, which the watch names)."""
+        `error` names first, then the rest at most PROBES_PER_SECOND a second, until the run
+        records a failure, named instead. Returns where none refuses (a node cut off times
+        out, which the watch names)."""
         named = _named_hosts(self._others.values(), error)
         suspects = sorted(self._others, key=lambda name: _host(self._others[name]) not in named)
         for probed, name in enumerate(suspects):
@@ -214,15 +195,13 @@ class PeerWatch:
         return sorted(self._addresses)
 
     def stop(self) -> None:
-        """Stops watching every peer at once; the thread ends after the probe it is in, if
-        any, and reports nothing more."""
+        """Stops watching every peer at once: nothing more is reported."""
         self._stopped.set()
 
     def snap(self, *, started: bool = False) -> None:
-        """Probes at once every watched peer that has answered before (or each one, where all
-        are known to have `started`), and loses those whose port refuses twice in a row: for a
-        task just told to stop, whose peers are all still at work unless one is dead (SLURM
-        stops the step so when a task has failed)."""
+        """Probes at once every watched peer that has answered before (or each, where all are
+        known to have `started`), and loses those whose port refuses twice in a row: for a
+        task just told to stop, as SLURM stops a step whose task has failed."""
         with self._lock:
             if self._stopped.is_set():
                 return
@@ -243,8 +222,7 @@ class PeerWatch:
         while not self._stopped.wait(self._interval):
             with self._lock:
                 watched = sorted(self._watched)
-            # The run's failure record, read at most once a round: a ps may wait on hundreds of
-            # trainers still starting.
+            # Read at most once a round: a ps may wait on hundreds of trainers still starting.
             run_failed = functools.cache(failure.run_failed)
             for name in watched:
                 if self._stopped.is_set():
@@ -280,13 +258,11 @@ class PeerWatch:
         self._on_lost(name, self._addresses[name], silent_for)
 
 
-# How often a task probing the peers of a failed collective looks whether the run has
-# recorded its failure meanwhile: a probe of a live peer takes a fraction of a millisecond.
+# Every how many probes of a failed collective's peers the run's failure record is read.
 _RECORD_LOOK_EVERY = 16
 # An IPv4 address in an error's text.
 _IPV4 = re.compile(r"(?<![0-9.])(?:[0-9]{1,3}\.){3}[0-9]{1,3}(?![0-9])")
 
-# The watches of this process, for a snap check of all of them (snap_all).
 _LIVE: weakref.WeakSet[PeerWatch] = weakref.WeakSet()
 
 
@@ -297,10 +273,9 @@ def snap_all() -> None:
 
 
 def _named_hosts(addresses: Iterable[str], text: str) -> set[str]:
-    """The hosts of `addresses` at an IP address `text` names, as an error's text may name a
-    peer (gloo's "Connection closed by peer [10.251.0.12]:21391"): a host given as that
-    address, or as a name that address resolves back to (one lookup an address named, not
-    one a host: thousands of trainers on hundreds of nodes)."""
+    """The hosts of `addresses` at an IP address `text` names (gloo's "Connection closed by
+    peer [10.251.0.12]:21391"), given as that address or a name it resolves back to (one
+    lookup per address named, not per host: there may be hundreds)."""
     ips = set(_IPV4.findall(text))
     hosts = {_host(address) for address in addresses}
     named = hosts & ips
@@ -311,7 +286,7 @@ def _named_hosts(addresses: Iterable[str], text: str) -> set[str]:
         except OSError:
             continue
         names = {name, *aliases}
-        # node2 where the resolver says node2.cluster.example, or the other way round.
+        # node2 for node2.cluster.example, or the other way round.
         names |= {each.split(".")[0] for each in names}
         named |= {host for host in hosts if host in names or host.split(".")[0] in names}
     return named
@@ -367,7 +342,7 @@ def says_finished(address: str) -> bool | None:
 
 def _probe(address: str, *, read: bool) -> bytes | None:
     """None if nothing listens at `address`; else, with `read`, the first bytes it sends (b""
-    for none soon: a listener that accepted is alive whatever it says)."""
+    for none soon: a listener is alive whatever it says)."""
     host, _, port = address.rpartition(":")
     try:
         connection = socket.create_connection(
@@ -378,7 +353,6 @@ def _probe(address: str, *, read: bool) -> bytes | None:
     with connection:
         if not read:
             return b""
-        # A gRPC server sends its first frame at once, and a wrapper its answer.
         connection.settimeout(timing.READ_TIMEOUT_SECONDS)
         try:
             return connection.recv(len(FINISHED))
