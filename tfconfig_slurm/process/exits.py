@@ -1,11 +1,8 @@
-"""How processes end: this one's, at once, its logs out, with the reason (the one place the
-package calls os._exit); and a child's, as its return code says.
-
-Why at once, not by returning: a task may be hung inside TensorFlow or JAX (a peer lost
-mid-collective), where only an exit reaches it; a parameter server's gRPC server cannot be
-stopped; and an interpreter that imported TensorFlow is slow to shut down. Whoever ends the
-process flushes its own writers (event files, checkpoints) first.
-"""
+"""How processes end: a child's, as its return code says; and this one's, at once, its logs
+out, with the reason (the one place the package calls os._exit), as a task may be hung inside
+TensorFlow or JAX (a peer lost mid-collective) where only an exit reaches it, a parameter
+server's gRPC server cannot be stopped, and an interpreter that imported TensorFlow is slow to
+shut down. Whoever ends the process flushes its own writers (event files, checkpoints) first."""
 
 from __future__ import annotations
 
@@ -18,8 +15,7 @@ from absl import logging
 
 
 def end_now(status: int, reason: str) -> NoReturn:
-    """Ends this process with `status`; `reason` is logged at --v=1 (the lines that say why
-    are logged before)."""
+    """Ends this process with `status`; `reason` is logged at --v=1."""
     logging.vlog(1, "exit %d: %s", status, reason)
     logging.flush()
     sys.stdout.flush()

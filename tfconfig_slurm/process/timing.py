@@ -1,14 +1,11 @@
-"""The runtime's timing budget: every wait, grace and period of the process machinery and the
-backends, each with its reason, in one place, as several interlock (tests/test_timing.py
-checks how).
-"""
+"""The runtime's timing budget: every wait, grace and period, each with its reason, in one
+place, as several interlock (tests/test_timing.py checks how)."""
 
 from __future__ import annotations
 
 # --- SLURM's, not ours: the bound a stop works inside ---
 
-# SLURM's default KillWait: SIGKILL this long after the SIGTERM of a time limit, scancel or
-# a preemption without warning.
+# SLURM's default KillWait: SIGKILL this long after the SIGTERM that stops a job or step.
 SLURM_KILL_WAIT_SECONDS = 30.0
 # slurmctld can be slow when busy; a command (squeue, scontrol) taking longer is given up on.
 SLURM_COMMAND_SECONDS = 60.0
@@ -26,8 +23,7 @@ CHECKPOINT_ALLOWANCE_SECONDS = 5.0
 # A ps that exits the instant the last stop token arrives can catch a trainer still closing the
 # session that sent it, which then retries for seconds.
 PS_EXIT_GRACE_SECONDS = 1.0
-# How long a parameter server's command, once every trainer has finished, has to end on
-# SIGTERM before it is killed.
+# How long a parameter server's command has to end on SIGTERM once every trainer finished.
 END_GRACE_SECONDS = 5.0
 # A local cluster told to stop gives its tasks this long before it kills them: time for the
 # chief's stop and checkpoint, inside KillWait should the launcher run in a job.
@@ -44,7 +40,6 @@ FAILING_SECONDS = 5.0
 # PROBES_PER_SECOND probes, so that a ps watched by thousands of trainers is not flooded.
 PROBE_SECONDS = 1.0
 PROBES_PER_SECOND = 50.0
-# A probe's connection and its read of the answer.
 CONNECT_TIMEOUT_SECONDS = 1.0
 READ_TIMEOUT_SECONDS = 0.25
 # A peer is lost after refusing or timing out for this long in a row: refusals come only from
@@ -52,14 +47,11 @@ READ_TIMEOUT_SECONDS = 0.25
 LOST_AFTER_SECONDS = 3.0
 # A snap check probes a peer twice this far apart: a port that refuses both times is closed.
 SNAP_RECHECK_SECONDS = 0.2
-# How long a peer that never answered yet may take to start (importing TensorFlow from a
-# cluster's shared file system can take minutes).
+# How long a peer yet to answer may take to start (imports from a shared file system are slow).
 START_SECONDS = 600.0
-# How long a task waits at most for peers to leave (saying it finished, or a Keras 3 chief
-# keeping the run's JAX service up).
+# How long a task saying it finished (or keeping JAX's service up) waits for peers to leave.
 GONE_SECONDS = 60.0
-# How long a trainer that finished says so to parameter servers it never heard from: a probe
-# of each watcher's, and a margin.
+# How long a finished trainer says so to parameter servers never heard from: a probe, a margin.
 UNSEEN_SECONDS = 1.5 * PROBE_SECONDS
 # How long a task waits, once a peer said its command failed, for its own to fail of the same
 # cause, so that its log names the right culprit.
@@ -69,7 +61,6 @@ FAILURE_POLL_SECONDS = 0.25
 
 # --- A trainer that makes no step (process/task/hang_watch.py) ---
 
-# How often the watch looks at the time since the last step.
 HANG_CHECK_SECONDS = 1.0
 # How long a hung task waits for the accounts of peers found hung at about the same time
 # before it names the one whose last step is oldest (itself, where none came).
@@ -79,8 +70,7 @@ HANG_ACCOUNTS_SECONDS = 10.0
 
 # The holder renews its lock this often while it trains...
 RENEW_SECONDS = 10.0
-# ...and a lock not renewed for this long is taken over: several renewals missed, not one
-# slow file system write.
+# ...and one not renewed for this long is taken over: several renewals missed, not one slow write.
 STALE_SECONDS = 90.0
 # After taking over a lock, how long to wait before reading it back: of two runs that replaced
 # the same stale lock, the one whose lock is still there holds it.
@@ -92,8 +82,7 @@ SQUEUE_SECONDS = 10.0
 
 # squeue is asked for the time left this often, as scontrol update TimeLimit= moves it.
 LIMIT_POLL_SECONDS = 60.0
-# The first wait before squeue is asked again after a failure; doubled each time, up to
-# LIMIT_POLL_SECONDS.
+# The first wait to ask squeue again after a failure, doubled each time up to LIMIT_POLL_SECONDS.
 LIMIT_RETRY_SECONDS = 5.0
 # squeue is asked once more this long before the stop: a limit raised late moves it.
 FINAL_LOOK_SECONDS = 15.0
@@ -116,11 +105,9 @@ NODE_WATCH_SELDOM_SECONDS = 60.0
 
 # How long the chief waits for the other trainers' throughput reports for summary.json.
 REPORT_WAIT_SECONDS = 30.0
-# How long the chief waits for the evaluator's metrics: it may be busy with an earlier
-# checkpoint.
+# How long the chief waits for the evaluator's metrics: it may be busy with an older checkpoint.
 EVALUATOR_WAIT_SECONDS = 600.0
-# The coordinator's final evaluation, in a process of its own on the whole eval set, is given
-# this long: a hang there would hold the run (and its parameter servers) for ever.
+# The coordinator's final evaluation is given this long: a hang would hold the run for ever.
 EVALUATE_SECONDS = 3600.0
 # How long an evaluator's checkpoint iterator waits before asking whether to stop: it looks
 # every second, and a timeout under two looks makes it return at once, over and over.
@@ -128,7 +115,7 @@ CHECKPOINT_LOOK_SECONDS = 2.0
 
 # --- Small waits ---
 
-# A condition polled in a loop (a file, a queue's count) is looked at this often.
+# A condition polled in a loop (a file, a queue's count).
 POLL_SECONDS = 0.1
 # How long the end of a command's output is waited for once it has exited.
 OUTPUT_FINISH_SECONDS = 5.0

@@ -23,8 +23,7 @@ _BINDING = threading.Lock()
 
 @contextlib.contextmanager
 def answering(role: ClusterRole) -> Iterator[list[bytes]]:
-    """Within the block, this task's port (free again) answers the last of the list it yields
-    (WAITING at first: alive, not finished)."""
+    """Within the block, this task's port answers the last of the list it yields (WAITING)."""
     with _BINDING:
         serving = _SERVING[-1] if _SERVING else None
         listener, problem = None, ""
@@ -45,17 +44,14 @@ def answering(role: ClusterRole) -> Iterator[list[bytes]]:
             _port(role),
             problem,
         )
-        yield answer
-        return
-    with _served(listener, answer):
+    with contextlib.nullcontext() if listener is None else _served(listener, answer):
         yield answer
 
 
 @contextlib.contextmanager
 def once_free(role: ClusterRole) -> Iterator[None]:
-    """Within the block, this task's port answers WAITING once the command's own server there,
-    seen listening first, has closed it: a --keras3 chief's JAX service shuts down seconds
-    before its process ends, and its watchers would take the chief for lost."""
+    """Within the block, this task's port answers WAITING once the command's own server there
+    has closed it: a --keras3 chief's JAX service shuts down seconds before its process ends."""
     stopped = threading.Event()
     held = contextlib.ExitStack()
 

@@ -1,7 +1,5 @@
-"""The commands a supervisor runs (with-tfconfig's one, the local cluster's tasks), as one group:
-started to die with the supervisor (PR_SET_PDEATHSIG, so no task outlives a supervisor killed
-outright), signalled together, stopped with a grace period.
-"""
+"""The commands a supervisor runs, as one group: each dies with the supervisor (none outlives
+one killed outright), signalled together, stopped with a grace period."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ Handler = Callable[[int, "FrameType | None"], None]
 
 # What ends a supervisor, as it would any process: scancel, a shell's Ctrl-C, a hang-up.
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-# What its commands act on themselves (`#SBATCH --signal=USR1@90`, a time limit's stop) and a
-# user's quit.
+# What its commands act on themselves (`--signal=USR1@90`, a time limit's stop), and a quit.
 PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 _PR_SET_PDEATHSIG = 1
 # Looked up before any fork: the child only calls them.
@@ -49,7 +46,6 @@ class Group:
         self._relay_stderr, self._aside = relay_stderr, aside
         self.started: list[Child] = []
         self._relays: dict[int, Relay] = {}
-        # How each was started, for start_again.
         self._how: dict[int, tuple[Sequence[str], Mapping[str, str], str | None, bool]] = {}
 
     def start(
@@ -60,8 +56,7 @@ class Group:
         program: str | None = None,
         capture: bool = False,
     ) -> Child:
-        """Starts `command` (`program` is its first word, found), its output piped to the
-        supervisor if `capture`; raises OSError if it cannot be started."""
+        """Starts `command` (`program`: its first word, found); raises OSError if it cannot."""
         relayed = self._relay_stderr and not capture
         child = subprocess.Popen(
             list(command),
@@ -104,8 +99,7 @@ class Group:
                     child.send_signal(signum)
 
     def stop(self, grace: float, children: Sequence[Child] | None = None) -> None:
-        """SIGTERM to each of `children` (by default all) still running, SIGKILL to what is
-        left after `grace` seconds; returns once all have exited."""
+        """SIGTERM to each of `children` (by default all), SIGKILL after `grace` seconds."""
         running = [
             child for child in (self.started if children is None else children)
             if child.poll() is None
@@ -132,9 +126,8 @@ def handling(signums: Sequence[signal.Signals], handler: Handler) -> Iterator[No
 
 
 def _in_the_child() -> None:
-    """Run in the child before its command: it dies with this process, and takes the signals
-    passed on by default. Started ignoring them (a script's background job ignores SIGINT,
-    nohup's SIGHUP), it would inherit that, and never stop."""
+    """Run in the child before its command: it dies with this process, and the signals passed
+    on act on it, where a script's background job or nohup would have it inherit them ignored."""
     _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
     for signum in (*STOPPING, *PASSED_ON):
         _SIGNAL(signum, None)

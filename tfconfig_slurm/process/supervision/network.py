@@ -1,10 +1,8 @@
 """What a task checks of the network before its command starts a server: every peer's address
-resolves, and its own port is free.
-
-TensorFlow says neither well: a peer whose name does not resolve looks like one that never
-answers (given timing.START_SECONDS to start), and a server on a busy port (gRPC binds
-without SO_REUSEPORT) dies with `UnknownError: Could not start gRPC server`.
-"""
+resolves, and its own port is free. TensorFlow says neither well: a peer whose name does not
+resolve looks like one that never answers (given timing.START_SECONDS to start), and a server
+on a busy port (gRPC binds without SO_REUSEPORT) dies with `UnknownError: Could not start gRPC
+server`."""
 
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ def check_task(role: ClusterRole) -> None:
 
 
 def check_addresses_resolve(peers: Mapping[str, str]) -> None:
-    """Raises UsageError naming the first peer (`{"ps 0": "node1:10256", ...}`) whose host
-    does not resolve; each host is looked up once."""
+    """Raises UsageError naming the first peer whose host does not resolve."""
     checked: set[str] = set()
     for name, address in peers.items():
         host = address.rpartition(":")[0]
@@ -50,8 +47,7 @@ def check_port_free(name: str, address: str) -> None:
     """Raises UsageError when this task's port is already taken on this machine."""
     port = int(address.rpartition(":")[2])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        # An earlier task's closing connections (TIME_WAIT) do not make the port busy; a
-        # listening socket still does.
+        # An earlier task's connections in TIME_WAIT do not make the port busy; a listener does.
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             # As gRPC's server binds: every interface.

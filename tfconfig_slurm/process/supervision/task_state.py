@@ -1,10 +1,6 @@
 """The state of a task that with-tfconfig supervises, only ever moving on: running, stopping
-(told to, by a signal), and how it ended: done, failed (its command), or lost (a peer).
-
-The end is taken once: by a watch that lost a peer (take_end), by the main thread whose
-command failed, or by the main thread as it returns (close), after which a watch takes
-nothing. The main thread ends the task as the state says.
-"""
+(by a signal), then done, failed (its command) or lost (a peer). The end is taken once: by a
+watch that lost a peer, or by the main thread, whose command failed or which returns."""
 
 from __future__ import annotations
 
@@ -17,8 +13,6 @@ from tfconfig_slurm.process.job.preemption import StopRequest
 
 
 class State(enum.Enum):
-    """Where a supervised task is: see the module's docstring."""
-
     RUNNING = "running"
     STOPPING = "stopping"
     DONE = "done"
@@ -65,8 +59,7 @@ class TaskState:
         self._stop.note(signum.name)
 
     def take_end(self, state: State, lost: LostPeer | None = None) -> bool:
-        """Takes the end of the task as `state` (FAILED, or LOST with the peer): True for the
-        first caller, which ends the task."""
+        """Takes the task's end as `state` (FAILED, or LOST with the peer); True if first."""
         with self._lock:
             if self._end is not None:
                 return False

@@ -1,12 +1,7 @@
-"""Ends a task whose cluster has lost a member, where SLURM cannot see the loss.
-
-TensorFlow waits forever on a dead peer (a trainer whose ps was killed, a ps waiting for a
-token from a dead trainer). Every task listens on its port while it has work, and the kernel
+"""Ends a task whose cluster has lost a member, where SLURM cannot see the loss: TensorFlow
+waits forever on a dead peer. Every task listens on its port while it has work, and the kernel
 completes a TCP handshake even while the process is busy, so a port that refuses (or, a node
-cut off, never answers) for a few seconds in a row means the task is gone. A thread probes
-each watched peer so, and ends this process for a lost one with ExitStatus.PEER_LOST, naming
-it; `srun --kill-on-bad-exit` or the local cluster then ends the rest.
-"""
+cut off, never answers) for a few seconds in a row means the task is gone."""
 
 from __future__ import annotations
 
@@ -45,8 +40,7 @@ class Loss(NamedTuple):
 
 
 def silence(silent_for: float) -> Loss:
-    """A peer that has not answered for `silent_for` seconds, or (0) said its command
-    failed."""
+    """A peer silent for `silent_for` seconds, or (0) that said its command failed."""
     if silent_for == 0:
         return Loss("says its command failed", "its command failed")
     return Loss(
@@ -55,8 +49,7 @@ def silence(silent_for: float) -> Loss:
     )
 
 
-# A peer whose port refuses once a collective with it failed (a live one listens from before
-# its first collective).
+# A peer whose port refuses once a collective with it failed (a live one listened before).
 REFUSED = Loss(
     "refuses connections since a collective with it failed: its process is gone",
     f"{failure.STOPPED_ANSWERING}: its port refuses connections, its process gone",
@@ -70,12 +63,20 @@ def exit_on_lost(name: str, address: str, silent_for: float) -> None:
 
 
 def report_lost(name: str, address: str, loss: Loss) -> failure.Failure | None:
-    """Records the lost peer as the run's failure and says that this task ends for it. Where
-    the run had failed already, names that first failure instead (the peer may only have ended
-    for it) and returns it."""
+    """Records the lost peer as the run's failure and says this task ends for it; where the run
+    had failed already, names and returns that first failure (the peer may have ended for it)."""
     first = failure.record_lost(name, address, loss.recorded)
     if first is None:
-        _say_lost(name, address, loss)
+        logging.error(
+            "%s at %s %s; ending this task (exit %d) so that the job ends instead of waiting for "
+            "it forever",
+            name,
+            address,
+            loss.said,
+            ExitStatus.PEER_LOST,
+        )
+        logging.flush()
+        sys.stderr.flush()
     else:
         _say_failed_first(first.line(), name)
     return first
@@ -91,24 +92,9 @@ def _say_failed_first(first: str, gone: str) -> None:
     logging.flush()
 
 
-def _say_lost(name: str, address: str, loss: Loss) -> None:
-    logging.error(
-        "%s at %s %s; ending this task (exit %d) so that the job ends instead of waiting for "
-        "it forever",
-        name,
-        address,
-        loss.said,
-        ExitStatus.PEER_LOST,
-    )
-    logging.flush()
-    sys.stderr.flush()
-
-
 class PeerWatch:
-    """Watches peers (`{"ps 0": "node1:10256", ...}`) from a daemon thread until each is
-    released (finished: its leaving is no loss). With `on_finished`, a peer that answers
-    FINISHED is released and on_finished told. `others`, the other peers of this task's
-    collectives, are probed where one fails (end_for_a_lost_peer)."""
+    """Watches peers (`{"ps 0": "node1:10256"}`) from a thread until each is released or says
+    FINISHED (`on_finished` told). `others`: the peers of this task's collectives."""
 
     def __init__(
         self,
@@ -130,12 +116,10 @@ class PeerWatch:
         self._interval = round_seconds(len(peers), probe_seconds)
         self._lock = threading.Lock()
         self._watched = set(peers)
-        # When each peer last answered (monotonic); None until it first does.
         self._last_answer: dict[str, float | None] = dict.fromkeys(self._addresses)
         self._stopped = threading.Event()
         self._since = time.monotonic()
-        self._thread = threading.Thread(target=self._watch, name="peer-watch", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._watch, name="peer-watch", daemon=True).start()
         _LIVE.add(self)
 
     def release(self, *names: str) -> None:
@@ -143,38 +127,28 @@ class PeerWatch:
         with self._lock:
             self._watched.difference_update(names)
 
-    def await_loss(self) -> None:
-        """Waits as long as the watch may take to name (and end the process for) a peer that
-        has just gone: for a task TensorFlow told a peer failed, so that the log says which."""
-        time.sleep(2 * self._interval + self._lost_after + timing.CONNECT_TIMEOUT_SECONDS)
-
     def end_for_a_lost_peer(self, what_failed: str, error: str = "") -> NoReturn:
-        """For a task whose collective failed: names the first of `others` whose port refuses,
-        else waits for the watch to name the peer, then ends the process anyway (the peer is
-        not one it watches). `error`, the collective's error in full, may name the peer's
-        address.
-
-        At once, not after the watch's grace: gloo may abort the process holding JAX's
-        coordination service right after a peer's loss, and JAX then aborts every other."""
+        """For a task whose collective failed (`error` may name the peer): names the first of
+        `others` whose port refuses, else waits for the watch to, then ends the process. At
+        once, not after the watch's grace: gloo may abort JAX's coordinator, and JAX the rest."""
         logging.warning("%s; finding which peer is gone", what_failed)
         # A watch stopped, its peers finished: one of them leaving is no loss.
         if not self._stopped.is_set():
             self._name_a_refusing_peer(error or what_failed)
         # Every peer had started: the collective ran with all of them before.
         self.snap(started=True)
-        self.await_loss()
+        # As long as the watch may take to name a peer that has just gone.
+        time.sleep(2 * self._interval + self._lost_after + timing.CONNECT_TIMEOUT_SECONDS)
         logging.error(
             "a peer is gone, not one this task watches (%s); ending this task (exit %d)",
-            ", ".join(self.peers),
+            ", ".join(sorted(self._addresses)),
             ExitStatus.PEER_LOST,
         )
         exits.end_now(ExitStatus.PEER_LOST, "a peer is gone")
 
     def _name_a_refusing_peer(self, error: str) -> None:
-        """Ends this process naming the first of `others` whose port refuses: those on a host
-        `error` names first, then the rest at most PROBES_PER_SECOND a second, until the run
-        records a failure, named instead. Returns where none refuses (a node cut off times
-        out, which the watch names)."""
+        """Ends this process naming the first of `others` whose port refuses (those on a host
+        `error` names first), or the run's failure once recorded; else returns."""
         named = _named_hosts(self._others.values(), error)
         suspects = sorted(self._others, key=lambda name: _host(self._others[name]) not in named)
         for probed, name in enumerate(suspects):
@@ -189,19 +163,13 @@ class PeerWatch:
             if _host(address) not in named:
                 time.sleep(1 / timing.PROBES_PER_SECOND)
 
-    @property
-    def peers(self) -> list[str]:
-        """The names of the peers watched, as given."""
-        return sorted(self._addresses)
-
     def stop(self) -> None:
         """Stops watching every peer at once: nothing more is reported."""
         self._stopped.set()
 
     def snap(self, *, started: bool = False) -> None:
-        """Probes at once every watched peer that has answered before (or each, where all are
-        known to have `started`), and loses those whose port refuses twice in a row: for a
-        task just told to stop, as SLURM stops a step whose task has failed."""
+        """Loses at once each watched peer that answered before (or has `started`) whose port
+        refuses twice: for a task told to stop, as SLURM stops a step whose task failed."""
         with self._lock:
             if self._stopped.is_set():
                 return
@@ -216,8 +184,6 @@ class PeerWatch:
                 self._lose(name, time.monotonic() - (self._last_answer[name] or self._since))
 
     def _watch(self) -> None:
-        started = self._since
-        last_answer = self._last_answer
         failing_since: dict[str, float] = {}
         while not self._stopped.wait(self._interval):
             with self._lock:
@@ -238,15 +204,14 @@ class PeerWatch:
                         self._on_finished(name)
                     continue
                 if answer is not None:
-                    last_answer[name] = now
+                    self._last_answer[name] = now
                     failing_since.pop(name, None)
                     continue
                 since = failing_since.setdefault(name, now)
-                answered = last_answer[name]
-                # A peer that never answered yet is given its start, unless the run failed
-                # meanwhile (it refused its input at its start, say): then it will not come.
-                if answered is None and (now - started >= self._start_seconds or run_failed()):
-                    self._lose(name, now - started)
+                answered = self._last_answer[name]
+                # A peer yet to answer is given its start, unless the run failed meanwhile.
+                if answered is None and (now - self._since >= self._start_seconds or run_failed()):
+                    self._lose(name, now - self._since)
                 elif answered is not None and (now - since >= self._lost_after or run_failed()):
                     self._lose(name, now - answered)
 
@@ -260,7 +225,6 @@ class PeerWatch:
 
 # Every how many probes of a failed collective's peers the run's failure record is read.
 _RECORD_LOOK_EVERY = 16
-# An IPv4 address in an error's text.
 _IPV4 = re.compile(r"(?<![0-9.])(?:[0-9]{1,3}\.){3}[0-9]{1,3}(?![0-9])")
 
 _LIVE: weakref.WeakSet[PeerWatch] = weakref.WeakSet()
@@ -274,8 +238,7 @@ def snap_all() -> None:
 
 def _named_hosts(addresses: Iterable[str], text: str) -> set[str]:
     """The hosts of `addresses` at an IP address `text` names (gloo's "Connection closed by
-    peer [10.251.0.12]:21391"), given as that address or a name it resolves back to (one
-    lookup per address named, not per host: there may be hundreds)."""
+    peer [10.251.0.12]:21391"): one lookup per address named, not per host (hundreds)."""
     ips = set(_IPV4.findall(text))
     hosts = {_host(address) for address in addresses}
     named = hosts & ips
@@ -311,8 +274,7 @@ def _refuses(address: str) -> bool:
 def until_gone(
     peers: Mapping[str, str], *, unseen_for: float = 0.0, within: float = timing.GONE_SECONDS
 ) -> None:
-    """Returns once none of `peers` answers any more, or after `within` seconds; a peer not
-    yet seen to answer is waited for `unseen_for` seconds at most."""
+    """Returns once none of `peers` answers (one never seen: after `unseen_for`), or `within`."""
     started = time.monotonic()
     unseen = set(peers.values())
     while (now := time.monotonic()) < started + within:
