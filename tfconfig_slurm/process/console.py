@@ -1,5 +1,5 @@
-"""How a process of ours speaks to its user, whichever door it came in by (a command, the
-Python API): one line and exit status 2 for what the user can fix, absl logging on stderr."""
+"""How a process of ours speaks to its user, whichever door it came in by: one line and exit
+status 2 for what the user can fix, absl logging on stderr."""
 
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ def a_or_an(noun: str) -> str:
 
 def script_name() -> str:
     """The name a user's script runs under, for its one-line errors."""
-    # os.path rather than pathlib, whose import (with urllib and ipaddress) cost every
-    # task's `tfconfig-slurm` 7 ms here.
+    # os.path, not pathlib, whose import (urllib, ipaddress) slows every task's start.
     name = os.path.basename(sys.argv[0])
     # python -c gives "-c" for the script.
     return name if name not in ("", "-c") else "python"

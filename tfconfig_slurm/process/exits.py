@@ -1,13 +1,8 @@
-"""How processes end: this task's, early or at its end, at once, once its logs are out, with the
-reason it ends (the one place the package calls os._exit); and a child's, as its return code
-says it ended.
-
-Why at once, not by returning: a task may be hung inside TensorFlow or JAX (a peer lost
-mid-collective), where nothing but an exit reaches it; a parameter server's gRPC server cannot
-be stopped; and shutting down an interpreter that imported TensorFlow took 0.6-1.7 s here, the
-largest part of a cluster's teardown, none of it work the process still owes. Whoever ends the
-process flushes its own writers (event files, checkpoints) first.
-"""
+"""How processes end: a child's, as its return code says; and this one's, at once, its logs
+out, with the reason (the one place the package calls os._exit), as a task may be hung inside
+TensorFlow or JAX (a peer lost mid-collective) where only an exit reaches it, a parameter
+server's gRPC server cannot be stopped, and an interpreter that imported TensorFlow is slow to
+shut down. Whoever ends the process flushes its own writers (event files, checkpoints) first."""
 
 from __future__ import annotations
 
@@ -20,8 +15,7 @@ from absl import logging
 
 
 def end_now(status: int, reason: str) -> NoReturn:
-    """Ends this process with `status`; `reason` is logged at verbosity 1 (--v=1), as the
-    lines that say why were logged at INFO or ERROR before."""
+    """Ends this process with `status`; `reason` is logged at --v=1."""
     logging.vlog(1, "exit %d: %s", status, reason)
     logging.flush()
     sys.stdout.flush()

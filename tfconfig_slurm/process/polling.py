@@ -1,5 +1,4 @@
-"""Waiting for what another process writes or says: a read repeated until it is done. No
-TensorFlow here."""
+"""Waiting for what another process writes or says: a read repeated until it is done."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ def poll(
     seconds: float,
     every: float = timing.POLL_SECONDS,
 ) -> _T:
-    """Reads every `every` seconds until `done` holds or `seconds` pass; returns the last
-    value read."""
+    """Reads every `every` seconds until `done` holds or `seconds` pass; the last value read."""
     deadline = time.monotonic() + seconds
     while True:
         value = read()

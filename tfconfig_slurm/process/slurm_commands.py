@@ -1,7 +1,5 @@
-"""SLURM's client commands (squeue, scontrol, scancel, sbatch) as the runtime runs them: each
-with a deadline, and a command that cannot run or fails told as one sentence. What puts a job
-in the queue, a requeue or a submission (a continuation's, a sweep's), is run here only
-(tests/test_imports.py holds it). No TensorFlow here."""
+"""SLURM's client commands as the runtime runs them: each with a deadline, a failure told as
+one sentence. Only here is a job put in the queue (tests/test_imports.py holds it)."""
 
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ def run(
     seconds: float | None = timing.SLURM_COMMAND_SECONDS,
     environ: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str] | None:
-    """Runs the command (in `environ`, else this process's environment), its output
-    captured; None where it cannot be run (not installed, or no answer within `seconds`)."""
+    """Runs the command, its output captured; None where it cannot be run or times out."""
     try:
         return subprocess.run(
             list(command),
@@ -43,9 +40,7 @@ def failure(command: Sequence[str], seconds: float = timing.SLURM_COMMAND_SECOND
 
 
 class Submitted(NamedTuple):
-    """What sbatch did: the new job's id ("" where it submitted none); why not, a sentence
-    ("" where it did); its own lines (its refusal's reasons) and exit status (None where it
-    could not be run)."""
+    """What sbatch did: the new job's id, or "" and why not; its own lines and exit status."""
 
     job_id: str
     problem: str
@@ -63,8 +58,7 @@ def sbatch(
     environ: Mapping[str, str] | None = None,
     seconds: float | None = timing.SLURM_COMMAND_SECONDS,
 ) -> Submitted:
-    """Submits a job (`sbatch --parsable ARGUMENTS`, in `environ`, else this process's),
-    given `seconds` to answer (None: as long as it takes)."""
+    """Submits a job (`sbatch --parsable ARGUMENTS`), given `seconds` (None: no limit)."""
     result = run(sbatch_command(arguments), seconds, environ)
     if result is None:
         waited = "" if seconds is None else f", or no answer in {seconds:.0f} s"

@@ -1,41 +1,32 @@
-"""The runtime's timing budget: every wait, grace and period of the process machinery and the
-backends, with the reason for each number, in one place, as several of them interlock (a stop
-must finish inside SLURM's KillWait, a lock outlive its renewals, a lost peer be told from a
-dropped packet); tests/test_timing.py checks those relations. No TensorFlow here.
-"""
+"""The runtime's timing budget: every wait, grace and period, each with its reason, in one
+place, as several interlock (tests/test_timing.py checks how)."""
 
 from __future__ import annotations
 
 # --- SLURM's, not ours: the bound a stop works inside ---
 
-# SLURM's default KillWait: a time limit, scancel or a preemption without warning sends
-# SIGTERM, and SIGKILL this long after it.
+# SLURM's default KillWait: SIGKILL this long after the SIGTERM that stops a job or step.
 SLURM_KILL_WAIT_SECONDS = 30.0
-# slurmctld can be slow to answer when busy; a command (squeue, scontrol, scancel) that takes
-# longer is given up on.
+# slurmctld can be slow when busy; a command (squeue, scontrol) taking longer is given up on.
 SLURM_COMMAND_SECONDS = 60.0
 
 # --- A stop (supervision/supervise.py, local_cluster.py, backends/estimator/barriers.py) ---
 
 # How long a command told to stop may take to finish its stop (a checkpoint) while its peers
-# go quiet, stopping too, before it is killed as for a lost peer: inside KillWait, after which
-# SLURM kills every process of the step itself.
+# go quiet, before it is killed as for a lost peer: inside KillWait.
 STOP_GRACE_SECONDS = 20.0
 # How long an Estimator chief told to stop waits for the workers to stop before it
-# checkpoints anyway: with its checkpoint, inside STOP_GRACE_SECONDS (it was 30 s, which a
-# SIGTERM's KillWait cut short, without the checkpoint, where a worker never stopped).
+# checkpoints anyway: with its checkpoint, inside STOP_GRACE_SECONDS.
 PREEMPT_WAIT_SECONDS = 15.0
-# What a stop leaves for the checkpoint after PREEMPT_WAIT_SECONDS (a few seconds here).
+# What a stop leaves for the checkpoint after PREEMPT_WAIT_SECONDS.
 CHECKPOINT_ALLOWANCE_SECONDS = 5.0
 # A ps that exits the instant the last stop token arrives can catch a trainer still closing the
-# session that sent it, which then retries for seconds; a short grace avoids it (measured here).
+# session that sent it, which then retries for seconds.
 PS_EXIT_GRACE_SECONDS = 1.0
-# How long a parameter server's command, once every trainer has finished, has to end on
-# SIGTERM before it is killed.
+# How long a parameter server's command has to end on SIGTERM once every trainer finished.
 END_GRACE_SECONDS = 5.0
-# A local cluster told to stop (SIGTERM, Ctrl-C) gives its tasks this long before it kills
-# them: time for the chief's stop and checkpoint, inside KillWait should the launcher itself
-# run in a job.
+# A local cluster told to stop gives its tasks this long before it kills them: time for the
+# chief's stop and checkpoint, inside KillWait should the launcher run in a job.
 LOCAL_STOP_GRACE_SECONDS = 25.0
 # A local cluster whose task failed gives the others this long to end on SIGTERM.
 LOCAL_FAILED_GRACE_SECONDS = 5.0
@@ -49,59 +40,49 @@ FAILING_SECONDS = 5.0
 # PROBES_PER_SECOND probes, so that a ps watched by thousands of trainers is not flooded.
 PROBE_SECONDS = 1.0
 PROBES_PER_SECOND = 50.0
-# A probe's connection and its read of the answer.
 CONNECT_TIMEOUT_SECONDS = 1.0
 READ_TIMEOUT_SECONDS = 0.25
-# A peer is lost after refusing or timing out for this long in a row. Short, as refusals come
-# only from a closed port; long enough to ride out a dropped packet (several probes).
+# A peer is lost after refusing or timing out for this long in a row: refusals come only from
+# a closed port, but a dropped packet takes several probes to ride out.
 LOST_AFTER_SECONDS = 3.0
-# A snap check probes a peer twice this far apart: a port that refuses both times is closed,
-# not between a dropped packet and its retry.
+# A snap check probes a peer twice this far apart: a port that refuses both times is closed.
 SNAP_RECHECK_SECONDS = 0.2
-# How long a peer that never answered yet may take to start (TensorFlow's import alone took
-# 3-5 s here; on a cluster's shared file system, much longer).
+# How long a peer yet to answer may take to start (imports from a shared file system are slow).
 START_SECONDS = 600.0
-# How long a task waits at most for peers to leave: a task that finished says so, or a Keras 3
-# chief keeps the run's JAX service up, should they never leave.
+# How long a task saying it finished (or keeping JAX's service up) waits for peers to leave.
 GONE_SECONDS = 60.0
-# How long a trainer that finished says so to parameter servers it never heard from: a probe
-# of each watcher's, and a margin.
+# How long a finished trainer says so to parameter servers never heard from: a probe, a margin.
 UNSEEN_SECONDS = 1.5 * PROBE_SECONDS
 # How long a task waits, once a peer said its command failed, for its own to fail of the same
-# cause before it ends for the peer: the first line it logs then names the right culprit.
+# cause, so that its log names the right culprit.
 OWN_FAILURE_SECONDS = 2.0
-# How often a task told to stop looks for the run's failure record: a stat of the run
-# directory, for the few seconds a stop takes.
+# How often a task told to stop looks for the run's failure record (a stat).
 FAILURE_POLL_SECONDS = 0.25
 
 # --- A trainer that makes no step (process/task/hang_watch.py) ---
 
-# How often the watch looks at the time since the last step.
 HANG_CHECK_SECONDS = 1.0
-# How long a hung task waits for its hung peers' accounts before it names one. The hung task
-# whose last step is oldest finds itself hung first, and where none came, names itself; the
-# wait is for peers found hung at about the same time (steps that end together).
+# How long a hung task waits for the accounts of peers found hung at about the same time
+# before it names the one whose last step is oldest (itself, where none came).
 HANG_ACCOUNTS_SECONDS = 10.0
 
 # --- The run's lock (process/records/claim.py) ---
 
 # The holder renews its lock this often while it trains...
 RENEW_SECONDS = 10.0
-# ...and a lock not renewed for this long is taken over: several renewals missed, not one
-# slow file system write.
+# ...and one not renewed for this long is taken over: several renewals missed, not one slow write.
 STALE_SECONDS = 90.0
-# After taking over a lock, how long to wait before reading it back: two runs that found the
-# same stale lock both replace it, and the one whose lock is still there afterwards holds it.
+# After taking over a lock, how long to wait before reading it back: of two runs that replaced
+# the same stale lock, the one whose lock is still there holds it.
 SETTLE_SECONDS = 0.5
-# squeue, asked whether a lock's job still runs, is given this long (it is asked at a start).
+# squeue, asked at a start whether a lock's job still runs, is given this long.
 SQUEUE_SECONDS = 10.0
 
 # --- The job's time limit (process/job/time_limit.py) ---
 
 # squeue is asked for the time left this often, as scontrol update TimeLimit= moves it.
 LIMIT_POLL_SECONDS = 60.0
-# The first wait before squeue is asked again after a failure; doubled each time, up to
-# LIMIT_POLL_SECONDS.
+# The first wait to ask squeue again after a failure, doubled each time up to LIMIT_POLL_SECONDS.
 LIMIT_RETRY_SECONDS = 5.0
 # squeue is asked once more this long before the stop: a limit raised late moves it.
 FINAL_LOOK_SECONDS = 15.0
@@ -112,12 +93,11 @@ LIMIT_MOVED_SECONDS = 5.0
 
 # --- A node that left a --no-kill job (process/job/lost_nodes.py) ---
 
-# How often the batch script's srun wrapper asks scontrol for the job's nodes, once srun said
-# that a task ended: srun waits on for the tasks of a node that failed in a --no-kill job, and
-# only the job's record says that the node is gone.
+# How often the batch script's srun wrapper asks scontrol for the job's nodes once a task
+# ended (only the job's record says a --no-kill job's node is gone)...
 NODE_WATCH_SECONDS = 2.0
-# ...for this long: Slurm declares a node down after SlurmdTimeout (300 s by default) and a
-# ping round; then every NODE_WATCH_SELDOM_SECONDS, for a step whose other tasks go on.
+# ...for this long (Slurm declares a node down after SlurmdTimeout, 300 s by default, and a
+# ping round), then every NODE_WATCH_SELDOM_SECONDS while the step's other tasks go on.
 NODE_WATCH_OFTEN_SECONDS = 600.0
 NODE_WATCH_SELDOM_SECONDS = 60.0
 
@@ -125,20 +105,17 @@ NODE_WATCH_SELDOM_SECONDS = 60.0
 
 # How long the chief waits for the other trainers' throughput reports for summary.json.
 REPORT_WAIT_SECONDS = 30.0
-# How long the chief waits for the evaluator's metrics: it may be busy with an earlier
-# checkpoint.
+# How long the chief waits for the evaluator's metrics: it may be busy with an older checkpoint.
 EVALUATOR_WAIT_SECONDS = 600.0
-# The coordinator's final evaluation, in a process of its own on the whole eval set, is given
-# this long: a hang there would hold the run (and its parameter servers) for ever.
+# The coordinator's final evaluation is given this long: a hang would hold the run for ever.
 EVALUATE_SECONDS = 3600.0
-# How long the checkpoint iterator of an evaluator waits before asking whether to stop; it
-# looks every second, and a timeout shorter than two looks makes it return at once, over and
-# over.
+# How long an evaluator's checkpoint iterator waits before asking whether to stop: it looks
+# every second, and a timeout under two looks makes it return at once, over and over.
 CHECKPOINT_LOOK_SECONDS = 2.0
 
 # --- Small waits ---
 
-# A condition polled in a loop (a file, a queue's count) is looked at this often.
+# A condition polled in a loop (a file, a queue's count).
 POLL_SECONDS = 0.1
 # How long the end of a command's output is waited for once it has exited.
 OUTPUT_FINISH_SECONDS = 5.0

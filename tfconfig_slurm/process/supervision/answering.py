@@ -1,7 +1,5 @@
 """The port a task answers on for its watchers (watchdog.py) while it has no server of its
-own there: a with-tfconfig supervisor, a Keras 3 process (JAX listens only on the chief's).
-The kernel completes a watcher's connection; the answer says alive (WAITING), FINISHED or
-FAILED."""
+own there: a with-tfconfig supervisor, a Keras 3 process (JAX listens only on the chief's)."""
 
 from __future__ import annotations
 
@@ -16,9 +14,8 @@ from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.supervision import watchdog
 
-# The answers of the port this process serves, while a block of answering (or once_free) holds
-# it: a block within it (a trainer saying WAITING finds a child lost, and says FAILED) changes
-# what the port answers, as it could not bind the port a second time.
+# The answers of the port this process serves: a block within another changes what the port
+# answers (WAITING to FAILED, say), as it cannot bind the port a second time.
 _SERVING: list[list[bytes]] = []
 # Held while _SERVING is looked at and the port bound: once_free's thread binds it too.
 _BINDING = threading.Lock()
@@ -26,8 +23,7 @@ _BINDING = threading.Lock()
 
 @contextlib.contextmanager
 def answering(role: ClusterRole) -> Iterator[list[bytes]]:
-    """Within the block, this task's port (free again) answers the last of the list it yields
-    (WAITING at first: alive, not finished)."""
+    """Within the block, this task's port answers the last of the list it yields (WAITING)."""
     with _BINDING:
         serving = _SERVING[-1] if _SERVING else None
         listener, problem = None, ""
@@ -48,19 +44,14 @@ def answering(role: ClusterRole) -> Iterator[list[bytes]]:
             _port(role),
             problem,
         )
-        yield answer
-        return
-    with _served(listener, answer):
+    with contextlib.nullcontext() if listener is None else _served(listener, answer):
         yield answer
 
 
 @contextlib.contextmanager
 def once_free(role: ClusterRole) -> Iterator[None]:
-    """Within the block, this task's port answers WAITING (as answering's, which a block
-    within it takes over) from the moment the command's own server there, seen listening
-    first, has closed it: a --keras3 chief's JAX service shuts down at the command's exit
-    seconds before its process has ended, and its watchers, finding the port dark, would
-    take the chief for lost."""
+    """Within the block, this task's port answers WAITING once the command's own server there
+    has closed it: a --keras3 chief's JAX service shuts down seconds before its process ends."""
     stopped = threading.Event()
     held = contextlib.ExitStack()
 

@@ -1,10 +1,5 @@
-"""The commands a supervisor runs (with-tfconfig's one, the local cluster's tasks), as one group:
-started to die with the supervisor, signalled together, stopped with a grace period, and their
-exit status given as a shell gives it.
-
-A child dies with its supervisor (PR_SET_PDEATHSIG), so that no task outlives a supervisor
-that was killed outright. No TensorFlow here.
-"""
+"""The commands a supervisor runs, as one group: each dies with the supervisor (none outlives
+one killed outright), signalled together, stopped with a grace period."""
 
 from __future__ import annotations
 
@@ -27,8 +22,7 @@ Handler = Callable[[int, "FrameType | None"], None]
 
 # What ends a supervisor, as it would any process: scancel, a shell's Ctrl-C, a hang-up.
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-# What its commands act on themselves (a preempt signal: `#SBATCH --signal=USR1@90`, the stop
-# before a time limit) and a user's quit.
+# What its commands act on themselves (`--signal=USR1@90`, a time limit's stop), and a quit.
 PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT)
 _PR_SET_PDEATHSIG = 1
 # Looked up before any fork: the child only calls them.
@@ -49,12 +43,9 @@ class Group:
         self, *, own_sessions: bool, relay_stderr: bool = False, aside: Path | None = None
     ) -> None:
         self._own_sessions = own_sessions
-        # Whether each child's stderr passes through a Relay, which reads why it failed, and
-        # where that puts a native library's fatal end (command_output.Relay).
         self._relay_stderr, self._aside = relay_stderr, aside
         self.started: list[Child] = []
         self._relays: dict[int, Relay] = {}
-        # How each was started, for start_again.
         self._how: dict[int, tuple[Sequence[str], Mapping[str, str], str | None, bool]] = {}
 
     def start(
@@ -65,8 +56,7 @@ class Group:
         program: str | None = None,
         capture: bool = False,
     ) -> Child:
-        """Starts `command` (`program` is its first word, found), its output piped to the
-        supervisor if `capture`; raises OSError if it cannot be started."""
+        """Starts `command` (`program`: its first word, found); raises OSError if it cannot."""
         relayed = self._relay_stderr and not capture
         child = subprocess.Popen(
             list(command),
@@ -88,7 +78,7 @@ class Group:
         return child
 
     def relay(self, child: Child) -> Relay | None:
-        """The relay of a child's stderr, where the group relays it."""
+        """The relay of a child's stderr, if relayed."""
         return self._relays.get(child.pid)
 
     def start_again(self, child: Child) -> Child:
@@ -97,8 +87,8 @@ class Group:
         return self.start(command, environ, program=program, capture=capture)
 
     def signal(self, signum: int, children: Sequence[Child] | None = None) -> None:
-        """Sends `signum` to each of `children` (every started one by default) still running:
-        the pid of one that exited may be another process's by now."""
+        """Sends `signum` to each of `children` (by default all) still running: an exited one's
+        pid may be another process's by now."""
         for child in self.started if children is None else children:
             if child.poll() is not None:
                 continue
@@ -109,8 +99,7 @@ class Group:
                     child.send_signal(signum)
 
     def stop(self, grace: float, children: Sequence[Child] | None = None) -> None:
-        """SIGTERM to each of `children` (every started one by default) still running; what
-        is left after `grace` seconds is killed. Returns once all have exited."""
+        """SIGTERM to each of `children` (by default all), SIGKILL after `grace` seconds."""
         running = [
             child for child in (self.started if children is None else children)
             if child.poll() is None
@@ -137,9 +126,8 @@ def handling(signums: Sequence[signal.Signals], handler: Handler) -> Iterator[No
 
 
 def _in_the_child() -> None:
-    """Run in the child before its command starts: it dies with this process, and takes the
-    signals passed on to it as any process does. Started ignoring them, as a background job of
-    a script ignores SIGINT or nohup's SIGHUP, it would inherit that, and never stop."""
+    """Run in the child before its command: it dies with this process, and the signals passed
+    on act on it, where a script's background job or nohup would have it inherit them ignored."""
     _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
     for signum in (*STOPPING, *PASSED_ON):
         _SIGNAL(signum, None)

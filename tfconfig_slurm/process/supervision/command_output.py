@@ -1,9 +1,5 @@
-"""A supervised command's stderr, passed on as it comes and read on the way: the line that says
-why it failed (the exception line of its last Python traceback, else its last line), and
-whether that traceback ran through Keras 3, which the tf-keras layouts cannot train. A native
-library's fatal end (JAX's, when a peer died) can go to a file of its own, one line said. No
-TensorFlow here.
-"""
+"""A supervised command's stderr, passed on as it comes and read on the way: why it failed, and
+whether its traceback ran through Keras 3. A native library's fatal end can go to a file."""
 
 from __future__ import annotations
 
@@ -16,36 +12,28 @@ from pathlib import Path
 from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.user_code import versions
 
-# A frame of a traceback through Keras 3's package: folders Keras 2's keras/src (tf.keras on
-# TensorFlow 2.15) and tf_keras/src do not have.
+# A frame in folders only Keras 3's keras/src has (not Keras 2's, nor tf_keras/src).
 _KERAS_3_FRAME = re.compile(r'File ".*[/\\]keras[/\\]src[/\\](trainers|ops|backend)[/\\]')
-# Any frame of the keras package: Keras 3 filters its own frames out of a traceback by
-# default, leaving only its traceback_utils.py, which Keras 2 has too. Where the keras
-# installed is 3, such a frame is Keras 3's.
+# Any frame of the keras package: Keras 3 filters its own frames out of a traceback, leaving
+# only traceback_utils.py, which Keras 2 has too; it is Keras 3's where that is installed.
 _KERAS_FRAME = re.compile(r'File ".*[/\\]keras[/\\]src[/\\]')
 _TRACEBACK = "Traceback (most recent call last):"
 # What one read takes at most: output passes on as it comes, a progress bar's \r included.
 _CHUNK = 1 << 16
-# An exception's message running on over lines is read up to this many characters.
 _WHY_CHARS = 300
 # A line of TensorFlow's C++ log (or absl's): not a message's next line.
 _LOG_LINE = re.compile(r"[IWEF]\d{4} ")
-# absl's FATAL line, after which the process aborts: JAX's own when a peer died ("Terminating
-# process because the JAX distributed service detected fatal errors"), followed by a native
-# stack trace and gRPC's account, about 20 lines a process that say nothing of the peer.
+# absl's FATAL line (JAX's, when a peer died), then a native stack trace silent on the peer.
 _FATAL = re.compile(rb"F\d{4} [^\]]*\] ")
 
 
 class Relay:
-    """Copies a command's stderr to this process's, from a thread, reading it on the way.
-
-    It reads and writes file descriptors, not Python's buffered files: a daemon thread blocked
-    in a buffered read holds that file's lock, and an interpreter shutting down beside it
-    aborts (`Fatal Python error: _enter_buffered_busy`, seen once in CI)."""
+    """Copies a command's stderr to this process's from a thread, reading it on the way. File
+    descriptors, not buffered files: a daemon thread blocked in a buffered read holds its lock,
+    and an interpreter shutting down beside it aborts (`_enter_buffered_busy`)."""
 
     def __init__(self, source: int, sink: int, aside: Path | None = None) -> None:
         self._source, self._sink = source, sink
-        # Where a fatal end's lines go, from absl's FATAL line on; None: on to `sink`.
         self._aside = aside
         self._aborting = False
         self._partial = b""
@@ -61,13 +49,11 @@ class Relay:
         self._thread.start()
 
     def finish(self, seconds: float = timing.OUTPUT_FINISH_SECONDS) -> None:
-        """Waits, at most `seconds`, for the command's output to end (a process it started
-        may hold its stderr open), so that all of it is passed on and read."""
+        """Waits at most `seconds` (a child of it may hold stderr open) for the output's end."""
         self._thread.join(timeout=seconds)
 
     def why_it_failed(self) -> str:
-        """The exception line of the command's last traceback, else its last line; "" where
-        it said nothing. Read after `finish`."""
+        """The exception line of the command's last traceback, else its last line."""
         return self._exception or self._last_line
 
     @property
@@ -91,7 +77,7 @@ class Relay:
 
     def _pass_on(self, data: bytes) -> None:
         """Writes what of `data`, the current line, is not passed on yet: to the sink, or from
-        a FATAL line on, to the file aside, with that line's first sentence to the sink."""
+        a FATAL line on aside, that line's first sentence to the sink."""
         if self._aside is not None and not self._aborting and _FATAL.match(data):
             self._aborting = True
             head, _, message = data.partition(b"] ")
@@ -116,8 +102,8 @@ class Relay:
         if line.startswith(_TRACEBACK):
             self._in_traceback, self._exception, self._keras_3 = True, "", False
         elif self._in_traceback and line and not line[0].isspace():
-            # The first unindented line after the frames: the exception, whose message may
-            # run on over many lines (a PerReplica's repr), joined to it up to _WHY_CHARS.
+            # The exception, whose message may run on over lines (a PerReplica's repr), read up
+            # to _WHY_CHARS.
             self._in_traceback, self._exception, self._message_goes_on = False, line, True
         elif self._in_traceback and (
             _KERAS_3_FRAME.search(line) or (_KERAS_FRAME.search(line) and _keras_is_3())
@@ -139,7 +125,7 @@ def _write(sink: int, data: bytes) -> None:
 
 
 def _next_chunk(source: int) -> bytes:
-    """What the command wrote next; b"" once its end of the pipe is closed (or was here)."""
+    """What the command wrote next; b"" once the pipe is closed."""
     try:
         return os.read(source, _CHUNK)
     except OSError:

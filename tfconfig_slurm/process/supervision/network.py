@@ -1,11 +1,8 @@
 """What a task checks of the network before its command starts a server: every peer's address
-resolves, and its own port is free.
-
-TensorFlow says neither well: a peer's name that does not resolve looks like a peer that
-never answers (the watchdog gives those 10 minutes to start), and a server on a busy port
-dies with a traceback ending in `UnknownError: Could not start gRPC server` (it binds
-`[::]:PORT` without SO_REUSEPORT, so it does fail). No TensorFlow here: only sockets.
-"""
+resolves, and its own port is free. TensorFlow says neither well: a peer whose name does not
+resolve looks like one that never answers (given timing.START_SECONDS to start), and a server
+on a busy port (gRPC binds without SO_REUSEPORT) dies with `UnknownError: Could not start gRPC
+server`."""
 
 from __future__ import annotations
 
@@ -18,16 +15,15 @@ from tfconfig_slurm.errors import UsageError
 
 
 def check_task(role: ClusterRole) -> None:
-    """Both checks, for a runtime task about to start its server in `role`'s cluster.
-    (with-tfconfig checks only the port: its command may reach its peers some other way.)"""
+    """Both checks, for a runtime task about to start its server in `role`'s cluster
+    (with-tfconfig checks only the port: its command may reach its peers some other way)."""
     check_addresses_resolve(role.named(CHIEF, PS, WORKER))
     if role.role != EVALUATOR:
         check_port_free(str(role.task_id), role.address)
 
 
 def check_addresses_resolve(peers: Mapping[str, str]) -> None:
-    """Raises UsageError naming the first peer (`{"ps 0": "node1:10256", ...}`) whose host
-    does not resolve; each host is looked up once."""
+    """Raises UsageError naming the first peer whose host does not resolve."""
     checked: set[str] = set()
     for name, address in peers.items():
         host = address.rpartition(":")[0]
@@ -51,11 +47,10 @@ def check_port_free(name: str, address: str) -> None:
     """Raises UsageError when this task's port is already taken on this machine."""
     port = int(address.rpartition(":")[2])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        # SO_REUSEADDR: the closing connections of an earlier task on this port (TIME_WAIT)
-        # do not make it busy; a listening socket still does.
+        # An earlier task's connections in TIME_WAIT do not make the port busy; a listener does.
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            # The address gRPC's server takes: every interface.
+            # As gRPC's server binds: every interface.
             probe.bind(("0.0.0.0", port))
         except OSError as error:
             raise UsageError(

@@ -1,14 +1,6 @@
-"""The state of a task that with-tfconfig supervises, explicit, and only ever moving on:
-running, stopping (told to, by a signal), and how it ended: done, failed (its command), or
-lost (a peer it watched).
-
-The supervisor's threads move it: its main thread (its command ended), its signal handler
-(told to stop), and the watches of its peers (one lost). The end is taken once: by a watch
-that lost a peer (take_end), which then kills the command; by the main thread, whose command
-failed; or by the main thread as it returns (close), after which a watch takes nothing. The
-main thread ends the task as the state says; a watch that comes second leaves it to do so.
-No TensorFlow here.
-"""
+"""The state of a task that with-tfconfig supervises, only ever moving on: running, stopping
+(by a signal), then done, failed (its command) or lost (a peer). The end is taken once: by a
+watch that lost a peer, or by the main thread, whose command failed or which returns."""
 
 from __future__ import annotations
 
@@ -62,13 +54,12 @@ class TaskState:
         return self._lost
 
     def told_to_stop(self, signum: signal.Signals) -> None:
-        """A stopping signal came. Called from the signal handler, it takes no lock: the main
-        thread it interrupts may hold it. The first signal is the one to say."""
+        """A stopping signal came; the first is the one to say. No lock: called from the signal
+        handler, whose interrupted main thread may hold it."""
         self._stop.note(signum.name)
 
     def take_end(self, state: State, lost: LostPeer | None = None) -> bool:
-        """Takes the end of the task as `state` (FAILED, or LOST with the peer): True for
-        the first caller, which ends the task; False where it is taken or closed already."""
+        """Takes the task's end as `state` (FAILED, or LOST with the peer); True if first."""
         with self._lock:
             if self._end is not None:
                 return False
@@ -76,9 +67,8 @@ class TaskState:
         return True
 
     def close(self) -> bool:
-        """The main thread's last word, as it leaves with its command's status: from now on a
-        watch takes no end. False where a watch took it first (a peer lost): the main
-        thread ends the task for that instead."""
+        """The main thread's last word: from now on a watch takes no end. False where a watch
+        lost a peer first, for which the main thread then ends the task."""
         with self._lock:
             if self._end is None:
                 self._end = State.DONE

@@ -1,20 +1,7 @@
-"""Ends a task whose cluster has lost a member, where SLURM cannot see the loss.
-
-TensorFlow 2.15 waits forever on a dead peer: with its ps killed, every trainer logged
-`UNAVAILABLE ... Socket closed` and was still alive 130 s later, and a ps waits for a token
-from a trainer that will never send it. Every task of the cluster listens on its gRPC port
-for as long as it has work, and the kernel completes a TCP handshake even while the process
-is busy, so a port that refuses (or, for a node cut off, never answers) for a few seconds in
-a row means the task is gone. A thread probes each watched peer that way, and when one is
-lost it logs which (role, index, address, since when) and ends this process with
-ExitStatus.PEER_LOST: `srun --kill-on-bad-exit` or the local cluster's supervisor then ends the
-rest, and each task that was waiting on this one notices it the same way, but at its first
-probe that finds no answer: the run has recorded its failure by then (failure.run_failed).
-A trainer whose collective fails need not wait for that: it probes the other trainers itself
-(PeerWatch.end_for_a_lost_peer).
-
-No TensorFlow here: only sockets and a thread.
-"""
+"""Ends a task whose cluster has lost a member, where SLURM cannot see the loss: TensorFlow
+waits forever on a dead peer. Every task listens on its port while it has work, and the kernel
+completes a TCP handshake even while the process is busy, so a port that refuses (or, a node
+cut off, never answers) for a few seconds in a row means the task is gone."""
 
 from __future__ import annotations
 
@@ -34,14 +21,11 @@ from tfconfig_slurm.errors import ExitStatus
 from tfconfig_slurm.process import exits, timing
 from tfconfig_slurm.process.records import failure
 
-# What a trainer supervised by with-tfconfig answers on its port once its command has
-# finished (supervise.py): it did not crash. A gRPC server answers with its own first frame.
+# What a supervised task answers on its port once its command has finished (a gRPC server
+# answers with its own first frame); before that, while the trainers below it work; and once
+# its command failed. All the same length: a probe reads that much.
 FINISHED = b"tfconfig-slurm: finished\n"
-# What it answers before that, while trainers below it in the tree of trainers have not
-# finished (watch_plan.py): alive, not finished. The same length: a probe reads that much.
 WAITING = b"tfconfig-slurm: waiting.\n"
-# What it answers for a while once its command has failed: lost at once, even by a watcher
-# that never heard from it (the command may have died before its server ever listened).
 FAILED = b"tfconfig-slurm: failed..\n"
 
 OnLost = Callable[[str, str, float], None]
@@ -49,16 +33,14 @@ OnFinished = Callable[[str], None]
 
 
 class Loss(NamedTuple):
-    """How a peer was found lost: as this task's line says it, and as the run's failure
-    record does."""
+    """How a peer was found lost: as this task's log line and the run's failure record say."""
 
     said: str
     recorded: str
 
 
 def silence(silent_for: float) -> Loss:
-    """A peer that has not answered for `silent_for` seconds, or (0) said its command
-    failed."""
+    """A peer silent for `silent_for` seconds, or (0) that said its command failed."""
     if silent_for == 0:
         return Loss("says its command failed", "its command failed")
     return Loss(
@@ -67,8 +49,7 @@ def silence(silent_for: float) -> Loss:
     )
 
 
-# A peer whose port refuses connections once a collective with it has failed: its process
-# has ended (a live one's port listens from before its first collective).
+# A peer whose port refuses once a collective with it failed (a live one listened before).
 REFUSED = Loss(
     "refuses connections since a collective with it failed: its process is gone",
     f"{failure.STOPPED_ANSWERING}: its port refuses connections, its process gone",
@@ -76,19 +57,26 @@ REFUSED = Loss(
 
 
 def exit_on_lost(name: str, address: str, silent_for: float) -> None:
-    """Reports the lost peer (report_lost) and ends this process at once: it may be hung
-    inside TensorFlow, where nothing but an exit reaches it."""
+    """Reports the lost peer (report_lost) and ends this process at once (exits.py says why)."""
     report_lost(name, address, silence(silent_for))
     exits.end_now(ExitStatus.PEER_LOST, f"{name} is lost")
 
 
 def report_lost(name: str, address: str, loss: Loss) -> failure.Failure | None:
-    """Records the lost peer as the run's failure and says which it is, and that this task
-    ends for it. Where the run had already failed, that first failure is the cause to name,
-    and is returned: the peer may only have ended for it."""
+    """Records the lost peer as the run's failure and says this task ends for it; where the run
+    had failed already, names and returns that first failure (the peer may have ended for it)."""
     first = failure.record_lost(name, address, loss.recorded)
     if first is None:
-        _say_lost(name, address, loss)
+        logging.error(
+            "%s at %s %s; ending this task (exit %d) so that the job ends instead of waiting for "
+            "it forever",
+            name,
+            address,
+            loss.said,
+            ExitStatus.PEER_LOST,
+        )
+        logging.flush()
+        sys.stderr.flush()
     else:
         _say_failed_first(first.line(), name)
     return first
@@ -104,26 +92,9 @@ def _say_failed_first(first: str, gone: str) -> None:
     logging.flush()
 
 
-def _say_lost(name: str, address: str, loss: Loss) -> None:
-    """Logs which peer is gone, and that this task ends for it."""
-    logging.error(
-        "%s at %s %s; ending this task (exit %d) so that the job ends instead of waiting for "
-        "it forever",
-        name,
-        address,
-        loss.said,
-        ExitStatus.PEER_LOST,
-    )
-    logging.flush()
-    sys.stderr.flush()
-
-
 class PeerWatch:
-    """Watches peers (`{"ps 0": "node1:10256", ...}`) from a daemon thread until each is
-    released: a peer that has finished its work may go away without being lost. With
-    `on_finished`, a peer that answers FINISHED is released, and on_finished told. `others`
-    are the other peers of this task's collectives, probed in turn where one fails
-    (end_for_a_lost_peer)."""
+    """Watches peers (`{"ps 0": "node1:10256"}`) from a thread until each is released or says
+    FINISHED (`on_finished` told). `others`: the peers of this task's collectives."""
 
     def __init__(
         self,
@@ -145,55 +116,39 @@ class PeerWatch:
         self._interval = round_seconds(len(peers), probe_seconds)
         self._lock = threading.Lock()
         self._watched = set(peers)
-        # When each peer last answered (monotonic); None until it first does.
         self._last_answer: dict[str, float | None] = dict.fromkeys(self._addresses)
         self._stopped = threading.Event()
         self._since = time.monotonic()
-        self._thread = threading.Thread(target=self._watch, name="peer-watch", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._watch, name="peer-watch", daemon=True).start()
         _LIVE.add(self)
 
     def release(self, *names: str) -> None:
-        """Stops watching these peers: they finished, so their leaving is no loss."""
+        """Stops watching these peers."""
         with self._lock:
             self._watched.difference_update(names)
 
-    def await_loss(self) -> None:
-        """Waits as long as the watch may take to name a peer that has just gone (naming it
-        ends the process): for a task that TensorFlow told a peer failed, so that the log
-        says which."""
-        time.sleep(2 * self._interval + self._lost_after + timing.CONNECT_TIMEOUT_SECONDS)
-
     def end_for_a_lost_peer(self, what_failed: str, error: str = "") -> NoReturn:
-        """For a task whose collective failed, as they do when a peer is gone: names the first
-        of `others` whose port refuses (_name_a_refusing_peer), else waits for the watch to
-        name the peer (naming it ends the process), then ends the process anyway, as the peer
-        lost is not one this task watches. `error` is the collective's error in full, whose
-        text may name the lost peer's address.
-
-        At once, not after the watch's grace: the process holding JAX's coordination service
-        was seen aborted by gloo within 0.1 s of another's loss, and JAX's client then aborts
-        every other process within milliseconds."""
+        """For a task whose collective failed (`error` may name the peer): names the first of
+        `others` whose port refuses, else waits for the watch to, then ends the process. At
+        once, not after the watch's grace: gloo may abort JAX's coordinator, and JAX the rest."""
         logging.warning("%s; finding which peer is gone", what_failed)
         # A watch stopped, its peers finished: one of them leaving is no loss.
         if not self._stopped.is_set():
             self._name_a_refusing_peer(error or what_failed)
         # Every peer had started: the collective ran with all of them before.
         self.snap(started=True)
-        self.await_loss()
+        # As long as the watch may take to name a peer that has just gone.
+        time.sleep(2 * self._interval + self._lost_after + timing.CONNECT_TIMEOUT_SECONDS)
         logging.error(
             "a peer is gone, not one this task watches (%s); ending this task (exit %d)",
-            ", ".join(self.peers),
+            ", ".join(sorted(self._addresses)),
             ExitStatus.PEER_LOST,
         )
         exits.end_now(ExitStatus.PEER_LOST, "a peer is gone")
 
     def _name_a_refusing_peer(self, error: str) -> None:
-        """Ends this process naming the first of `others` whose port refuses: those on a host
-        whose address `error` names first, back to back, then the rest in their order (from
-        this task's place on: watch_plan.other_trainers), at most PROBES_PER_SECOND a second,
-        until the run has recorded its failure, which is named instead. Returns where none
-        refuses (a node cut off times out, which the watch names)."""
+        """Ends this process naming the first of `others` whose port refuses (those on a host
+        `error` names first), or the run's failure once recorded; else returns."""
         named = _named_hosts(self._others.values(), error)
         suspects = sorted(self._others, key=lambda name: _host(self._others[name]) not in named)
         for probed, name in enumerate(suspects):
@@ -208,21 +163,13 @@ class PeerWatch:
             if _host(address) not in named:
                 time.sleep(1 / timing.PROBES_PER_SECOND)
 
-    @property
-    def peers(self) -> list[str]:
-        """The names of the peers watched, as given."""
-        return sorted(self._addresses)
-
     def stop(self) -> None:
-        """Stops watching every peer at once; the thread ends after the probe it is in, if
-        any, and reports nothing more."""
+        """Stops watching every peer at once: nothing more is reported."""
         self._stopped.set()
 
     def snap(self, *, started: bool = False) -> None:
-        """Probes at once every watched peer that has answered before (or each one, where all
-        are known to have `started`), and loses those whose port refuses twice in a row: for a
-        task just told to stop, whose peers are all still at work unless one is dead (SLURM
-        stops the step so when a task has failed)."""
+        """Loses at once each watched peer that answered before (or has `started`) whose port
+        refuses twice: for a task told to stop, as SLURM stops a step whose task failed."""
         with self._lock:
             if self._stopped.is_set():
                 return
@@ -237,14 +184,11 @@ class PeerWatch:
                 self._lose(name, time.monotonic() - (self._last_answer[name] or self._since))
 
     def _watch(self) -> None:
-        started = self._since
-        last_answer = self._last_answer
         failing_since: dict[str, float] = {}
         while not self._stopped.wait(self._interval):
             with self._lock:
                 watched = sorted(self._watched)
-            # The run's failure record, read at most once a round: a ps may wait on hundreds of
-            # trainers still starting.
+            # Read at most once a round: a ps may wait on hundreds of trainers still starting.
             run_failed = functools.cache(failure.run_failed)
             for name in watched:
                 if self._stopped.is_set():
@@ -260,15 +204,14 @@ class PeerWatch:
                         self._on_finished(name)
                     continue
                 if answer is not None:
-                    last_answer[name] = now
+                    self._last_answer[name] = now
                     failing_since.pop(name, None)
                     continue
                 since = failing_since.setdefault(name, now)
-                answered = last_answer[name]
-                # A peer that never answered yet is given its start, unless the run failed
-                # meanwhile (it refused its input at its start, say): then it will not come.
-                if answered is None and (now - started >= self._start_seconds or run_failed()):
-                    self._lose(name, now - started)
+                answered = self._last_answer[name]
+                # A peer yet to answer is given its start, unless the run failed meanwhile.
+                if answered is None and (now - self._since >= self._start_seconds or run_failed()):
+                    self._lose(name, now - self._since)
                 elif answered is not None and (now - since >= self._lost_after or run_failed()):
                     self._lose(name, now - answered)
 
@@ -280,13 +223,10 @@ class PeerWatch:
         self._on_lost(name, self._addresses[name], silent_for)
 
 
-# How often a task probing the peers of a failed collective looks whether the run has
-# recorded its failure meanwhile: a probe of a live peer takes a fraction of a millisecond.
+# Every how many probes of a failed collective's peers the run's failure record is read.
 _RECORD_LOOK_EVERY = 16
-# An IPv4 address in an error's text.
 _IPV4 = re.compile(r"(?<![0-9.])(?:[0-9]{1,3}\.){3}[0-9]{1,3}(?![0-9])")
 
-# The watches of this process, for a snap check of all of them (snap_all).
 _LIVE: weakref.WeakSet[PeerWatch] = weakref.WeakSet()
 
 
@@ -297,10 +237,8 @@ def snap_all() -> None:
 
 
 def _named_hosts(addresses: Iterable[str], text: str) -> set[str]:
-    """The hosts of `addresses` at an IP address `text` names, as an error's text may name a
-    peer (gloo's "Connection closed by peer [10.251.0.12]:21391"): a host given as that
-    address, or as a name that address resolves back to (one lookup an address named, not
-    one a host: thousands of trainers on hundreds of nodes)."""
+    """The hosts of `addresses` at an IP address `text` names (gloo's "Connection closed by
+    peer [10.251.0.12]:21391"): one lookup per address named, not per host (hundreds)."""
     ips = set(_IPV4.findall(text))
     hosts = {_host(address) for address in addresses}
     named = hosts & ips
@@ -311,7 +249,7 @@ def _named_hosts(addresses: Iterable[str], text: str) -> set[str]:
         except OSError:
             continue
         names = {name, *aliases}
-        # node2 where the resolver says node2.cluster.example, or the other way round.
+        # node2 for node2.cluster.example, or the other way round.
         names |= {each.split(".")[0] for each in names}
         named |= {host for host in hosts if host in names or host.split(".")[0] in names}
     return named
@@ -336,8 +274,7 @@ def _refuses(address: str) -> bool:
 def until_gone(
     peers: Mapping[str, str], *, unseen_for: float = 0.0, within: float = timing.GONE_SECONDS
 ) -> None:
-    """Returns once none of `peers` answers any more, or after `within` seconds; a peer not
-    yet seen to answer is waited for `unseen_for` seconds at most."""
+    """Returns once none of `peers` answers (one never seen: after `unseen_for`), or `within`."""
     started = time.monotonic()
     unseen = set(peers.values())
     while (now := time.monotonic()) < started + within:
@@ -367,7 +304,7 @@ def says_finished(address: str) -> bool | None:
 
 def _probe(address: str, *, read: bool) -> bytes | None:
     """None if nothing listens at `address`; else, with `read`, the first bytes it sends (b""
-    for none soon: a listener that accepted is alive whatever it says)."""
+    for none soon: a listener is alive whatever it says)."""
     host, _, port = address.rpartition(":")
     try:
         connection = socket.create_connection(
@@ -378,7 +315,6 @@ def _probe(address: str, *, read: bool) -> bytes | None:
     with connection:
         if not read:
             return b""
-        # A gRPC server sends its first frame at once, and a wrapper its answer.
         connection.settimeout(timing.READ_TIMEOUT_SECONDS)
         try:
             return connection.recv(len(FINISHED))
