@@ -70,8 +70,6 @@ class _Attached:
 
 
 class _Task:
-    """This process's task, once attached: one a process."""
-
     attached: _Attached | None = None
 
 
@@ -140,8 +138,7 @@ def record_hang(task: str, node: str, what: str) -> Failure | None:
 def _record(attached: _Attached, failure: Failure) -> None:
     path = RunDir(attached.model_dir).failure(attached.role.run_id or "")
     with contextlib.suppress(OSError):
-        # A task may fail before the run's directory is made; not a whole tree, for a
-        # directory a typo named.
+        # Made, as a task may fail first; not a whole tree, for a directory a typo named.
         path.parent.parent.mkdir(exist_ok=True)
         path.parent.mkdir(exist_ok=True)
         # Linked in place: a reader sees all of it or nothing, and the first failure stays.

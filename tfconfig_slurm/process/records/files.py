@@ -1,8 +1,6 @@
-"""Files a run keeps written whole and durably: each one under a name of its own first, then
-renamed into place, its data and the rename flushed to the disk (a node that crashes after the
-rename leaves the file whole, not the name of a truncated one). A file's mode is given where
-it is made, as a plain open() gives it: nothing here changes the process's umask, which every
-thread shares. No TensorFlow."""
+"""Files a run keeps written whole and durably, even by a node that crashes: written aside,
+flushed, renamed into place, the rename flushed. A file's mode is as a plain open() gives it:
+nothing here changes the umask, which every thread shares. No TensorFlow."""
 
 from __future__ import annotations
 

@@ -162,8 +162,7 @@ def write_summary(
     if earlier.get("global_step") == int(metrics["global_step"]) and not any(
         trainer.get("examples_per_sec") for trainer in trainers
     ):
-        # Nothing trained here (a rerun at the same step, only evaluated): the training's
-        # figures stand.
+        # Nothing trained here (a rerun, only evaluated): the training's figures stand.
         took = f"(evaluated again in {wall_time_s:.1f} s)"
         trainers = earlier.get("trainers", trainers)
         wall_time_s = earlier.get("wall_time_s", wall_time_s)
