@@ -1,16 +1,7 @@
-"""One model directory, one run: a run holds its model directory while it trains.
-
-Two runs training into one directory resume each other's checkpoints and overwrite each
-other's summaries (four tasks of `sbatch --array=0-3` did, all with the default experiment
-id). The run that starts first writes `<model dir>/run.lock`, naming its holder: its SLURM job
-(which every task of its steps shares, and which a requeued job takes back) or, outside SLURM,
-its host and process. A run that finds another live holder there stops at start. A holder is
-gone, and its lock taken over, when SLURM says its job has ended (a requeued job waiting in
-the queue has not), when its process on this host has ended, or, where neither can be
-asked, when its lock has not been renewed for timing.STALE_SECONDS: the holder renews it every
-timing.RENEW_SECONDS while it trains, and removes it at the end (not when it requeues itself).
-
-No TensorFlow here.
+"""One model directory, one run: a run holds its model directory (run.lock) while it trains,
+as two runs in one directory would resume each other's checkpoints. The holder is a SLURM job
+(every task, every requeue) or, outside SLURM, a process; its lock is taken over once SLURM or
+this host says it has ended, else once unrenewed for timing.STALE_SECONDS. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -54,8 +45,7 @@ class Holder:
 
 
 def this_holder(job: SlurmJob | None) -> Holder:
-    """The holder this process claims a model directory as, in the SLURM job `job` (None
-    outside SLURM)."""
+    """The holder this process claims a model directory as (`job` None outside SLURM)."""
     return Holder(job=job.name if job else None, host=socket.gethostname(), pid=os.getpid())
 
 
@@ -107,15 +97,11 @@ CLI_NAMING = Naming(
 
 
 def claim(model_dir: Path, holder: Holder, naming: Naming = CLI_NAMING) -> Claim:
-    """Holds `model_dir` for `holder`'s run, or raises UsageError naming the live holder and
-    the setting to change.
-
-    Creates the directory. A lock of the same run (another task of the job, a requeued job)
-    is shared; a stale one is taken over.
-    """
+    """Makes and holds `model_dir` for `holder`'s run (shared with its other tasks), or raises
+    UsageError naming the live holder."""
     model_dir.mkdir(parents=True, exist_ok=True)
     lock = RunDir(model_dir).lock
-    if _create(lock, holder):
+    if _write(lock, holder, replace=False):
         return Claim(lock, holder)
     current = _read(lock)
     if current is not None and current[0].same_run(holder):
@@ -133,8 +119,7 @@ def claim(model_dir: Path, holder: Holder, naming: Naming = CLI_NAMING) -> Claim
 
 def check(model_dir: Path, holder: Holder, naming: Naming = CLI_NAMING) -> None:
     """Raises UsageError, as `claim` would, where another live run holds `model_dir`; makes
-    nothing. A second run is then refused at once, before it loads TensorFlow; `claim`, once
-    the start checks pass, holds the directory for good."""
+    nothing, so that a second run is refused before it loads TensorFlow."""
     current = _read(RunDir(model_dir).lock)
     if current is not None and not current[0].same_run(holder) and not _gone(*current):
         _refuse(model_dir, naming, *current)
@@ -157,13 +142,8 @@ def _refuse(model_dir: Path, naming: Naming, holder: Holder, age: float) -> None
     )
 
 
-def _create(lock: Path, holder: Holder) -> bool:
-    """Writes the lock if none exists; False if one does."""
-    return _write(lock, holder, replace=False)
-
-
 def _write(lock: Path, holder: Holder, *, replace: bool) -> bool:
-    # Written whole under another name first, so that no reader sees half a lock.
+    """Writes the lock whole; without `replace`, only where none exists (else False)."""
     with tempfile.NamedTemporaryFile(
         "w", dir=lock.parent, prefix=f".{lock.name}.", delete=False
     ) as stream:
@@ -202,8 +182,7 @@ def _read(lock: Path) -> tuple[Holder, float] | None:
 
 
 def _gone(holder: Holder, age: float) -> bool:
-    """Whether the holder's run has ended: as SLURM or this host's processes say, where they
-    can be asked, else by the lock's age."""
+    """Whether the holder's run has ended, as SLURM or this host says, else by the lock's age."""
     if holder.job is not None:
         ended = _job_ended(holder.job)
         if ended is not None:
@@ -219,8 +198,7 @@ def _gone(holder: Holder, age: float) -> bool:
     return age > timing.STALE_SECONDS
 
 
-# A job in these states may still train into the directory: a requeued job waits in the queue
-# to resume from its checkpoint there.
+# A job in these states may still train into the directory (a requeued one waits to resume).
 _LIVE_STATES = {
     "PENDING",
     "CONFIGURING",

@@ -1,17 +1,6 @@
-"""The first failure of a run's attempt, kept in its run directory, where the batch script and
-`tfconfig-slurm runs` read it instead of grepping the tasks' logs.
-
-A task that fails says why itself: its error (an exception out of training). A task that died
-without a word (killed, or its node cut off) is recorded by the first of its watchers to find
-it lost. The first record of an attempt stays: `failures/<run id>.json` is made at once or not
-at all, and a requeued attempt has a run id of its own. A single process, which fails on its
-own console, records nothing, nor does a command under with-tfconfig unless it is told its
-run directory (--model_dir); then a command that failed is recorded by its exit status.
-
-The lifecycle attaches the task's run directory (`attach`) once no other run holds it, before
-the task's own start checks: a task whose port is taken fails there, and its peers would
-otherwise record it lost. The watchdog, which ends the process from its own thread, records
-through that. No TensorFlow here.
+"""The first failure of a run's attempt, kept in its run directory for the batch script and
+`tfconfig-slurm runs`: a task's own error, or, for one that died without a word, the first
+watcher's record of it lost. A single process records nothing. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -32,9 +21,8 @@ from tfconfig_slurm.process.records.run_dir import RunDir
 
 # An error's text is cut here (_one_line).
 _MAX_ERROR_CHARS = 400
-# How a watcher's record of a peer it lost begins, silent or refusing connections: a loss,
-# which a restart may cure (process/job/restarts.py), where a peer that said its command
-# failed is not.
+# How a watcher's record of a peer it lost begins: a loss, which a restart may cure
+# (process/job/restarts.py), where a peer that said its command failed is not.
 STOPPED_ANSWERING = "stopped answering"
 # How the record of a hung trainer begins (process/task/hang_watch.py), its step after it.
 HUNG = "hung at global step "
@@ -82,8 +70,6 @@ class _Attached:
 
 
 class _Task:
-    """This process's task, once attached: one a process."""
-
     attached: _Attached | None = None
 
 
@@ -91,8 +77,8 @@ _TASK = _Task()
 
 
 def attach(model_dir: Path, role: ClusterRole | None, node: str) -> None:
-    """From now on this task's failures, and the peers it finds lost, are recorded in
-    `model_dir` (a cluster's tasks only: a single process fails on its own console)."""
+    """From now on this cluster task's failures, and the peers it finds lost, are recorded in
+    `model_dir`: before its start checks, or its peers would record a refused port a loss."""
     if role is not None and role.run_id is not None:
         _TASK.attached = _Attached(model_dir, role, node)
 
@@ -115,8 +101,7 @@ def recording_errors() -> Iterator[None]:
 
 
 def record_exit(returncode: int, why: str = "") -> None:
-    """This task's command ended with `returncode`, not 0, its output saying last `why` (its
-    exception): recorded as the failure, unless another came first."""
+    """This task's command failed with `returncode`, its output saying last `why`."""
     attached = _TASK.attached
     if attached is not None:
         what = f"its command failed: {why}" if why else "its command failed; its output says why"
@@ -129,9 +114,7 @@ def record_exit(returncode: int, why: str = "") -> None:
 
 
 def record_lost(name: str, address: str, what: str) -> Failure | None:
-    """`name` at `address`, watched by this task, is lost, as `what` says ("stopped answering:
-    ..."): recorded as the failure, unless another came first. Returns the failure recorded
-    before this one, if there was one: the run had failed already."""
+    """`name` at `address` is lost, as `what` says; returns an earlier failure, if any."""
     attached = _TASK.attached
     if attached is None:
         return None
@@ -143,9 +126,7 @@ def record_lost(name: str, address: str, what: str) -> Failure | None:
 
 
 def record_hang(task: str, node: str, what: str) -> Failure | None:
-    """The hung trainer `task`, as this task's hang watch named it (`what`, which begins with
-    HUNG): recorded as the failure, unless another came first. Returns the first failure,
-    None where this task records none (a single process)."""
+    """The hung trainer `task`, as `what` (beginning with HUNG) says; returns the first failure."""
     attached = _TASK.attached
     if attached is None:
         return None
@@ -157,12 +138,10 @@ def record_hang(task: str, node: str, what: str) -> Failure | None:
 def _record(attached: _Attached, failure: Failure) -> None:
     path = RunDir(attached.model_dir).failure(attached.role.run_id or "")
     with contextlib.suppress(OSError):
-        # A task may fail before any task has made the run's directory (its port refused);
-        # not a whole tree, for a directory a typo named.
+        # Made, as a task may fail first; not a whole tree, for a directory a typo named.
         path.parent.parent.mkdir(exist_ok=True)
         path.parent.mkdir(exist_ok=True)
-        # Written aside, then linked in place: a reader sees all of it or nothing, and a
-        # second link of the same name fails, so the first failure stays.
+        # Linked in place: a reader sees all of it or nothing, and the first failure stays.
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as stream:
             json.dump({**asdict(failure), "line": failure.line()}, stream, indent=1)
         try:
@@ -174,8 +153,7 @@ def _record(attached: _Attached, failure: Failure) -> None:
 
 
 def describe(error: BaseException) -> str:
-    """An error as its one line of a failure: its type and its text, or ours as the task
-    said it (the setting, what was wrong, the hint)."""
+    """An error as a failure's one line: its type and text, or ours as the task said it."""
     if isinstance(error, TfconfigSlurmError):
         return _one_line(error.one_line())
     return _one_line(f"{type(error).__name__}: {error}")
@@ -187,9 +165,7 @@ def _one_line(text: str) -> str:
 
 
 def run_failed() -> bool:
-    """Whether this task's attempt has recorded a failure: then a peer that stops answering
-    has ended for it, and is lost at once, not after the watchdog's grace (which guards
-    against a dropped packet, not against a run already lost)."""
+    """Whether this task's attempt has recorded a failure (then the watchdog grants no grace)."""
     return first() is not None
 
 
@@ -207,8 +183,8 @@ def read(model_dir: Path, run_id: str) -> Failure | None:
 
 
 def of_job(model_dir: Path, job_id: int, restart: int, since: float = 0.0) -> Failure | None:
-    """The first failure recorded since `since` (a time) by any step of the job `job_id` in its
-    run `restart` (0 before its first requeue), if any."""
+    """The first failure recorded since `since` by any step of the job `job_id` in its run
+    `restart` (0 before its first requeue), if any."""
     records = RunDir(model_dir).failures.glob(f"{job_id}.*.{restart}.json")
     later = (failure for failure in map(_read, records) if failure and failure.time >= since)
     return min(later, key=lambda failure: failure.time, default=None)

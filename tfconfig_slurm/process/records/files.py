@@ -1,9 +1,6 @@
-"""Files a run keeps written whole and durably: each one under a name of its own first, then
-renamed into place, its data and the rename flushed to the disk (a node that crashes after the
-rename, which is what restarts exist for, leaves the file whole, not the name of a truncated
-one). A file's mode is given where it is made, as a plain open() gives it (0666 less the
-umask, applied by the kernel): nothing here changes the process's umask, which every thread
-shares. No TensorFlow."""
+"""Files a run keeps written whole and durably, even by a node that crashes: written aside,
+flushed, renamed into place, the rename flushed. A file's mode is as a plain open() gives it:
+nothing here changes the umask, which every thread shares. No TensorFlow."""
 
 from __future__ import annotations
 
@@ -15,9 +12,9 @@ from pathlib import Path
 
 def write_atomically(path: Path, text: str) -> None:
     """Writes `text` into `path` so that no reader, and no crash, sees half of it."""
-    partial = _partial_name(path)
-    # The name is this thread's alone; one a crashed process left (its pid and thread id
-    # can come again, in a container) is written over.
+    # Hidden, which the runs table does not list, and this thread's alone; one a crashed
+    # process left (its pid and thread id can come again, in a container) is written over.
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
     descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     try:
         with os.fdopen(descriptor, "w") as stream:
@@ -28,12 +25,6 @@ def write_atomically(path: Path, text: str) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             partial.unlink()
-
-
-def _partial_name(path: Path) -> Path:
-    """A name beside `path` that is this process's and thread's alone, for a file written
-    there before it is renamed into place (a hidden name: the runs table lists no such file)."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
 
 
 def replace_durably(written: Path, path: Path) -> None:

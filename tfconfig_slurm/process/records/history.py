@@ -1,8 +1,5 @@
-"""What a run directory already holds, said before an attempt starts: a new run, a run resumed
-from its checkpoint's step (trained last by which job, when), or one at its last step already,
-with nothing to train. A batch script prints it into the job's .out (`--print_model_dir`), so
-that a job never carries on another run without saying so; and the directories an attempt
-refuses: another backend's checkpoints, another experiment's run. No TensorFlow here.
+"""What a run directory already holds, said before an attempt starts, and the directories an
+attempt refuses: another backend's checkpoints, another experiment's run. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -17,8 +14,7 @@ from tfconfig_slurm.process.records import reports
 from tfconfig_slurm.process.records.claim import Naming
 from tfconfig_slurm.process.records.run_dir import RunDir
 
-# Whose checkpoints a directory holds, by the names each backend gives them in TensorFlow's
-# `checkpoint` index (`model_checkpoint_path: "model.ckpt-600"`).
+# Whose checkpoints a directory holds, by their names in TensorFlow's `checkpoint` index.
 ESTIMATOR = "Estimator's"  # model.ckpt-N
 TF_KERAS = "tf-keras's"  # ckpt-N
 KERAS_3 = "Keras 3's"  # ckpt-N.weights.h5
@@ -40,19 +36,16 @@ class Checkpoint(NamedTuple):
     path: str
 
     def is_in(self, model_dir: Path) -> bool:
-        """Whether its files are there: Keras 3's one file, TensorFlow's index of the
-        variables' data files."""
+        """Whether its files are there: Keras 3's one file, or TensorFlow's index."""
         suffix = "" if self.written_by == KERAS_3 else ".index"
         return any((model_dir / f"{path}{suffix}").exists() for path in (self.path, self.name))
 
 
 def latest_checkpoint(model_dir: Path) -> Checkpoint | None:
-    """The directory's latest checkpoint, as TensorFlow's index names it; None where there is
-    none, or the index names none that a backend of ours writes."""
+    """The directory's latest checkpoint, if its index names one that a backend of ours writes."""
     try:
         latest = _LATEST.search(RunDir(model_dir).checkpoint_index.read_text())
     except (OSError, ValueError):
-        # Not there, unreadable, or not text: no checkpoint TensorFlow could resume from.
         return None
     if latest is None:
         return None
@@ -67,10 +60,8 @@ def checkpoint_step(model_dir: Path) -> int | None:
 
 
 def check_resumable(model_dir: Path, writes: str, naming: Naming) -> None:
-    """Refuses, in one line, a directory a backend that `writes` its checkpoints cannot resume:
-    one whose latest checkpoint another backend wrote (restored as it stands, a tf-keras model
-    found nothing of an Estimator's, started at step 0 and wrote over its index), or whose
-    index names none, or a checkpoint that is not there (TensorFlow's traceback otherwise)."""
+    """Refuses a directory a backend that `writes` its checkpoints cannot resume, which it would
+    otherwise start over at step 0 (another backend's) or fail on in a traceback."""
     index = RunDir(model_dir).checkpoint_index
     if not index.exists():
         return
@@ -103,11 +94,8 @@ def check_resumable(model_dir: Path, writes: str, naming: Naming) -> None:
 def check_same_experiment(
     model_dir: Path, experiment: str, naming: Naming, *, scripts_share: bool = False
 ) -> None:
-    """Refuses, in one line, a directory whose run trains another experiment (state.json
-    says which): its checkpoints are another model's, which TensorFlow fails to restore in a
-    traceback, or another script's, and its record would be written over. With
-    `scripts_share` (with-tfconfig), a directory of another script's run is not refused: a
-    user's scripts may share one (one trains, one evaluates)."""
+    """Refuses a directory whose run trains another experiment; with `scripts_share`
+    (with-tfconfig), not another script's: a user's scripts may share one."""
     state = reports.read_state(model_dir)
     then = state.get("experiment")
     if scripts_share and "command" in state:
@@ -127,9 +115,8 @@ def _by(job: object) -> str:
 
 
 def _last_to_train(attempts: object, step: int) -> dict[str, object] | None:
-    """The last of a run's attempts (state.json's) to train a step: one whose starting step
-    is below the next one's, or below `step` for the last, or that did not say; None where
-    none trained."""
+    """The last of state.json's `attempts` to train a step, if any: one that started below the
+    next one (or `step`)."""
     if not isinstance(attempts, list):
         return None
     listed = [each for each in attempts if isinstance(each, dict)]
@@ -145,8 +132,7 @@ def _last_to_train(attempts: object, step: int) -> dict[str, object] | None:
 
 
 def before_start(model_dir: Path, train_steps: int) -> str:
-    """One line: what an attempt that trains to `train_steps` in `model_dir` does with what it
-    finds there."""
+    """One line: what an attempt to `train_steps` does with what `model_dir` holds."""
     step = checkpoint_step(model_dir)
     if step is None:
         return f"{model_dir}: a new run, to step {train_steps}"

@@ -1,5 +1,5 @@
-"""The model directory before training: checked to be writable before anything is made in it,
-then held for this run (claim.py) by the task that owns the run. No TensorFlow here."""
+"""The model directory before training: checked to be writable, then held for this run
+(claim.py). No TensorFlow here."""
 
 from __future__ import annotations
 
@@ -58,8 +58,7 @@ def check_writable(model_dir: Path, naming: claim.Naming) -> None:
 
 
 def check_room(folder: Path, naming: claim.Naming) -> None:
-    """Fails before anything is created when `folder`, under the output root, cannot be made
-    or written, or its disk is nearly full."""
+    """Fails where `folder` cannot be made or written, or its disk is nearly full."""
     existing = next(path for path in (folder, *folder.parents) if _exists(path))
     problem = ""
     if not os.access(existing.parent, os.X_OK):
@@ -86,8 +85,7 @@ def check_room(folder: Path, naming: claim.Naming) -> None:
 
 
 def _exists(path: Path) -> bool:
-    """Whether `path` exists; one in a folder this user may not search is taken to (and then
-    found unreachable), where Path.exists raises."""
+    """Whether `path` exists, as far as this user can tell (then found unreachable)."""
     try:
         return path.exists()
     except PermissionError:
@@ -95,18 +93,14 @@ def _exists(path: Path) -> bool:
 
 
 def export_due(model_dir: Path, name: str, *, trained: bool) -> bool:
-    """Whether a run whose final checkpoint was evaluated exports its model: unless it trained
-    no step (a rerun of a finished run) and the model was exported already, as Estimator
-    exports a checkpoint once. Every trainer answers alike, as their collective export needs:
-    a run that trained no step writes no export."""
+    """Whether a run exports its model: unless it trained no step and exported already, as
+    Estimator does. Every trainer answers alike, as their collective export needs."""
     exported = RunDir(model_dir).export(name)
     return trained or not (exported.is_dir() and any(exported.iterdir()))
 
 
 def check_same_start(model_dir: Path, steps: Sequence[int], who: str) -> None:
-    """Refuses, in one line, a cluster whose trainers (`who`) restored checkpoints of different
-    global `steps` (one each): where the nodes do not share the model directory, one finds
-    none where the chief restores one, and their weights would differ."""
+    """Refuses trainers (`who`) that restored different global `steps`: unshared directories."""
     if min(steps) != max(steps):
         raise UsageError(
             "--output_root",
@@ -123,11 +117,9 @@ def claimed(
     job: SlurmJob | None,
     load: Callable[[], T],
 ) -> tuple[T, claim.Claim | None]:
-    """The model directory claimed for this task of the SLURM job `job` (None outside SLURM), in
-    one call: refused (UsageError) at once where another live run holds it, making nothing;
-    then `load()`, whatever else may refuse the run before anything is written there (the
-    backend's loading); then the directory made and held. Returns what `load` returned and the
-    claim this task keeps renewed and releases at the end: the chief's, or a single process's."""
+    """The model directory claimed for this task: refused at once where another live run holds
+    it, then `load()` (which may refuse the run before anything is written), then made and
+    held. Returns what `load` returned, and the claim this task renews and releases, if any."""
     holder = _holder(role, job)
     if holder is not None:
         claim.check(model_dir, holder, naming)
@@ -143,9 +135,8 @@ def claimed(
 
 
 def _holder(role: ClusterRole | None, job: SlurmJob | None) -> claim.Holder | None:
-    """Who this task holds the model directory as; None for a task that holds none: a
-    --local_cluster's (its launcher holds it for them), and outside SLURM any but the chief,
-    which alone can tell its own run from another."""
+    """Who this task holds the model directory as; None for a --local_cluster's (its launcher
+    holds it) and outside SLURM any but the chief, which alone can tell its run from another."""
     if role is not None and role.in_local_cluster:
         return None
     holder = claim.this_holder(job)

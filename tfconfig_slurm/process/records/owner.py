@@ -1,6 +1,5 @@
 """The task that owns a run (the chief, or a single process) and what it says of the run in
-state.json, the same for every backend: "running", then "done", "stopped" (with the signal)
-or "failed" (an error raised while it trained, and passed on). No TensorFlow here."""
+state.json, the same for every backend. No TensorFlow here."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ class RunOwner:
         return then
 
     def changed_hparams(self) -> dict[str, tuple[Any, Any]]:
-        """The hparams that differ from the last attempt's, each as (then, now); read before
-        saying "running"."""
+        """The hparams that differ from the last attempt's, each as (then, now)."""
         then = self.last_hparams()
         if then is None:
             return {}
@@ -73,8 +71,7 @@ class RunOwner:
 
     @contextmanager
     def failing_on_error(self, global_step: Callable[[], int | None]) -> Iterator[None]:
-        """Says "failed", at the step `global_step()` gives then, with the error, if the block
-        raises: the runs table's reason where no task recorded a failure (a single process)."""
+        """Says "failed", at `global_step()`, with the error, if the block raises."""
         try:
             yield
         except BaseException as error:

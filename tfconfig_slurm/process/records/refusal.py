@@ -1,12 +1,5 @@
-"""A batch job refused at its start, kept in the run directory it was to train: refused.json
-(the job, when, and the one line it was refused with), which `tfconfig-slurm runs` shows until
-a later attempt of the run starts. Only the .out of such a job said why before, and a job that
-trained nothing left no run of its own for the table to list.
-
-Written only inside a SLURM job, and only into a directory that exists (its batch script made
-its logs there, another run holds it, or a task's failure record made it): at a terminal the
-line is said there, and bad input makes no directory. A refusal before the model directory is
-known (a flag) stays in the .out.
+"""A batch job refused at its start, kept for `tfconfig-slurm runs` in the run directory it was
+to train; only inside SLURM (a terminal shows it) and where that exists (bad input makes none).
 """
 
 from __future__ import annotations
@@ -34,7 +27,7 @@ class Refusal(NamedTuple):
 @contextlib.contextmanager
 def recording(directory: Path, job: SlurmJob | None) -> Iterator[None]:
     """Within the block (a task's start checks), our refusal of its input is recorded in
-    `directory` where this process is one of the SLURM job `job`'s, and passed on."""
+    `directory` for the SLURM job `job`, and passed on."""
     try:
         yield
     except TfconfigSlurmError as error:
@@ -48,9 +41,8 @@ def recording(directory: Path, job: SlurmJob | None) -> Iterator[None]:
 
 
 def _started(directory: Path, job: SlurmJob) -> bool:
-    """Whether this attempt of the job `job` (a requeued job keeps its id) started the run in
-    `directory`: then what ended it is a failure of its run (failure.py), not a refusal at
-    its start."""
+    """Whether this attempt of the job `job` started the run in `directory`: then what ended it
+    is a failure of its run (failure.py), not a refusal."""
     last = reports.last_attempt(reports.read_state(directory))
     return bool(last.get("job_id") == job.name and last.get("restart", 0) == job.restart_count)
 

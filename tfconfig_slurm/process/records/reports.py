@@ -1,9 +1,5 @@
-"""What a run leaves in its model directory besides checkpoints: state.json (what the run is
-doing, for `tfconfig-slurm runs`), each trainer's report, the evaluator's final metrics, and
-summary.json, which the chief writes from them.
-
-Every report carries the run it belongs to (`marker`), so that the chief never takes an
-earlier run's; every file is written whole or not at all.
+"""What a run leaves in its model directory besides checkpoints: state.json, each trainer's
+report and the evaluator's final metrics, and the chief's summary.json made from them.
 """
 
 from __future__ import annotations
@@ -27,9 +23,8 @@ _EVALUATOR = str(TaskId(EVALUATOR, 0))
 
 
 def marker(role: ClusterRole, train_steps: int) -> dict[str, Any]:
-    """What the reports a task leaves in the model directory carry, so that the chief takes
-    this run's only: the cluster's run id, and the step it trains to (all there is to go by
-    with a TF_CONFIG made elsewhere, which has no run id)."""
+    """What a task's reports carry, so that the chief never takes an earlier run's: the run id,
+    and the step it trains to (all there is with a TF_CONFIG made elsewhere)."""
     return {"run": role.run_id, "train_steps": train_steps}
 
 
@@ -47,8 +42,7 @@ def write_trainer_report(
 
 
 def trainer_reports(model_dir: Path, trainers: int, run: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every trainer's report of this run, waiting a while for the ones not yet written; said
-    where some never came."""
+    """Every trainer's report of this run, waiting a while for the ones not yet written."""
     folder = RunDir(model_dir).trainer_reports
 
     def current() -> list[dict[str, Any]]:
@@ -80,17 +74,13 @@ def write_evaluator_result(
 
 
 def write_evaluator_gave_up(model_dir: Path, run: Mapping[str, Any], why: str) -> None:
-    """The evaluator could not evaluate the final checkpoint (`why`): the chief does, without
-    waiting for it any longer."""
+    """The evaluator could not evaluate the final checkpoint (`why`): the chief does."""
     write_json_atomically(RunDir(model_dir).evaluator_result, {**run, "gave_up": why})
 
 
 def evaluator_result(model_dir: Path, run: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The metrics this run's evaluator wrote: of the first checkpoint at or past the final
-    step, which asynchronous workers may have left a step or two before the chief's very
-    last one. None, said why, where it gave none: it gave up on the final checkpoint, or its
-    failure is recorded for this run (within seconds, not timing.EVALUATOR_WAIT_SECONDS), or it
-    took longer than that; the chief then evaluates the checkpoint itself."""
+    """The metrics this run's evaluator wrote of the first checkpoint at or past the final step;
+    None, said why, where it gave up, failed or took too long."""
     path = RunDir(model_dir).evaluator_result
 
     def result() -> dict[str, Any] | str | None:
@@ -113,8 +103,7 @@ def evaluator_result(model_dir: Path, run: Mapping[str, Any]) -> dict[str, Any] 
 
 
 def say_evaluating(step: int, eval_steps: int | None) -> None:
-    """The line before a Keras run's final evaluation, which reads the eval set to its end
-    (or --eval_steps batches): an eval set that never ends shows where the run waits."""
+    """The line before a Keras run's final evaluation, where an endless eval set waits."""
     logging.info(
         "evaluating the model of step %d on %s",
         step,
@@ -137,10 +126,8 @@ def report_trained(
     started: float,
     write_eval: Callable[[Path, Mapping[str, Any], int], None],
 ) -> None:
-    """A trainer that trained to its end and evaluated (the Keras backends'): its throughput
-    report; and for the chief (or a single process), once every trainer's is in, the final
-    evaluation where TensorBoard shows it (`write_eval`) and summary.json. `started`: when
-    its training began (time.monotonic)."""
+    """A Keras trainer that trained and evaluated: its report; and for the run's owner, once every
+    trainer's is in, the evaluation for TensorBoard (`write_eval`) and summary.json."""
     if role is not None:
         run_marker = marker(role, train_steps)
         write_trainer_report(model_dir, role, run_marker, mean_examples_per_sec)
@@ -175,8 +162,7 @@ def write_summary(
     if earlier.get("global_step") == int(metrics["global_step"]) and not any(
         trainer.get("examples_per_sec") for trainer in trainers
     ):
-        # Nothing trained here (a rerun at the same step, only evaluated): the training's
-        # figures stand.
+        # Nothing trained here (a rerun, only evaluated): the training's figures stand.
         took = f"(evaluated again in {wall_time_s:.1f} s)"
         trainers = earlier.get("trainers", trainers)
         wall_time_s = earlier.get("wall_time_s", wall_time_s)
@@ -211,10 +197,8 @@ def read_summary(model_dir: Path) -> dict[str, Any]:
 
 
 def last_attempt(state: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The latest attempt write_state recorded in `state` (its job, restart, start); {} before
-    the first."""
-    attempts = state.get("attempts") or [{}]
-    last: Mapping[str, Any] = attempts[-1]
+    """The latest attempt write_state recorded in `state`; {} before the first."""
+    last: Mapping[str, Any] = (state.get("attempts") or [{}])[-1]
     return last
 
 
@@ -228,8 +212,7 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 class RunState(str, enum.Enum):
-    """What a run's owner (the chief, a single process) says of it in state.json's "state",
-    which the runs table and a step's restart read."""
+    """What a run's owner says of it in state.json's "state"."""
 
     RUNNING = "running"
     DONE = "done"
@@ -250,15 +233,11 @@ def write_state(
     restart: int = 0,
     **fields: Any,
 ) -> None:
-    """Records what the run is doing, for its owner (the chief, a single process): "running",
-    then "done", "stopped" (on a signal, with the step) or "failed", with the experiment, its
-    hparams, the SLURM job `job_id` (each attempt with its `restart`, how often SLURM requeued
-    the job before it) and the run id; earlier fields are kept."""
+    """Records what the run is doing (owner.py); earlier fields are kept."""
     current = read_state(model_dir)
     if state == RunState.RUNNING:
         # A new attempt: what an earlier one said of its end no longer holds; what each
-        # attempt trained with is kept, for a resume that changed the hparams.
-        # Its step at start: whether it trained is told by the next attempt's (history.py).
+        # attempt trained with, and from which step, is kept (history.py).
         attempt = {
             "hparams": dict(hparams),
             "job_id": job_id,
