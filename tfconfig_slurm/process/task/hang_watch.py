@@ -53,8 +53,7 @@ _LIBRARIES = tuple(
 
 
 def seconds_from(flag: float | None, environ: Mapping[str, str]) -> float:
-    """The bound a trainer is hung after: `flag` (--hang_timeout) where given, else the
-    variable, else DEFAULT_SECONDS; 0 turns the watch off."""
+    """The hang bound: `flag` (--hang_timeout), else the variable, else DEFAULT_SECONDS; 0: off."""
     if flag is not None:
         return flag
     given = environ.get(VARIABLE, "")
@@ -283,8 +282,7 @@ _CURRENT = _Current()
 
 
 def watch(seconds: float, role: ClusterRole | None, model_dir: Path, node: str) -> None:
-    """This process's steps watched from now on for a hang of `seconds` (0: never, but still
-    counted, for `silent_since`)."""
+    """This process's steps watched from now on for a hang of `seconds` (0: only counted)."""
     _CURRENT.watch = Watch(seconds, role, model_dir, node)
 
 

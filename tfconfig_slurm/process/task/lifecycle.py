@@ -130,12 +130,7 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
         task.model_dir, role, task.naming, task.job, functools.partial(_loaded, task, kind, backend)
     )
     if role is not None and role.run_id is not None:
-        threading.Thread(
-            target=_end_if_failed_while_stopping,
-            args=(task, role.run_id),
-            name="failure-watch",
-            daemon=True,
-        ).start()
+        _in_a_thread("failure-watch", _end_if_failed_while_stopping, task, role.run_id)
     limit = _keep_time_limit(task)
     _say_how_a_stop_goes_on(task)
     hang_watch.watch(task.hang_seconds, role, task.model_dir, task.place.node)
@@ -148,6 +143,11 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
             if held is not None:
                 held.release()
             raise
+
+
+def _in_a_thread(name: str, target: Callable[..., object], *args: object) -> None:
+    """`target(*args)` on a daemon thread `name`."""
+    threading.Thread(target=target, args=args, name=name, daemon=True).start()
 
 
 def _loaded(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) -> Backend:
@@ -208,12 +208,7 @@ def _say_how_a_stop_goes_on(task: TaskRun) -> None:
         return
     if role is not None and role.in_local_cluster:
         return
-    threading.Thread(
-        target=continuation.say_at_start,
-        args=(job, task.environ),
-        name="requeue-check",
-        daemon=True,
-    ).start()
+    _in_a_thread("requeue-check", continuation.say_at_start, job, task.environ)
 
 
 def _train(
@@ -233,7 +228,6 @@ def _train(
             task.model_dir,
             step,
             trainer.train_steps,
-            # The Python API's steps are its TrainSpec's.
             "the TrainSpec's max_steps" if returns else "--train_steps",
         )
     end = _End(task, trainer, held, None, returns, limit)
@@ -289,9 +283,7 @@ def _trained(trainer: Backend, end: _End) -> Any:
     """What the backend's training returns, once it has ended the task through `end`: one
     that returns without (a bug) would leave its run "running", its directory held, and the
     task's exit 0 saying that all went well."""
-    threading.Thread(
-        target=_end_a_stop_not_taken, args=(end,), name="stop-watch", daemon=True
-    ).start()
+    _in_a_thread("stop-watch", _end_a_stop_not_taken, end)
     try:
         result = trainer.train(end)
     finally:

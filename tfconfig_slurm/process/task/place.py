@@ -20,8 +20,7 @@ from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import in_job_step, read_slurm_step
 from tfconfig_slurm.errors import TfconfigSlurmError, UsageError
 
-# The layout policy of a process that has no flags (a user's script calling the API): each
-# LayoutPolicy field from a variable named as its flag.
+# The layout policy of a process without flags (a script calling the API): a variable a flag.
 POLICY_VARIABLES = {
     "--ps_per_node": "TFCONFIG_SLURM_PS_PER_NODE",
     "--roles": "TFCONFIG_SLURM_ROLES",

@@ -174,8 +174,7 @@ class LossSinceLastLine:
         self._latest = (0, 0.0)
 
     def mean(self, step: int, running_mean: float, batches: int) -> float:
-        """The mean loss from the last line to global step `step`, where fit's running mean
-        over the epoch's `batches` batches so far is `running_mean`."""
+        """The mean loss since the last line, from fit's `running_mean` over `batches` to `step`."""
         total = running_mean * batches
         since_step, since_total = self._since or (step - 1, 0.0)
         if self._since is None:
