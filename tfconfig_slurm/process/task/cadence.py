@@ -1,7 +1,5 @@
-"""How often a Keras run (tf-keras's or Keras 3's) checkpoints and its trainers agree on a stop,
-whether a step passed such a multiple, and what follows each step of a Keras trainer: one
-decision for both Keras backends, which supply only how their trainers sum their votes. No
-framework here."""
+"""When a Keras run checkpoints and its trainers agree on a stop: one decision for both Keras
+backends, which supply only how their trainers sum their votes. No framework here."""
 
 from __future__ import annotations
 
@@ -15,29 +13,23 @@ from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.task import hang_watch
 from tfconfig_slurm.process.task.settings import TrainingSettings
 
-# With neither --save_checkpoints_steps nor --save_checkpoints_secs, a checkpoint this often by
-# steps or by time, whichever comes first (and at every stop and the end): a restart of a
-# failed step loses at most this much, as an Estimator run's 600 s (Estimator's own default).
+# Without --save_checkpoints_steps or --save_checkpoints_secs: a restart loses at most this much
+# (600 s is Estimator's own default).
 DEFAULT_CHECKPOINT_STEPS = 1000
 DEFAULT_CHECKPOINT_SECONDS = 600.0
-# The trainers of a cluster agree on a stop this often: an all-reduce of a flag took 3.4 ms
-# here (tf-keras), a gather 1-4 ms (JAX), a cost not worth paying every step; a stop waits at
-# most this many steps.
+# The trainers agree on a stop this often, not every step: each agreement is a collective.
 STOP_CHECK_STEPS = 10
 
 
 def passed(before: int, after: int, every: int) -> bool:
-    """Whether going from global step `before` to `after` passed a multiple of `every`: fit
-    may run several steps a call of its callbacks (steps_per_execution), so that the step it
-    reports skips the multiple itself."""
+    """Whether global step `before` -> `after` passed a multiple of `every` (fit may run several
+    steps a callback, skipping the multiple itself)."""
     return after // every > before // every
 
 
 class CheckpointCadence:
-    """When a Keras run checkpoints: where a step passes a multiple of `steps`, or where
-    `seconds` have passed since its last checkpoint, whichever comes first (None: never by
-    that). The trainers of a cluster agree on the time at their stop checks, as each reads
-    its own clock."""
+    """A checkpoint at a multiple of `steps` or `seconds` after the last, whichever comes first
+    (None: never by that)."""
 
     def __init__(self, steps: int | None, seconds: float | None) -> None:
         self._steps = steps
@@ -46,14 +38,13 @@ class CheckpointCadence:
 
     @classmethod
     def of(cls, save_steps: int | None, save_secs: float | None) -> CheckpointCadence:
-        """The flag given (--save_checkpoints_steps or --save_checkpoints_secs) alone, else
-        both defaults."""
+        """The flag given alone, else both defaults."""
         if save_steps is None and save_secs is None:
             return cls(DEFAULT_CHECKPOINT_STEPS, DEFAULT_CHECKPOINT_SECONDS)
         return cls(save_steps, save_secs)
 
     def by_steps(self, before: int, after: int) -> bool:
-        """Whether going from global step `before` to `after` passed a checkpoint's step."""
+        """Whether global step `before` -> `after` passed a checkpoint's step."""
         return self._steps is not None and passed(before, after, self._steps)
 
     def by_time(self) -> bool:
@@ -65,27 +56,23 @@ class CheckpointCadence:
         self._last = time.monotonic()
 
 
-# The trainers' votes summed over them, each trainer's in the same order: an all-reduce, a
-# gather. A collective: every trainer calls it at the same steps.
+# The trainers' votes summed, in order (an all-reduce, a gather): a collective.
 SumVotes = Callable[[Sequence[int]], Sequence[float]]
 
 
 class StepEnd(NamedTuple):
-    """What a trainer does once a step has ended: checkpoint it, and stop on the signal
-    `stop_on` ("" to go on)."""
+    """Once a step ended: whether to checkpoint it, and the signal to stop on ("" to go on)."""
 
     save: bool
     stop_on: str
 
 
 class StepEnds:
-    """What follows each step of a Keras trainer: the step said to the hang watch, a
-    checkpoint where due by steps or by time (during which the watch rests: a large model's
-    write to a slow file system is no hang), and a stop on a signal. With `sum_votes` (a
-    cluster's trainers), every STOP_CHECK_STEPS steps the trainers agree, so that all of them
-    stop, or save, at the same step (a checkpoint is a collective); a requeueing signal any
-    of them got stands for all, so that the chief requeues even where only another was told,
-    and a checkpoint any of them finds due by its clock is due for all."""
+    """What follows each step of a Keras trainer: the hang watch told (resting during a
+    checkpoint: a slow write is no hang), a checkpoint where due, a stop on a signal. With
+    `sum_votes`, the trainers agree every STOP_CHECK_STEPS steps, so that all stop or save at
+    the same step (a checkpoint is a collective); a requeueing signal or a due checkpoint any
+    of them has stands for all, so that the chief requeues even where only another was told."""
 
     def __init__(
         self,

@@ -1,8 +1,6 @@
-"""What follows each step of a Keras fit, in both Keras backends (tf-keras's, backends/keras/;
-Keras 3's, backends/keras3/), with no framework: the global step counted from fit's batch, the
-progress lines and TensorBoard points made on a thread of their own, and cadence.StepEnds's
-checkpoint and stop. A backend hands in its framework's Callback class, its saver and where its
-scalars go (callback)."""
+"""What follows each step of a Keras fit, in both Keras backends, with no framework: the global
+step counted, the progress lines, and cadence.StepEnds's checkpoint and stop. A backend hands in
+its framework's Callback class, its saver and where its scalars go."""
 
 from __future__ import annotations
 
@@ -19,12 +17,10 @@ Scalars = Callable[[Mapping[str, float], int], None]
 
 
 class Lines:
-    """The progress lines and TensorBoard points of a fit, made on a thread of their own: the
-    loss is read back from the devices there, at a line's step only (a read on the training
-    thread each step would have the host wait for every step before it dispatches the next),
-    and the rate is timed by the steps' ends that reading waits for, not by the training
-    thread, which runs ahead. fit's loss is divided by `loss_scale` (tf-keras sums it over the
-    replicas)."""
+    """A fit's progress lines and TensorBoard points, made on a thread of their own: the loss is
+    read from the devices there, at a line's step only (a read each step would have the host
+    wait for every step before dispatching the next), and the rate is timed by that read, as the
+    training thread runs ahead. fit's loss is divided by `loss_scale` (tf-keras sums replicas')."""
 
     def __init__(
         self,
@@ -40,15 +36,13 @@ class Lines:
         self._loss_scale = loss_scale
         self._meter = Throughput(every)
         self._loss = LossSinceLastLine()
-        # The global step last handed over, None before the first step's.
         self._counted: int | None = None
         self._start = start_step
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="progress")
         self._pending: list[concurrent.futures.Future[None]] = []
 
     def step(self, before: int, step: int, batches: int, logs: Mapping[str, Any] | None) -> None:
-        """A step ended at global `step` (fit's `batches` so far): hands it over where it is
-        the first or passes a line's multiple; reads nothing."""
+        """A step ended at global `step` (fit's `batches` so far); reads nothing."""
         if self._counted is None or cadence.passed(before, step, self._every):
             self._hand_over(step, batches, (logs or {}).get("loss"))
 
@@ -92,10 +86,8 @@ class Lines:
 
 
 class FitSteps:
-    """Counts the global step, hands the progress lines over (Lines), checkpoints with `save`
-    (a global step), and stops on an agreed signal: the decisions, taken on the training
-    thread, read the devices only where they must (the trainers' votes, a checkpoint's
-    weights)."""
+    """Counts the global step, hands lines over, checkpoints with `save` and stops on an agreed
+    signal, on the training thread, reading the devices only where it must (votes, weights)."""
 
     def __init__(
         self,
@@ -135,8 +127,7 @@ class FitSteps:
 
 
 def callback(base: type[Any], steps: FitSteps) -> Any:
-    """`steps` as fit's callback, an instance of the framework's keras.callbacks.Callback
-    `base`."""
+    """`steps` as fit's callback, an instance of the framework's Callback class `base`."""
 
     class Progress(base):  # type: ignore[misc]
         def __init__(self) -> None:

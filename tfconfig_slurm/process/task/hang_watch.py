@@ -1,19 +1,13 @@
 """A trainer that lives but makes no step is hung: found, named with its stack, and ended.
 
-A backend says when a trainer's training begins (`began`), each step it takes (`stepped`, on
-its training thread: a clock read) and when it takes no more (`paused`, its training over).
-Meanwhile a thread watches: no step for the bound (--hang_timeout, or 10 times the slowest step
-seen, the larger; three times that for the first, which builds and compiles) and the task is
-hung. It then writes every thread's Python stack into its log, says
-where its training thread waits, and leaves that account in the run's directory. In a
-collective every peer of a stuck trainer stops too; so a hung task waits a while for its
-peers' accounts, and names the one that waits in its own code (its data, its I/O) rather
-than in TensorFlow, JAX or the runtime; where none or several do, the one whose last step is
-oldest, and the line says which rule named it. That is recorded as the run's failure, which
-`restarts` takes as worth a restart (once a step), and the process ends.
-
-Parameter servers and evaluators take no steps, and are never watched; an asynchronous
-Estimator worker is watched alone, as its peers go on. No TensorFlow here.
+A backend says when training begins (`began`), each step (`stepped`: a clock read) and when it
+pauses (`paused`); a thread finds the task hung after no step for its bound (Watch.bound). In a
+collective every peer of a stuck trainer stops too, so a hung task gathers its peers' accounts
+and names the one waiting in its own code (its data, its I/O) rather than in TensorFlow, JAX or
+the runtime, else the one whose last step is oldest. That is recorded as the run's failure
+(worth a restart once a step), and the process ends. Parameter servers and evaluators take no
+steps and are never watched; an asynchronous Estimator worker is watched alone, as its peers go
+on. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -44,26 +38,22 @@ from tfconfig_slurm.process.supervision import watchdog
 # checkpoint's write included.
 VARIABLE = "TFCONFIG_SLURM_HANG_TIMEOUT"
 DEFAULT_SECONDS = 300.0
-# The bound is at least this many of the slowest step seen: a model whose steps take a
-# minute each is not hung after five.
+# The bound is at least this many of the slowest step seen: a minute a step is no hang.
 SLOWEST_STEPS = 10
-# The first step's bound is this many times the bound: it builds the model, compiles the
-# step and restores the checkpoint.
+# The first step's bound is this many times the bound: it builds, compiles and restores.
 FIRST_STEP_BOUNDS = 3
 # The package's own code: a trainer whose training thread waits in it waits on its peers (a
 # gather, a barrier); its shipped experiments are a user's code like any other.
 _PACKAGE = Path(__file__).resolve().parents[2]
 _EXPERIMENTS = _PACKAGE / "experiments"
-# Where installed libraries and the standard library live: TensorFlow, JAX and Keras wait
-# there for a collective, as for anything else.
+# Installed libraries and the standard library: TensorFlow, JAX and Keras wait there.
 _LIBRARIES = tuple(
     {str(Path(sysconfig.get_paths()[name]).resolve()) for name in ("stdlib", "purelib", "platlib")}
 )
 
 
 def seconds_from(flag: float | None, environ: Mapping[str, str]) -> float:
-    """The bound a trainer is hung after: `flag` (--hang_timeout) where given, else the
-    variable, else DEFAULT_SECONDS; 0 turns the watch off."""
+    """The hang bound: `flag` (--hang_timeout), else the variable, else DEFAULT_SECONDS; 0: off."""
     if flag is not None:
         return flag
     given = environ.get(VARIABLE, "")
@@ -123,9 +113,8 @@ class Watch:
             self._thread.start()
 
     def silent_since(self, moment: float) -> float | None:
-        """The seconds since `moment` (time.monotonic()) or since the trainer's last step,
-        whichever came later, that it took no step: 0 while it rests (a checkpoint's write,
-        its training over), None where it never began training (a parameter server)."""
+        """Seconds without a step since `moment` (time.monotonic()) or the last step, the later:
+        0 while it rests (a checkpoint's write), None where it never began (a parameter server)."""
         if not self._stepped_at:
             return None
         if not self._armed:
@@ -187,8 +176,8 @@ class Watch:
         exits.end_now(ExitStatus.HUNG, f"{blamed.task} hung")
 
     def _accounts(self, mine: Account) -> list[Account]:
-        """This task's account, left for its hung peers, and theirs, read for as long as the
-        run's trainers may take to give theirs (or not at all outside a cluster)."""
+        """This task's account, left for its hung peers, and theirs, read until all are in or
+        timing.HANG_ACCOUNTS_SECONDS pass (none outside a cluster)."""
         role = self._role
         if role is None or role.run_id is None:
             return [mine]
@@ -208,9 +197,8 @@ class Watch:
 
 
 def blame(accounts: Sequence[Account]) -> tuple[Account, str]:
-    """The hung task to blame among `accounts`, and the rule that named it (for its line):
-    the one waiting in its own code; else, or where several do, the one whose last step is
-    oldest."""
+    """The hung task to blame: the one waiting in its own code, else (or where several do) the
+    one whose last step is oldest; and the rule that named it, for its line."""
     own = [account for account in accounts if account.own_code]
     oldest = min(own or accounts, key=lambda account: account.stepped_at)
     if len(own) == 1 or len(accounts) == 1:
@@ -260,8 +248,8 @@ def _said(frame: FrameType) -> str:
 
 
 def write_stacks(task: str) -> Mapping[int, FrameType]:
-    """Writes every thread's Python stack to stderr, the task's log, each headed with the
-    `task`'s name (several tasks may share one output, a plain srun's); returns them."""
+    """Writes every thread's Python stack to the task's log (stderr), each headed with `task`
+    (several tasks may share one output, a plain srun's); returns them."""
     stacks = sys._current_frames()
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     lines = []
@@ -294,40 +282,34 @@ _CURRENT = _Current()
 
 
 def watch(seconds: float, role: ClusterRole | None, model_dir: Path, node: str) -> None:
-    """From now on this process's steps are watched for a hang of `seconds` (0: never, but
-    they are still counted, for `silent_since`)."""
+    """This process's steps watched from now on for a hang of `seconds` (0: only counted)."""
     _CURRENT.watch = Watch(seconds, role, model_dir, node)
 
 
 def when_hung(says_failed: Callable[[str], None]) -> None:
-    """Once this task is found hung, `says_failed(what)` says so where the run's owner
-    keeps its state (state.json), before the process ends."""
+    """Once this task is found hung, `says_failed(what)` records it in the run's state.json."""
     if _CURRENT.watch is not None:
         _CURRENT.watch.says_failed = says_failed
 
 
 def silent_since(moment: float) -> float | None:
-    """The seconds since `moment` (time.monotonic()), or since this process's trainer's last
-    step where that came later, that it took no step (Watch.silent_since); None where it never
-    began training, or nothing watches."""
+    """Watch.silent_since of this process's watch; None where nothing watches."""
     return None if _CURRENT.watch is None else _CURRENT.watch.silent_since(moment)
 
 
 def began(global_step: int) -> None:
-    """A trainer's training begins at `global_step`: its first step is due."""
+    """Training begins at `global_step`: its first step is due."""
     if _CURRENT.watch is not None:
         _CURRENT.watch.beat(global_step, first=True)
 
 
 def stepped(global_step: int) -> None:
-    """A trainer took a step, and the global step is now `global_step`: said by its backend
-    on the training thread at each step."""
+    """A step ended at `global_step`, said on the training thread."""
     if _CURRENT.watch is not None:
         _CURRENT.watch.beat(global_step)
 
 
 def paused() -> None:
-    """The trainer takes no more steps for now (its training ended): no hang until its next
-    step."""
+    """No more steps for now (training ended): no hang until the next."""
     if _CURRENT.watch is not None:
         _CURRENT.watch.pause()

@@ -1,8 +1,5 @@
-"""What both Keras backends (tf-keras's, backends/keras/; Keras 3's, backends/keras3/) share as
-the lifecycle's backend, with no framework: what they are told (the experiment, its settings,
-the task) and what they tell the lifecycle from it (the experiment's name, its hparams, the
-step training ends at), what follows each step of their fit (fit_steps.py), and what follows
-the fit of those that train with it (FitRun)."""
+"""What both Keras backends share as the lifecycle's backend, with no framework: what they are
+told and tell the lifecycle, each step of their fit (fit_steps.py), and what follows it (FitRun)."""
 
 from __future__ import annotations
 
@@ -44,10 +41,8 @@ class KerasRun:
         save: Callable[[int], None],
         loss_scale: int = 1,
     ) -> FitSteps:
-        """What follows each step of this trainer's fit, from global step `start_step`: its
-        lines (`examples_per_step` its own, fit's loss divided by `loss_scale`) and their
-        `scalars`; the trainers' votes summed by `sum_votes` (None: one process), checkpoints
-        written by `save`."""
+        """What follows each step of this trainer's fit from global step `start_step`; the
+        trainers' votes summed by `sum_votes` (None: one process)."""
         settings, requeue_on = self._settings, self._task.stop_policy.requeue_on
         return FitSteps(
             start_step=start_step,
@@ -59,30 +54,10 @@ class KerasRun:
             save=save,
         )
 
-    def _report_trained(
-        self,
-        metrics: Mapping[str, Any],
-        mean_examples_per_sec: float | None,
-        started: float,
-        write_eval: Callable[[Path, Mapping[str, Any], int], None],
-    ) -> None:
-        """This trainer's report of the run trained to its end (reports.report_trained), with
-        the backend's writer of the final evaluation's scalars."""
-        reports.report_trained(
-            self._settings.model_dir,
-            name=self._experiment.name,
-            role=self._role,
-            train_steps=self._settings.train_steps,
-            mean_examples_per_sec=mean_examples_per_sec,
-            metrics=metrics,
-            started=started,
-            write_eval=write_eval,
-        )
-
 
 class FitRun(KerasRun, abc.ABC):
-    """A Keras run this task trains with fit (tf-keras's all-reduce backend, Keras 3's): what
-    follows its fit, the same for both, with what differs behind four methods."""
+    """A Keras run this task trains with fit (tf-keras's all-reduce, Keras 3's): what follows its
+    fit, with what differs behind four methods."""
 
     def _fit_ended(
         self,
@@ -92,7 +67,7 @@ class FitRun(KerasRun, abc.ABC):
         write_eval: Callable[[Path, Mapping[str, Any], int], None],
     ) -> Any:
         """Evaluates, exports and reports the run trained to --train_steps, or its stop, and
-        ends it; `began` is when and at which step this process began."""
+        ends it; `began`: when and at which step this process began."""
         (started, resumed_at), settings = began, self._settings
         hang_watch.paused()
         stopped_on = progress.stopped_early()
@@ -110,8 +85,15 @@ class FitRun(KerasRun, abc.ABC):
         # Before the reports: a trainer that has reported leaves, and is not lost.
         self._stop_watching()
         if metrics is not None:
-            self._report_trained(
-                metrics, progress.lines.mean_examples_per_sec(), started, write_eval
+            reports.report_trained(
+                settings.model_dir,
+                name=self._experiment.name,
+                role=self._role,
+                train_steps=settings.train_steps,
+                mean_examples_per_sec=progress.lines.mean_examples_per_sec(),
+                metrics=metrics,
+                started=started,
+                write_eval=write_eval,
             )
         self._end_together()
         return end(Ending(stopped_on))

@@ -1,10 +1,7 @@
-"""One task's life, the same for every backend and both edges (`python -m tfconfig_slurm.run`
-and `tfconfig_slurm.train_and_evaluate`): the start checks, the model directory held, the run
-said "running", the backend's training, then "done" or "stopped", the requeue and the exit.
-
-A backend supplies only its training and evaluation and its checkpoint step (`Backend`); the
-edges find the task's place and listen for signals first of all, then hand over here. No
-TensorFlow here: the backend is made only once the start checks have passed.
+"""One task's life, the same for every backend and both edges (the CLI and the Python API): the
+start checks, the model directory held, the run said "running", the backend's training, then
+"done" or "stopped", the requeue and the exit. No TensorFlow here: the backend (`Backend`) is
+made only once the start checks have passed.
 """
 
 from __future__ import annotations
@@ -44,8 +41,8 @@ COORDINATOR = "coordinator"
 
 
 class BackendKind(NamedTuple):
-    """What the lifecycle checks of a backend before it is made (and TensorFlow loaded): the
-    layout it trains in, and whose checkpoints it writes and resumes."""
+    """What the lifecycle checks of a backend before it is made: its layout, whose checkpoints
+    it resumes."""
 
     layout: str
     checkpoints: str
@@ -71,8 +68,7 @@ class Ending(NamedTuple):
 class Backend(Protocol):
     """What a backend gives the lifecycle: its training and evaluation, its checkpoint step."""
 
-    # What it trains: the experiment's name and the run's hparams (state.json, the runs table),
-    # and the global step its training ends at.
+    # The experiment's name, the run's hparams (state.json, runs table), the last global step.
     experiment: str
     hparams: Mapping[str, Any]
     train_steps: int
@@ -107,17 +103,15 @@ class TaskRun:
     # The SLURM job the edge read from `environ` at its start (None outside SLURM): nothing
     # below it reads SLURM's variables again.
     job: SlurmJob | None
-    # Seconds a trainer may make no step before it is hung (process/task/hang_watch.py); 0:
-    # never.
+    # Seconds without a step before a trainer is hung (hang_watch); 0: never.
     hang_seconds: float = hang_watch.DEFAULT_SECONDS
 
 
 def run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) -> Any:
-    """Runs this task to its end with the backend `backend()` makes, of `kind` (ESTIMATOR,
-    TF_KERAS, TF_KERAS_COORDINATOR, KERAS_3), and returns the backend's result (the Python API); a
-    parameter server and a task told to stop end the process instead. Bad input raises
-    UsageError before anything is made, but a task of a cluster whose own port or peers are
-    refused: that is recorded as the run's failure (process/records/failure.py)."""
+    """Runs this task to its end with the backend `backend()` makes, of `kind`, and returns its
+    result (the Python API); a parameter server and a task told to stop end the process instead.
+    Bad input raises UsageError before anything is made; a refused port or peer is recorded as
+    the run's failure instead."""
     return _run(task, kind, backend, returns=True)
 
 
@@ -136,12 +130,7 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
         task.model_dir, role, task.naming, task.job, functools.partial(_loaded, task, kind, backend)
     )
     if role is not None and role.run_id is not None:
-        threading.Thread(
-            target=_end_if_failed_while_stopping,
-            args=(task, role.run_id),
-            name="failure-watch",
-            daemon=True,
-        ).start()
+        _in_a_thread("failure-watch", _end_if_failed_while_stopping, task, role.run_id)
     limit = _keep_time_limit(task)
     _say_how_a_stop_goes_on(task)
     hang_watch.watch(task.hang_seconds, role, task.model_dir, task.place.node)
@@ -156,9 +145,14 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
             raise
 
 
+def _in_a_thread(name: str, target: Callable[..., object], *args: object) -> None:
+    """`target(*args)` on a daemon thread `name`."""
+    threading.Thread(target=target, args=args, name=name, daemon=True).start()
+
+
 def _loaded(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) -> Backend:
-    """The backend made, once the task's port, its peers and the model directory's checkpoints
-    and experiment pass, with its failures recorded from here on."""
+    """The backend made, once the task's port and peers and the model directory pass, with its
+    failures recorded from here on."""
     role = task.place.role
     failure.attach(task.model_dir, role, task.place.node)
     if role is not None:
@@ -175,12 +169,10 @@ def _loaded(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) ->
 
 @contextlib.contextmanager
 def _refusal_recorded(role: ClusterRole | None) -> Iterator[None]:
-    """A task of a SLURM step (or of a given TF_CONFIG's cluster) that refuses its input at its
-    start (its node lacks the data, say) records that as the run's failure, as a refused port
-    is: its peers, which never heard from it, then lose it at once (watchdog.PeerWatch), where
-    under srun without --kill-on-bad-exit they waited for it as for a task still starting
-    (timing.START_SECONDS). A local cluster's launcher stops the others itself, and leaves no
-    record of bad input."""
+    """A task of a cluster that refuses its input at its start records that as the run's
+    failure, as a refused port is: its peers then lose it at once, where under srun without
+    --kill-on-bad-exit they would wait for it as for a task still starting. A local cluster's
+    launcher stops the others itself."""
     if role is None or role.in_local_cluster:
         yield
         return
@@ -189,10 +181,9 @@ def _refusal_recorded(role: ClusterRole | None) -> Iterator[None]:
 
 
 def _keep_time_limit(task: TaskRun) -> time_limit.TimeLimit | None:
-    """The task that requeues the job stops it before its time limit (process/job/time_limit.py);
-    the run's owner follows the limit too, to say that the run stopped for it. Not in a local
-    cluster: its tasks may run where scancel reaches none of them (a batch script's own
-    python), and one task stopping alone would fail the others."""
+    """The task that requeues the job stops it before its time limit; the run's owner follows
+    the limit too, to say why the run stopped. Not in a local cluster: scancel may reach none of
+    its tasks (a batch script's own python), and one task stopping alone would fail the others."""
     policy, role, job = task.stop_policy, task.place.role, task.job
     if job is None or not policy.time_limit_signal or policy.time_limit_margin <= 0:
         return None
@@ -211,18 +202,13 @@ def _keep_time_limit(task: TaskRun) -> time_limit.TimeLimit | None:
 
 def _say_how_a_stop_goes_on(task: TaskRun) -> None:
     """The task that requeues the job says at start, from a thread (slurmctld may be slow),
-    where the job may not requeue itself (process/job/continuation.py)."""
+    where the job may not requeue itself."""
     job, role = task.job, task.place.role
     if job is None or not task.stop_policy.requeue_on or not _requeues(role):
         return
     if role is not None and role.in_local_cluster:
         return
-    threading.Thread(
-        target=continuation.say_at_start,
-        args=(job, task.environ),
-        name="requeue-check",
-        daemon=True,
-    ).start()
+    _in_a_thread("requeue-check", continuation.say_at_start, job, task.environ)
 
 
 def _train(
@@ -242,7 +228,6 @@ def _train(
             task.model_dir,
             step,
             trainer.train_steps,
-            # The Python API's steps are its TrainSpec's.
             "the TrainSpec's max_steps" if returns else "--train_steps",
         )
     end = _End(task, trainer, held, None, returns, limit)
@@ -275,9 +260,8 @@ def _owner(task: TaskRun, trainer: Backend, step: int | None) -> RunOwner:
     changed = owner.changed_hparams()
     last = owner.last_hparams()
     if changed and last is not None and step is not None and step >= trainer.train_steps:
-        # Nothing trains with the new ones: the run, its runs-table line and its HParams keep
-        # those it was trained with. The runtime's experiments are evaluated with those too
-        # (commands/runtime_backends.py); a script of the user's builds its model itself.
+        # Nothing trains with the new ones: the run's record keeps those it was trained with (a
+        # user's script builds its model itself).
         logging.warning(
             "%s is trained already: its record keeps the hparams it was trained with, and "
             "this evaluation's model is built with %s",
@@ -299,9 +283,7 @@ def _trained(trainer: Backend, end: _End) -> Any:
     """What the backend's training returns, once it has ended the task through `end`: one
     that returns without (a bug) would leave its run "running", its directory held, and the
     task's exit 0 saying that all went well."""
-    threading.Thread(
-        target=_end_a_stop_not_taken, args=(end,), name="stop-watch", daemon=True
-    ).start()
+    _in_a_thread("stop-watch", _end_a_stop_not_taken, end)
     try:
         result = trainer.train(end)
     finally:
@@ -338,9 +320,8 @@ class _End:
 
     def __call__(self, ending: Ending) -> Any:
         if not self.ending.acquire(blocking=False):
-            # The other caller ends the process, but where the Python API's run is done: then
-            # it returns the result, and this caller, the stop watch's daemon thread, waits
-            # here until the process ends.
+            # The other caller ends the process, or returns the Python API's result: this
+            # caller, the stop watch's daemon thread, waits here until the process ends.
             threading.Event().wait()
         self.ended.set()
         hang_watch.paused()
@@ -376,13 +357,12 @@ class _End:
 
 
 def _end_a_stop_not_taken(end: _End) -> None:
-    """Once told to stop, a trainer that takes no step for timing.STOP_GRACE_SECONDS (from the
-    request, or its last step after it) cannot stop at one: it waits in its data, its I/O or
-    a collective. Its stacks go into its log, and the task that requeues the job ends it as
-    stopped from here, so that the job requeues (or continues) from its latest checkpoint
+    """Once told to stop, a trainer without a step for timing.STOP_GRACE_SECONDS cannot stop at
+    one (it waits in its data, its I/O or a collective): its stacks go into its log, and the task
+    that requeues the job ends it as stopped, so that the job requeues from its latest checkpoint
     before SLURM's KillWait ends it without; another trainer waits for that (ended first, it
-    would be a lost peer, and the step restarted in its job instead). A task that trains no
-    steps (a parameter server, an evaluator) stops as its trainers do."""
+    would be a lost peer, and the step restarted instead). A task without steps (a parameter
+    server, an evaluator) stops as its trainers do."""
     stop = end.task.stop
     stop.wait()
     asked = time.monotonic()
@@ -412,11 +392,9 @@ def _end_a_stop_not_taken(end: _End) -> None:
 
 
 def _end_if_failed_while_stopping(task: TaskRun, run_id: str) -> None:
-    """Once told to stop, ends this task as soon as the run has failed: a stop with nothing to
-    save. SLURM stops a step so (SIGTERM) when a task failed, and the others would otherwise
-    stop gracefully beside it until their watchdogs, one after another, found it lost. A
-    peer's port that refuses at the signal is a dead peer (watchdog.snap_all), and the first
-    task to record a failure ends the rest within timing.FAILURE_POLL_SECONDS."""
+    """Once told to stop, ends this task as soon as the run has failed: SLURM stops a step so
+    (SIGTERM) when a task failed, and the others would otherwise stop gracefully beside it until
+    their watchdogs found it lost. A peer's port that refuses at the signal is a dead peer."""
     task.stop.wait()
     watchdog.snap_all()
     while True:
@@ -444,8 +422,7 @@ def _requeues(role: ClusterRole | None) -> bool:
 
 
 def coordinator_refused(culprit: str) -> UsageError:
-    """Only a Keras experiment trains with a coordinator (ParameterServerStrategy): another's
-    layout with one is refused, and a coordinator's layout for another backend."""
+    """The error for a coordinator's layout, which only a Keras experiment trains with."""
     return UsageError(
         culprit,
         "lays the step out for ParameterServerStrategy's coordinator, which only a Keras "

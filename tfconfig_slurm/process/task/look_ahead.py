@@ -1,9 +1,6 @@
-"""Batches read ahead of the step that trains on them, on a thread of their own, at most the
-steps left: a backend's work on a batch (the experiment's gather or decode, the copy to the
-devices) then runs while the devices take the step before, where a plain fit does it on the
-training thread between the steps it dispatches. No TensorFlow, no JAX: the backend says how
-a batch is placed.
-"""
+"""Batches read ahead of the step that trains on them, on a thread of their own: a backend's work
+on a batch (decoding, the copy to the devices) runs while the devices take the step before,
+not between steps. No TensorFlow, no JAX: the backend says how a batch is placed."""
 
 from __future__ import annotations
 
@@ -12,19 +9,16 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-# Batches read ahead of the step that trains: enough for the next step's while one runs, and
-# little memory (each holds one batch of the process's share).
+# Enough for the next step's while one runs, in little memory.
 AHEAD = 2
 _END = object()
-# How long close() waits for the reading thread, inside the experiment's generator for a batch
-# at most: one that blocks for ever is the hang watch's to find, not this wait's.
+# close()'s wait for the reading thread: a generator that blocks for ever is the hang watch's.
 _CLOSE_SECONDS = 10.0
 
 
 class LookAhead:
-    """At most `steps` of `batches`, each `placed`, read ahead on a thread; `batches()` gives
-    them in order (a generator, which is what Keras's adapters take); close() leaves the
-    thread to end."""
+    """At most `steps` of `batches`, each `placed`, read ahead; `batches()` gives them in order
+    (a generator, as Keras's adapters take)."""
 
     def __init__(self, batches: Iterator[Any], steps: int, placed: Callable[[Any], Any]) -> None:
         self._ahead: queue.Queue[Any] = queue.Queue(AHEAD)
@@ -45,9 +39,8 @@ class LookAhead:
             yield batch
 
     def close(self) -> None:
-        """Ends the reading thread at its next batch (a fit that stopped early leaves it
-        waiting for room), and waits a while for it: the evaluation's batches come next, from
-        the same experiment, whose generators may share state."""
+        """Ends the reading thread (a fit that stopped early leaves it waiting for room) and waits
+        a while: the evaluation's batches come next, from generators that may share state."""
         self._closed.set()
         self._drain()
         self._thread.join(timeout=_CLOSE_SECONDS)

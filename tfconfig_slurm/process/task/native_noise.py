@@ -1,9 +1,6 @@
-"""TensorFlow's start-up notes, which its C++ writes straight to file descriptor 2 before any
-logging setting can reach them (TF_CPP_MIN_LOG_LEVEL does not, in TensorFlow 2.16+): held
-while TensorFlow loads and first looks at its devices, then passed on without them. Seven
-lines a process on a CPU machine with TensorFlow 2.21 (oneDNN, CPU features, no CUDA driver,
-twice over, and a failed cuInit), in every task's log. No TensorFlow here.
-"""
+"""TensorFlow's start-up notes, which its C++ writes to file descriptor 2 before any logging
+setting reaches them (TF_CPP_MIN_LOG_LEVEL does not, in TensorFlow 2.16+): held while it loads
+and first looks at its devices, then passed on without them. No TensorFlow here."""
 
 from __future__ import annotations
 
@@ -31,10 +28,9 @@ _NO_DRIVER = re.compile(
 
 @contextlib.contextmanager
 def start_up_notes_held(gpus_asked: bool) -> Iterator[None]:
-    """Within the block, everything written to file descriptor 2 is held; after it, it is
-    written there less TensorFlow's start-up notes, and, where no GPU was asked for (`gpus_
-    asked`), less its lines about a missing GPU driver, said once in words instead where the
-    block ended well (bad input refused there stays one line)."""
+    """File descriptor 2 held within the block, then written less TensorFlow's start-up notes,
+    and, where no GPU was asked for, less its lines about a missing GPU driver, said once in
+    words instead where the block ended well (bad input refused there stays one line)."""
     sys.stderr.flush()
     saved = os.dup(2)
     ended_well = False

@@ -1,10 +1,6 @@
 """Where this process trains: the task a TF_CONFIG gives it, its task in a SLURM step's layout,
-or a single process. Shared by the CLI, the Python API and `with-tfconfig`; no TensorFlow.
-
-Finding the place reads the environment and changes nothing: the door that found it (the
-runtime, the Python API, a resolver) sets the task's variables (TF_CONFIG,
-CUDA_VISIBLE_DEVICES) in its process's environment (Place.set_in), before TensorFlow looks at
-its devices.
+or a single process. No TensorFlow. Finding the place changes nothing: the door that found it
+sets the task's variables (Place.set_in) before TensorFlow looks at its devices.
 """
 
 from __future__ import annotations
@@ -17,15 +13,14 @@ from typing import NamedTuple
 
 from absl import logging
 
-from tfconfig_slurm.cluster import ClusterLayout, LayoutPolicy, SlurmStep, StepShape, render
+from tfconfig_slurm.cluster import ClusterLayout, LayoutPolicy, StepShape, render
 from tfconfig_slurm.cluster import role as role_lib
 from tfconfig_slurm.cluster.layout import PS, lay_out_step
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import in_job_step, read_slurm_step
 from tfconfig_slurm.errors import TfconfigSlurmError, UsageError
 
-# The layout policy of a process that has no flags (a user's script calling the API): each
-# LayoutPolicy field from a variable named as its flag.
+# The layout policy of a process without flags (a script calling the API): a variable a flag.
 POLICY_VARIABLES = {
     "--ps_per_node": "TFCONFIG_SLURM_PS_PER_NODE",
     "--roles": "TFCONFIG_SLURM_ROLES",
@@ -36,7 +31,6 @@ POLICY_VARIABLES = {
     "--coordinator": "TFCONFIG_SLURM_COORDINATOR",
 }
 _TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no", "")
-
 
 # A process without CUDA_VISIBLE_DEVICES: TensorFlow takes every GPU it finds.
 _ANY_GPUS = "any"
@@ -58,10 +52,9 @@ class Place(NamedTuple):
     environment: Mapping[str, str | None] = MappingProxyType({})
 
     def set_in(self, environ: MutableMapping[str, str], *, tf_config: bool = True) -> None:
-        """Sets the task's variables in `environ`, the door's own process environment (where
-        TensorFlow reads them: CUDA_VISIBLE_DEVICES as it first looks at devices, TF_CONFIG in
-        Estimator's RunConfig and its strategies' resolvers). Without `tf_config`, for a
-        resolver that carries the cluster itself, a TF_CONFIG stays only where it was given."""
+        """Sets the task's variables in `environ`, the door's own process environment, where
+        TensorFlow reads them. Without `tf_config`, for a resolver that carries the cluster
+        itself, a TF_CONFIG stays only where it was given."""
         for name, value in self.environment.items():
             if value is None or (name == "TF_CONFIG" and not tf_config):
                 environ.pop(name, None)
@@ -75,9 +68,7 @@ class Place(NamedTuple):
 
     def log_start(self, model_dir: Path, resumed: int | None, *details: str) -> None:
         """The task's first line, the same for every backend: who and where it is, its GPUs,
-        its model directory, and the checkpoint step it resumes from (none, or step 0: it
-        starts)."""
-        # A single process has no address, and may use whatever GPUs its framework finds.
+        its model directory, and the checkpoint step it resumes from."""
         where = (
             f"{self.role.task_id} on {self.node} at {self.role.address}"
             if self.role
@@ -97,13 +88,6 @@ class Place(NamedTuple):
         )
 
 
-def step_layout(step: SlurmStep, policy: LayoutPolicy) -> ClusterLayout:
-    """The step's layout, warning once about GPUs that no task uses."""
-    layout = lay_out_step(step, policy)
-    warn_idle_gpus(layout)
-    return layout
-
-
 def warn_idle_gpus(layout: ClusterLayout) -> None:
     """Logs the warning of GPUs that no task of `layout` uses, if any."""
     warning = render.idle_gpus_warning(layout)
@@ -114,15 +98,13 @@ def warn_idle_gpus(layout: ClusterLayout) -> None:
 def find(environ: Mapping[str, str], policy: LayoutPolicy, policy_source: str) -> Place:
     """This process's place, from `environ`; in a step, with the task's environment to set.
 
-    A TF_CONFIG given to this task wins (launch/with-tfconfig, --local_cluster; in a job step
-    only one made for it, see given_tf_config); otherwise, inside a SLURM step of several
-    tasks, `policy` lays the step out (`policy_source` names its settings in errors).
+    A TF_CONFIG given to this task wins (see given_tf_config); otherwise, inside a SLURM step of
+    several tasks, `policy` lays the step out (`policy_source` names its settings in errors).
     """
     gpus = environ.get("CUDA_VISIBLE_DEVICES", _ANY_GPUS)
     step = read_slurm_step(environ) if in_job_step(environ) else None
-    # SLURM's name of the node where it gives one (a task run under a supervisor of its
-    # own, with-tfconfig's child, too); else uname's, gethostname's without importing socket
-    # (a login node's tools start in a tenth of a second).
+    # SLURM's name of the node where it gives one; else uname's, gethostname's without
+    # importing socket (a login node's tools start fast).
     node = (step.node_name if step else None) or os.uname().nodename
     given = given_tf_config(environ, step.shape if step else None)
     if given is not None:
@@ -130,7 +112,8 @@ def find(environ: Mapping[str, str], policy: LayoutPolicy, policy_source: str) -
         return Place(role, node, "" if role.role == PS else gpus, "TF_CONFIG")
     if step is None or step.shape.num_tasks == 1:
         return Place(None, node, gpus, policy_source, environment={"TF_CONFIG": None})
-    layout = step_layout(step, policy)
+    layout = lay_out_step(step, policy)
+    warn_idle_gpus(layout)
     environment = render.task_environment(layout, step.rank)
     role = ClusterRole.from_json(environment["TF_CONFIG"])
     gpus = environment["CUDA_VISIBLE_DEVICES"]
@@ -141,8 +124,8 @@ def given_tf_config(environ: Mapping[str, str], shape: StepShape | None) -> str 
     """The TF_CONFIG this process was given, or None.
 
     Inside a job step (`shape`) only one made for this very step counts (or a --local_cluster
-    task's, from its launcher): sbatch and srun pass the submitting shell's environment on, and
-    a TF_CONFIG left there describes another cluster. It is set aside with one warning.
+    task's): sbatch and srun pass the submitting shell's environment on, and a TF_CONFIG left
+    there describes another cluster. It is set aside with one warning.
     """
     text = environ.get("TF_CONFIG")
     if text is None or shape is None:
@@ -182,8 +165,7 @@ def policy_from_environ(environ: Mapping[str, str]) -> LayoutPolicy:
 
 
 def in_variables(error: TfconfigSlurmError) -> TfconfigSlurmError:
-    """The error with a layout flag it names renamed to the variable that sets it, for a
-    process whose layout comes from the TFCONFIG_SLURM_* variables."""
+    """The error with a layout flag it names renamed to the TFCONFIG_SLURM_* variable setting it."""
     variable = POLICY_VARIABLES.get(error.culprit)
     if variable is None:
         return error

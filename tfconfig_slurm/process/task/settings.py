@@ -1,6 +1,5 @@
-"""How to train, as `python -m tfconfig_slurm.run`'s flags say it: the same settings for an
-Estimator experiment (backends/estimator/experiment_training.py) and a Keras one
-(backends/keras/train.py). No TensorFlow."""
+"""How to train, as `python -m tfconfig_slurm.run`'s flags say it, for an Estimator experiment
+and a Keras one alike. No TensorFlow."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ class TrainingSettings:
     gpu_memory_fraction: float | None
     log_every_steps: int
     sync_replicas: bool
-    # Steps a call of the Keras 3 step function runs, where the experiment's compile left
-    # Keras's 1; None: as it compiled.
+    # Keras 3's steps a call, where the experiment's compile left the default 1; None: as compiled.
     steps_per_execution: int | None = None
 
     def hparams(self, names: Iterable[str]) -> dict[str, Any]:

@@ -5,15 +5,12 @@
     last step done after 450 steps here; mean 3011.7 examples/s
 
 A line comes each time the global step, as this trainer sees it, passes a multiple of
---log_every_steps: the same steps for every trainer where each takes every step (all-reduce);
-where they share the steps (parameter servers), the step each sees then (102 for 100). The
-means leave the first step out: it includes building the model and the session. No TensorFlow
-here: a backend hands in what a step did.
+--log_every_steps (with parameter servers, the step it sees then: 102 for 100). The means leave
+the first step out: it includes building the model. No TensorFlow here.
 
-The run's owner (the chief, a single process) also keeps the global step of its first step and
-of its latest line in the run directory's progress.json (report_progress_to), for the runs
-table while it trains (a checkpoint's step lags by up to its interval, Estimator's 10 minutes),
-and for the restart of a step, which it tells that the step trained.
+The run's owner also keeps the global step of its first step and latest line in progress.json
+(report_progress_to), for the runs table while it trains (a checkpoint's step lags) and for the
+restart of a step, which it tells that the step trained.
 """
 
 from __future__ import annotations
@@ -45,7 +42,7 @@ class Rates(NamedTuple):
 
 
 class _Progress:
-    """Where this process keeps its progress: one file a process, set once it owns a run."""
+    """Where this process keeps its progress, set once it owns a run."""
 
     path: Path | None = None
 
@@ -59,11 +56,9 @@ def report_progress_to(path: Path) -> None:
 
 
 def epoch_steps(left: int, every: int) -> int:
-    """The steps of each epoch of a trainer that counts its steps an epoch at a time (a
-    coordinator): `every` (--log_every_steps), or where no more steps than that are left, the
-    largest divisor of them up to half. One epoch would log no rate (the first, start-up in
-    it, only starts the clock), and a divisor makes them whole epochs of one fit: each fit
-    more leaves its workers' input behind (backends/keras/coordinator.py)."""
+    """The steps of each epoch of a coordinator: `every`, or where no more are left, the largest
+    divisor of them up to half. One epoch would log no rate (the first only starts the clock),
+    and a divisor makes whole epochs of one fit: each fit more leaves its workers' input behind."""
     if left > every:
         return every
     return max((steps for steps in range(1, left // 2 + 1) if left % steps == 0), default=1)
@@ -82,8 +77,8 @@ class Throughput:
         self._last: Mark | None = None
 
     def due(self, global_step: int) -> bool:
-        """Whether a step that ends at `global_step` is the first or may bring a line: a
-        caller whose loss is read by waiting for the step to finish reads it only then."""
+        """Whether a step that ends at `global_step` is the first or may bring a line (where a
+        caller's loss read waits for the step, it reads only then)."""
         if self._window is None:
             return True
         return global_step // self._every > self._window.global_step // self._every
@@ -91,9 +86,8 @@ class Throughput:
     def step(
         self, global_step: int, examples: int, loss: float | None, *, steps: int = 1
     ) -> Rates | None:
-        """Records `steps` steps of this trainer (the `examples` in them, the global step after
-        them, the loss to log for them). Returns the rates it logged, or None when no line was
-        due."""
+        """Records `steps` steps of this trainer ending at `global_step`; returns the rates it
+        logged, None where no line was due."""
         self._local_steps += steps
         self._examples += examples
         mark = Mark(time.monotonic(), self._local_steps, global_step, self._examples)
@@ -161,8 +155,7 @@ class Throughput:
 
 
 def _keep_progress(global_step: int) -> None:
-    """Keeps `global_step` in the run's progress.json, where this process keeps one: at the
-    first step (a restart that took one trained: job/what_follows.py) and at each line."""
+    """Keeps `global_step` in the run's progress.json, where this process keeps one."""
     if _PROGRESS.path is not None:
         # Training goes on where the file cannot be written (a full disk, say).
         with contextlib.suppress(OSError):
@@ -181,8 +174,7 @@ class LossSinceLastLine:
         self._latest = (0, 0.0)
 
     def mean(self, step: int, running_mean: float, batches: int) -> float:
-        """The mean loss from the last line to global step `step`, where fit's running mean
-        over the epoch's `batches` batches so far is `running_mean`."""
+        """The mean loss since the last line, from fit's `running_mean` over `batches` to `step`."""
         total = running_mean * batches
         since_step, since_total = self._since or (step - 1, 0.0)
         if self._since is None:
