@@ -17,8 +17,7 @@ import hostlist
 
 @dataclass(frozen=True)
 class Allocation:
-    """What a batch job holds, node by node in SLURM's order; the counts are None where its
-    environment does not say them."""
+    """What a batch job holds, node by node in SLURM's order; a count is None where unknown."""
 
     nodes: tuple[str, ...]
     tasks_per_node: tuple[int, ...] | None

@@ -21,8 +21,7 @@ from typing import NamedTuple
 from tfconfig_slurm.cluster.layout import PS, ClusterLayout, trainer_roles
 from tfconfig_slurm.errors import UsageError
 
-# A link's speed when the user names none: 25 Gbit/s Ethernet, common on GPU nodes' second
-# network; InfiniBand HDR gives 200.
+# 25 Gbit/s Ethernet, common on GPU nodes' second network (InfiniBand HDR gives 200).
 DEFAULT_GBITS_PER_SECOND = 25.0
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)", re.IGNORECASE)
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}

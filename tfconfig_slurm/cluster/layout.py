@@ -288,8 +288,7 @@ def counted(count: int, noun: str) -> str:
 
 
 def derived_port_base(job_id: int, step_id: int, tasks_on_busiest_node: int) -> int:
-    """A port base that differs between neighbouring jobs and between every step of a job,
-    with room below the ephemeral range for the busiest node's tasks."""
+    """The port base of a (job, step), its block as the comment on _STEPS_PER_JOB says."""
     width = max(_MIN_PORTS_PER_STEP, 1 << (tasks_on_busiest_node - 1).bit_length())
     blocks = (_DERIVED_PORT_CEILING - _DERIVED_PORT_FLOOR) // width
     if blocks == 0:

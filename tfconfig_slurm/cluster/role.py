@@ -61,8 +61,7 @@ def write(
 
 
 def run_of(text: str) -> str | None:
-    """The run a TF_CONFIG was made for, by this package; None for one made elsewhere (or for
-    text that is no TF_CONFIG)."""
+    """The run a TF_CONFIG was made for by this package; None for any other text."""
     try:
         config = json.loads(text)
     except ValueError:

@@ -47,7 +47,7 @@ SOURCES: Mapping[str, tuple[str, ...]] = {
     # Not SLURM's: the jobs this run went on from (process/job/continuation.py).
     "continuation": (CONTINUATION,),
     "distribution": ("SLURM_DISTRIBUTION",),
-    # For cluster/threads.py.
+    # The job's CPUs on the node, and how SLURM bound this task to them (cluster/threads.py).
     "cpus_on_node": ("SLURM_CPUS_ON_NODE",),
     "cpu_bind_type": ("SLURM_CPU_BIND_TYPE",),
     "gpus": ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"),
@@ -84,7 +84,7 @@ class StepShape:
     nodes: tuple[str, ...]
     tasks_per_node: tuple[int, ...]
     distribution: str
-    # One node's GPU ids, as SLURM gave them; every node of a step gets as many.
+    # One node's GPU ids, SLURM's own (never renumbered); every node of a step gets as many.
     node_gpus: tuple[str, ...]
     job_id: int
     step_id: int
@@ -176,8 +176,7 @@ def in_job_step(environ: Mapping[str, str]) -> bool:
 
 
 def read_slurm_step(environ: Mapping[str, str]) -> SlurmStep:
-    """This task's `SlurmStep`; SlurmEnvironmentError names a variable that is missing,
-    garbled or disagrees."""
+    """This task's `SlurmStep`; SlurmEnvironmentError names a variable that is wrong."""
     _check_in_a_step(environ)
     nodes = expand_nodes(*_required(environ, "nodelist"), SlurmEnvironmentError, _RUN_IN_SRUN)
     tasks_per_node = _tasks_per_node(environ)

@@ -32,9 +32,8 @@ class Threads(NamedTuple):
 
 
 def sized(role: str, *, cpus: int, trainers_on_node: int, coordinator: bool = False) -> Threads:
-    """The threads of a task of `role` that may run on `cpus` CPUs, which the node's
-    `trainers_on_node` trainers share (1 where the task's CPUs are its own), in a layout for
-    ParameterServerStrategy where `coordinator`."""
+    """The threads of a task of `role` on `cpus` CPUs that the node's `trainers_on_node`
+    trainers share (1 where the task's CPUs are its own)."""
     cpus = max(1, cpus)
     if role in trainer_roles(coordinator):
         share = max(1, cpus // max(1, trainers_on_node))

@@ -52,8 +52,7 @@ def herald(role: ClusterRole) -> dict[str, str]:
 
 
 def paired_workers(role: ClusterRole) -> dict[str, str]:
-    """The workers among a ps's paired trainers: with a coordinator, the ones that serve until
-    it says FINISHED."""
+    """The workers among a ps's paired trainers (with a coordinator, they serve until it ends)."""
     return {name: address for name, address in paired(role).items() if name != _CHIEF}
 
 
