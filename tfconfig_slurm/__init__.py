@@ -1,17 +1,11 @@
 """tfconfig-slurm: TensorFlow and Keras training on SLURM (Estimator on TensorFlow 2.15, tf-keras
 on 2.16+, Keras 3 on JAX).
 
-`tfconfig_slurm.train_and_evaluate` is tf.estimator.train_and_evaluate as a task of a SLURM
-step (it imports TensorFlow when first used; it is left out of `import *`, which would end
-a process without Estimator); `input_shard()` says which share of the data a trainer reads.
-`tfconfig_slurm.cluster_resolver(...)` is this task's tf.distribute cluster resolver, for a
-strategy (it imports TensorFlow); `tfconfig_slurm.keras_distribution()` its Keras 3
-counterpart, the arguments of keras.distribution.initialize. keras_distribution() ends its
-process in one line (exit 2) on a bad setting or a missing install; cluster_resolver does where
-TensorFlow is missing, and raises TfconfigSlurmError on a bad setting, for the script to catch.
-`tfconfig_slurm.cluster` turns a SLURM task's environment into its TF_CONFIG without importing
-TensorFlow;
-`python -m tfconfig_slurm.tfconfig` prints or explains it.
+`tfconfig_slurm.cluster` turns a SLURM task's environment into its TF_CONFIG without TensorFlow
+(`python -m tfconfig_slurm.tfconfig` prints or explains it); `input_shard()` says which share of
+the data a trainer reads. Imported on first use, and left out of `import *`: train_and_evaluate
+(Estimator's), cluster_resolver(...) (a tf.distribute resolver, which raises TfconfigSlurmError
+on a bad setting, for the script to catch) and keras_distribution() (Keras 3's).
 """
 
 import functools
@@ -19,13 +13,7 @@ from typing import Any, Callable
 
 from tfconfig_slurm.cluster import ClusterLayout, LayoutPolicy, SlurmStep, StepShape, Task
 from tfconfig_slurm.cluster.role import Shard, input_shard
-from tfconfig_slurm.errors import (
-    InstallError,
-    LayoutError,
-    SlurmEnvironmentError,
-    TfconfigSlurmError,
-    UsageError,
-)
+from tfconfig_slurm.errors import LayoutError, SlurmEnvironmentError, TfconfigSlurmError, UsageError
 
 __version__ = "0.1.0"
 
@@ -47,13 +35,9 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The layout tools never import TensorFlow; the runtime only when it is asked for.
     if name == "train_and_evaluate":
-        from tfconfig_slurm.process import console  # noqa: PLC0415
         from tfconfig_slurm.process.user_code import versions  # noqa: PLC0415
 
-        try:
-            versions.require_estimator("tfconfig_slurm.train_and_evaluate (Estimator)")
-        except InstallError as error:
-            console.fail(console.script_name(), error.one_line())
+        _in_one_line(versions.require_estimator)("tfconfig_slurm.train_and_evaluate (Estimator)")
         from tfconfig_slurm.backends.estimator.api import train_and_evaluate  # noqa: PLC0415
 
         return train_and_evaluate
@@ -75,9 +59,8 @@ def __getattr__(name: str) -> Any:
 
 
 def _in_one_line(function: Callable[..., Any]) -> Callable[..., Any]:
-    """`function`, ending the process in one line and exit status 2 where it raises one of
-    this package's errors (a bad setting, a missing install), as train_and_evaluate and the
-    commands do: under srun, a traceback in every task hid the line that says what to fix."""
+    """`function`, ending the process in one line and exit status 2 on one of this package's
+    errors, as the commands do: under srun, a traceback in every task hid what to fix."""
 
     @functools.wraps(function)
     def ended_in_one_line(*arguments: Any, **keywords: Any) -> Any:

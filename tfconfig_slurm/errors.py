@@ -1,8 +1,7 @@
 """The package's own errors, and the exit statuses a task of ours ends with.
 
-Each error names its culprit, says what was expected, and carries a hint. The command-line
-tools print one of these as a single line and exit with status 2 (ExitStatus.REFUSED); nothing
-else of ours reaches a user as a traceback.
+The commands print an error as one line (culprit, problem, hint) and exit with
+ExitStatus.REFUSED; nothing else of ours reaches a user as a traceback.
 """
 
 from __future__ import annotations
@@ -20,14 +19,13 @@ class ExitStatus(enum.IntEnum):
     FAILED = 1
     # A user can fix the input: the one line said what and how.
     REFUSED = 2
-    # The task's cluster lost a member and the watchdog ended it, naming the member: srun
-    # --kill-on-bad-exit or a supervisor then ends the rest of the step.
+    # The watchdog ended the task for a lost member of its cluster: srun --kill-on-bad-exit or
+    # a supervisor then ends the rest of the step.
     PEER_LOST = 3
     # Stopped on a signal that asks for a requeue, with a checkpoint, but the job could not
     # requeue (not a batch job, --no-requeue, or --max_requeues reached).
     NOT_REQUEUED = 4
-    # A trainer made no step for its bound (process/task/hang_watch.py): the one hung was
-    # named, every thread's stack logged, and each hung task ended, for the step to start
+    # A trainer made no step for its bound (process/task/hang_watch.py), for the step to start
     # again.
     HUNG = 5
 

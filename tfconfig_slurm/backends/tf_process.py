@@ -13,9 +13,8 @@ from tensorflow.python.util import deprecation
 # Estimator's own INFO lines (every graph build, every checkpoint) drown the runtime's; its
 # warnings still show. --verbosity=1 does not bring them back: they are TensorFlow's logger.
 tf.get_logger().setLevel("WARNING")
-# TensorFlow 2.16+ and Keras log some INFO lines through absl's logger, the runtime's own
-# (a SavedModel export: four lines of traced functions and fingerprints): those are dropped
-# by where they come from; their warnings still show.
+# TensorFlow 2.16+ and Keras log some INFO lines (a SavedModel export's) through absl's logger,
+# the runtime's own: those are dropped by the file they come from; their warnings still show.
 _LIBRARIES = tuple(
     str(Path(tf.__file__).parents[1] / name) for name in ("tensorflow", "tf_keras", "keras")
 )
@@ -42,20 +41,16 @@ deprecation._PRINT_DEPRECATION_WARNINGS = False
 
 def hold_threads(intra_op: int, inter_op: int) -> None:
     """Holds this process's thread pools to these sizes (0: TensorFlow picks); call it before
-    TensorFlow runs anything.
-
-    TensorFlow 2 makes a process's thread pools once, as its eager context says, and a
-    Session's ConfigProto does not resize them: a single process given --intra_op_threads=1
-    --inter_op_threads=1 still kept 1.7 cores busy here (3080 examples/s; 2100 when held).
-    """
+    TensorFlow runs anything: TensorFlow 2 makes them once, from its eager context, and a
+    Session's ConfigProto does not resize them (bench/RESULTS.md)."""
     tf.config.threading.set_intra_op_parallelism_threads(intra_op)
     tf.config.threading.set_inter_op_parallelism_threads(inter_op)
 
 
 def look_at_devices() -> None:
-    """Has TensorFlow find this process's devices now (CUDA's, where it has them), while its
-    start-up notes are held back (process/task/native_noise.py), without starting its runtime:
-    a strategy made later still sets that up (MultiWorkerMirroredStrategy must come first)."""
+    """Has TensorFlow find this process's devices now, while its start-up notes are held back
+    (process/task/native_noise.py), without starting its runtime: a strategy made later (which
+    MultiWorkerMirroredStrategy must be) still sets that up."""
     tf.config.list_physical_devices()
 
 

@@ -1,12 +1,9 @@
 """A batch job's allocation (its nodes, and each node's tasks and CPUs) and the environment of
 a step on the nodes it keeps after some left it.
 
-Where a node of a job submitted with `--no-kill` fails, SLURM keeps the job on the nodes left,
-but the batch script's variables still describe every node, and srun refuses a step they size
-("SLURM_JOB_NUM_NODES environment variable conflicts with allocated node count"): the step is
-started in an environment that describes the nodes left, and shares them with the failed step,
-which Slurm may never complete. Pure: an environment in, a new one out; step.py reads the
-variables.
+Where a node of a `--no-kill` job fails, the batch script's variables still describe every
+node, and srun refuses a step they size ("SLURM_JOB_NUM_NODES environment variable conflicts
+with allocated node count"). Pure: an environment in, a new one out.
 """
 
 from __future__ import annotations
@@ -20,8 +17,7 @@ import hostlist
 
 @dataclass(frozen=True)
 class Allocation:
-    """What a batch job holds, node by node in SLURM's order; the counts are None where its
-    environment does not say them."""
+    """What a batch job holds, node by node in SLURM's order; a count is None where unknown."""
 
     nodes: tuple[str, ...]
     tasks_per_node: tuple[int, ...] | None
@@ -49,16 +45,14 @@ class Allocation:
             SLURM_NODELIST=nodes,
             SLURM_JOB_NUM_NODES=str(len(self.nodes)),
             SLURM_NNODES=str(len(self.nodes)),
-            # srun --overlap. A step whose tasks on the nodes left had ended before their
-            # node's failure was declared is never completed by Slurm 22.05: it holds their
-            # CPUs for ever, and a step without it waits "Requested nodes are busy" (seen
-            # here).
+            # srun --overlap: Slurm 22.05 may never complete the failed step, which then holds
+            # the CPUs of the nodes left, and a step without it waits "Requested nodes are busy".
             SLURM_OVERLAP="1",
         )
         if self.tasks_per_node is not None:
             built["SLURM_TASKS_PER_NODE"] = _counts(self.tasks_per_node)
             # srun takes them for -n; SLURM sets them only for a job that asked for a count of
-            # tasks, and its tasks per node are then its CPUs per node, not tasks.
+            # tasks (otherwise its tasks per node are its CPUs per node).
             for name in ("SLURM_NTASKS", "SLURM_NPROCS"):
                 if name in environ:
                     built[name] = str(sum(self.tasks_per_node))
@@ -75,8 +69,8 @@ def _kept(counts: tuple[int, ...] | None, kept: list[int]) -> tuple[int, ...] | 
 
 
 def _scaled(gpus: str | None, kept: int, nodes: int) -> str | None:
-    """A job's GPUs in all (`a100:8`), for `kept` of its `nodes` nodes, each with as many; None
-    where they cannot be shared out so (srun then asks for none by count)."""
+    """A job's GPUs in all (`a100:8`), for `kept` of its `nodes` nodes; None where they cannot
+    be shared out evenly (srun then asks for none by count)."""
     if gpus is None:
         return None
     kind, _, count = gpus.rpartition(":")

@@ -1,17 +1,14 @@
-"""What a parameter-server layout asks of each node's network, per training step, before a job
-is submitted: `--explain --model_bytes=...`.
+"""What a parameter-server layout asks of each node's network per training step, before a job
+is submitted: `--explain --model_bytes=...`. Pure: no TensorFlow, no I/O.
 
-Each step every trainer reads all the variables (M bytes) from the parameter servers and sends
-them its gradients (M bytes); the variables are spread over the parameter servers evenly, so a
-node whose parameter servers hold a share S of them sends and receives, each way,
+Each step every trainer reads all the variables (M bytes, dense) from the parameter servers and
+sends them its gradients; a node whose parameter servers hold a share S of the variables so
+moves, each way,
 
     T_n * M * (1 - S)       its own T_n trainers, to and from the other nodes' servers
   + (T - T_n) * M * S       its servers, to and from the other nodes' T - T_n trainers
 
-which is 2 * G * M * (N - 1) / N for N alike nodes of G trainers and a ps each. One trainer a
-node that drives all its GPUs (ParameterServerStrategy's worker, `--coordinator`) sums their
-gradients first and moves G times less. Dense variables only: a sparse update moves less.
-Pure: no TensorFlow, no I/O.
+One trainer a node that drives all its GPUs (`--coordinator`) sums their gradients first.
 """
 
 from __future__ import annotations
@@ -21,11 +18,10 @@ import re
 from collections import Counter
 from typing import NamedTuple
 
-from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER, ClusterLayout
+from tfconfig_slurm.cluster.layout import PS, ClusterLayout, trainer_roles
 from tfconfig_slurm.errors import UsageError
 
-# A link's speed when the user names none: 25 Gbit/s Ethernet, common on GPU nodes' second
-# network; InfiniBand HDR gives 200.
+# 25 Gbit/s Ethernet, common on GPU nodes' second network (InfiniBand HDR gives 200).
 DEFAULT_GBITS_PER_SECOND = 25.0
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)", re.IGNORECASE)
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -36,8 +32,7 @@ class DataPath(NamedTuple):
 
     node: str
     bytes_each_way: float
-    # The same with each node's trainers as one that drives all its GPUs; None where the
-    # layout has one already.
+    # With each node's trainers as one that drives all its GPUs; None where it has one already.
     one_trainer_a_node: float | None
 
     def seconds(self, gbits_per_second: float) -> float:
@@ -72,8 +67,7 @@ def data_path(layout: ClusterLayout, model_bytes: int) -> DataPath | None:
     """The busiest node's traffic per step; None for a layout without parameter servers (its
     all-reduce moves what its collective's algorithm moves)."""
     roles, nodes = layout.roles, layout.placement.node_indices
-    # A coordinator trains nothing: its workers do.
-    trains = (WORKER,) if layout.coordinator else (CHIEF, WORKER)
+    trains = trainer_roles(layout.coordinator)
     trainers = Counter(node for node, role in zip(nodes, roles) if role in trains)
     servers = Counter(node for node, role in zip(nodes, roles) if role == PS)
     total_trainers, total_servers = sum(trainers.values()), sum(servers.values())
@@ -134,8 +128,8 @@ def _duration(seconds: float) -> str:
 
 
 def _three_figures(value: float, units: tuple[str, ...], step: float) -> str:
-    """`value` of the first unit in the largest unit it reaches, to 3 significant figures and
-    never in exponent notation (6,000 MB is 6 GB, not 6e+03 MB)."""
+    """`value` of the first unit in the largest unit it reaches, to 3 significant figures, never
+    in exponent notation."""
     nth = 0
     while nth < len(units) - 1 and float(f"{value:.3g}") >= step:
         value, nth = value / step, nth + 1

@@ -1,13 +1,11 @@
 """The layout: which rank is chief, ps, worker or evaluator, its address, port and GPUs.
 
 Pure and deterministic: the same `StepShape` and `LayoutPolicy` give every task the same
-`ClusterLayout`. The default policy puts `ps_per_node` parameter servers first on each node and
-makes the other tasks trainers, each driving one of the node's GPUs; the first trainer of the
-first node is the chief. An evaluator takes a GPU its node's trainers left free. In a step
-across a heterogeneous job's components, every task of the first component's (CPU) nodes is a
-parameter server, the evaluator the last of them, and the other nodes' tasks train. For
-ParameterServerStrategy (`coordinator`) the chief is the coordinator, which trains nothing and
-takes no GPU, and a node's workers share all its GPUs.
+`ClusterLayout`. By default each node's first `ps_per_node` tasks are parameter servers and the
+others trainers, one GPU each; the chief is the first node's first trainer, and an evaluator
+takes a GPU the trainers left. In a heterogeneous step the first component's (CPU) nodes run
+only parameter servers (and the evaluator). With `coordinator` (ParameterServerStrategy) the
+chief trains nothing and takes no GPU, and a node's workers share all its GPUs.
 """
 
 from __future__ import annotations
@@ -40,12 +38,9 @@ MAX_PORT = 65535
 # kernel picks ports for outgoing connections, and above the common services' ports.
 _DERIVED_PORT_FLOOR = 10000
 _DERIVED_PORT_CEILING = 32768
-# Each (job, step) gets its own block of ports, 16 wide or the busiest node's task count
-# rounded up to a power of two. A job's steps take consecutive blocks from its job's first, so
-# they never share one (up to the number of blocks, 1423 at 16 wide); consecutive job ids
-# start _STEPS_PER_JOB blocks apart, so their first steps do not collide either. What still
-# can: step k + 4 of a job and step k of the next job id, and jobs whose ids differ by a
-# multiple of the block count; a task finds such a port in use at start and says so.
+# Each (job, step) gets its own block of ports (a power of two wide); a job's steps take
+# consecutive blocks, and consecutive job ids start _STEPS_PER_JOB blocks apart. Step k + 4 of
+# a job and step k of the next can still collide; a task finds its port in use and says so.
 _MIN_PORTS_PER_STEP = 16
 _STEPS_PER_JOB = 4
 
@@ -63,8 +58,7 @@ class LayoutPolicy:
     port_base: int | None = None
     # The layout tf.distribute.MultiWorkerMirroredStrategy wants: no parameter servers.
     all_reduce: bool = False
-    # The layout tf.distribute.ParameterServerStrategy wants: the chief a coordinator that
-    # holds no GPU, the workers of a node sharing its GPUs.
+    # The layout tf.distribute.ParameterServerStrategy wants (see the module's docstring).
     coordinator: bool = False
 
     def __post_init__(self) -> None:
@@ -170,13 +164,9 @@ class Task:
 
 @dataclass(frozen=True)
 class ClusterLayout:
-    """Every task of a step, as columns by rank, with the shape and port base it came from.
-
-    Columns rather than one `Task` per rank: printing one task's TF_CONFIG needs only the
-    addresses, and a step can have tens of thousands of tasks. `task(rank)` and `tasks` build
-    `Task` values when a reader wants them; the GPU column is worked out on first use (whether
-    the GPUs fit was checked when the layout was made).
-    """
+    """Every task of a step, as columns by rank (a step can have tens of thousands of tasks,
+    and one task's TF_CONFIG needs only the addresses); `task(rank)` and `tasks` build `Task`
+    values, and the GPU column is worked out on first use."""
 
     shape: StepShape
     placement: Placement
@@ -189,11 +179,8 @@ class ClusterLayout:
 
     @functools.cached_property
     def gpus(self) -> tuple[tuple[str, ...], ...]:
-        """Each rank's GPUs: one for each trainer, in rank order (which is local-id order on a
-        node), then one for an evaluator where one is left; none for a ps. A trainer drives
-        one GPU, so a node's further GPUs are left to nobody (`idle_gpus`). With a
-        coordinator, a node's workers share all its GPUs, in equal runs, the coordinator has
-        none, and an evaluator one only on a node without workers."""
+        """Each rank's GPUs, as the module's docstring says; with a coordinator, a node's
+        workers share its GPUs in equal runs, and an evaluator has one only where none works."""
         gpus: list[tuple[str, ...]] = [()] * len(self.roles)
         if not self.shape.node_gpus:
             return tuple(gpus)
@@ -206,8 +193,8 @@ class ClusterLayout:
         return tuple(gpus)
 
     def _gpus_of(self, rank: int) -> tuple[str, ...]:
-        """One rank's GPUs, from its node's ranks alone: a task needs only its own, and the
-        whole column of a large step costs tens of milliseconds."""
+        """One rank's GPUs, from its node's ranks alone: the whole column of a large step costs
+        tens of milliseconds."""
         if "gpus" in self.__dict__ or not self.shape.node_gpus:
             return self.gpus[rank]
         node = self.placement.node_indices[rank]
@@ -217,13 +204,11 @@ class ClusterLayout:
     def _node_gpus(self, node: int, ranks: Sequence[int]) -> dict[int, tuple[str, ...]]:
         """The GPUs of the ranks of one node (all of them, in rank order) that get any."""
         node_gpus = self.shape.node_gpus
-        # A heterogeneous job's first component has no GPUs: node_gpus are the others'.
         if node in self.shape.server_nodes:
             return {}
         if self.coordinator:
             workers = [rank for rank in ranks if self.roles[rank] == WORKER]
             if not workers:
-                # A node no worker uses: the evaluator there takes a GPU of it.
                 evaluators = [rank for rank in ranks if self.roles[rank] == EVALUATOR]
                 return {rank: (gpu,) for rank, gpu in zip(evaluators, node_gpus)}
             share = len(node_gpus) // len(workers)
@@ -231,22 +216,21 @@ class ClusterLayout:
                 rank: node_gpus[nth * share : (nth + 1) * share] for nth, rank in enumerate(workers)
             }
         # Trainers first, so that an evaluator placed anywhere by --roles never takes a
-        # trainer's GPU; whether the trainers fit was checked when the layout was made.
+        # trainer's GPU.
         takers = [rank for rank in ranks if self.roles[rank] in TRAINERS]
         takers += [rank for rank in ranks if self.roles[rank] == EVALUATOR]
         return {rank: (gpu,) for rank, gpu in zip(takers, node_gpus)}
 
     @property
     def idle_gpus(self) -> dict[str, tuple[str, ...]]:
-        """The GPUs no task of a node uses, by node name, for the nodes that have any. Counted
-        by node, without every rank's GPUs: each task of a step warns of them."""
+        """The GPUs no task of a node uses, by node name, for the nodes that have any; counted by
+        node, as every task of a step warns of them."""
         node_gpus = self.shape.node_gpus
         if not node_gpus:
             return {}
-        # The coordinator takes none.
-        kinds = (WORKER, EVALUATOR) if self.coordinator else (*TRAINERS, EVALUATOR)
+        kinds = (*trainer_roles(self.coordinator), EVALUATOR)
         users = _trainers_per_node(self.placement, self.roles, kinds)
-        # Counted apart only with a coordinator, where they share all of a node's GPUs.
+        # With a coordinator, a node's workers share all its GPUs.
         workers = (
             _trainers_per_node(self.placement, self.roles, (WORKER,)) if self.coordinator else users
         )
@@ -260,8 +244,8 @@ class ClusterLayout:
 
     @property
     def reporting_rank(self) -> int:
-        """The one task of a step that prints its table: rank 0, or in a heterogeneous step
-        the first rank off the first component, whose tasks alone see the GPUs."""
+        """The one task of a step that prints its table: the first rank off a heterogeneous
+        step's first component (whose tasks see no GPUs), else rank 0."""
         servers = self.shape.server_nodes
         return next(
             rank for rank, node in enumerate(self.placement.node_indices) if node not in servers
@@ -287,8 +271,7 @@ class ClusterLayout:
         )
 
     def cluster(self) -> dict[str, list[str]]:
-        """The TF_CONFIG cluster: addresses by job, each job's list in index order."""
-        # Indices within a role follow rank order, so rank order is index order.
+        """The TF_CONFIG cluster: addresses by job, in index order (which is rank order)."""
         jobs = {
             job: list(itertools.compress(self.addresses, [role == job for role in self.roles]))
             for job in CLUSTER_JOBS
@@ -305,8 +288,7 @@ def counted(count: int, noun: str) -> str:
 
 
 def derived_port_base(job_id: int, step_id: int, tasks_on_busiest_node: int) -> int:
-    """A port base that differs between neighbouring jobs and between every step of a job,
-    with room below the ephemeral range for the busiest node's tasks."""
+    """The port base of a (job, step), its block as the comment on _STEPS_PER_JOB says."""
     width = max(_MIN_PORTS_PER_STEP, 1 << (tasks_on_busiest_node - 1).bit_length())
     blocks = (_DERIVED_PORT_CEILING - _DERIVED_PORT_FLOOR) // width
     if blocks == 0:
@@ -366,8 +348,7 @@ def _lay_out(
         coordinator=policy.coordinator,
         port_base=port_base,
         roles=tuple(kinds),
-        # Each rank's index within its role, in rank order (C-level maps: a step may have
-        # 36,864 ranks, and every task lays it out).
+        # Each rank's index within its role (C-level maps: every task lays out every rank).
         indices=tuple(map(next, map(counters.__getitem__, kinds))),
         addresses=tuple(
             map(
@@ -380,12 +361,9 @@ def _lay_out(
 
 
 def _policy_roles(shape: StepShape, placement: Placement, policy: LayoutPolicy) -> list[str]:
-    """ps for the first ps_per_node tasks of each node, workers for the rest (chief comes
-    later); in a heterogeneous step, ps for every task of the first component's nodes, and
-    ps_per_node (given) on the others."""
+    """ps or worker for each rank (the chief is chosen later), as the module's docstring says."""
     if shape.server_nodes and not policy.all_reduce:
         return _heterogeneous_roles(shape, placement, policy)
-    # By local id, looked up at C speed for each rank.
     servers = min(policy.servers_per_node, max(shape.tasks_per_node))
     by_local_id = [PS] * servers + [WORKER] * (max(shape.tasks_per_node) - servers)
     kinds = list(map(by_local_id.__getitem__, placement.local_ids))
@@ -451,8 +429,13 @@ def _choose_chief(placement: Placement, kinds: list[str], policy: LayoutPolicy) 
     return first[2]
 
 
+def trainer_roles(coordinator: bool) -> tuple[str, ...]:
+    """The roles that train: ParameterServerStrategy's coordinator (its chief) trains nothing."""
+    return (WORKER,) if coordinator else TRAINERS
+
+
 def _trainers_per_node(
-    placement: Placement, roles: Sequence[str], kinds: Sequence[str] = TRAINERS
+    placement: Placement, roles: Sequence[str], kinds: Sequence[str]
 ) -> Counter[int]:
     return Counter(itertools.compress(placement.node_indices, map(kinds.__contains__, roles)))
 
@@ -464,14 +447,11 @@ def _check_gpus_fit(
     policy: LayoutPolicy,
     own_node: int | None,
 ) -> None:
-    """Every trainer of a node must have a GPU of its own, where the step has GPUs. A task
-    knows its own node's GPUs (the others' are taken to be as many): that node is looked at
-    first, so that a task refuses its own node's layout, which its log then names, rather
-    than another's."""
+    """Every trainer of a node must have a GPU of its own (with a coordinator, a share). A task
+    knows only its own node's GPUs, so that node is looked at first: its log names its own."""
     if not shape.node_gpus:
         return
-    # A coordinator trains nothing: only the workers need GPUs, and they share a node's.
-    kinds = (WORKER,) if policy.coordinator else TRAINERS
+    kinds = trainer_roles(policy.coordinator)
     trainers_per_node = _trainers_per_node(placement, roles, kinds).items()
     for node, trainers in sorted(trainers_per_node, key=lambda item: (item[0] != own_node, item)):
         if trainers > len(shape.node_gpus):

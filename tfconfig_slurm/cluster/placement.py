@@ -1,7 +1,7 @@
 """The rank-to-node map of a whole job step, as SLURM deals tasks to nodes (block or cyclic).
 
-Every task computes the whole map from the step's shape alone, then checks its own entry
-against what SLURM told it, so a task never builds a cluster that the others do not share.
+Every task computes the whole map, then checks its own entry against what SLURM told it, so a
+task never builds a cluster that the others do not share.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from tfconfig_slurm.errors import SlurmEnvironmentError
 
 @dataclass(frozen=True)
 class Placement:
-    """Where every rank runs, by rank: its node's position in the step's node list, and its
-    local id on that node. Columns rather than one object per rank, because a step can have
-    tens of thousands of ranks and every task computes all of them."""
+    """Where every rank runs, as columns by rank (a step can have tens of thousands): its
+    node's index in the step's node list, and its local id on that node."""
 
     node_indices: tuple[int, ...]
     local_ids: tuple[int, ...]
@@ -26,7 +25,7 @@ class Placement:
 def place_tasks(tasks_per_node: tuple[int, ...], distribution: str) -> Placement:
     """The place of every rank of the step."""
     if distribution == BLOCK:
-        # Built with itertools rather than a loop per rank: a step may have 36,864 tasks.
+        # itertools rather than a loop per rank, for large steps.
         return Placement(
             node_indices=tuple(
                 itertools.chain.from_iterable(

@@ -9,15 +9,7 @@ from typing import Any
 
 from tfconfig_slurm.cluster import role
 from tfconfig_slurm.cluster import threads as threads_lib
-from tfconfig_slurm.cluster.layout import (
-    CHIEF,
-    EVALUATOR,
-    PS,
-    WORKER,
-    ClusterLayout,
-    Task,
-    counted,
-)
+from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, ROLES, ClusterLayout, Task, counted
 from tfconfig_slurm.cluster.step import STEP_GPUS, step_gpus_value
 from tfconfig_slurm.cluster.threads import Threads
 
@@ -48,8 +40,7 @@ def cuda_visible_devices(task: Task) -> str:
 
 
 def task_environment(layout: ClusterLayout, rank: int) -> dict[str, str]:
-    """What every command gives one rank's process: its TF_CONFIG, its GPUs, and the node's
-    GPUs as SLURM gave them (CUDA_VISIBLE_DEVICES no longer says, once narrowed)."""
+    """What every command gives one rank's process: its TF_CONFIG, its GPUs, and STEP_GPUS."""
     return {
         "TF_CONFIG": tf_config_json(layout, rank),
         "CUDA_VISIBLE_DEVICES": cuda_visible_devices(layout.task(rank)),
@@ -66,8 +57,7 @@ def export_lines(layout: ClusterLayout, rank: int) -> str:
 
 
 def explain_records(layout: ClusterLayout) -> list[dict[str, Any]]:
-    """One JSON object per task, by rank; with the threads its TensorFlow is given where the
-    node's CPUs are known."""
+    """One JSON object per task, by rank, with its threads where the node's CPUs are known."""
     threads = _threads(layout)
     return [
         {key: getattr(task, key) for key in EXPLAIN_KEYS}
@@ -98,7 +88,7 @@ def summary_line(layout: ClusterLayout) -> str:
         if shape.node_gpus
         else "no GPUs"
     )
-    counts = {role: layout.count(role) for role in (CHIEF, WORKER, PS, EVALUATOR)}
+    counts = {role: layout.count(role) for role in ROLES}
     described = ", ".join(
         f"{count} {role}"
         + ("s" if count > 1 and role != PS else "")
@@ -123,25 +113,24 @@ def idle_gpus_warning(layout: ClusterLayout) -> str | None:
     named = [f"{node}: {','.join(gpus)}" for node, gpus in list(idle.items())[:3]]
     node, gpus = max(idle.items(), key=lambda item: len(item[1]))
     tasks = layout.shape.tasks_per_node[layout.shape.nodes.index(node)]
+    where = (
+        f"GPUs idle on {len(idle)} of {counted(len(layout.shape.nodes), 'node')} "
+        f"({'; '.join(named)}{'; ...' if len(idle) > 3 else ''}): "
+    )
     if layout.coordinator:
         return (
-            f"GPUs idle on {len(idle)} of {counted(len(layout.shape.nodes), 'node')} "
-            f"({'; '.join(named)}{'; ...' if len(idle) > 3 else ''}): no worker runs there "
-            "(the coordinator takes none). HINT: a worker there drives them, one task more a "
-            f"node: #SBATCH --ntasks-per-node={tasks + 1}"
+            f"{where}no worker runs there (the coordinator takes none). HINT: a worker there "
+            f"drives them, one task more a node: #SBATCH --ntasks-per-node={tasks + 1}"
         )
     return (
-        f"GPUs idle on {len(idle)} of {counted(len(layout.shape.nodes), 'node')} "
-        f"({'; '.join(named)}{'; ...' if len(idle) > 3 else ''}): each trainer drives one GPU, "
-        f"and these nodes have fewer trainers than GPUs. HINT: one trainer per GPU: #SBATCH "
-        f"--ntasks-per-node={tasks + len(gpus)}"
+        f"{where}each trainer drives one GPU, and these nodes have fewer trainers than GPUs. "
+        f"HINT: one trainer per GPU: #SBATCH --ntasks-per-node={tasks + len(gpus)}"
     )
 
 
 def explain_table(layout: ClusterLayout) -> str:
     """A table of every task, one line each, under a one-line summary of the layout."""
     threads = _threads(layout)
-    # Threads as intra+inter: inside an op, and ops at once.
     header = ("rank", "node", "local", "role", "index", "address:port", "gpus") + (
         ("threads",) if threads else ()
     )

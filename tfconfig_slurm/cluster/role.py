@@ -1,6 +1,5 @@
 """A task's place in a TensorFlow cluster and its TF_CONFIG: the one place that writes a
-TF_CONFIG (for a layout's rank, a local cluster's task, a trainer's server) and reads one back.
-No TensorFlow needed."""
+TF_CONFIG and reads one back. No TensorFlow needed."""
 
 from __future__ import annotations
 
@@ -14,16 +13,14 @@ from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
 from tfconfig_slurm.errors import UsageError
 
 # The package's own key in a TF_CONFIG (RunConfig and TensorFlow's resolvers ignore it): what
-# the cluster spec cannot say, because an evaluator is never part of it, and the run the
-# TF_CONFIG was made for (StepShape.run_id), which tells it from one inherited from elsewhere.
+# the cluster spec cannot say (whether there is an evaluator, the run it was made for).
 RUNTIME_KEY = "tfconfig_slurm"
 RUN = "run"
-# Set in a cluster laid out for ParameterServerStrategy, whose chief coordinates.
 COORDINATOR = "coordinator"
-# Where that cluster's evaluator finds it: its own TF_CONFIG names only itself, as
+# Where a coordinator's evaluator finds the cluster: its own TF_CONFIG names only itself, as
 # ParameterServerStrategy wants (an evaluator in the coordinator's cluster hangs it).
 CLUSTER = "cluster"
-# The run id of a --local_cluster's TF_CONFIG, which its launcher hands each task itself.
+# The start of a --local_cluster's run id.
 LOCAL_RUN_PREFIX = "local-"
 _HINT = (
     'expected {"cluster": {"chief": [...], "ps": [...], "worker": [...]}, '
@@ -52,22 +49,19 @@ def write(
     coordinator: bool = False,
     evaluator_address: str = "-",
 ) -> dict[str, Any]:
-    """A TF_CONFIG, in the form `tf.estimator.RunConfig` and TensorFlow's resolvers read. In
-    a cluster laid out for a coordinator, the evaluator's names only itself (at
-    `evaluator_address`), and the cluster sits under the package's key."""
+    """A TF_CONFIG, in the form `tf.estimator.RunConfig` and TensorFlow's resolvers read (a
+    coordinator's evaluator at `evaluator_address`, see CLUSTER)."""
     runtime: dict[str, Any] = {EVALUATOR: has_evaluator, RUN: run_id}
-    if not coordinator:
-        return {"cluster": cluster, "task": {"type": role, "index": index}, RUNTIME_KEY: runtime}
-    runtime[COORDINATOR] = True
-    if role == EVALUATOR:
-        runtime[CLUSTER] = cluster
-        cluster = {EVALUATOR: [evaluator_address]}
+    if coordinator:
+        runtime[COORDINATOR] = True
+        if role == EVALUATOR:
+            runtime[CLUSTER] = cluster
+            cluster = {EVALUATOR: [evaluator_address]}
     return {"cluster": cluster, "task": {"type": role, "index": index}, RUNTIME_KEY: runtime}
 
 
 def run_of(text: str) -> str | None:
-    """The run a TF_CONFIG was made for, by this package; None for one made elsewhere (or for
-    text that is no TF_CONFIG at all, which ClusterRole.from_json then refuses)."""
+    """The run a TF_CONFIG was made for by this package; None for any other text."""
     try:
         config = json.loads(text)
     except ValueError:
@@ -86,9 +80,8 @@ class ClusterRole:
     index: int
     # Whether an evaluator task runs beside the cluster: then it evaluates, not the chief.
     has_evaluator: bool = False
-    # One run of the cluster (a SLURM step's attempt, a --local_cluster): the reports tasks
-    # leave in the model directory carry it, so that the chief never takes an earlier run's.
-    # None in a TF_CONFIG made elsewhere.
+    # One run of the cluster (StepShape.run_id, a --local_cluster's); None in a TF_CONFIG made
+    # elsewhere. Reports carry it, so that the chief never takes an earlier run's.
     run_id: str | None = None
     # Laid out for ParameterServerStrategy: the chief coordinates, the workers only serve.
     coordinator: bool = False
@@ -121,13 +114,12 @@ class ClusterRole:
             raise UsageError("TF_CONFIG", f"names {role} {index}, which its cluster lacks", _HINT)
         if len(cluster.get(CHIEF, ())) != 1:
             raise UsageError("TF_CONFIG", "needs exactly one chief in its cluster", _HINT)
-        has_evaluator = role == EVALUATOR or bool(runtime.get(EVALUATOR, False))
         run_id = runtime.get(RUN)
         return cls(
             cluster=cluster,
             role=role,
             index=index,
-            has_evaluator=has_evaluator,
+            has_evaluator=role == EVALUATOR or bool(runtime.get(EVALUATOR, False)),
             run_id=None if run_id is None else str(run_id),
             coordinator=bool(runtime.get(COORDINATOR, False)),
         )
@@ -187,9 +179,8 @@ class ClusterRole:
         return self.cluster[CHIEF][0] if trainer_id == 0 else self.cluster[WORKER][trainer_id - 1]
 
     def keras_distribution(self) -> dict[str, str]:
-        """What keras.distribution.initialize() reads with no arguments for this trainer: the
-        trainers' addresses (the chief's first: JAX's coordination service listens there),
-        their number, and this one's place among them."""
+        """What keras.distribution.initialize() reads with no arguments for this trainer (the
+        chief's address first: JAX's coordination service listens there)."""
         addresses = [self.trainer_address(trainer) for trainer in range(self.trainers)]
         return {
             "KERAS_DISTRIBUTION_JOB_ADDRESSES": ",".join(addresses),
@@ -221,9 +212,8 @@ class Shard(NamedTuple):
 
 
 def input_shard(environ: Mapping[str, str] = os.environ) -> Shard:
-    """This process's share of the training data, from its TF_CONFIG: trainer i of n (the
-    chief 0, worker k k + 1) reads shard i of n; a single process, a parameter server and the
-    evaluator read everything, Shard(1, 0)."""
+    """This process's share of the training data, from its TF_CONFIG: trainer i of n (see
+    trainer_id) reads shard i of n; any other process reads everything, Shard(1, 0)."""
     text = environ.get("TF_CONFIG")
     role = ClusterRole.from_json(text) if text else None
     if role is None or role.role not in (CHIEF, WORKER):

@@ -1,7 +1,7 @@
 """Reading a SLURM task's environment into a `SlurmStep`: who this task is, and the step's shape.
 
-Pure: takes an environment mapping, never `os.environ` implicitly, never TensorFlow, never a
-subprocess. Hostlists and tasks-per-node strings go through python-hostlist, in SLURM's order.
+Pure: takes an environment mapping, never `os.environ` implicitly; hostlists and tasks-per-node
+strings go through python-hostlist, in SLURM's order.
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ DISTRIBUTIONS = (BLOCK, CYCLIC)
 
 CONTINUATION = "TFCONFIG_SLURM_CONTINUATION"
 
-# Where each value comes from; the first variable that is set wins. The step's own variables
-# come before the job's, because a step may run on only part of its job's allocation.
-# CUDA_VISIBLE_DEVICES leads the GPU sources because it is what CUDA reads in this task's
-# device namespace: under cgroup device constraints SLURM sets it relative to the task's
-# devices, while SLURM_STEP_GPUS keeps the node's numbering. It counts only where SLURM
-# allocated GPUs (one of "gpus_allocated" is set): sbatch and srun pass the submitting shell's
-# environment on, and a CUDA_VISIBLE_DEVICES left there describes some other machine.
+# Where each value comes from; the first variable set wins. The step's own come before the
+# job's: a step may run on part of its job's allocation. CUDA_VISIBLE_DEVICES leads the GPU
+# sources: under cgroup device constraints SLURM numbers it as the task sees its devices, while
+# SLURM_STEP_GPUS keeps the node's numbering. It counts only where SLURM allocated GPUs
+# ("gpus_allocated"): one inherited from the submitting shell describes some other machine.
 SOURCES: Mapping[str, tuple[str, ...]] = {
     "rank": ("SLURM_PROCID",),
     "node_index": ("SLURM_NODEID",),
@@ -46,12 +44,10 @@ SOURCES: Mapping[str, tuple[str, ...]] = {
     "array_job_id": ("SLURM_ARRAY_JOB_ID",),
     "array_task_id": ("SLURM_ARRAY_TASK_ID",),
     "restart_count": ("SLURM_RESTART_COUNT",),
-    # Not SLURM's: how many jobs before this one the run went on from, where SLURM refused to
-    # requeue (process/job/continuation.py sets it in the next job).
+    # Not SLURM's: the jobs this run went on from (process/job/continuation.py).
     "continuation": (CONTINUATION,),
     "distribution": ("SLURM_DISTRIBUTION",),
-    # The CPUs the job has on the node (its tasks share them where SLURM binds none), and how
-    # SLURM bound this task to CPUs, if it did (cluster/threads.py).
+    # The job's CPUs on the node, and how SLURM bound this task to them (cluster/threads.py).
     "cpus_on_node": ("SLURM_CPUS_ON_NODE",),
     "cpu_bind_type": ("SLURM_CPU_BIND_TYPE",),
     "gpus": ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"),
@@ -65,17 +61,15 @@ SOURCES: Mapping[str, tuple[str, ...]] = {
         "SLURM_JOB_NODELIST_PACK_GROUP_0",
     ),
 }
-# The node's GPUs as SLURM gave them to a step, `<job>.<step>:<ids>`, saved by the task
-# environment (environment.py) where it narrows CUDA_VISIBLE_DEVICES to one task's GPUs: a
-# command run under it (a nested with-tfconfig, tfconfig-slurm) reads the step as SLURM made
-# it. It counts only in the step it names, never when inherited by another.
+# The node's GPUs as SLURM gave them to a step, `<job>.<step>:<ids>`, saved where a task's
+# CUDA_VISIBLE_DEVICES is narrowed (render.task_environment), for a command run under it; it
+# counts only in the step it names.
 STEP_GPUS = "TFCONFIG_SLURM_STEP_GPUS"
 
 _SPACE = re.compile(r"\s")
 _RUN_IN_SRUN = "SLURM sets it in every task of a job step: run this inside srun"
 _IN_BATCH_JOB = "SLURM sets it in a batch job's script: run this there"
-# SLURM's ids and counts are 32-bit; a longer number is garbage, and Python refuses to
-# convert numbers of more than 4300 digits anyway.
+# SLURM's ids and counts are 32-bit; a longer number is garbage.
 MAX_WHOLE_NUMBER = 2**32 - 1
 # More tasks than any TensorFlow cluster has: a larger step is refused before it is laid out.
 MAX_TASKS = 2**20
@@ -90,19 +84,16 @@ class StepShape:
     nodes: tuple[str, ...]
     tasks_per_node: tuple[int, ...]
     distribution: str
-    # GPU ids of one node as its tasks see them; SLURM's own ids, never renumbered. Ids are
-    # per node, and every node of a step gets the same count, so one node's ids stand for all.
+    # One node's GPU ids, SLURM's own (never renumbered); every node of a step gets as many.
     node_gpus: tuple[str, ...]
     job_id: int
     step_id: int
-    # How often SLURM requeued the job: a requeued job keeps its id and numbers its steps
-    # from 0 again.
+    # How often SLURM requeued the job, which keeps its id and numbers its steps from 0 again.
     restart_count: int = 0
-    # In a step across a heterogeneous job's components, the nodes (by index) of its first
-    # component, the CPU nodes that run the parameter servers while the others train; the
-    # GPUs above are then those of the other components' nodes. Empty for any other step.
+    # In a heterogeneous step, the (CPU) nodes of the first component, by index: node_gpus
+    # are then the others'. Empty for any other step.
     server_nodes: tuple[int, ...] = ()
-    # The CPUs the job has on each node, where SLURM says (or a plan gives) it.
+    # The CPUs the job has on each node, where known.
     cpus_on_node: int | None = None
 
     @property
@@ -139,7 +130,7 @@ class SlurmJob:
     array_job_id: int | None
     array_task_id: int | None
     restart_count: int
-    # The jobs this run went on in before, where it could not requeue (continuation.py).
+    # The jobs this run went on from (continuation.py).
     continuation: int = 0
 
     @property
@@ -151,10 +142,7 @@ class SlurmJob:
 
 
 def read_slurm_job(environ: Mapping[str, str]) -> SlurmJob | None:
-    """The job this process runs in, or None outside SLURM.
-
-    Raises SlurmEnvironmentError naming the variable when one is garbled.
-    """
+    """The job this process runs in, or None outside SLURM; SlurmEnvironmentError if garbled."""
     if _lookup(environ, "job_id") is None:
         return None
     return SlurmJob(
@@ -167,11 +155,8 @@ def read_slurm_job(environ: Mapping[str, str]) -> SlurmJob | None:
 
 
 def read_job_allocation(environ: Mapping[str, str]) -> Allocation | None:
-    """What the batch job holds, as its batch script's environment says; None outside a job,
-    and in a heterogeneous job, whose batch script sees only its first component.
-
-    Raises SlurmEnvironmentError naming the variable when one is garbled.
-    """
+    """What the batch job holds, as its batch script sees it; None outside a job, and in a
+    heterogeneous job, whose batch script sees only its first component."""
     found = _lookup(environ, "job_nodelist")
     if found is None or _lookup(environ, "het_size") is not None:
         return None
@@ -191,12 +176,9 @@ def in_job_step(environ: Mapping[str, str]) -> bool:
 
 
 def read_slurm_step(environ: Mapping[str, str]) -> SlurmStep:
-    """Reads this task's `SlurmStep` from a SLURM task environment.
-
-    Raises SlurmEnvironmentError naming the variable when one is missing, garbled or disagrees.
-    """
+    """This task's `SlurmStep`; SlurmEnvironmentError names a variable that is wrong."""
     _check_in_a_step(environ)
-    nodes = _nodes(environ)
+    nodes = expand_nodes(*_required(environ, "nodelist"), SlurmEnvironmentError, _RUN_IN_SRUN)
     tasks_per_node = _tasks_per_node(environ)
     if len(tasks_per_node) != len(nodes):
         raise SlurmEnvironmentError(
@@ -271,9 +253,8 @@ def _check_in_a_step(environ: Mapping[str, str]) -> None:
 
 
 def _bound(environ: Mapping[str, str]) -> bool:
-    """Whether SLURM bound this task to CPUs of its own: SLURM_CPU_BIND_TYPE names a binding
-    by core, thread or rank. One by socket or locality domain gives several tasks the same
-    CPUs, as does none."""
+    """Whether SLURM bound this task to CPUs of its own (by core, thread or rank, not by socket
+    or locality domain, which several tasks share)."""
     found = _lookup(environ, "cpu_bind_type")
     kinds = found[1].lower() if found else ""
     return any(kind in kinds for kind in ("cores", "threads", "rank", "map_cpu", "mask_cpu"))
@@ -296,9 +277,7 @@ def _name(environ: Mapping[str, str], field: str) -> str:
 def _required(environ: Mapping[str, str], field: str) -> tuple[str, str]:
     found = _lookup(environ, field)
     if found is None:
-        sources = SOURCES[field]
-        either = " or ".join(sources)
-        raise SlurmEnvironmentError(either, "not set", _RUN_IN_SRUN)
+        raise SlurmEnvironmentError(" or ".join(SOURCES[field]), "not set", _RUN_IN_SRUN)
     return found
 
 
@@ -328,10 +307,6 @@ def _optional_whole_number(environ: Mapping[str, str], field: str) -> int | None
     return None if found is None else _parse_whole_number(*found, minimum=0)
 
 
-def _nodes(environ: Mapping[str, str]) -> tuple[str, ...]:
-    return expand_nodes(*_required(environ, "nodelist"), SlurmEnvironmentError, _RUN_IN_SRUN)
-
-
 def _tasks_per_node(environ: Mapping[str, str]) -> tuple[int, ...]:
     variable, value = _required(environ, "tasks_per_node")
     counts = _parse_counts(variable, value, _RUN_IN_SRUN)
@@ -344,8 +319,7 @@ def _tasks_per_node(environ: Mapping[str, str]) -> tuple[int, ...]:
 
 
 def _counts_per_node(environ: Mapping[str, str], field: str, nodes: int) -> tuple[int, ...] | None:
-    """A batch job's count per node (`3(x2),2`), None where it is not set; raises where it
-    does not list `nodes` nodes."""
+    """A batch job's count per node (`3(x2),2`), None where it is not set."""
     found = _lookup(environ, field)
     if found is None:
         return None
@@ -362,14 +336,13 @@ def _counts_per_node(environ: Mapping[str, str], field: str, nodes: int) -> tupl
 
 def _parse_counts(variable: str, value: str, hint: str) -> tuple[int, ...]:
     try:
-        counts = tuple(hostlist.parse_slurm_tasks_per_node(value))
+        return tuple(hostlist.parse_slurm_tasks_per_node(value))
     except (hostlist.BadHostlist, ValueError) as error:
         raise SlurmEnvironmentError(
             variable,
             f"is {value!r}, not a SLURM tasks-per-node list ({error})",
             "expected a form such as 3(x2),2; " + hint,
         ) from None
-    return counts
 
 
 def check_task_count(
@@ -409,8 +382,7 @@ def expand_nodes(
 
 
 def _first_component_nodes(environ: Mapping[str, str], nodes: tuple[str, ...]) -> tuple[int, ...]:
-    """The step's nodes of a heterogeneous job's first component, when the step also has
-    nodes of another (see StepShape.server_nodes)."""
+    """The step's `StepShape.server_nodes`."""
     size = _optional_whole_number(environ, "het_size")
     found = _lookup(environ, "first_component_nodelist")
     if size is None or size < 2 or found is None:
@@ -425,8 +397,7 @@ def _distribution(environ: Mapping[str, str]) -> str:
     if found is None:
         return BLOCK
     variable, value = found
-    # "cyclic:block,Pack": the part before ':' is how tasks are dealt to nodes, the rest is
-    # how they are bound within a node, which does not change the rank-to-node map.
+    # "cyclic:block,Pack": only the part before ':' deals tasks to nodes.
     across_nodes = value.split(":")[0].split(",")[0].strip().lower()
     if across_nodes in ("", "*"):
         return BLOCK

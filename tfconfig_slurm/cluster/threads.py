@@ -1,21 +1,11 @@
 """Each task's TensorFlow thread pools, sized by its role and its node's share of CPUs.
 
-TensorFlow sizes a process's pools to every CPU it may run on, so a node that runs a parameter
-server and two trainers runs two trainers that each think they own every core. The trainers
-share them out; the others keep what their work needs:
-
-- a trainer (chief or worker): the CPUs over the trainers that share them, inside an op and
-  between ops alike (TensorFlow's own default gives both every CPU);
-- a parameter server: every CPU, as TensorFlow gives it: its ops (reads and updates of the
-  variables) run while trainers wait for them, and held to 1 inside an op, 1 trainer and a ps
-  on 2 cores trained 3% slower than the stock job (bench/RESULTS.md, "threads");
-- an evaluator, and ParameterServerStrategy's coordinator (the chief of a --coordinator
-  layout, which trains nothing itself: its workers are the trainers): every CPU, as a
-  parameter server. An Estimator run's evaluator computes its final metrics, which one
-  thread would slow on a CPU node; between checkpoints it waits.
-
-Where SLURM bound the task to CPUs of its own, they are its alone, not shared. Pure: the
-counts come in (for_role, for_layout), nothing is read here.
+TensorFlow sizes a process's pools to every CPU it may run on, so two trainers on a node each
+think they own every core. The trainers share the node's CPUs out (inside an op and between
+ops alike); a parameter server, an evaluator and ParameterServerStrategy's coordinator keep
+every CPU: a ps's ops run while trainers wait for them (held to 1 thread, it slowed training:
+bench/RESULTS.md, "threads"), and an evaluator's final metrics would be slow on one. CPUs
+SLURM bound to a task are its alone. Pure: the counts come in, nothing is read here.
 """
 
 from __future__ import annotations
@@ -23,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import NamedTuple
 
-from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER, ClusterLayout
+from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, ClusterLayout, trainer_roles
 from tfconfig_slurm.cluster.role import ClusterRole
 
 # The fewest threads between ops of a ParameterServerStrategy worker: one held by the
@@ -42,17 +32,15 @@ class Threads(NamedTuple):
 
 
 def sized(role: str, *, cpus: int, trainers_on_node: int, coordinator: bool = False) -> Threads:
-    """The threads of a task of `role` that may run on `cpus` CPUs, which the node's
-    `trainers_on_node` trainers share (1 where the task's CPUs are its own), in a layout for
-    ParameterServerStrategy where `coordinator`."""
+    """The threads of a task of `role` on `cpus` CPUs that the node's `trainers_on_node`
+    trainers share (1 where the task's CPUs are its own)."""
     cpus = max(1, cpus)
-    if role in _trainers(coordinator):
+    if role in trainer_roles(coordinator):
         share = max(1, cpus // max(1, trainers_on_node))
         if coordinator:
-            # A ParameterServerStrategy worker runs each step the coordinator sends it in a
-            # handler on its inter-op pool, which waits there for the step's ops, run on the
-            # same pool: with 1 thread, a step whose ops leave it (its input not ready) waits
-            # for ever (#55 item 5).
+            # A ParameterServerStrategy worker's handler for a step waits on its inter-op pool
+            # for the step's ops, run on the same pool: with 1 thread, a step whose ops leave
+            # it (its input not ready) waits for ever (#55 item 5).
             return Threads(share, max(share, PS_WORKER_MIN_INTER_OP))
         return Threads(share, share)
     if role in (PS, CHIEF, EVALUATOR):
@@ -66,7 +54,7 @@ def for_role(role: ClusterRole, cpus: int, *, own_cpus: bool) -> Threads:
     host = _host(role.address)
     on_node = sum(
         _host(address) == host
-        for job in _trainers(role.coordinator)
+        for job in trainer_roles(role.coordinator)
         for address in role.cluster.get(job, ())
     )
     return sized(
@@ -79,7 +67,7 @@ def for_role(role: ClusterRole, cpus: int, *, own_cpus: bool) -> Threads:
 
 def for_layout(layout: ClusterLayout, cpus: int) -> list[Threads]:
     """Every task's threads, by rank, where each node's tasks share its `cpus` CPUs."""
-    trainers = _trainers(layout.coordinator)
+    trainers = trainer_roles(layout.coordinator)
     on_node = Counter(task.node for task in layout.tasks if task.role in trainers)
     return [
         sized(
@@ -90,11 +78,6 @@ def for_layout(layout: ClusterLayout, cpus: int) -> list[Threads]:
         )
         for task in layout.tasks
     ]
-
-
-def _trainers(coordinator: bool) -> tuple[str, ...]:
-    """The roles that train: ParameterServerStrategy's coordinator trains nothing itself."""
-    return (WORKER,) if coordinator else (CHIEF, WORKER)
 
 
 def _host(address: str) -> str:

@@ -1,33 +1,20 @@
 """Which peers each task of a cluster watches (watchdog.py), so that a loss reaches every task
-while no task probes more than a few: at 500 nodes x 8 GPUs (4,000 trainers, 500 ps) a ps
-that probed every trainer took 80 s a round (bench/RESULTS.md). No TensorFlow here.
+while no task probes more than a few (a ps that probed all of 4,000 trainers took too long a
+round: bench/RESULTS.md). No TensorFlow here.
 
 - Trainers and parameter servers are paired off: with m = min(trainers, ps), trainer t and
-  ps p watch each other when t % m == p % m. Each trainer so watches ceil(ps / trainers)
-  parameter servers (1 at that scale), and each ps ceil(trainers / ps) trainers (8).
-- The parameter servers watch each other (the mesh), at the watchdog's rate limit.
+  ps p watch each other when t % m == p % m; the parameter servers also watch each other. A
+  lost trainer is seen by its ps, which ends; the mesh sees that ps end, and every trainer
+  its own ps: three watches from any task to any other.
+- Without parameter servers (all-reduce), each trainer watches its parent and children in the
+  tree of trainers; one whose collective fails probes the others (`other_trainers`).
+- With a coordinator (ParameterServerStrategy), a lost worker is the coordinator's to
+  tolerate: nobody watches the workers. The coordinator watches every ps; its end travels to
+  ps 0, from there to the other parameter servers (`herald`), and from each ps to its workers.
 
-A lost trainer is seen by its ps, which ends; the other parameter servers see that ps end,
-and end; every trainer sees its own ps end. A lost ps is seen by its trainers and by the mesh
-the same way. Three watches from any task to any other.
-
-A cluster without parameter servers (all-reduce training) has only trainers: each watches its
-neighbours in the tree of trainers below (its parent and children), so a loss travels along
-the tree, at most twice its depth (3 levels at 4,000 trainers). A trainer whose collective
-fails probes the other trainers in turn until one refuses or the run has recorded its
-failure: the few whose collective fails first name the lost one, whichever their neighbours
-are, at once where the error names its address.
-
-In a step laid out for ParameterServerStrategy (`coordinator`), a lost worker is the
-coordinator's to tolerate: nobody watches the workers. The coordinator watches every ps; the
-end travels from it to ps 0, from ps 0 to the other parameter servers (`herald`), and from
-each ps to its paired workers, which serve until then.
-
-`launch/with-tfconfig`'s trainers also tell the parameter servers that they finished, which
-the runtime's trainers do through its stop tokens: along a tree of the trainers (the chief
-its root, FAN_OUT children each), a trainer whose command exited 0 waits until each of its
-children says its subtree finished, then says so for its own (supervise.py), until its
-parent has said so too. The chief so says when every trainer has finished.
+with-tfconfig's trainers tell the parameter servers they finished along the same tree (the
+chief its root, FAN_OUT children each): each waits for its children's subtrees, then says so
+for its own (supervise.py).
 """
 
 from __future__ import annotations
@@ -56,24 +43,21 @@ def paired(role: ClusterRole) -> dict[str, str]:
 
 def herald(role: ClusterRole) -> dict[str, str]:
     """Whose FINISHED ends a serving task's command, by name: the chief's for ps 0, ps 0's for
-    the other parameter servers, and with a coordinator, a worker's paired parameter
-    servers'."""
+    the other ps, and with a coordinator, a worker's paired parameter servers'."""
     if role.role == PS:
         if role.index == 0:
-            return {str(TaskId(CHIEF, 0)): role.cluster[CHIEF][0]}
+            return {_CHIEF: role.cluster[CHIEF][0]}
         return {str(TaskId(PS, 0)): role.cluster[PS][0]}
     return paired(role) if role.coordinator and role.role == WORKER else {}
 
 
 def paired_workers(role: ClusterRole) -> dict[str, str]:
-    """The workers among a ps's paired trainers: with a coordinator, the ones that serve until
-    it says FINISHED."""
+    """The workers among a ps's paired trainers (with a coordinator, they serve until it ends)."""
     return {name: address for name, address in paired(role).items() if name != _CHIEF}
 
 
 def neighbours(role: ClusterRole) -> dict[str, str]:
-    """A trainer's parent and children in the tree of trainers, by name: the peers it watches
-    in a cluster without parameter servers."""
+    """A trainer's parent and children in the tree of trainers, by name."""
     near = children(role)
     if role.trainer_id:
         near.update(_trainers(role, [_parent_id(role.trainer_id)]))
@@ -82,13 +66,12 @@ def neighbours(role: ClusterRole) -> dict[str, str]:
 
 def other_servers(role: ClusterRole) -> dict[str, str]:
     """Every parameter server but this one: the mesh a ps watches."""
-    return {name: address for name, address in role.named(PS).items() if name != _own(role)}
+    return {name: address for name, address in role.named(PS).items() if name != str(role.task_id)}
 
 
 def other_trainers(role: ClusterRole) -> dict[str, str]:
-    """Every trainer but this one, by name, from the one after it on (round to the one
-    before): the peers a trainer whose collective failed probes in turn
-    (watchdog.PeerWatch.end_for_a_lost_peer), each trainer starting elsewhere."""
+    """Every trainer but this one, by name, from the one after it round to the one before: the
+    peers a trainer whose collective failed probes in turn, each starting elsewhere."""
     after = range(role.trainer_id + 1, role.trainer_id + role.trainers)
     return _trainers(role, (t % role.trainers for t in after))
 
@@ -115,8 +98,8 @@ def trainers_below(role: ClusterRole) -> int:
 
 
 def _trainers(role: ClusterRole, trainer_ids: Iterable[int]) -> dict[str, str]:
-    """These trainers' addresses by name; looked up one by one, as a cluster of thousands
-    would make building every name for each task quadratic."""
+    """These trainers' addresses by name, looked up one by one: building every name for each
+    task would be quadratic."""
     return {role.trainer_name(t): role.trainer_address(t) for t in trainer_ids}
 
 
@@ -127,7 +110,3 @@ def _parent_id(trainer_id: int) -> int:
 def _child_ids(trainer_id: int, trainers: int) -> range:
     first = trainer_id * FAN_OUT + 1
     return range(first, min(first + FAN_OUT, trainers))
-
-
-def _own(role: ClusterRole) -> str:
-    return str(role.task_id)
