@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tfconfig_slurm.cluster.role import TaskId
 
@@ -15,22 +16,6 @@ DEFAULT_OUTPUT_ROOT = "tf-output"
 # Under the output root, beside the runs: the lines of each sweep submitted there.
 SWEEPS = "sweeps"
 
-# RunDir's attributes: each a file or folder of every run directory, by its name there.
-_ENTRIES = {
-    "lock": "run.lock",  # held by the run that trains here (claim.py)
-    "state": "state.json",  # what the run is doing, for `tfconfig-slurm runs`
-    "summary": "summary.json",  # the chief's account of a finished run
-    "trainer_reports": "trainers",  # one report a trainer: its steps and speed
-    "evaluator_result": "evaluator.json",  # the evaluator's final metrics
-    "failures": "failures",  # the first failure of each attempt (failure.py)
-    "hangs": "hangs",  # hung tasks' accounts, an attempt a folder (process/task/hang_watch.py)
-    "continuation": "continued.json",  # the job the run went on in (process/job/continuation.py)
-    "progress": "progress.json",  # the owner's last logged step (process/task/throughput.py)
-    "refusal": "refused.json",  # the latest job refused at its start (refusal.py)
-    "checkpoint_index": "checkpoint",  # TensorFlow's own, naming the latest checkpoint
-    "logs": "logs",  # one log per task, from the batch script or the local cluster
-}
-
 
 def output_root(environ: Mapping[str, str]) -> str:
     """The output root a run takes when no flag names one: the variable, unless it is empty
@@ -38,16 +23,34 @@ def output_root(environ: Mapping[str, str]) -> str:
     return environ.get(OUTPUT_ROOT_VARIABLE) or DEFAULT_OUTPUT_ROOT
 
 
+class _Entry:
+    """A file or folder of every run directory, by its name there: `run.state` is a Path."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, run: RunDir, owner: Any = None) -> Path:
+        return run.path / self.name
+
+
 @dataclass(frozen=True)
 class RunDir:
-    """A model directory beside TensorFlow's checkpoints: `run.state`, as _ENTRIES, is a Path."""
+    """A model directory, as the runtime lays it out beside TensorFlow's checkpoints."""
 
     path: Path
 
-    def __getattr__(self, attribute: str) -> Path:
-        if attribute not in _ENTRIES:
-            raise AttributeError(attribute)
-        return self.path / _ENTRIES[attribute]
+    lock = _Entry("run.lock")  # held by the run that trains here (claim.py)
+    state = _Entry("state.json")  # what the run is doing, for `tfconfig-slurm runs`
+    summary = _Entry("summary.json")  # the chief's account of a finished run
+    trainer_reports = _Entry("trainers")  # one report a trainer: its steps and speed
+    evaluator_result = _Entry("evaluator.json")  # the evaluator's final metrics
+    failures = _Entry("failures")  # the first failure of each attempt (failure.py)
+    hangs = _Entry("hangs")  # hung tasks' accounts, an attempt a folder (hang_watch.py)
+    continuation = _Entry("continued.json")  # the job the run went on in (continuation.py)
+    progress = _Entry("progress.json")  # the owner's last logged step (throughput.py)
+    refusal = _Entry("refused.json")  # the latest job refused at its start (refusal.py)
+    checkpoint_index = _Entry("checkpoint")  # TensorFlow's own, naming the latest checkpoint
+    logs = _Entry("logs")  # one log per task, from the batch script or the local cluster
 
     def trainer_report(self, task: TaskId) -> Path:
         return self.trainer_reports / f"{task.role}-{task.index}.json"
