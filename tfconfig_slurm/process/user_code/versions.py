@@ -56,6 +56,11 @@ class Installed(NamedTuple):
     keras: str | None = None
     jax: str | None = None
 
+    @property
+    def this_python(self) -> str:
+        """`this Python 3.11`, as the errors say it."""
+        return "this Python {}.{}".format(*self.python)
+
 
 def installed() -> Installed:
     return Installed(
@@ -71,28 +76,33 @@ def installed() -> Installed:
 def require_estimator(what: str, found: Installed | None = None) -> None:
     """InstallError for `what` unless TensorFlow 2.15 or older and tensorflow-estimator are."""
     found = found or installed()
-    python = "Python {}.{}".format(*found.python)
     if found.tensorflow is None:
-        problem = f"needs TensorFlow 2.15, which this {python} does not have"
-    elif not has_estimator_release(found.tensorflow):
-        problem = (
-            f"needs TensorFlow 2.15, the last release with Estimator, and this {python} has "
-            f"TensorFlow {found.tensorflow}"
+        raise InstallError(
+            what,
+            f"needs TensorFlow 2.15, which {found.this_python} does not have",
+            _ESTIMATOR_INSTALL,
         )
-    elif found.estimator is None:
-        problem = f"needs tensorflow-estimator beside TensorFlow {found.tensorflow}"
-    else:
-        return
-    raise InstallError(what, problem, _ESTIMATOR_INSTALL)
+    if not has_estimator_release(found.tensorflow):
+        raise InstallError(
+            what,
+            f"needs TensorFlow 2.15, the last release with Estimator, and {found.this_python} "
+            f"has TensorFlow {found.tensorflow}",
+            _ESTIMATOR_INSTALL,
+        )
+    if found.estimator is None:
+        raise InstallError(
+            what,
+            f"needs tensorflow-estimator beside TensorFlow {found.tensorflow}",
+            _ESTIMATOR_INSTALL,
+        )
 
 
 def require_tensorflow(what: str, found: Installed | None = None) -> None:
     """Raises InstallError, naming `what` needed it, unless some TensorFlow is installed."""
     found = found or installed()
     if found.tensorflow is None:
-        python = "Python {}.{}".format(*found.python)
         raise InstallError(
-            what, f"needs TensorFlow, which this {python} does not have", _KERAS_INSTALL
+            what, f"needs TensorFlow, which {found.this_python} does not have", _KERAS_INSTALL
         )
 
 
@@ -100,11 +110,10 @@ def require_keras(what: str, found: Installed | None = None, *, twin: str | None
     """InstallError for `what` unless TensorFlow 2.16+ and tf-keras (Keras 2, whose
     multi-worker training works) are; names a Keras 3 `twin` where Keras 3 is."""
     found = found or installed()
-    python = "Python {}.{}".format(*found.python)
     hint = _KERAS_INSTALL
     if found.tensorflow is None or has_estimator_release(found.tensorflow):
         has = f"TensorFlow {found.tensorflow}" if found.tensorflow else "no TensorFlow"
-        problem = f"needs TensorFlow 2.16 or later with tf-keras, and this {python} has {has}"
+        problem = f"needs TensorFlow 2.16 or later with tf-keras, and {found.this_python} has {has}"
         if found.tensorflow is None and found.jax and _major_minor(found.keras or "0.0") >= (3, 0):
             # Most likely a Keras 3 experiment that imports tf_keras by mistake.
             problem += (
@@ -125,15 +134,14 @@ def require_keras(what: str, found: Installed | None = None, *, twin: str | None
 def require_keras3(what: str, found: Installed | None = None) -> None:
     """InstallError for `what` unless Keras 3 and JAX (its multi-process backend) are."""
     found = found or installed()
-    python = "Python {}.{}".format(*found.python)
     if found.keras is None or _major_minor(found.keras) < (3, 0):
         has = f"Keras {found.keras}" if found.keras else "no Keras"
-        problem = f"needs Keras 3 with JAX, and this {python} has {has}"
+        problem = f"needs Keras 3 with JAX, and {found.this_python} has {has}"
     elif found.jax is None:
         problem = f"needs JAX beside Keras {found.keras} (the backend it trains on here)"
     elif _release(found.jax) < OLDEST_JAX:
         problem = (
-            f"needs JAX {'.'.join(map(str, OLDEST_JAX))} or later, and this {python} has JAX "
+            f"needs JAX {'.'.join(map(str, OLDEST_JAX))} or later, and {found.this_python} has JAX "
             f"{found.jax}, which lacks {_OLDEST_JAX_LACKS}"
         )
     else:
