@@ -117,6 +117,24 @@ def test_only_a_failure_outside_the_run_s_code_is_worth_a_restart(
     assert not restarts.verdict(first, srun_said, trained=False).again
 
 
+@pytest.mark.parametrize(
+    ("first", "srun_said", "refused"),
+    [
+        (Failure("chief 0", "n1", "--hparams: no such", 2, None, 1.0), "", True),
+        (Failure("chief 0", "n1", "ValueError: bad batch", 1, None, 1.0), "", False),
+        # A peer that recorded the refusing task lost is no refusal of its own.
+        (Failure("worker 0", "n2", "its command failed", 2, "ps 0", 1.0), "", False),
+        # No record (a refusal before the task attached it): srun's first task line says it.
+        (None, "srun: error: node2: tasks 3-5: Exited with exit code 2\n", True),
+        (None, "srun: error: node2: task 1: Terminated\n", False),
+    ],
+)
+def test_a_step_whose_first_task_refused_its_input_is_told_apart(
+    first: Failure | None, srun_said: str, refused: bool
+) -> None:
+    assert restarts.refused(restarts.Step(143, 0.0, None, first, srun_said)) is refused
+
+
 def failed_step(
     model_dir: Path,
     started: float,

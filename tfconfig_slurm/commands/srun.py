@@ -138,13 +138,14 @@ def _steps(
             _say(f"{PROGRAM}: the run stopped and was not requeued (exit {status}): the step is "
                  "not started again")  # fmt: skip
             return status
-        said, cause = "", None
+        said, cause, refused = "", None, False
         if not signals.stop.requested:
             step = restarts.read_step(
                 model_dir, job, status=status, started=started, checkpoint_at_start=at_start,
                 srun_said=srun_said, progress_at_start=progress_at_start,
             )  # fmt: skip
             _say(restarts.line(model_dir, job, step, PROGRAM, left))
+            refused = restarts.refused(step)
             said, cause = what_follows.after_failure(
                 model_dir, job, step, done=done, most=most, who=PROGRAM, left=left
             )
@@ -161,7 +162,8 @@ def _steps(
         if said:
             _say(said)
         if cause is None:
-            return status
+            # Bad input ends the job with its status, not srun's of the tasks it then killed.
+            return ExitStatus.REFUSED if refused else status
         attempts.record(model_dir, job, cause)
         done += 1
         if left and held is not None:

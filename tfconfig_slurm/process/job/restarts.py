@@ -50,6 +50,15 @@ class Step(NamedTuple):
     progress_at_start: object = None
 
 
+def refused(step: Step) -> bool:
+    """Whether the step's first failure was a task refusing its input (exit 2), as its record
+    or, where none was written, srun's first line of a task says."""
+    if step.first is not None:
+        return step.first.exit_status == ExitStatus.REFUSED and step.first.seen_by is None
+    named = _SRUN_TASK.search(step.srun_said)
+    return named is not None and named[2].strip() == f"Exited with exit code {ExitStatus.REFUSED}"
+
+
 def verdict(first: Failure | None, srun_said: str, *, trained: bool) -> Verdict:
     """What the step's first failure (its record, else srun's messages) says of a restart."""
     if not trained:
