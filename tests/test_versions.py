@@ -176,19 +176,34 @@ def test_the_shipped_experiments_kinds() -> None:
     assert experiment.kind("mnist_keras3") == experiment.KERAS3
 
 
-def test_a_failed_parameter_server_s_hint_follows_the_tensorflow_installed() -> None:
+def test_a_failed_parameter_server_s_hint_follows_its_failure_and_the_tensorflow_installed() -> (
+    None
+):
     """A stock Estimator script on TensorFlow 2.21 fails on tf.estimator, and the hint named only
-    MultiWorkerMirroredStrategy (a newcomer followed it, to no end)."""
-    mirrored = "MultiWorkerMirroredStrategy fails beside a parameter server: run it under "
-    tf2 = supervise._ps_failure_hint(Installed((3, 12), "2.21.0", None, "2.21.0"))
-    assert tf2.startswith("With TensorFlow 2.21.0 here, an Estimator script cannot run")
-    assert mirrored in tf2
-    estimator = supervise._ps_failure_hint(Installed((3, 11), "2.15.1", "2.15.0"))
-    assert estimator.startswith("A script that trains with MultiWorkerMirroredStrategy")
-    # Only for a script's exception: a missing script (2) or a lost peer (3) has its own cause.
+    MultiWorkerMirroredStrategy (a newcomer followed it, to no end); a script's own error (a
+    newcomer's ValueError) was sent after --all_reduce too."""
+    tf2, tf215 = (
+        Installed((3, 12), "2.21.0", None, "2.21.0"),
+        Installed((3, 11), "2.15.1", "2.15.0"),
+    )
+    no_estimator = (
+        "its command failed: AttributeError: module 'tensorflow' has no attribute 'estimator'"
+    )
+    mirrored = "its command failed: ValueError: There is no id for task_type 'ps'"
+    assert supervise._ps_failure_hint(tf2, no_estimator) == (
+        "With TensorFlow 2.21.0 here, an Estimator script cannot run: Estimator needs "
+        "TensorFlow 2.15"
+    )
+    for found in (tf2, tf215):
+        assert supervise._ps_failure_hint(found, mirrored) == (
+            "A script that trains with MultiWorkerMirroredStrategy fails beside a parameter "
+            "server: run it under with-tfconfig --all_reduce"
+        )
+        assert supervise._ps_failure_hint(found, "its command failed: ValueError: boom") == ""
     ps = ClusterRole({"ps": ("a:1",), "worker": ("b:1",)}, "ps", 0)
-    assert mirrored in supervise._server_failure_hint(ps, 1)
-    assert [supervise._server_failure_hint(ps, status) for status in (2, 3, -9)] == ["", "", ""]
+    assert supervise._server_failure_hint(ps, mirrored).startswith(" A script that trains")
+    worker = ClusterRole({"ps": ("a:1",), "worker": ("b:1",)}, "worker", 0)
+    assert supervise._server_failure_hint(worker, mirrored) == ""
 
 
 def test_the_cluster_resolver_without_tensorflow_names_what_to_install() -> None:

@@ -232,14 +232,15 @@ class _Supervisor:
             return status
         # The wrapper's own status is news only where a signal ended the command.
         how = exits.how_it_ended(child.returncode)
+        failed = self._its_failure(child)
         logging.error(
             "%s: its command %s; its log above may say why.%s",
             role.task_id,
             f"{how} (exit {status})" if child.returncode < 0 else how,
-            _server_failure_hint(role, child.returncode),
+            _server_failure_hint(role, failed),
         )
         self._take_failed_end()
-        _say_failed(role, self._its_failure(child))
+        _say_failed(role, failed)
         return status
 
 
@@ -364,8 +365,9 @@ def say_served(role: ClusterRole) -> None:
         watchdog.until_gone(waiting)
 
 
-def _server_failure_hint(role: ClusterRole, returncode: int) -> str:
-    """What to do about a serving task's failed command, from a space on; "" for a worker."""
+def _server_failure_hint(role: ClusterRole, failed: str) -> str:
+    """What to do about a serving task's command that `failed` (its words), from a space on;
+    "" for a worker, and for a failure that says no known cause."""
     if role.role != PS:
         return ""
     if role.coordinator:
@@ -373,22 +375,25 @@ def _server_failure_hint(role: ClusterRole, returncode: int) -> str:
             " The coordinator cannot go on without it: run the step again to resume from the "
             "last checkpoint"
         )
-    # Exit 1: an exception in the script (2: Python could not open it; 3: a lost peer).
-    return f" {_ps_failure_hint(versions.installed())}" if returncode == 1 else ""
+    return f" {hint}" if (hint := _ps_failure_hint(versions.installed(), failed)) else ""
 
 
-def _ps_failure_hint(found: versions.Installed) -> str:
-    """What commonly fails a parameter server's command, given the TensorFlow installed."""
-    mirrored = (
-        "a script that trains with MultiWorkerMirroredStrategy fails beside a parameter "
-        "server: run it under with-tfconfig --all_reduce"
-    )
-    if found.tensorflow and not versions.has_estimator_release(found.tensorflow):
+def _ps_failure_hint(found: versions.Installed, failed: str) -> str:
+    """The cause a parameter server's command that `failed` names, given the TensorFlow
+    installed: MultiWorkerMirroredStrategy's, which has no parameter servers, or an Estimator
+    script's on a TensorFlow without Estimator."""
+    tensorflow = found.tensorflow
+    if tensorflow and not versions.has_estimator_release(tensorflow) and "estimator" in failed:
         return (
-            f"With TensorFlow {found.tensorflow} here, an Estimator script cannot run "
-            f"(Estimator needs TensorFlow 2.15), and {mirrored}"
+            f"With TensorFlow {tensorflow} here, an Estimator script cannot run: Estimator "
+            "needs TensorFlow 2.15"
         )
-    return mirrored[0].upper() + mirrored[1:]
+    if "task_type 'ps'" in failed or "MultiWorkerMirroredStrategy" in failed:
+        return (
+            "A script that trains with MultiWorkerMirroredStrategy fails beside a parameter "
+            "server: run it under with-tfconfig --all_reduce"
+        )
+    return ""
 
 
 def say_finished(
