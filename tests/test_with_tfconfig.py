@@ -263,6 +263,10 @@ def test_outside_a_job_step_the_hint_names_the_command_that_plans_one() -> None:
     both = wrap("--all_reduce", "--coordinator", "true", environ={})
     assert both.returncode == 2
     assert both.stderr.startswith("with-tfconfig: --coordinator:"), both.stderr
+    # --independent goes with --keras3 only (a new user's went unremarked without it).
+    alone = wrap("--independent", "true", environ={})
+    assert alone.returncode == 2
+    assert alone.stderr.startswith("with-tfconfig: --independent: is given without --keras3")
 
 
 TWO_SERVERS = "--ps_per_node=2"

@@ -119,6 +119,13 @@ def _this_step_s_layout() -> tuple[ClusterLayout, int]:
     """The step's layout, as the flags and SLURM give it, and this task's rank in it."""
     if KERAS3.value:
         _keras3_layout()
+    elif INDEPENDENT.value:
+        raise UsageError(
+            "--independent",
+            "is given without --keras3: only a Keras 3 step's processes are checked to have "
+            "trained together",
+            "add --keras3 for a Keras 3 script on JAX, or leave --independent out",
+        )
     layout, rank = layout_flags.resolve_layout(os.environ)
     if rank is None:
         raise UsageError(
