@@ -236,7 +236,7 @@ def test_a_failing_task_stops_the_others(tmp_path: Path, backend: str) -> None:
     # ps gone first (the ps may read the record sooner), it names the first failure.
     assert re.search(
         rf"\[chief 0\] .* the run failed \(first to fail: {first['task']} on .*\); ending this "
-        r"task(, told to stop, at once)? \(exit 3\)",
+        r"task \(exit 3\)",
         result.stderr,
     ), result.stderr[-3000:]
     pids = started_pids(result.stderr)

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from absl import logging
+
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import ExitStatus, TfconfigSlurmError
 from tfconfig_slurm.process import exits
@@ -150,6 +152,15 @@ def _record(attached: _Attached, failure: Failure) -> None:
             pass
         finally:
             os.unlink(stream.name)
+
+
+def say_ending(first: str, status: int, *, how: str = "failed", why: str = "") -> None:
+    """Logs that this task ends (exit `status`) as the run has `how` (failed, hung), `first`
+    the first failure's line, `why` after it (`, as ps 0 is gone`)."""
+    logging.error(
+        "the run %s (first to fail: %s); ending this task (exit %d)%s", how, first, status, why
+    )
+    logging.flush()
 
 
 def describe(error: BaseException) -> str:

@@ -78,18 +78,8 @@ def report_lost(name: str, address: str, loss: Loss) -> failure.Failure | None:
         logging.flush()
         sys.stderr.flush()
     else:
-        _say_failed_first(first.line(), name)
+        failure.say_ending(first.line(), ExitStatus.PEER_LOST, why=f", as {name} is gone")
     return first
-
-
-def _say_failed_first(first: str, gone: str) -> None:
-    logging.error(
-        "the run failed (first to fail: %s); ending this task (exit %d), as %s is gone",
-        first,
-        ExitStatus.PEER_LOST,
-        gone,
-    )
-    logging.flush()
 
 
 class PeerWatch:
@@ -153,7 +143,7 @@ class PeerWatch:
         suspects = sorted(self._others, key=lambda name: _host(self._others[name]) not in named)
         for probed, name in enumerate(suspects):
             if probed % _RECORD_LOOK_EVERY == 0 and (first := failure.first()) is not None:
-                _say_failed_first(first.line(), "a peer")
+                failure.say_ending(first.line(), ExitStatus.PEER_LOST, why=", as a peer is gone")
                 exits.end_now(ExitStatus.PEER_LOST, "the run failed")
             address = self._others[name]
             if _refuses(address):

@@ -164,10 +164,10 @@ class Watch:
         first = failure.record_hang(blamed.task, blamed.node, what)
         if self.says_failed is not None:
             self.says_failed(f"{blamed.task} {what}")
-        logging.error(
-            "the run hung (first to fail: %s); ending this task (exit %d)",
+        failure.say_ending(
             first.line() if first else f"{blamed.task} on {blamed.node}: {what}",
             ExitStatus.HUNG,
+            how="hung",
         )
         if self._role is not None and self._role.role == CHIEF:
             # Its process may hold the run's JAX service, without which JAX aborts the others

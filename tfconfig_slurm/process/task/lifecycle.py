@@ -400,12 +400,7 @@ def _end_if_failed_while_stopping(task: TaskRun, run_id: str) -> None:
     while True:
         first = failure.read(task.model_dir, run_id)
         if first is not None:
-            logging.error(
-                "the run failed (first to fail: %s); ending this task, told to stop, at once "
-                "(exit %d)",
-                first.line(),
-                ExitStatus.PEER_LOST,
-            )
+            failure.say_ending(first.line(), ExitStatus.PEER_LOST, why=", told to stop, at once")
             exits.end_now(ExitStatus.PEER_LOST, f"the run failed: {first.line()}")
         time.sleep(timing.FAILURE_POLL_SECONDS)
 
