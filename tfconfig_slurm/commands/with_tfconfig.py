@@ -314,15 +314,7 @@ def _run_held(
     failure.attach(directory, role, node)
     if not owns_run(role):
         return None, held
-    owner = RunOwner(
-        directory,
-        script,
-        {},
-        role,
-        job.name if job else None,
-        job.restart_count if job else 0,
-    )
-    return owner, held
+    return RunOwner.in_job(directory, script, {}, role, job), held
 
 
 # How --model_dir is named in a refusal of a directory another run holds.

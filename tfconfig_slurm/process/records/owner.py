@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.process.records import failure, reports
 from tfconfig_slurm.process.records.reports import RunState
 
@@ -33,6 +34,20 @@ class RunOwner:
     job_id: str | None
     # How often SLURM requeued the job before this attempt (a requeued job keeps its id).
     restart: int = 0
+
+    @classmethod
+    def in_job(
+        cls,
+        directory: Path,
+        experiment: str,
+        hparams: Mapping[str, Any],
+        role: ClusterRole | None,
+        job: SlurmJob | None,
+    ) -> RunOwner:
+        """The owner of a run trained in the SLURM `job` (None outside SLURM)."""
+        if job is None:
+            return cls(directory, experiment, hparams, role, None)
+        return cls(directory, experiment, hparams, role, job.name, job.restart_count)
 
     def first_start(self) -> bool:
         """Whether no attempt of this run has started before (read before saying "running")."""

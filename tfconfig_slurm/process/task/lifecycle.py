@@ -249,13 +249,8 @@ def _train(
 def _owner(task: TaskRun, trainer: Backend, step: int | None) -> RunOwner:
     """The run's owner, with the hparams its record keeps: the ones given, or where the run is
     trained already, those it was trained with (said where they differ)."""
-    owner = RunOwner(
-        task.model_dir,
-        trainer.experiment,
-        trainer.hparams,
-        task.place.role,
-        task.job.name if task.job else None,
-        task.job.restart_count if task.job else 0,
+    owner = RunOwner.in_job(
+        task.model_dir, trainer.experiment, trainer.hparams, task.place.role, task.job
     )
     changed = owner.changed_hparams()
     last = owner.last_hparams()
