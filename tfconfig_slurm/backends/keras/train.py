@@ -29,14 +29,13 @@ from tfconfig_slurm.backends.keras.model_dir import (
     write_eval_scalars,
     write_scalars,
 )
-from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import model_dir, reports
 from tfconfig_slurm.process.records.owner import owns_run
 from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import cadence, fit_steps, hang_watch
-from tfconfig_slurm.process.task.keras_run import FitRun
+from tfconfig_slurm.process.task.keras_run import FitRun, watched_peers
 from tfconfig_slurm.process.task.lifecycle import Ending
 from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
@@ -161,11 +160,7 @@ class _Trainer(NamedTuple):
             else tf.distribute.get_strategy()
         )
         directory = settings.model_dir
-        peers = (
-            watchdog.PeerWatch(watch_plan.neighbours(role), others=watch_plan.other_trainers(role))
-            if role is not None
-            else None
-        )
+        peers = watched_peers(role)
         model, checkpoint, start = restored(strategy, experiment, settings.params, directory)
         if role is not None:
             _check_same_start(strategy, start, directory)

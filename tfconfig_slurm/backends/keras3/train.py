@@ -35,7 +35,6 @@ from tfconfig_slurm.backends.keras3.model_dir import (
     whole,
     write_eval_scalars,
 )
-from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF, WORKER
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
@@ -45,7 +44,7 @@ from tfconfig_slurm.process.records import history, model_dir, reports
 from tfconfig_slurm.process.records.owner import owns_run
 from tfconfig_slurm.process.supervision import answering, watchdog
 from tfconfig_slurm.process.task import fit_steps, hang_watch
-from tfconfig_slurm.process.task.keras_run import FitRun
+from tfconfig_slurm.process.task.keras_run import FitRun, watched_peers
 from tfconfig_slurm.process.task.lifecycle import Ending, Hparam, TaskRun
 from tfconfig_slurm.process.task.look_ahead import LookAhead
 from tfconfig_slurm.process.task.settings import TrainingSettings
@@ -246,11 +245,7 @@ class _Process(NamedTuple):
             "num_trainers": mesh_.data_shares,
             "trainer_index": mesh_.data_share,
         }
-        peers = (
-            watchdog.PeerWatch(watch_plan.neighbours(role), others=watch_plan.other_trainers(role))
-            if role is not None
-            else None
-        )
+        peers = watched_peers(role)
         if role is not None:
             # Before any step of JAX's: a process restoring a checkpoint makes other
             # collectives than one that finds none, which JAX takes for a mismatch.

@@ -8,12 +8,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
+from tfconfig_slurm.cluster import watch_plan
+from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.process.records import model_dir, reports
+from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import cadence, hang_watch
 from tfconfig_slurm.process.task.fit_steps import FitSteps, Lines, Scalars
 from tfconfig_slurm.process.task.lifecycle import Ending, TaskRun
 from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
+
+
+def watched_peers(role: ClusterRole | None) -> watchdog.PeerWatch | None:
+    """A trainer's watch of its neighbours, which names the lost one among the other trainers
+    of its collectives where one fails; None for a single process."""
+    if role is None:
+        return None
+    return watchdog.PeerWatch(watch_plan.neighbours(role), others=watch_plan.other_trainers(role))
 
 
 class KerasRun:
