@@ -21,7 +21,6 @@ from tensorboard.plugins.hparams import api as hparams_api
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process.console import a_or_an
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records.run_dir import RunDir
 from tfconfig_slurm.process.task.lifecycle import Hparam
@@ -29,6 +28,8 @@ from tfconfig_slurm.process.user_code.experiment import (
     KerasExperiment,
     check_compiled,
     keeping_learning_rate,
+    returned,
+    type_named,
 )
 
 _CHECKPOINT_NAME = "ckpt"
@@ -62,15 +63,12 @@ def built_model(experiment: KerasExperiment, params: Mapping[str, Any]) -> Any:
     3 model failed only at the export, an uncompiled one deep in TensorFlow's checkpoints."""
     model = experiment.build_model(params)
     if not isinstance(model, keras.Model):
-        module, name = type(model).__module__, type(model).__qualname__
-        keras_3 = module.startswith("keras.")
-        if keras_3:
-            what = f"a Keras 3 model ({module}.{name})"
-        elif model is None:
-            what = "None, not a Keras model"
-        else:
-            named = name if module == "builtins" else f"{module}.{name}"
-            what = f"{a_or_an(named)}, not a Keras model"
+        keras_3 = type(model).__module__.startswith("keras.")
+        what = (
+            f"a Keras 3 model ({type_named(model)})"
+            if keras_3
+            else f"{returned(model)}, not a Keras model"
+        )
         raise UsageError(
             "--experiment",
             f"{experiment.name}'s build_model returned {what}",

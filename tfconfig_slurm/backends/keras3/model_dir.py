@@ -31,7 +31,6 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process.console import a_or_an
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import files, history
 from tfconfig_slurm.process.records.run_dir import RunDir
@@ -40,6 +39,7 @@ from tfconfig_slurm.process.user_code.experiment import (
     KerasExperiment,
     check_compiled,
     keeping_learning_rate,
+    returned,
 )
 
 _CHECKPOINT = re.compile(r"ckpt-(\d+)\.weights\.h5")
@@ -50,12 +50,9 @@ def built_model(experiment: KerasExperiment, params: Mapping[str, Any]) -> Any:
     model."""
     model = experiment.build_model(params)
     if not isinstance(model, keras.Model):
-        module, name = type(model).__module__, type(model).__qualname__
-        named = name if module == "builtins" else f"{module}.{name}"
-        what = "None" if model is None else a_or_an(named)
         raise UsageError(
             "--experiment",
-            f"{experiment.name}'s build_model returned {what}, not a Keras 3 model",
+            f"{experiment.name}'s build_model returned {returned(model)}, not a Keras 3 model",
             "build it with import keras (Keras 3); a tf_keras model trains with the tf2 "
             "install (.venv-tf2)",
         )

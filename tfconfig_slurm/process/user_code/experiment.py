@@ -302,6 +302,18 @@ def keeping_learning_rate(optimizer: Any, restore: Callable[[], Any]) -> None:
         optimizer.learning_rate = float(rate)
 
 
+def type_named(value: Any) -> str:
+    """`value`'s type by its module-qualified name (`keras.src.models.model.Model`), a
+    built-in one's plainly (`dict`)."""
+    module, name = type(value).__module__, type(value).__qualname__
+    return name if module == "builtins" else f"{module}.{name}"
+
+
+def returned(value: Any) -> str:
+    """What build_model returned, in words: `None`, `a dict`, `an example.Net`."""
+    return "None" if value is None else a_or_an(type_named(value))
+
+
 def check_compiled(experiment: KerasExperiment, model: Any) -> None:
     """Refuses a model that build_model returned uncompiled (it failed deep in the framework)."""
     if getattr(model, "optimizer", None) is None:
