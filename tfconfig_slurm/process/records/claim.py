@@ -11,7 +11,6 @@ import json
 import os
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -21,6 +20,7 @@ from typing import Any, NamedTuple
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import slurm_commands, timing
+from tfconfig_slurm.process.records import files
 from tfconfig_slurm.process.records.run_dir import RunDir
 
 
@@ -144,31 +144,13 @@ def _refuse(model_dir: Path, naming: Naming, holder: Holder, age: float) -> None
 
 def _write(lock: Path, holder: Holder, *, replace: bool) -> bool:
     """Writes the lock whole; without `replace`, only where none exists (else False)."""
-    with tempfile.NamedTemporaryFile(
-        "w", dir=lock.parent, prefix=f".{lock.name}.", delete=False
-    ) as stream:
-        json.dump(asdict(holder), stream)
-    try:
-        if replace:
-            os.replace(stream.name, lock)
-            return True
-        try:
-            os.link(stream.name, lock)
-        except FileExistsError:
-            return False
-        except OSError:
-            # A file system without hard links: created exclusively, then written (a reader
-            # in between finds it unreadable, which only a later run would act on).
-            try:
-                descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
-            except FileExistsError:
-                return False
-            with os.fdopen(descriptor, "w") as created:
-                json.dump(asdict(holder), created)
-        return True
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(stream.name)
+    text = json.dumps(asdict(holder))
+    if not replace:
+        # Without hard links, a reader may find it empty: unreadable, which only a later run
+        # would act on.
+        return files.create_whole(lock, text)
+    files.write_atomically(lock, text)
+    return True
 
 
 def _read(lock: Path) -> tuple[Holder, float] | None:

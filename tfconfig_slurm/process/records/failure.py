@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -19,6 +17,7 @@ from absl import logging
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import ExitStatus, TfconfigSlurmError
 from tfconfig_slurm.process import exits
+from tfconfig_slurm.process.records import files
 from tfconfig_slurm.process.records.run_dir import RunDir
 
 # An error's text is cut here (_one_line).
@@ -143,15 +142,8 @@ def _record(attached: _Attached, failure: Failure) -> None:
         # Made, as a task may fail first; not a whole tree, for a directory a typo named.
         path.parent.parent.mkdir(exist_ok=True)
         path.parent.mkdir(exist_ok=True)
-        # Linked in place: a reader sees all of it or nothing, and the first failure stays.
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as stream:
-            json.dump({**asdict(failure), "line": failure.line()}, stream, indent=1)
-        try:
-            os.link(stream.name, path)
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(stream.name)
+        # The first failure stays.
+        files.create_whole(path, json.dumps({**asdict(failure), "line": failure.line()}, indent=1))
 
 
 def say_ending(first: str, status: int, *, how: str = "failed", why: str = "") -> None:

@@ -1,11 +1,13 @@
 """Files a run keeps written whole and durably, even by a node that crashes: written aside,
-flushed, renamed into place, the rename flushed. A file's mode is as a plain open() gives it:
-nothing here changes the umask, which every thread shares. No TensorFlow."""
+flushed, renamed into place, the rename flushed; and files the first writer's stays in,
+written aside and linked into place. A file's mode is as a plain open() gives it: nothing
+here changes the umask, which every thread shares. No TensorFlow."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -25,6 +27,32 @@ def write_atomically(path: Path, text: str) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             partial.unlink()
+
+
+def create_whole(path: Path, text: str) -> bool:
+    """Writes `text` into `path` unless it exists (then False): written aside and linked into
+    place, so that a reader sees all of it or nothing and the first writer's stays."""
+    with tempfile.NamedTemporaryFile(
+        "w", dir=path.parent, prefix=f".{path.name}.", delete=False
+    ) as stream:
+        stream.write(text)
+    try:
+        os.link(stream.name, path)
+    except FileExistsError:
+        return False
+    except OSError:
+        # A file system without hard links: created exclusively, then written (a reader in
+        # between finds it empty).
+        try:
+            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+        except FileExistsError:
+            return False
+        with os.fdopen(descriptor, "w") as created:
+            created.write(text)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(stream.name)
+    return True
 
 
 def replace_durably(written: Path, path: Path) -> None:
