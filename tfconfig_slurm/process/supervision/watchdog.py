@@ -251,14 +251,20 @@ def _host(address: str) -> str:
 
 def _refuses(address: str) -> bool:
     """Whether `address`'s host refuses a connection: it is up, and nothing listens there."""
-    host, _, port = address.rpartition(":")
     try:
-        socket.create_connection((host, int(port)), timeout=timing.CONNECT_TIMEOUT_SECONDS).close()
+        _connect(address).close()
     except ConnectionRefusedError:
         return True
     except OSError:
         return False
     return False
+
+
+def _connect(address: str) -> socket.socket:
+    """A connection to `address` (`node1:10256`), or OSError within
+    timing.CONNECT_TIMEOUT_SECONDS."""
+    host, _, port = address.rpartition(":")
+    return socket.create_connection((host, int(port)), timeout=timing.CONNECT_TIMEOUT_SECONDS)
 
 
 def until_gone(
@@ -295,11 +301,8 @@ def says_finished(address: str) -> bool | None:
 def _probe(address: str, *, read: bool) -> bytes | None:
     """None if nothing listens at `address`; else, with `read`, the first bytes it sends (b""
     for none soon: a listener is alive whatever it says)."""
-    host, _, port = address.rpartition(":")
     try:
-        connection = socket.create_connection(
-            (host, int(port)), timeout=timing.CONNECT_TIMEOUT_SECONDS
-        )
+        connection = _connect(address)
     except OSError:
         return None
     with connection:
