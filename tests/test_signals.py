@@ -205,3 +205,21 @@ def test_a_stop_signal_before_the_task_listens_is_held_for_it(
     assert said in ran.stderr
     if said:
         assert checkpoint_step(tmp_path / "paced") == 0
+
+
+def test_a_local_cluster_s_launcher_told_to_stop_as_it_starts_starts_no_task(
+    tmp_path: Path,
+) -> None:
+    """A launcher whose stop was held as it started has not heard of it where it starts its
+    tasks (its own handlers come later): it starts none, where its tasks trained on."""
+    ran = subprocess.run(
+        [
+            sys.executable, "-c", _ENTRY.format(name="SIGTERM"), f"--output_root={tmp_path}",
+            *TRAIN_LONG, "--local_cluster=ps=1,workers=1",
+        ],
+        env={**os.environ, **fake_backend.environ()}, capture_output=True, text=True,
+        cwd=REPOSITORY, timeout=120, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 128 + signal.SIGTERM, ran.stderr[-3000:]
+    assert "SIGTERM: told to stop before any task started; none is" in ran.stderr
+    assert "started chief" not in ran.stderr

@@ -5,7 +5,8 @@ on 2.16+, Keras 3 on JAX).
 (`python -m tfconfig_slurm.tfconfig` prints or explains it); `input_shard()` says which share of
 the data a trainer reads. Imported on first use, and left out of `import *`: train_and_evaluate
 (Estimator's), cluster_resolver(...) (a tf.distribute resolver, which raises TfconfigSlurmError
-on a bad setting, for the script to catch) and keras_distribution() (Keras 3's).
+on a bad setting, for the script to catch) and keras_distribution() (Keras 3's, which ends the
+process in one line, exit 2, on a bad setting or a missing install).
 """
 
 import functools

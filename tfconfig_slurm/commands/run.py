@@ -134,12 +134,7 @@ def _start(
         _print_model_dir(directory)
         return 0
     if counts is not None:
-        # The trailing --local_cluster= overrides the launcher's: a task runs one role.
-        command = [sys.executable, "-m", "tfconfig_slurm.run", *sys.argv[1:], "--local_cluster="]
-        return local_cluster.run(
-            counts, directory, command, program=PROGRAM, naming=named, environ=os.environ,
-            job=job, coordinator=policy.coordinator,
-        )  # fmt: skip
+        return _launched(counts, directory, named, job, policy=policy, stop=stop)
     return _train(
         kind,
         hparams,
@@ -162,9 +157,31 @@ def _start(
     )
 
 
+def _launched(
+    counts: dict[str, int],
+    directory: Path,
+    named: claim.Naming,
+    job: SlurmJob | None,
+    *,
+    policy: LayoutPolicy,
+    stop: preemption.StopRequest,
+) -> int:
+    """A local cluster of this command, launched and run to its end; its exit status."""
+    if stop.signum is not None:
+        return _stopped_before_start(stop)
+    # The trailing --local_cluster= overrides the launcher's: a task runs one role.
+    command = [sys.executable, "-m", "tfconfig_slurm.run", *sys.argv[1:], "--local_cluster="]
+    return local_cluster.run(
+        counts, directory, command, program=PROGRAM, naming=named, environ=os.environ,
+        job=job, coordinator=policy.coordinator,
+    )  # fmt: skip
+
+
 def _check_literal_hparams(spec: str, hparams: str) -> None:
     """--hparams checked against the experiment's HPARAMS where its source gives them
-    literally; else the tasks check them, as importing the module imports TensorFlow."""
+    literally; else the tasks check them, as importing the module imports TensorFlow. After
+    the flags' own checks, so that a batch script stops at its first call on flags that every
+    task would refuse (and a local cluster's launcher before it starts any)."""
     literal = experiment_lib.literal_hparams(spec)
     if literal is not None:
         hparams_lib.with_overrides(literal, hparams)
@@ -319,9 +336,19 @@ def _coordinated(task: lifecycle.TaskRun, hparams: str) -> int:
     # waiting for it (TensorFlow's tutorial).
     environ = {**os.environ, "GRPC_FAIL_FAST": "use_caller", _COORDINATING: marker}
     failure.attach(task.model_dir, role, task.place.node)
+    if task.stop.signum is not None:
+        return _stopped_before_start(task.stop)
     group = supervise.command_group()
     group.start(command, environ)
     return supervise.supervise(group, role, None, supervise.WORKER_RESTARTS)
+
+
+def _stopped_before_start(stop: preemption.StopRequest) -> int:
+    """The status of a launcher or supervisor told to stop (a signal held as it started) before
+    it started anything, which would not have heard of it: that signal's, as a shell says it."""
+    assert stop.signum is not None
+    logging.warning("%s: told to stop before any task started; none is", stop.signal_name)
+    return 128 + stop.signum
 
 
 def _keras_layout(policy: LayoutPolicy, kind: str) -> LayoutPolicy:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from types import FrameType
+from typing import Any
 
 HELD = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 _came: list[signal.Signals] = []
-_holding: list[signal.Signals] = []
+# Each held signal's handler before `hold`, for `release` to give back.
+_before: dict[signal.Signals, signal.Handlers | Callable[..., Any] | int | None] = {}
 
 
 def hold() -> None:
@@ -27,24 +29,23 @@ def hold() -> None:
         _came.append(signal.Signals(number))
 
     for signum in HELD:
-        signal.signal(signum, note)
-    _holding[:] = HELD
+        _before[signum] = signal.signal(signum, note)
     # Started with them blocked (launch/train.sbatch), those that came meanwhile are noted now.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
 
 
 def release(listened: Collection[signal.Signals | None]) -> list[signal.Signals]:
     """The held signals that came and are among `listened`, whose handlers the caller has
-    installed; each other held signal goes back to its default action, and one that came is
-    delivered again, to end the process as it would have. Nothing where none were held."""
-    if not _holding:
-        return []
+    installed; each other held signal gets its handler back, and one that came while that was
+    the default action is delivered again, to end the process as it would have. Nothing where
+    none were held."""
+    for signum, handler in _before.items():
+        if signum not in listened:
+            signal.signal(signum, handler)
+    # Read once no handler of this module's can add to it.
     came = list(dict.fromkeys(_came))
-    for signum in _holding:
-        if signum not in listened:
-            signal.signal(signum, signal.SIG_DFL)
-    _holding.clear()
     for signum in came:
-        if signum not in listened:
+        if signum not in listened and _before[signum] == signal.SIG_DFL:
             os.kill(os.getpid(), signum)
+    _before.clear()
     return [signum for signum in came if signum in listened]

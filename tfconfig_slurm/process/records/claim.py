@@ -97,8 +97,8 @@ CLI_NAMING = Naming(
 
 
 def claim(model_dir: Path, holder: Holder, naming: Naming = CLI_NAMING) -> Claim:
-    """Makes and holds `model_dir` for `holder`'s run (shared with its other tasks), or raises
-    UsageError naming the live holder."""
+    """Makes and holds `model_dir` for `holder`'s run (shared with its other tasks and its
+    requeued job; a stale holder's taken over), or raises UsageError naming the live holder."""
     model_dir.mkdir(parents=True, exist_ok=True)
     lock = RunDir(model_dir).lock
     if _write(lock, holder, replace=False):

@@ -1,28 +1,20 @@
-"""Files a run keeps written whole and durably, even by a node that crashes: written aside,
-flushed, renamed into place, the rename flushed; and files the first writer's stays in,
-written aside and linked into place. A file's mode is as a plain open() gives it: nothing
-here changes the umask, which every thread shares. No TensorFlow."""
+"""Files a run keeps written whole and durably, even by a node that crashes: written aside and
+flushed, then renamed into place (or, where the first writer's is to stay, linked), the folder
+flushed. A file's mode is as a plain open() gives it: nothing here changes the umask, which
+every thread shares. No TensorFlow."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import threading
 from pathlib import Path
 
 
 def write_atomically(path: Path, text: str) -> None:
     """Writes `text` into `path` so that no reader, and no crash, sees half of it."""
-    # Hidden, which the runs table does not list, and this thread's alone; one a crashed
-    # process left (its pid and thread id can come again, in a container) is written over.
-    partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    partial = _aside(path, text)
     try:
-        with os.fdopen(descriptor, "w") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
         replace_durably(partial, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -32,12 +24,9 @@ def write_atomically(path: Path, text: str) -> None:
 def create_whole(path: Path, text: str) -> bool:
     """Writes `text` into `path` unless it exists (then False): written aside and linked into
     place, so that a reader sees all of it or nothing and the first writer's stays."""
-    with tempfile.NamedTemporaryFile(
-        "w", dir=path.parent, prefix=f".{path.name}.", delete=False
-    ) as stream:
-        stream.write(text)
+    partial = _aside(path, text)
     try:
-        os.link(stream.name, path)
+        os.link(partial, path)
     except FileExistsError:
         return False
     except OSError:
@@ -51,8 +40,22 @@ def create_whole(path: Path, text: str) -> bool:
             created.write(text)
     finally:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(stream.name)
+            partial.unlink()
+    _fsync(path.parent)
     return True
+
+
+def _aside(path: Path, text: str) -> Path:
+    """`text` written and flushed to the disk beside `path`, under a name of its own."""
+    # Hidden, which the runs table does not list, and this thread's alone; one a crashed
+    # process left (its pid and thread id can come again, in a container) is written over.
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.partial")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    with os.fdopen(descriptor, "w") as stream:
+        stream.write(text)
+        stream.flush()
+        os.fsync(stream.fileno())
+    return partial
 
 
 def replace_durably(written: Path, path: Path) -> None:

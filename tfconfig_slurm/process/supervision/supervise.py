@@ -144,13 +144,19 @@ class _Supervisor:
         if not self.state.take_end(State.FAILED):
             self.end_if_lost()
 
+    def _why(self, child: children.Child) -> str:
+        """The command's last exception line, once its output has ended; "" for a signal."""
+        relay = self.command.relay(child)
+        if relay is None:
+            return ""
+        relay.finish()
+        return relay.why_it_failed() if child.returncode > 0 else ""
+
     def _its_failure(self, child: children.Child) -> str:
         """Records the command's failure; says it: `its command failed: ValueError: ...`."""
-        relay = self.command.relay(child)
-        if relay is not None:
-            relay.finish()
-        why = relay.why_it_failed() if relay is not None and child.returncode > 0 else ""
+        why = self._why(child)
         failure.record_exit(child.returncode, why)
+        relay = self.command.relay(child)
         if relay is not None and relay.through_keras_3 and not self.keras_3:
             logging.error(
                 "%s: its command's traceback runs through Keras 3 (import keras), which "
@@ -232,15 +238,15 @@ class _Supervisor:
             return status
         # The wrapper's own status is news only where a signal ended the command.
         how = exits.how_it_ended(child.returncode)
-        failed = self._its_failure(child)
         logging.error(
             "%s: its command %s; its log above may say why.%s",
             role.task_id,
             f"{how} (exit {status})" if child.returncode < 0 else how,
-            _server_failure_hint(role, failed),
+            _server_failure_hint(role, self._why(child)),
         )
+        # The end taken before the failure is recorded: a peer lost first stays the first.
         self._take_failed_end()
-        _say_failed(role, failed)
+        _say_failed(role, self._its_failure(child))
         return status
 
 

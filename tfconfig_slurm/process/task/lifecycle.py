@@ -126,9 +126,10 @@ def run_to_exit(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]
 def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, returns: bool) -> Any:
     role = task.place.role
     _check_layout(kind.layout, task.place)
-    trainer, held = model_dir.claimed(
-        task.model_dir, role, task.naming, task.job, functools.partial(_loaded, task, kind, backend)
-    )
+    loaded = functools.partial(_loaded, task, kind, backend)
+    # A refusal as it loads or claims the directory is recorded (once attached, in _loaded).
+    with _refusal_recorded(role):
+        trainer, held = model_dir.claimed(task.model_dir, role, task.naming, task.job, loaded)
     if role is not None and role.run_id is not None:
         _in_a_thread("failure-watch", _end_if_failed_while_stopping, task, role.run_id)
     limit = _keep_time_limit(task)
@@ -160,10 +161,10 @@ def _loaded(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) ->
         # whose checks pass, would otherwise record it lost once it has gone.
         with failure.recording_errors():
             network.check_task(role)
-    with _refusal_recorded(role):
-        history.check_resumable(task.model_dir, kind.checkpoints, task.naming)
-        trainer = backend()
-        history.check_same_experiment(task.model_dir, trainer.experiment, task.naming)
+    # A refusal from here on is recorded by _run's _refusal_recorded, as the claim's is.
+    history.check_resumable(task.model_dir, kind.checkpoints, task.naming)
+    trainer = backend()
+    history.check_same_experiment(task.model_dir, trainer.experiment, task.naming)
     return trainer
 
 
