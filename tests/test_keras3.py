@@ -870,6 +870,9 @@ def test_what_a_keras3_experiment_cannot_train_is_one_line(
     last = refused.stderr.strip().splitlines()[-1]
     assert last.startswith("tfconfig-slurm-run: --experiment: mine") and said in last, last
     assert "Traceback" not in refused.stderr
+    if "not compiled" in said:
+        # Refused before anything was written: no empty model directory is left.
+        assert not (tmp_path / "out" / "mine").exists()
 
 
 def test_a_single_process_that_failed_says_why_in_the_runs_table(tmp_path: Path) -> None:

@@ -127,6 +127,7 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
     role = task.place.role
     _check_layout(kind.layout, task.place)
     loaded = functools.partial(_loaded, task, kind, backend)
+    made = not task.model_dir.exists()
     # A refusal as it loads or claims the directory is recorded (once attached, in _loaded).
     with _refusal_recorded(role):
         trainer, held = model_dir.claimed(task.model_dir, role, task.naming, task.job, loaded)
@@ -143,6 +144,10 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
             # none) ends it: the directory is freed for the next, with no lock to take over.
             if held is not None:
                 held.release()
+            # And not left behind where this task made it and nothing was written there.
+            if made:
+                with contextlib.suppress(OSError):
+                    task.model_dir.rmdir()
             raise
 
 
