@@ -25,6 +25,7 @@ from tests.cli import (
     SHARDED_KERAS3,
     checkpoint_step,
     ended_within,
+    free_port_block,
     read_logs,
     run_module,
     wait_until,
@@ -722,9 +723,10 @@ SHOW_KERAS = (
 
 
 def with_tfconfig(*arguments: str, rank: int) -> subprocess.CompletedProcess[str]:
-    """launch/with-tfconfig in rank `rank` of a one-node step of 4 tasks on loopback."""
+    """launch/with-tfconfig in rank `rank` of a one-node step of 4 tasks on loopback, on ports
+    free now (another test's task may hold the default ones)."""
     return subprocess.run(
-        [str(WITH_TFCONFIG), *arguments],
+        [str(WITH_TFCONFIG), f"--port_base={free_port_block(4)}", *arguments],
         env={
             "PATH": os.environ["PATH"],
             "TFCONFIG_SLURM_PYTHON": str(KERAS3_PYTHON),
@@ -1164,7 +1166,8 @@ def test_with_tfconfig_keras3_runs_the_user_s_own_sitecustomize_once(tmp_path: P
         "print(xla_bridge._backend_factories['cpu'].factory.__module__)\n"
     )
     ran = subprocess.run(
-        [str(WITH_TFCONFIG), "--keras3", str(KERAS3_PYTHON), "-c", script],
+        [str(WITH_TFCONFIG), f"--port_base={free_port_block(4)}", "--keras3", str(KERAS3_PYTHON),
+         "-c", script],
         env={"PATH": os.environ["PATH"], "TFCONFIG_SLURM_PYTHON": str(KERAS3_PYTHON),
              "PYTHONPATH": str(own), **task_env(["localhost"], [4], 3)},
         capture_output=True, text=True, timeout=60, check=False,
