@@ -89,8 +89,8 @@ def requeue(
         )
         return ExitStatus.DONE
     return _requeue_refused(
-        job, problem, environ=environ, max_requeues=max_requeues, stopped_on=stopped_on,
-        model_dir=model_dir,
+        job, problem, environ=environ, restarts=restarts, max_requeues=max_requeues,
+        stopped_on=stopped_on, model_dir=model_dir,
     )  # fmt: skip
 
 
@@ -99,13 +99,15 @@ def _requeue_refused(
     problem: str,
     *,
     environ: Mapping[str, str],
+    restarts: int,
     max_requeues: int,
     stopped_on: str,
     model_dir: Path,
 ) -> ExitStatus:
-    """This task's exit status after `scontrol requeue` failed. Only a job that may not
-    requeue goes on in a new one: a failed requeue may have been done, or be SLURM's to do."""
-    target, restarts = job.name, attempts.requeued(job)
+    """This task's exit status after `scontrol requeue` failed, the run requeued or continued
+    `restarts` times before. Only a job that may not requeue goes on in a new one: a failed
+    requeue may have been done, or be SLURM's to do."""
+    target = job.name
     record = continuation.job_record(target)
     if isinstance(record, str):
         why = f"its state cannot be read ({record})"

@@ -298,7 +298,7 @@ def _after_command() -> None:
         signal.signal(signum, signal.SIG_DFL if signum in children.STOPPING else signal.SIG_IGN)
 
 
-def _say_failed(role: ClusterRole, why: str = "its command failed") -> None:
+def _say_failed(role: ClusterRole, why: str) -> None:
     """Answers FAILED on the task's port long enough for every watcher to probe it twice: its
     command may have died before it ever listened."""
     if sum(map(len, role.cluster.values())) == 1 and not role.has_evaluator:
