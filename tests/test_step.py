@@ -9,9 +9,9 @@ from tfconfig_slurm.cluster import (
     LayoutPolicy,
     in_job_step,
     lay_out_step,
-    place_tasks,
     read_slurm_step,
 )
+from tfconfig_slurm.cluster.layout import place_tasks
 from tfconfig_slurm.errors import SlurmEnvironmentError
 
 

@@ -1,7 +1,6 @@
 """The pure core: SLURM environment -> step -> layout -> TF_CONFIG. Never imports TensorFlow."""
 
 from tfconfig_slurm.cluster.layout import ClusterLayout, LayoutPolicy, Task, lay_out, lay_out_step
-from tfconfig_slurm.cluster.placement import Placement, check_own_place, place_tasks
 from tfconfig_slurm.cluster.step import (
     SlurmStep,
     StepShape,
@@ -13,15 +12,12 @@ from tfconfig_slurm.cluster.step import (
 __all__ = [
     "ClusterLayout",
     "LayoutPolicy",
-    "Placement",
     "SlurmStep",
     "StepShape",
     "Task",
-    "check_own_place",
     "expand_nodes",
     "in_job_step",
     "lay_out",
     "lay_out_step",
-    "place_tasks",
     "read_slurm_step",
 ]

@@ -18,9 +18,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tfconfig_slurm.cluster.placement import Placement, check_own_place, place_tasks
-from tfconfig_slurm.cluster.step import SlurmStep, StepShape
-from tfconfig_slurm.errors import LayoutError, UsageError
+from tfconfig_slurm.cluster.step import BLOCK, CYCLIC, SlurmStep, StepShape
+from tfconfig_slurm.errors import LayoutError, SlurmEnvironmentError, UsageError
 
 CHIEF = "chief"
 WORKER = "worker"
@@ -147,6 +146,67 @@ def _check_address_template(template: str) -> None:
         or any(character.isspace() for character in literal)
     ):
         raise bad
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where every rank runs, as columns by rank (a step can have tens of thousands): its
+    node's index in the step's node list, and its local id on that node."""
+
+    node_indices: tuple[int, ...]
+    local_ids: tuple[int, ...]
+
+
+def place_tasks(tasks_per_node: tuple[int, ...], distribution: str) -> Placement:
+    """The place of every rank of the step, as SLURM deals tasks to nodes (block or cyclic).
+    Every task computes the whole map, then checks its own entry (check_own_place), so a task
+    never builds a cluster that the others do not share."""
+    if distribution == BLOCK:
+        # itertools rather than a loop per rank, for large steps.
+        return Placement(
+            node_indices=tuple(
+                itertools.chain.from_iterable(
+                    map(itertools.repeat, itertools.count(), tasks_per_node)
+                )
+            ),
+            local_ids=tuple(itertools.chain.from_iterable(map(range, tasks_per_node))),
+        )
+    if distribution == CYCLIC:
+        # Round robin over the nodes, skipping a node once it holds its share: with tasks
+        # per node 4(x2),1 SLURM puts ranks 0,3,5,7 on the first node.
+        dealt = [0] * len(tasks_per_node)
+        node_indices: list[int] = []
+        local_ids: list[int] = []
+        total = sum(tasks_per_node)
+        while len(node_indices) < total:
+            for node, count in enumerate(tasks_per_node):
+                if dealt[node] < count:
+                    node_indices.append(node)
+                    local_ids.append(dealt[node])
+                    dealt[node] += 1
+        return Placement(tuple(node_indices), tuple(local_ids))
+    raise ValueError(f"unknown distribution {distribution!r}")
+
+
+def check_own_place(step: SlurmStep, placement: Placement) -> None:
+    """Fails loudly when this task's computed place disagrees with what SLURM says it is."""
+    node_index = placement.node_indices[step.rank]
+    local_id = placement.local_ids[step.rank]
+    node = step.shape.nodes[node_index]
+    for variable, said, computed, should in (
+        ("SLURMD_NODENAME", step.node_name, node, f"run on {node}"),
+        ("SLURM_NODEID", step.node_index, node_index, f"run on node {node_index} ({node})"),
+        ("SLURM_LOCALID", step.local_id, local_id, f"be local task {local_id} on {node}"),
+    ):
+        # A node name SLURM did not give is not checked.
+        if said not in (None, computed):
+            raise SlurmEnvironmentError(
+                variable,
+                f"is {said!r}, but rank {step.rank} should {should}",
+                f"SLURM placed rank {step.rank} differently from {step.shape.distribution} "
+                "distribution over the step's node list; launch with srun -m block or -m "
+                "cyclic and do not set SLURM_* variables by hand",
+            )
 
 
 @dataclass(frozen=True)
