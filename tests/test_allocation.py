@@ -1,13 +1,12 @@
 """A batch job's allocation, and a step's environment on the nodes a --no-kill job keeps
-after one failed: srun sizes a step by these variables (cluster/allocation.py)."""
+after one failed: srun sizes a step by these variables (cluster/step.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.slurm_envs import captured
-from tfconfig_slurm.cluster.allocation import Allocation
-from tfconfig_slurm.cluster.step import read_job_allocation
+from tfconfig_slurm.cluster.step import Allocation, read_job_allocation
 from tfconfig_slurm.errors import SlurmEnvironmentError
 
 

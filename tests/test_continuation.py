@@ -14,8 +14,7 @@ import pytest
 from tests.cli import REPOSITORY, wait_until
 from tests.slurm_cluster import SlurmCluster
 from tfconfig_slurm import errors
-from tfconfig_slurm.cluster.allocation import Allocation
-from tfconfig_slurm.cluster.step import CONTINUATION, read_slurm_job
+from tfconfig_slurm.cluster.step import CONTINUATION, Allocation, read_slurm_job
 from tfconfig_slurm.process.job import continuation, what_follows
 
 # A running job of the test cluster, from `scontrol show job` (its script's path made

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tfconfig_slurm.cluster.allocation import Allocation
-from tfconfig_slurm.cluster.step import SlurmJob
+from tfconfig_slurm.cluster.step import Allocation, SlurmJob
 from tfconfig_slurm.process.job import lost_nodes, restarts, what_follows
 from tfconfig_slurm.process.records import reports
 from tfconfig_slurm.process.records.failure import Failure

@@ -34,8 +34,7 @@ from types import FrameType
 
 from absl import flags
 
-from tfconfig_slurm.cluster.allocation import Allocation
-from tfconfig_slurm.cluster.step import SlurmJob, read_job_allocation, read_slurm_job
+from tfconfig_slurm.cluster.step import Allocation, SlurmJob, read_job_allocation, read_slurm_job
 from tfconfig_slurm.commands import max_restarts_flag, model_dir_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import ExitStatus, SlurmEnvironmentError, UsageError

@@ -12,8 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from hostlist import collect_hostlist
 
-from tfconfig_slurm.cluster.allocation import Allocation
-from tfconfig_slurm.cluster.step import SlurmJob, expand_nodes
+from tfconfig_slurm.cluster.step import Allocation, SlurmJob, expand_nodes
 from tfconfig_slurm.errors import SlurmEnvironmentError
 from tfconfig_slurm.process import slurm_commands, timing
 from tfconfig_slurm.process.job import continuation

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from absl import logging
 
-from tfconfig_slurm.cluster.allocation import Allocation
-from tfconfig_slurm.cluster.step import SlurmJob
+from tfconfig_slurm.cluster.step import Allocation, SlurmJob
 from tfconfig_slurm.errors import ExitStatus
 from tfconfig_slurm.process import slurm_commands
 from tfconfig_slurm.process.job import continuation, lost_nodes, restarts
