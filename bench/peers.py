@@ -6,7 +6,7 @@ checkpoint and summary intervals, in four layouts on this machine: one process; 
 --local_cluster, the stock job as processes this script starts, its ps killed once the chief
 has exited: a stock ps never returns from server.join()). The stock job keeps TensorFlow's
 default threads (every CPU, in every process); ours sizes each task's by its role and the
-node's share of CPUs (cluster/threads.py), as it does by default.
+node's share of CPUs (cluster/role.py), as it does by default.
 
 Two measures of a layout's examples/s, each side's and the ratio ours / stock; runs alternate:
 - whole runs: 64 x (LONG - SHORT) / (t_LONG - t_SHORT), from the medians of the whole runs'

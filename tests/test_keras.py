@@ -380,7 +380,7 @@ def test_a_local_coordinator_cluster_trains_evaluates_and_every_task_exits_0(
     assert re.search(r"\[chief 0\] .*step 30: loss [\d.]+, [\d.]+ examples/s", log), log[-3000:]
     for task in ("chief 0", "ps 0", "worker 0"):
         assert f"{task} finished" in log, log[-3000:]
-    # The servers' threads sized as every task's are (cluster/threads.py): on this machine's
+    # The servers' threads sized as every task's are (cluster/role.py): on this machine's
     # CPUs, one worker a node keeps them all, as the ps does.
     cpus = len(os.sched_getaffinity(0))
     for task in ("ps 0", "worker 0"):

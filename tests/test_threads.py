@@ -1,5 +1,5 @@
 """Each task's TensorFlow threads, sized by its role and its node's share of CPUs
-(cluster/threads.py): what --explain says of every task is what the task itself takes."""
+(cluster/role.py): what --explain says of every task is what the task itself takes."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import sys
 import pytest
 
 from tests.slurm_envs import task_env
-from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step, render, threads
-from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.cluster.threads import Threads
+from tfconfig_slurm.cluster import LayoutPolicy, lay_out_step, read_slurm_step, render
+from tfconfig_slurm.cluster.role import ClusterRole, Threads, layout_threads, sized_threads
 
 
 @pytest.mark.parametrize(
@@ -33,7 +32,7 @@ from tfconfig_slurm.cluster.threads import Threads
 def test_a_task_s_threads_follow_its_role_and_its_node_s_share(
     role: str, cpus: int, trainers_on_node: int, expected: Threads
 ) -> None:
-    assert threads.sized(role, cpus=cpus, trainers_on_node=trainers_on_node) == expected
+    assert sized_threads(role, cpus=cpus, trainers_on_node=trainers_on_node) == expected
 
 
 @pytest.mark.parametrize(
@@ -54,19 +53,19 @@ def test_what_explain_says_of_every_task_is_what_the_task_takes(
     nodes = [f"node{i}" for i in range(len(tasks_per_node))]
     ranks = sum(tasks_per_node)
     step = read_slurm_step(task_env(nodes, tasks_per_node, 0))
-    explained = threads.for_layout(lay_out_step(step, policy), 16)
+    explained = layout_threads(lay_out_step(step, policy), 16)
     for rank in range(ranks):
         own = read_slurm_step(task_env(nodes, tasks_per_node, rank))
         layout = lay_out_step(own, policy)
         role = ClusterRole.from_tf_config(render.tf_config(layout, rank))
-        assert threads.for_role(role, 16, own_cpus=False) == explained[rank], rank
+        assert role.threads(16, own_cpus=False) == explained[rank], rank
 
 
 def test_a_parameter_server_strategy_worker_keeps_2_threads_between_ops() -> None:
     """Its inter-op pool runs both the coordinator's request for a step, which waits there
     for the step, and the step's ops: 2 workers on 2 cores, 1 thread each, hung (#55 item 5)."""
-    assert threads.sized("worker", cpus=2, trainers_on_node=2, coordinator=True) == (1, 2)
-    assert threads.sized("worker", cpus=2, trainers_on_node=2) == (1, 1)
+    assert sized_threads("worker", cpus=2, trainers_on_node=2, coordinator=True) == (1, 2)
+    assert sized_threads("worker", cpus=2, trainers_on_node=2) == (1, 1)
 
 
 def test_parameter_server_strategy_s_coordinator_is_no_trainer() -> None:
@@ -74,7 +73,7 @@ def test_parameter_server_strategy_s_coordinator_is_no_trainer() -> None:
     nothing, keeps every CPU, as a ps does."""
     step = read_slurm_step(task_env(["node1", "node2"], [3, 3], 0))
     layout = lay_out_step(step, LayoutPolicy(coordinator=True))
-    sized = threads.for_layout(layout, 8)
+    sized = layout_threads(layout, 8)
     assert [(task.role, str(each)) for task, each in zip(layout.tasks, sized)] == [
         ("ps", "8+8"), ("chief", "8+8"), ("worker", "8+8"),
         ("ps", "8+8"), ("worker", "4+4"), ("worker", "4+4"),
@@ -86,7 +85,7 @@ def test_a_task_slurm_bound_to_cpus_of_its_own_shares_them_with_none() -> None:
     step = read_slurm_step(environ)
     assert step.own_cpus
     role = ClusterRole.from_tf_config(render.tf_config(lay_out_step(step, LayoutPolicy()), 1))
-    assert threads.for_role(role, 4, own_cpus=True) == (4, 4)
+    assert role.threads(4, own_cpus=True) == (4, 4)
     assert not read_slurm_step(environ | {"SLURM_CPU_BIND_TYPE": "none"}).own_cpus
 
 

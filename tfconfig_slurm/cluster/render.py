@@ -8,10 +8,9 @@ import shlex
 from typing import Any
 
 from tfconfig_slurm.cluster import role
-from tfconfig_slurm.cluster import threads as threads_lib
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, ROLES, ClusterLayout, Task, counted
+from tfconfig_slurm.cluster.role import Threads
 from tfconfig_slurm.cluster.step import STEP_GPUS, step_gpus_value
-from tfconfig_slurm.cluster.threads import Threads
 
 EXPLAIN_KEYS = ("rank", "node", "local_id", "role", "index", "address", "gpus")
 
@@ -71,7 +70,7 @@ def explain_records(layout: ClusterLayout) -> list[dict[str, Any]]:
 def _threads(layout: ClusterLayout) -> list[Threads]:
     """Every task's threads, where the node's CPUs are known (in a job, or --cpus_per_node)."""
     cpus = layout.shape.cpus_on_node
-    return threads_lib.for_layout(layout, cpus) if cpus else []
+    return role.layout_threads(layout, cpus) if cpus else []
 
 
 def summary_line(layout: ClusterLayout) -> str:

@@ -1,15 +1,24 @@
-"""A task's place in a TensorFlow cluster and its TF_CONFIG: the one place that writes a
-TF_CONFIG and reads one back. No TensorFlow needed."""
+"""A task's place in a TensorFlow cluster: its TF_CONFIG (the one place that writes a TF_CONFIG
+and reads one back), and the TensorFlow thread pools its role takes. No TensorFlow needed.
+
+TensorFlow sizes a process's pools to every CPU it may run on, so two trainers on a node each
+think they own every core. The trainers share the node's CPUs out (inside an op and between
+ops alike); a parameter server, an evaluator and ParameterServerStrategy's coordinator keep
+every CPU: a ps's ops run while trainers wait for them (held to 1 thread, it slowed training:
+bench/RESULTS.md, "threads"), and an evaluator's final metrics would be slow on one. CPUs
+SLURM bound to a task are its alone.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
+from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER, ClusterLayout, trainer_roles
 from tfconfig_slurm.errors import UsageError
 
 # The package's own key in a TF_CONFIG (RunConfig and TensorFlow's resolvers ignore it): what
@@ -26,6 +35,9 @@ _HINT = (
     'expected {"cluster": {"chief": [...], "ps": [...], "worker": [...]}, '
     '"task": {"type": ..., "index": ...}}; unset TF_CONFIG to let tfconfig-slurm compute it'
 )
+# The fewest threads between ops of a ParameterServerStrategy worker: one held by the
+# coordinator's request for a step, one at least to run the step's ops.
+PS_WORKER_MIN_INTER_OP = 2
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,50 @@ def run_of(text: str) -> str | None:
     runtime = config.get(RUNTIME_KEY) if isinstance(config, dict) else None
     run = runtime.get(RUN) if isinstance(runtime, dict) else None
     return None if run is None else str(run)
+
+
+class Threads(NamedTuple):
+    """A task's TensorFlow thread pools: threads inside one op, and ops run at once."""
+
+    intra_op: int
+    inter_op: int
+
+    def __str__(self) -> str:
+        return f"{self.intra_op}+{self.inter_op}"
+
+
+def sized_threads(
+    role: str, *, cpus: int, trainers_on_node: int, coordinator: bool = False
+) -> Threads:
+    """The threads of a task of `role` on `cpus` CPUs that the node's `trainers_on_node`
+    trainers share (1 where the task's CPUs are its own)."""
+    cpus = max(1, cpus)
+    if role in trainer_roles(coordinator):
+        share = max(1, cpus // max(1, trainers_on_node))
+        if coordinator:
+            # A ParameterServerStrategy worker's handler for a step waits on its inter-op pool
+            # for the step's ops, run on the same pool: with 1 thread, a step whose ops leave
+            # it (its input not ready) waits for ever (#55 item 5).
+            return Threads(share, max(share, PS_WORKER_MIN_INTER_OP))
+        return Threads(share, share)
+    if role in (PS, CHIEF, EVALUATOR):
+        return Threads(cpus, cpus)
+    raise ValueError(f"no threads for a task of role {role!r}")
+
+
+def layout_threads(layout: ClusterLayout, cpus: int) -> list[Threads]:
+    """Every task's threads, by rank, where each node's tasks share its `cpus` CPUs."""
+    trainers = trainer_roles(layout.coordinator)
+    on_node = Counter(task.node for task in layout.tasks if task.role in trainers)
+    return [
+        sized_threads(
+            task.role,
+            cpus=cpus,
+            trainers_on_node=on_node[task.node],
+            coordinator=layout.coordinator,
+        )
+        for task in layout.tasks
+    ]
 
 
 @dataclass(frozen=True)
@@ -191,6 +247,22 @@ class ClusterRole:
     def jobs(self) -> dict[str, list[str]]:
         """The cluster as TF_CONFIG and tf.train.ClusterSpec take it: lists of addresses."""
         return {job: list(tasks) for job, tasks in self.cluster.items()}
+
+    def threads(self, cpus: int, *, own_cpus: bool) -> Threads:
+        """This task's threads, whose process may run on `cpus` CPUs: its own where `own_cpus`,
+        else shared with the trainers whose addresses are on its host."""
+        host = self.address.rpartition(":")[0]
+        on_node = sum(
+            address.rpartition(":")[0] == host
+            for job in trainer_roles(self.coordinator)
+            for address in self.cluster.get(job, ())
+        )
+        return sized_threads(
+            self.role,
+            cpus=cpus,
+            trainers_on_node=1 if own_cpus else on_node,
+            coordinator=self.coordinator,
+        )
 
     def tf_config(self, **extra: Any) -> dict[str, Any]:
         config = write(

@@ -50,7 +50,7 @@ SOURCES: Mapping[str, tuple[str, ...]] = {
     # Not SLURM's: the jobs this run went on from (process/job/continuation.py).
     "continuation": (CONTINUATION,),
     "distribution": ("SLURM_DISTRIBUTION",),
-    # The job's CPUs on the node, and how SLURM bound this task to them (cluster/threads.py).
+    # The job's CPUs on the node, and how SLURM bound this task to them (cluster/role.py).
     "cpus_on_node": ("SLURM_CPUS_ON_NODE",),
     "cpu_bind_type": ("SLURM_CPU_BIND_TYPE",),
     "gpus": ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"),

@@ -13,10 +13,8 @@ from typing import Any, Callable, TypeVar
 
 from absl import logging
 
-from tfconfig_slurm.cluster import threads as threads_lib
 from tfconfig_slurm.cluster.layout import EVALUATOR
-from tfconfig_slurm.cluster.role import input_shard
-from tfconfig_slurm.cluster.threads import Threads
+from tfconfig_slurm.cluster.role import PS_WORKER_MIN_INTER_OP, Threads, input_shard
 from tfconfig_slurm.commands import runtime_flags
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import console
@@ -202,7 +200,7 @@ def _loaded(
 
 def check_inter_op_threads(coordinator: bool) -> None:
     """Refuses --inter_op_threads below what a ParameterServerStrategy worker needs."""
-    given, least = runtime_flags.INTER_OP_THREADS.value, threads_lib.PS_WORKER_MIN_INTER_OP
+    given, least = runtime_flags.INTER_OP_THREADS.value, PS_WORKER_MIN_INTER_OP
     if coordinator and given is not None and 0 < given < least:
         raise UsageError(
             "--inter_op_threads",
@@ -214,14 +212,12 @@ def check_inter_op_threads(coordinator: bool) -> None:
 
 
 def task_threads(where: place.Place) -> tuple[Threads, str]:
-    """The task's TensorFlow threads, from the flags or sized by its role (cluster/threads.py),
+    """The task's TensorFlow threads, from the flags or sized by its role (cluster/role.py),
     and the line that says them, for the caller to log once its input has passed."""
     check_inter_op_threads(where.role is not None and where.role.coordinator)
     cpus = len(os.sched_getaffinity(0))
     sized = (
-        _TENSORFLOW_S
-        if where.role is None
-        else threads_lib.for_role(where.role, cpus, own_cpus=where.own_cpus)
+        _TENSORFLOW_S if where.role is None else where.role.threads(cpus, own_cpus=where.own_cpus)
     )
     given = Threads(
         sized.intra_op

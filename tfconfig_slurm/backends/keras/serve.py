@@ -1,5 +1,5 @@
 """A ParameterServerStrategy cluster's parameter server or worker: the gRPC server of the task
-its TF_CONFIG names, with the runtime's thread pools (cluster/threads.py; 0: TensorFlow's own),
+its TF_CONFIG names, with the runtime's thread pools (cluster/role.py; 0: TensorFlow's own),
 serving until its supervisor ends it (a started server cannot be stopped).
 
   python -m tfconfig_slurm.backends.keras.serve INTRA_OP_THREADS INTER_OP_THREADS
