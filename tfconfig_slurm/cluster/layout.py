@@ -241,16 +241,15 @@ class ClusterLayout:
     def gpus(self) -> tuple[tuple[str, ...], ...]:
         """Each rank's GPUs, as the module's docstring says; with a coordinator, a node's
         workers share its GPUs in equal runs, and an evaluator has one only where none works."""
-        gpus: list[tuple[str, ...]] = [()] * len(self.roles)
         if not self.shape.node_gpus:
-            return tuple(gpus)
+            return ((),) * len(self.roles)
         by_node: dict[int, list[int]] = {}
         for rank, node in enumerate(self.placement.node_indices):
             by_node.setdefault(node, []).append(rank)
+        given: dict[int, tuple[str, ...]] = {}
         for node, ranks in by_node.items():
-            for rank, given in self._node_gpus(node, ranks).items():
-                gpus[rank] = given
-        return tuple(gpus)
+            given.update(self._node_gpus(node, ranks))
+        return tuple(given.get(rank, ()) for rank in range(len(self.roles)))
 
     def _gpus_of(self, rank: int) -> tuple[str, ...]:
         """One rank's GPUs, from its node's ranks alone: the whole column of a large step costs
@@ -290,17 +289,16 @@ class ClusterLayout:
             return {}
         kinds = (*trainer_roles(self.coordinator), EVALUATOR)
         users = _trainers_per_node(self.placement, self.roles, kinds)
-        # With a coordinator, a node's workers share all its GPUs.
-        workers = (
-            _trainers_per_node(self.placement, self.roles, (WORKER,)) if self.coordinator else users
-        )
+        workers = _trainers_per_node(self.placement, self.roles, (WORKER,))
         servers = set(self.shape.server_nodes)
-        idle = {}
-        for node, name in enumerate(self.shape.nodes):
-            free = () if workers[node] and self.coordinator else node_gpus[users[node] :]
-            if free and node not in servers:
-                idle[name] = tuple(free)
-        return idle
+        # With a coordinator, a node's workers share all its GPUs.
+        return {
+            name: node_gpus[users[node] :]
+            for node, name in enumerate(self.shape.nodes)
+            if node_gpus[users[node] :]
+            and node not in servers
+            and not (self.coordinator and workers[node])
+        }
 
     @property
     def reporting_rank(self) -> int:
@@ -373,11 +371,7 @@ def lay_out_step(step: SlurmStep, policy: LayoutPolicy) -> ClusterLayout:
 def _lay_out(
     shape: StepShape, placement: Placement, policy: LayoutPolicy, own_node: int | None = None
 ) -> ClusterLayout:
-    kinds = (
-        _explicit_roles(policy.roles, len(placement.local_ids))
-        if policy.roles
-        else _policy_roles(shape, placement, policy)
-    )
+    kinds = _roles(shape, placement, policy)
     kinds[_choose_chief(placement, kinds, policy)] = CHIEF
     if policy.coordinator and WORKER not in kinds:
         raise LayoutError(
@@ -420,27 +414,33 @@ def _lay_out(
     )
 
 
-def _policy_roles(shape: StepShape, placement: Placement, policy: LayoutPolicy) -> list[str]:
-    """ps or worker for each rank (the chief is chosen later), as the module's docstring says."""
-    if shape.server_nodes and not policy.all_reduce:
-        return _heterogeneous_roles(shape, placement, policy)
-    servers = min(policy.servers_per_node, max(shape.tasks_per_node))
-    by_local_id = [PS] * servers + [WORKER] * (max(shape.tasks_per_node) - servers)
-    kinds = list(map(by_local_id.__getitem__, placement.local_ids))
-    if policy.evaluator:
-        kinds[-1] = EVALUATOR
-    return kinds
-
-
-def _heterogeneous_roles(shape: StepShape, placement: Placement, policy: LayoutPolicy) -> list[str]:
-    servers = set(shape.server_nodes)
+def _roles(shape: StepShape, placement: Placement, policy: LayoutPolicy) -> list[str]:
+    """Each rank's role: as --roles names them, else ps, worker or evaluator as the module's
+    docstring says (the chief is chosen later)."""
+    if policy.roles:
+        if len(policy.roles) != len(placement.local_ids):
+            raise UsageError(
+                "--roles",
+                f"lists {counted(len(policy.roles), 'role')} for a step of "
+                f"{counted(len(placement.local_ids), 'task')}",
+                "give exactly one role per rank, in rank order",
+            )
+        return list(policy.roles)
+    if not shape.server_nodes or policy.all_reduce:
+        servers = min(policy.servers_per_node, max(shape.tasks_per_node))
+        by_local_id = [PS] * servers + [WORKER] * (max(shape.tasks_per_node) - servers)
+        kinds = list(map(by_local_id.__getitem__, placement.local_ids))
+        if policy.evaluator:
+            kinds[-1] = EVALUATOR
+        return kinds
+    cpu_nodes = set(shape.server_nodes)
     elsewhere = policy.ps_per_node or 0
     kinds = [
-        PS if node in servers or local < elsewhere else WORKER
+        PS if node in cpu_nodes or local < elsewhere else WORKER
         for node, local in zip(placement.node_indices, placement.local_ids)
     ]
     if policy.evaluator:
-        on_servers = [rank for rank, node in enumerate(placement.node_indices) if node in servers]
+        on_servers = [rank for rank, node in enumerate(placement.node_indices) if node in cpu_nodes]
         if len(on_servers) < 2:
             raise LayoutError(
                 "--evaluator",
@@ -452,29 +452,15 @@ def _heterogeneous_roles(shape: StepShape, placement: Placement, policy: LayoutP
     return kinds
 
 
-def _explicit_roles(roles: tuple[str, ...], num_tasks: int) -> list[str]:
-    if len(roles) != num_tasks:
-        raise UsageError(
-            "--roles",
-            f"lists {counted(len(roles), 'role')} for a step of {counted(num_tasks, 'task')}",
-            "give exactly one role per rank, in rank order",
-        )
-    return list(roles)
-
-
 def _choose_chief(placement: Placement, kinds: list[str], policy: LayoutPolicy) -> int:
     """The chief's rank: the one named so, else the first trainer of the first node."""
     if CHIEF in kinds:
         return kinds.index(CHIEF)
     if WORKER not in kinds:
-        if policy.roles:
-            culprit = "--roles"
-        elif policy.evaluator:
-            culprit = "--ps_per_node and --evaluator"
-        else:
-            culprit = "--ps_per_node"
         raise LayoutError(
-            culprit,
+            "--roles"
+            if policy.roles
+            else "--ps_per_node" + (" and --evaluator" if policy.evaluator else ""),
             f"leaves no trainer among the step's {counted(len(kinds), 'task')}, only parameter "
             "servers" + (" and an evaluator" if EVALUATOR in kinds else ""),
             "start more tasks per node than parameter servers (and one more for an "
@@ -511,35 +497,25 @@ def _check_gpus_fit(
     knows only its own node's GPUs, so that node is looked at first: its log names its own."""
     if not shape.node_gpus:
         return
+    have = len(shape.node_gpus)
     kinds = trainer_roles(policy.coordinator)
     trainers_per_node = _trainers_per_node(placement, roles, kinds).items()
     for node, trainers in sorted(trainers_per_node, key=lambda item: (item[0] != own_node, item)):
-        if trainers > len(shape.node_gpus):
-            raise _too_few_gpus(shape, node, trainers, policy)
-        if policy.coordinator and len(shape.node_gpus) % trainers:
+        others = shape.tasks_per_node[node] - trainers
+        if trainers > have:
             raise LayoutError(
                 f"GPUs of node {shape.nodes[node]}",
-                f"are {len(shape.node_gpus)} for its {trainers} workers, which share them in "
-                "equal runs",
+                f"the node has {have} GPUs ({','.join(shape.node_gpus)}) for its {trainers} "
+                f"trainers ({shape.tasks_per_node[node]} tasks, {others} of them ps or "
+                "evaluator), and each trainer drives a GPU of its own",
+                "change --roles so that no node has more trainers than GPUs"
+                if policy.roles is not None
+                else f"one trainer per GPU: #SBATCH --ntasks-per-node={have + others}; or "
+                f"#SBATCH --gres=gpu:{trainers}",
+            )
+        if policy.coordinator and have % trainers:
+            raise LayoutError(
+                f"GPUs of node {shape.nodes[node]}",
+                f"are {have} for its {trainers} workers, which share them in equal runs",
                 "one worker a node takes all its GPUs: #SBATCH --ntasks-per-node=<ps + 1>",
             )
-
-
-def _too_few_gpus(
-    shape: StepShape, node_index: int, trainers: int, policy: LayoutPolicy
-) -> LayoutError:
-    have = len(shape.node_gpus)
-    others = shape.tasks_per_node[node_index] - trainers
-    problem = (
-        f"the node has {have} GPUs ({','.join(shape.node_gpus)}) for its {trainers} "
-        f"trainers ({shape.tasks_per_node[node_index]} tasks, {others} of them ps or "
-        "evaluator), and each trainer drives a GPU of its own"
-    )
-    if policy.roles is not None:
-        hint = "change --roles so that no node has more trainers than GPUs"
-    else:
-        hint = (
-            f"one trainer per GPU: #SBATCH --ntasks-per-node={have + others}; or "
-            f"#SBATCH --gres=gpu:{trainers}"
-        )
-    return LayoutError(f"GPUs of node {shape.nodes[node_index]}", problem, hint)

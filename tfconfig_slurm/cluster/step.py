@@ -354,7 +354,8 @@ def _required(environ: Mapping[str, str], field: str) -> tuple[str, str]:
     return found
 
 
-def _parse_whole_number(variable: str, value: str, minimum: int) -> int:
+def _whole_number(environ: Mapping[str, str], field: str, minimum: int = 0) -> int:
+    variable, value = _required(environ, field)
     text = value.strip()
     if (
         not text.isdigit()
@@ -370,14 +371,8 @@ def _parse_whole_number(variable: str, value: str, minimum: int) -> int:
     return int(text)
 
 
-def _whole_number(environ: Mapping[str, str], field: str, minimum: int = 0) -> int:
-    variable, value = _required(environ, field)
-    return _parse_whole_number(variable, value, minimum)
-
-
 def _optional_whole_number(environ: Mapping[str, str], field: str) -> int | None:
-    found = _lookup(environ, field)
-    return None if found is None else _parse_whole_number(*found, minimum=0)
+    return None if _lookup(environ, field) is None else _whole_number(environ, field)
 
 
 def _tasks_per_node(environ: Mapping[str, str]) -> tuple[int, ...]:
@@ -492,31 +487,22 @@ def _node_gpus(environ: Mapping[str, str], job_id: int, step_id: int) -> tuple[s
     saved, _, ids = environ.get(STEP_GPUS, "").partition(":")
     if saved == f"{job_id}.{step_id}":
         return tuple(filter(None, ids.split(",")))
-    if _lookup(environ, "gpus_allocated") is None:
-        return ()
-    return _allocated_gpus(environ)
-
-
-def _allocated_gpus(environ: Mapping[str, str]) -> tuple[str, ...]:
     found = _lookup(environ, "gpus")
     on_node = _optional_whole_number(environ, "gpus_on_node")
-    if on_node == 0:
+    if _lookup(environ, "gpus_allocated") is None or on_node == 0:
         return ()
     if found is None:
         # SLURM said how many but not which: its devices are then numbered from 0.
         return tuple(str(gpu) for gpu in range(on_node or 0))
     variable, value = found
-    if value.strip() == _NO_DEVICES:
-        return ()
-    if not value.strip():
-        if on_node:
-            raise SlurmEnvironmentError(
-                variable,
-                f"is empty, which hides this task from the {on_node} GPUs SLURM gave its node "
-                f"(SLURM_GPUS_ON_NODE={on_node})",
-                "run tfconfig-slurm before anything that sets CUDA_VISIBLE_DEVICES, with "
-                "SLURM's value",
-            )
+    if not value.strip() and on_node:
+        raise SlurmEnvironmentError(
+            variable,
+            f"is empty, which hides this task from the {on_node} GPUs SLURM gave its node "
+            f"(SLURM_GPUS_ON_NODE={on_node})",
+            "run tfconfig-slurm before anything that sets CUDA_VISIBLE_DEVICES, with SLURM's value",
+        )
+    if value.strip() in ("", _NO_DEVICES):
         return ()
     gpus = tuple(gpu.strip() for gpu in value.split(","))
     if any(not gpu for gpu in gpus) or len(set(gpus)) != len(gpus):
