@@ -39,14 +39,14 @@ class DataPath(NamedTuple):
         return self.bytes_each_way * 8 / (gbits_per_second * 1e9)
 
 
-def parse_bytes(text: str, culprit: str = "--model_bytes") -> int:
-    """`13MB`, `3.3e6`, `1.5GiB`, `420000000` as bytes; UsageError naming `culprit` else."""
+def parse_bytes(text: str) -> int:
+    """`13MB`, `3.3e6`, `1.5GiB`, `420000000` as bytes (--model_bytes); UsageError else."""
     found = _SIZE.fullmatch(text.strip())
     try:
         number = float(text) if found is None else float(found.group(1))
     except ValueError:
         raise UsageError(
-            culprit,
+            "--model_bytes",
             f"is {text!r}, expected a size such as 13MB, 1.5GiB or 420000000",
             "give the size of the model's dense variables (4 bytes a float32 parameter)",
         ) from None
@@ -56,10 +56,10 @@ def parse_bytes(text: str, culprit: str = "--model_bytes") -> int:
         # KiB, MiB, GiB, TiB: powers of 1024.
         scale = 1 << (10 * (len(str(scale)) - 1) // 3)
     if not math.isfinite(number * scale):
-        raise UsageError(culprit, f"is {text!r}, expected a finite size", "e.g. 13MB")
+        raise UsageError("--model_bytes", f"is {text!r}, expected a finite size", "e.g. 13MB")
     size = int(number * scale)
     if size <= 0:
-        raise UsageError(culprit, f"is {text!r}, expected more than 0 bytes", "e.g. 13MB")
+        raise UsageError("--model_bytes", f"is {text!r}, expected more than 0 bytes", "e.g. 13MB")
     return size
 
 
@@ -102,11 +102,11 @@ def describe(path: DataPath, gbits_per_second: float, gbits_given: bool) -> str:
             f"data path: the parameter servers and trainers are all on {path.node}: no step "
             "crosses the network"
         )
+    took = _three_figures(path.seconds(gbits_per_second) * 1e9, ("ns", "us", "ms", "s"))
     speed = f"{gbits_per_second:g} Gbit/s" + ("" if gbits_given else " (--link_gbits; a guess)")
     line = (
         f"data path: each step {path.node} sends and receives {_size(path.bytes_each_way)} each "
-        "way to the parameter servers and trainers of other nodes, "
-        f"{_duration(path.seconds(gbits_per_second))} at {speed}"
+        f"way to the parameter servers and trainers of other nodes, {took} at {speed}"
     )
     if path.one_trainer_a_node is not None:
         factor = path.bytes_each_way / max(path.one_trainer_a_node, 1.0)
@@ -120,19 +120,15 @@ def describe(path: DataPath, gbits_per_second: float, gbits_given: bool) -> str:
 def _size(size: float) -> str:
     # From bytes up: a size of a few bytes (a --model_bytes of 13 meant as 13 MB) said as 0 MB
     # would hide the slip.
-    return _three_figures(size, ("bytes", "kB", "MB", "GB", "TB", "PB"), 1000)
+    return _three_figures(size, ("bytes", "kB", "MB", "GB", "TB", "PB"))
 
 
-def _duration(seconds: float) -> str:
-    return _three_figures(seconds * 1e9, ("ns", "us", "ms", "s"), 1000)
-
-
-def _three_figures(value: float, units: tuple[str, ...], step: float) -> str:
-    """`value` of the first unit in the largest unit it reaches, to 3 significant figures, never
-    in exponent notation."""
+def _three_figures(value: float, units: tuple[str, ...]) -> str:
+    """`value` of the first unit in the largest unit it reaches (each 1000 of the one before), to
+    3 significant figures, never in exponent notation."""
     nth = 0
-    while nth < len(units) - 1 and float(f"{value:.3g}") >= step:
-        value, nth = value / step, nth + 1
+    while nth < len(units) - 1 and float(f"{value:.3g}") >= 1000:
+        value, nth = value / 1000, nth + 1
     unit = units[nth]
     text = f"{value:.3g}"
     return f"{float(text):,.0f} {unit}" if "e" in text else f"{text} {unit}"

@@ -9,7 +9,6 @@ from typing import Any
 
 from tfconfig_slurm.cluster import role
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, ROLES, ClusterLayout, Task, counted
-from tfconfig_slurm.cluster.role import Threads
 from tfconfig_slurm.cluster.step import STEP_GPUS, step_gpus_value
 
 EXPLAIN_KEYS = ("rank", "node", "local_id", "role", "index", "address", "gpus")
@@ -57,7 +56,7 @@ def export_lines(layout: ClusterLayout, rank: int) -> str:
 
 def explain_records(layout: ClusterLayout) -> list[dict[str, Any]]:
     """One JSON object per task, by rank, with its threads where the node's CPUs are known."""
-    threads = _threads(layout)
+    threads = role.layout_threads(layout, layout.shape.cpus_on_node)
     return [
         {key: getattr(task, key) for key in EXPLAIN_KEYS}
         | {"gpus": list(task.gpus)}
@@ -65,12 +64,6 @@ def explain_records(layout: ClusterLayout) -> list[dict[str, Any]]:
            if threads else {})
         for rank, task in enumerate(layout.tasks)
     ]  # fmt: skip
-
-
-def _threads(layout: ClusterLayout) -> list[Threads]:
-    """Every task's threads, where the node's CPUs are known (in a job, or --cpus_per_node)."""
-    cpus = layout.shape.cpus_on_node
-    return role.layout_threads(layout, cpus) if cpus else []
 
 
 def summary_line(layout: ClusterLayout) -> str:
@@ -129,7 +122,7 @@ def idle_gpus_warning(layout: ClusterLayout) -> str | None:
 
 def explain_table(layout: ClusterLayout) -> str:
     """A table of every task, one line each, under a one-line summary of the layout."""
-    threads = _threads(layout)
+    threads = role.layout_threads(layout, layout.shape.cpus_on_node)
     header = ("rank", "node", "local", "role", "index", "address:port", "gpus") + (
         ("threads",) if threads else ()
     )

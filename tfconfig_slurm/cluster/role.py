@@ -112,8 +112,11 @@ def sized_threads(
     raise ValueError(f"no threads for a task of role {role!r}")
 
 
-def layout_threads(layout: ClusterLayout, cpus: int) -> list[Threads]:
-    """Every task's threads, by rank, where each node's tasks share its `cpus` CPUs."""
+def layout_threads(layout: ClusterLayout, cpus: int | None) -> list[Threads]:
+    """Every task's threads, by rank, where each node's tasks share its `cpus` CPUs; none where
+    they are unknown (outside a job, without --cpus_per_node)."""
+    if not cpus:
+        return []
     trainers = trainer_roles(layout.coordinator)
     on_node = Counter(task.node for task in layout.tasks if task.role in trainers)
     return [

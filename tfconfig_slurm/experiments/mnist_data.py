@@ -58,7 +58,10 @@ def batches(params: Mapping[str, Any], *, training: bool) -> Iterator[Examples]:
     images, labels = load_examples(params.get("data_dir"), training)
     size = params["batch_size"]
     if not training:
-        return _eval_batches(images, labels, size)
+        return (
+            (images[start : start + size], labels[start : start + size])
+            for start in range(0, len(labels), size)
+        )
     trainer = params.get("trainer_index", 0)
     shard = slice(trainer, None, params.get("num_trainers", 1))
     images, labels = images[shard], labels[shard]
@@ -69,13 +72,6 @@ def batches(params: Mapping[str, Any], *, training: bool) -> Iterator[Examples]:
             "makes no batch"
         )
     return _training_batches(images, labels, size, trainer, params.get("global_step", 0))
-
-
-def _eval_batches(
-    images: npt.NDArray[np.float32], labels: npt.NDArray[np.int32], size: int
-) -> Iterator[Examples]:
-    for start in range(0, len(labels), size):
-        yield images[start : start + size], labels[start : start + size]
 
 
 def _training_batches(
