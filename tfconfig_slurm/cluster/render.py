@@ -127,15 +127,7 @@ def explain_table(layout: ClusterLayout) -> str:
         ("threads",) if threads else ()
     )
     rows = [
-        (
-            str(task.rank),
-            task.node,
-            str(task.local_id),
-            task.role,
-            str(task.index),
-            task.address,
-            ",".join(task.gpus) or "-",
-        )
+        (*(str(getattr(task, key)) for key in EXPLAIN_KEYS[:-1]), ",".join(task.gpus) or "-")
         + ((str(threads[rank]),) if threads else ())
         for rank, task in enumerate(layout.tasks)
     ]
