@@ -163,28 +163,21 @@ def place_tasks(tasks_per_node: tuple[int, ...], distribution: str) -> Placement
     never builds a cluster that the others do not share."""
     if distribution == BLOCK:
         # itertools rather than a loop per rank, for large steps.
+        chain = itertools.chain.from_iterable
         return Placement(
-            node_indices=tuple(
-                itertools.chain.from_iterable(
-                    map(itertools.repeat, itertools.count(), tasks_per_node)
-                )
-            ),
-            local_ids=tuple(itertools.chain.from_iterable(map(range, tasks_per_node))),
+            tuple(chain(map(itertools.repeat, itertools.count(), tasks_per_node))),
+            tuple(chain(map(range, tasks_per_node))),
         )
     if distribution == CYCLIC:
         # Round robin over the nodes, skipping a node once it holds its share: with tasks
         # per node 4(x2),1 SLURM puts ranks 0,3,5,7 on the first node.
-        dealt = [0] * len(tasks_per_node)
-        node_indices: list[int] = []
-        local_ids: list[int] = []
-        total = sum(tasks_per_node)
-        while len(node_indices) < total:
-            for node, count in enumerate(tasks_per_node):
-                if dealt[node] < count:
-                    node_indices.append(node)
-                    local_ids.append(dealt[node])
-                    dealt[node] += 1
-        return Placement(tuple(node_indices), tuple(local_ids))
+        dealt = [
+            (node, local)
+            for local in range(max(tasks_per_node))
+            for node, count in enumerate(tasks_per_node)
+            if local < count
+        ]
+        return Placement(tuple(node for node, _ in dealt), tuple(local for _, local in dealt))
     raise ValueError(f"unknown distribution {distribution!r}")
 
 
@@ -251,15 +244,6 @@ class ClusterLayout:
             given.update(self._node_gpus(node, ranks))
         return tuple(given.get(rank, ()) for rank in range(len(self.roles)))
 
-    def _gpus_of(self, rank: int) -> tuple[str, ...]:
-        """One rank's GPUs, from its node's ranks alone: the whole column of a large step costs
-        tens of milliseconds."""
-        if "gpus" in self.__dict__ or not self.shape.node_gpus:
-            return self.gpus[rank]
-        node = self.placement.node_indices[rank]
-        ranks = itertools.compress(itertools.count(), map(node.__eq__, self.placement.node_indices))
-        return self._node_gpus(node, list(ranks)).get(rank, ())
-
     def _node_gpus(self, node: int, ranks: Sequence[int]) -> dict[int, tuple[str, ...]]:
         """The GPUs of the ranks of one node (all of them, in rank order) that get any."""
         node_gpus = self.shape.node_gpus
@@ -310,7 +294,13 @@ class ClusterLayout:
         )
 
     def task(self, rank: int) -> Task:
-        return self._task(rank, self._gpus_of(rank))
+        """One rank's task, its GPUs from its node's ranks alone: the whole column of a large step
+        costs tens of milliseconds."""
+        if "gpus" in self.__dict__ or not self.shape.node_gpus:
+            return self._task(rank, self.gpus[rank])
+        node = self.placement.node_indices[rank]
+        ranks = itertools.compress(itertools.count(), map(node.__eq__, self.placement.node_indices))
+        return self._task(rank, self._node_gpus(node, list(ranks)).get(rank, ()))
 
     @property
     def tasks(self) -> tuple[Task, ...]:
@@ -335,9 +325,6 @@ class ClusterLayout:
             for job in CLUSTER_JOBS
         }
         return {job: addresses for job, addresses in jobs.items() if addresses}
-
-    def count(self, role: str) -> int:
-        return self.roles.count(role)
 
 
 def counted(count: int, noun: str) -> str:
@@ -466,13 +453,12 @@ def _choose_chief(placement: Placement, kinds: list[str], policy: LayoutPolicy) 
             "start more tasks per node than parameter servers (and one more for an "
             "evaluator), e.g. one per GPU plus one: #SBATCH --ntasks-per-node=<GPUs per node + 1>",
         )
-    first = min(
+    return min(
         itertools.compress(
             zip(placement.node_indices, placement.local_ids, range(len(kinds))),
             map(WORKER.__eq__, kinds),
         )
-    )
-    return first[2]
+    )[2]
 
 
 def trainer_roles(coordinator: bool) -> tuple[str, ...]:

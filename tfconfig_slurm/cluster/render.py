@@ -20,7 +20,7 @@ def tf_config(layout: ClusterLayout, rank: int) -> dict[str, Any]:
         layout.cluster(),
         layout.roles[rank],
         layout.indices[rank],
-        has_evaluator=layout.count(EVALUATOR) > 0,
+        has_evaluator=EVALUATOR in layout.roles,
         run_id=layout.shape.run_id,
         coordinator=layout.coordinator,
         evaluator_address=layout.addresses[rank],
@@ -80,7 +80,7 @@ def summary_line(layout: ClusterLayout) -> str:
         if shape.node_gpus
         else "no GPUs"
     )
-    counts = {role: layout.count(role) for role in ROLES}
+    counts = {role: layout.roles.count(role) for role in ROLES}
     described = ", ".join(
         f"{count} {role}"
         + ("s" if count > 1 and role != PS else "")
