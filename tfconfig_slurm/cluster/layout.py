@@ -249,18 +249,16 @@ class ClusterLayout:
         node_gpus = self.shape.node_gpus
         if node in self.shape.server_nodes:
             return {}
-        if self.coordinator:
-            workers = [rank for rank in ranks if self.roles[rank] == WORKER]
-            if not workers:
-                evaluators = [rank for rank in ranks if self.roles[rank] == EVALUATOR]
-                return {rank: (gpu,) for rank, gpu in zip(evaluators, node_gpus)}
+        workers = [rank for rank in ranks if self.roles[rank] == WORKER]
+        if self.coordinator and workers:
             share = len(node_gpus) // len(workers)
             return {
                 rank: node_gpus[nth * share : (nth + 1) * share] for nth, rank in enumerate(workers)
             }
         # Trainers first, so that an evaluator placed anywhere by --roles never takes a
-        # trainer's GPU.
-        takers = [rank for rank in ranks if self.roles[rank] in TRAINERS]
+        # trainer's GPU (with a coordinator, none: no worker is on this node).
+        trains = trainer_roles(self.coordinator)
+        takers = [rank for rank in ranks if self.roles[rank] in trains]
         takers += [rank for rank in ranks if self.roles[rank] == EVALUATOR]
         return {rank: (gpu,) for rank, gpu in zip(takers, node_gpus)}
 
