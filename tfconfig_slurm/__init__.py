@@ -35,28 +35,26 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     # The layout tools never import TensorFlow; the runtime only when it is asked for.
-    if name == "train_and_evaluate":
-        from tfconfig_slurm.process.user_code import versions  # noqa: PLC0415
-
-        _in_one_line(versions.require_estimator)("tfconfig_slurm.train_and_evaluate (Estimator)")
-        from tfconfig_slurm.backends.estimator.api import train_and_evaluate  # noqa: PLC0415
-
-        return train_and_evaluate
-    if name == "cluster_resolver":
-        from tfconfig_slurm.process.user_code import versions  # noqa: PLC0415
-
-        _in_one_line(versions.require_tensorflow)("tfconfig_slurm.cluster_resolver")
-        from tfconfig_slurm.backends.keras.resolver import cluster_resolver  # noqa: PLC0415
-
-        # Its bad settings raise, as layout.md shows them caught.
-        return cluster_resolver
     if name == "keras_distribution":
         from tfconfig_slurm.backends.keras3.distribution import (  # noqa: PLC0415
             keras_distribution,
         )
 
         return _in_one_line(keras_distribution)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in ("train_and_evaluate", "cluster_resolver"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from tfconfig_slurm.process.user_code import versions  # noqa: PLC0415
+
+    if name == "train_and_evaluate":
+        _in_one_line(versions.require_estimator)("tfconfig_slurm.train_and_evaluate (Estimator)")
+        from tfconfig_slurm.backends.estimator.api import train_and_evaluate  # noqa: PLC0415
+
+        return train_and_evaluate
+    _in_one_line(versions.require_tensorflow)("tfconfig_slurm.cluster_resolver")
+    from tfconfig_slurm.backends.keras.resolver import cluster_resolver  # noqa: PLC0415
+
+    # Its bad settings raise, as layout.md shows them caught.
+    return cluster_resolver
 
 
 def _in_one_line(function: Callable[..., Any]) -> Callable[..., Any]:

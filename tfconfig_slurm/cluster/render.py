@@ -80,13 +80,12 @@ def summary_line(layout: ClusterLayout) -> str:
         if shape.node_gpus
         else "no GPUs"
     )
-    counts = {role: layout.roles.count(role) for role in ROLES}
     described = ", ".join(
         f"{count} {role}"
         + ("s" if count > 1 and role != PS else "")
         + (" (the coordinator)" if role == CHIEF and layout.coordinator else "")
-        for role, count in counts.items()
-        if count
+        for role in ROLES
+        if (count := layout.roles.count(role))
     )
     nodes = counted(len(shape.nodes), "node")
     if shape.server_nodes:

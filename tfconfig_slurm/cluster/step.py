@@ -9,7 +9,6 @@ step they size ("SLURM_JOB_NUM_NODES environment variable conflicts with allocat
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import groupby
@@ -69,7 +68,6 @@ SOURCES: Mapping[str, tuple[str, ...]] = {
 # counts only in the step it names.
 STEP_GPUS = "TFCONFIG_SLURM_STEP_GPUS"
 
-_SPACE = re.compile(r"\s")
 _RUN_IN_SRUN = "SLURM sets it in every task of a job step: run this inside srun"
 _IN_BATCH_JOB = "SLURM sets it in a batch job's script: run this there"
 # SLURM's ids and counts are 32-bit; a longer number is garbage.
@@ -441,7 +439,7 @@ def expand_nodes(
         ) from None
     if not nodes or "" in nodes:
         raise error(culprit, f"is {value!r}, which names no node", hint)
-    if _SPACE.search("/".join(nodes)):
+    if any(character.isspace() for character in "".join(nodes)):
         raise error(culprit, f"is {value!r}: node names cannot hold spaces", hint)
     if len(set(nodes)) != len(nodes):
         repeated = next(node for node in nodes if nodes.count(node) > 1)
