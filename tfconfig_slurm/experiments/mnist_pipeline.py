@@ -19,25 +19,23 @@ def dataset(params: dict[str, Any], *, training: bool, in_graph: bool = False) -
     not hold them; `in_graph` puts them in the graph, for a dataset another process builds
     (a ParameterServerStrategy worker), which cannot call back into this one's Python."""
     images, labels = load_examples(params.get("data_dir"), training)
-    if in_graph:
-        return _batches(tf.data.Dataset.from_tensor_slices((images, labels)), params, training)
 
     # Chunks, which unbatch() splits inside TensorFlow: a Python call per example is slow.
     def chunks() -> Any:
         for start in range(0, len(labels), _CHUNK):
             yield images[start : start + _CHUNK], labels[start : start + _CHUNK]
 
-    examples = tf.data.Dataset.from_generator(
-        chunks,
-        output_signature=(
-            tf.TensorSpec((None, IMAGE_SIZE, IMAGE_SIZE, 1), tf.float32),
-            tf.TensorSpec((None,), tf.int32),
-        ),
-    ).unbatch()
-    return _batches(examples, params, training)
-
-
-def _batches(examples: tf.data.Dataset, params: dict[str, Any], training: bool) -> tf.data.Dataset:
+    examples = (
+        tf.data.Dataset.from_tensor_slices((images, labels))
+        if in_graph
+        else tf.data.Dataset.from_generator(
+            chunks,
+            output_signature=(
+                tf.TensorSpec((None, IMAGE_SIZE, IMAGE_SIZE, 1), tf.float32),
+                tf.TensorSpec((None,), tf.int32),
+            ),
+        ).unbatch()
+    )
     if training:
         # Each trainer of a cluster reads its own share of the examples.
         examples = examples.shard(params.get("num_trainers", 1), params.get("trainer_index", 0))
