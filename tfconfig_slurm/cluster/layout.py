@@ -159,7 +159,7 @@ class Placement:
 
 def place_tasks(tasks_per_node: tuple[int, ...], distribution: str) -> Placement:
     """The place of every rank of the step, as SLURM deals tasks to nodes (block or cyclic).
-    Every task computes the whole map, then checks its own entry (check_own_place), so a task
+    Every task computes the whole map, then checks its own entry (lay_out_step), so a task
     never builds a cluster that the others do not share."""
     if distribution == BLOCK:
         # itertools rather than a loop per rank, for large steps.
@@ -179,27 +179,6 @@ def place_tasks(tasks_per_node: tuple[int, ...], distribution: str) -> Placement
         ]
         return Placement(tuple(node for node, _ in dealt), tuple(local for _, local in dealt))
     raise ValueError(f"unknown distribution {distribution!r}")
-
-
-def check_own_place(step: SlurmStep, placement: Placement) -> None:
-    """Fails loudly when this task's computed place disagrees with what SLURM says it is."""
-    node_index = placement.node_indices[step.rank]
-    local_id = placement.local_ids[step.rank]
-    node = step.shape.nodes[node_index]
-    for variable, said, computed, should in (
-        ("SLURMD_NODENAME", step.node_name, node, f"run on {node}"),
-        ("SLURM_NODEID", step.node_index, node_index, f"run on node {node_index} ({node})"),
-        ("SLURM_LOCALID", step.local_id, local_id, f"be local task {local_id} on {node}"),
-    ):
-        # A node name SLURM did not give is not checked.
-        if said not in (None, computed):
-            raise SlurmEnvironmentError(
-                variable,
-                f"is {said!r}, but rank {step.rank} should {should}",
-                f"SLURM placed rank {step.rank} differently from {step.shape.distribution} "
-                "distribution over the step's node list; launch with srun -m block or -m "
-                "cyclic and do not set SLURM_* variables by hand",
-            )
 
 
 @dataclass(frozen=True)
@@ -347,9 +326,26 @@ def lay_out(shape: StepShape, policy: LayoutPolicy) -> ClusterLayout:
 
 
 def lay_out_step(step: SlurmStep, policy: LayoutPolicy) -> ClusterLayout:
-    """The layout of this task's step, after checking that SLURM placed this task as computed."""
+    """The layout of this task's step, after checking that SLURM placed this task as computed:
+    a task that disagrees fails loudly, as its cluster would not be the others'."""
     placement = place_tasks(step.shape.tasks_per_node, step.shape.distribution)
-    check_own_place(step, placement)
+    node_index = placement.node_indices[step.rank]
+    local_id = placement.local_ids[step.rank]
+    node = step.shape.nodes[node_index]
+    for variable, said, computed, should in (
+        ("SLURMD_NODENAME", step.node_name, node, f"run on {node}"),
+        ("SLURM_NODEID", step.node_index, node_index, f"run on node {node_index} ({node})"),
+        ("SLURM_LOCALID", step.local_id, local_id, f"be local task {local_id} on {node}"),
+    ):
+        # A node name SLURM did not give is not checked.
+        if said not in (None, computed):
+            raise SlurmEnvironmentError(
+                variable,
+                f"is {said!r}, but rank {step.rank} should {should}",
+                f"SLURM placed rank {step.rank} differently from {step.shape.distribution} "
+                "distribution over the step's node list; launch with srun -m block or -m "
+                "cyclic and do not set SLURM_* variables by hand",
+            )
     return _lay_out(step.shape, placement, policy, own_node=step.node_index)
 
 
