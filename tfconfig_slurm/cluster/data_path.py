@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
 from typing import NamedTuple
 
 from tfconfig_slurm.cluster.layout import PS, ClusterLayout, trainer_roles
@@ -66,10 +65,8 @@ def parse_bytes(text: str) -> int:
 def data_path(layout: ClusterLayout, model_bytes: int) -> DataPath | None:
     """The busiest node's traffic per step; None for a layout without parameter servers (its
     all-reduce moves what its collective's algorithm moves)."""
-    roles, nodes = layout.roles, layout.placement.node_indices
-    trains = trainer_roles(layout.coordinator)
-    trainers = Counter(node for node, role in zip(nodes, roles) if role in trains)
-    servers = Counter(node for node, role in zip(nodes, roles) if role == PS)
+    trainers = layout.placement.per_node(layout.roles, trainer_roles(layout.coordinator))
+    servers = layout.placement.per_node(layout.roles, (PS,))
     total_trainers, total_servers = sum(trainers.values()), sum(servers.values())
     if not total_servers or not total_trainers:
         return None

@@ -156,6 +156,10 @@ class Placement:
     node_indices: tuple[int, ...]
     local_ids: tuple[int, ...]
 
+    def per_node(self, roles: Sequence[str], kinds: Sequence[str]) -> Counter[int]:
+        """How many ranks whose `roles` are of these `kinds` each node runs, by node index."""
+        return Counter(itertools.compress(self.node_indices, map(kinds.__contains__, roles)))
+
 
 def place_tasks(tasks_per_node: tuple[int, ...], distribution: str) -> Placement:
     """The place of every rank of the step, as SLURM deals tasks to nodes (block or cyclic).
@@ -249,8 +253,8 @@ class ClusterLayout:
         if not node_gpus:
             return {}
         kinds = (*trainer_roles(self.coordinator), EVALUATOR)
-        users = _trainers_per_node(self.placement, self.roles, kinds)
-        workers = _trainers_per_node(self.placement, self.roles, (WORKER,))
+        users = self.placement.per_node(self.roles, kinds)
+        workers = self.placement.per_node(self.roles, (WORKER,))
         servers = set(self.shape.server_nodes)
         # With a coordinator, a node's workers share all its GPUs.
         return {
@@ -313,10 +317,9 @@ def derived_port_base(job_id: int, step_id: int, tasks_on_busiest_node: int) -> 
     """The port base of a (job, step), its block as the comment on _STEPS_PER_JOB says."""
     width = max(_MIN_PORTS_PER_STEP, 1 << (tasks_on_busiest_node - 1).bit_length())
     blocks = (_DERIVED_PORT_CEILING - _DERIVED_PORT_FLOOR) // width
-    if blocks == 0:
-        # More tasks on a node than the range holds: they start at the floor and run past it.
-        return _DERIVED_PORT_FLOOR
-    block = (job_id * _STEPS_PER_JOB + step_id) % blocks
+    # With more tasks on a node than the range holds (no block), they start at the floor and run
+    # past it.
+    block = (job_id * _STEPS_PER_JOB + step_id) % max(blocks, 1)
     return _DERIVED_PORT_FLOOR + block * width
 
 
@@ -460,12 +463,6 @@ def trainer_roles(coordinator: bool) -> tuple[str, ...]:
     return (WORKER,) if coordinator else TRAINERS
 
 
-def _trainers_per_node(
-    placement: Placement, roles: Sequence[str], kinds: Sequence[str]
-) -> Counter[int]:
-    return Counter(itertools.compress(placement.node_indices, map(kinds.__contains__, roles)))
-
-
 def _check_gpus_fit(
     shape: StepShape,
     placement: Placement,
@@ -479,7 +476,7 @@ def _check_gpus_fit(
         return
     have = len(shape.node_gpus)
     kinds = trainer_roles(policy.coordinator)
-    trainers_per_node = _trainers_per_node(placement, roles, kinds).items()
+    trainers_per_node = placement.per_node(roles, kinds).items()
     for node, trainers in sorted(trainers_per_node, key=lambda item: (item[0] != own_node, item)):
         others = shape.tasks_per_node[node] - trainers
         if trainers > have:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -117,16 +116,12 @@ def layout_threads(layout: ClusterLayout, cpus: int | None) -> list[Threads]:
     they are unknown (outside a job, without --cpus_per_node)."""
     if not cpus:
         return []
-    trainers = trainer_roles(layout.coordinator)
-    on_node = Counter(task.node for task in layout.tasks if task.role in trainers)
+    on_node = layout.placement.per_node(layout.roles, trainer_roles(layout.coordinator))
     return [
         sized_threads(
-            task.role,
-            cpus=cpus,
-            trainers_on_node=on_node[task.node],
-            coordinator=layout.coordinator,
+            role, cpus=cpus, trainers_on_node=on_node[node], coordinator=layout.coordinator
         )
-        for task in layout.tasks
+        for role, node in zip(layout.roles, layout.placement.node_indices)
     ]
 
 
