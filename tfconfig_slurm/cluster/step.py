@@ -326,9 +326,10 @@ def _check_in_a_step(environ: Mapping[str, str]) -> None:
 def _bound(environ: Mapping[str, str]) -> bool:
     """Whether SLURM bound this task to CPUs of its own (by core, thread or rank, not by socket
     or locality domain, which several tasks share)."""
-    found = _lookup(environ, "cpu_bind_type")
-    kinds = found[1].lower() if found else ""
-    return any(kind in kinds for kind in ("cores", "threads", "rank", "map_cpu", "mask_cpu"))
+    _, kinds = _lookup(environ, "cpu_bind_type") or ("", "")
+    return any(
+        kind in kinds.lower() for kind in ("cores", "threads", "rank", "map_cpu", "mask_cpu")
+    )
 
 
 def _lookup(environ: Mapping[str, str], field: str) -> tuple[str, str] | None:
@@ -459,10 +460,7 @@ def _first_component_nodes(environ: Mapping[str, str], nodes: tuple[str, ...]) -
 
 
 def _distribution(environ: Mapping[str, str]) -> str:
-    found = _lookup(environ, "distribution")
-    if found is None:
-        return BLOCK
-    variable, value = found
+    variable, value = _lookup(environ, "distribution") or ("", "")
     # "cyclic:block,Pack": only the part before ':' deals tasks to nodes.
     across_nodes = value.split(":")[0].split(",")[0].strip().lower()
     if across_nodes in ("", "*"):

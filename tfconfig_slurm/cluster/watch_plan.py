@@ -83,9 +83,7 @@ def children(role: ClusterRole) -> dict[str, str]:
 
 def parent(role: ClusterRole) -> str | None:
     """The address of this trainer's parent in the tree of trainers; None for the chief."""
-    if role.trainer_id == 0:
-        return None
-    return role.trainer_address(_parent_id(role.trainer_id))
+    return role.trainer_address(_parent_id(role.trainer_id)) if role.trainer_id else None
 
 
 def trainers_below(role: ClusterRole) -> int:
