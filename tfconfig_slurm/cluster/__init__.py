@@ -1,13 +1,7 @@
 """The pure core: SLURM environment -> step -> layout -> TF_CONFIG. Never imports TensorFlow."""
 
 from tfconfig_slurm.cluster.layout import ClusterLayout, LayoutPolicy, Task, lay_out, lay_out_step
-from tfconfig_slurm.cluster.step import (
-    SlurmStep,
-    StepShape,
-    expand_nodes,
-    in_job_step,
-    read_slurm_step,
-)
+from tfconfig_slurm.cluster.step import SlurmStep, StepShape, in_job_step, read_slurm_step
 
 __all__ = [
     "ClusterLayout",
@@ -15,7 +9,6 @@ __all__ = [
     "SlurmStep",
     "StepShape",
     "Task",
-    "expand_nodes",
     "in_job_step",
     "lay_out",
     "lay_out_step",

@@ -9,7 +9,7 @@ from typing import Any
 
 from tfconfig_slurm.cluster import role
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, ROLES, ClusterLayout, Task, counted
-from tfconfig_slurm.cluster.step import STEP_GPUS, step_gpus_value
+from tfconfig_slurm.cluster.step import STEP_GPUS
 
 EXPLAIN_KEYS = ("rank", "node", "local_id", "role", "index", "address", "gpus")
 
@@ -38,11 +38,13 @@ def cuda_visible_devices(task: Task) -> str:
 
 
 def task_environment(layout: ClusterLayout, rank: int) -> dict[str, str]:
-    """What every command gives one rank's process: its TF_CONFIG, its GPUs, and STEP_GPUS."""
+    """What every command gives one rank's process: its TF_CONFIG, its GPUs, and STEP_GPUS (the
+    step's GPUs, as step.py reads them)."""
+    shape = layout.shape
     return {
         "TF_CONFIG": tf_config_json(layout, rank),
         "CUDA_VISIBLE_DEVICES": cuda_visible_devices(layout.task(rank)),
-        STEP_GPUS: step_gpus_value(layout.shape),
+        STEP_GPUS: f"{shape.job_id}.{shape.step_id}:{','.join(shape.node_gpus)}",
     }
 
 

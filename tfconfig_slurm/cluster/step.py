@@ -474,11 +474,6 @@ def _distribution(environ: Mapping[str, str]) -> str:
     return across_nodes
 
 
-def step_gpus_value(shape: StepShape) -> str:
-    """The value of STEP_GPUS that records `shape`'s GPUs for commands run inside its task."""
-    return f"{shape.job_id}.{shape.step_id}:{','.join(shape.node_gpus)}"
-
-
 def _node_gpus(environ: Mapping[str, str], job_id: int, step_id: int) -> tuple[str, ...]:
     saved, _, ids = environ.get(STEP_GPUS, "").partition(":")
     if saved == f"{job_id}.{step_id}":

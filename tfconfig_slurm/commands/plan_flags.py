@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from absl import flags
 
-from tfconfig_slurm.cluster import LayoutPolicy, StepShape, expand_nodes
-from tfconfig_slurm.cluster.step import DISTRIBUTIONS, MAX_TASKS, check_task_count
+from tfconfig_slurm.cluster import LayoutPolicy, StepShape
+from tfconfig_slurm.cluster.step import DISTRIBUTIONS, MAX_TASKS, check_task_count, expand_nodes
 from tfconfig_slurm.errors import UsageError
 
 NODELIST = flags.DEFINE_string(
