@@ -102,8 +102,7 @@ class LayoutPolicy:
                 "leave it unset to derive a base from the job and step ids",
             )
         if self.roles is not None:
-            unknown = sorted({role for role in self.roles if role not in ROLES})
-            if unknown:
+            if unknown := sorted({role for role in self.roles if role not in ROLES}):
                 raise UsageError(
                     "--roles",
                     f"has {', '.join(map(repr, unknown))}, expected only {', '.join(ROLES)}",
@@ -252,8 +251,7 @@ class ClusterLayout:
         node_gpus = self.shape.node_gpus
         if not node_gpus:
             return {}
-        kinds = (*trainer_roles(self.coordinator), EVALUATOR)
-        users = self.placement.per_node(self.roles, kinds)
+        users = self.placement.per_node(self.roles, (*trainer_roles(self.coordinator), EVALUATOR))
         workers = self.placement.per_node(self.roles, (WORKER,))
         servers = set(self.shape.server_nodes)
         # With a coordinator, a node's workers share all its GPUs.
@@ -317,8 +315,7 @@ def derived_port_base(job_id: int, step_id: int, tasks_on_busiest_node: int) -> 
     """The port base of a (job, step), its block as the comment on _STEPS_PER_JOB says."""
     width = max(_MIN_PORTS_PER_STEP, 1 << (tasks_on_busiest_node - 1).bit_length())
     blocks = (_DERIVED_PORT_CEILING - _DERIVED_PORT_FLOOR) // width
-    # With more tasks on a node than the range holds (no block), they start at the floor and run
-    # past it.
+    # More tasks on a node than the range holds (no block): they start at the floor, run past it.
     block = (job_id * _STEPS_PER_JOB + step_id) % max(blocks, 1)
     return _DERIVED_PORT_FLOOR + block * width
 
@@ -475,8 +472,7 @@ def _check_gpus_fit(
     if not shape.node_gpus:
         return
     have = len(shape.node_gpus)
-    kinds = trainer_roles(policy.coordinator)
-    trainers_per_node = placement.per_node(roles, kinds).items()
+    trainers_per_node = placement.per_node(roles, trainer_roles(policy.coordinator)).items()
     for node, trainers in sorted(trainers_per_node, key=lambda item: (item[0] != own_node, item)):
         others = shape.tasks_per_node[node] - trainers
         if trainers > have:

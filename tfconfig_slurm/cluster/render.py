@@ -100,8 +100,7 @@ def summary_line(layout: ClusterLayout) -> str:
 
 def idle_gpus_warning(layout: ClusterLayout) -> str | None:
     """One line naming the GPUs no task uses and the #SBATCH line that would use them."""
-    idle = layout.idle_gpus
-    if not idle:
+    if not (idle := layout.idle_gpus):
         return None
     named = [f"{node}: {','.join(gpus)}" for node, gpus in list(idle.items())[:3]]
     node, gpus = max(idle.items(), key=lambda item: len(item[1]))
@@ -144,7 +143,6 @@ def explain_table(layout: ClusterLayout) -> str:
             f"{layout.shape.cpus_on_node} CPUs shared out by role; --intra_op_threads and "
             "--inter_op_threads set them)"
         )
-    warning = idle_gpus_warning(layout)
-    if warning:
+    if warning := idle_gpus_warning(layout):
         lines.append(f"(warning: {warning})")
     return "\n".join(lines) + "\n"

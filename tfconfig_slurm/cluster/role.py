@@ -154,9 +154,7 @@ class ClusterRole:
         except (KeyError, TypeError, ValueError, AttributeError):
             raise UsageError("TF_CONFIG", "is not a cluster and a task", _HINT) from None
         for job, tasks in jobs.items():
-            if not isinstance(tasks, (list, tuple)) or not all(
-                isinstance(task, str) for task in tasks
-            ):
+            if not isinstance(tasks, (list, tuple)) or any(not isinstance(t, str) for t in tasks):
                 raise UsageError(
                     "TF_CONFIG",
                     f"gives its cluster's {job!r} as {tasks!r}, not a list of addresses",

@@ -335,8 +335,7 @@ def _bound(environ: Mapping[str, str]) -> bool:
 def _lookup(environ: Mapping[str, str], field: str) -> tuple[str, str] | None:
     """The (variable, value) of the first source of `field` that is set."""
     for variable in SOURCES[field]:
-        value = environ.get(variable)
-        if value is not None:
+        if (value := environ.get(variable)) is not None:
             return variable, value
     return None
 
@@ -347,8 +346,7 @@ def _name(environ: Mapping[str, str], field: str) -> str:
 
 
 def _required(environ: Mapping[str, str], field: str) -> tuple[str, str]:
-    found = _lookup(environ, field)
-    if found is None:
+    if (found := _lookup(environ, field)) is None:
         raise SlurmEnvironmentError(" or ".join(SOURCES[field]), "not set", _RUN_IN_SRUN)
     return found
 
@@ -387,8 +385,7 @@ def _tasks_per_node(environ: Mapping[str, str]) -> tuple[int, ...]:
 
 def _counts_per_node(environ: Mapping[str, str], field: str, nodes: int) -> tuple[int, ...] | None:
     """A batch job's count per node (`3(x2),2`), None where it is not set."""
-    found = _lookup(environ, field)
-    if found is None:
+    if (found := _lookup(environ, field)) is None:
         return None
     counts = _parse_counts(*found, _IN_BATCH_JOB)
     if len(counts) != nodes:
