@@ -42,7 +42,7 @@ from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import history, model_dir, reports
 from tfconfig_slurm.process.records.owner import owns_run
-from tfconfig_slurm.process.supervision import answering, watchdog
+from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import fit_steps, hang_watch
 from tfconfig_slurm.process.task.keras_run import FitRun, watched_peers
 from tfconfig_slurm.process.task.lifecycle import Ending, Hparam, TaskRun
@@ -224,7 +224,7 @@ class _Process(NamedTuple):
         role = task.place.role
         port = contextlib.ExitStack()
         if role is not None and role.role != CHIEF:
-            port.enter_context(answering.answering(role))
+            port.enter_context(watchdog.answering(role))
         processes.start(role)
         with _others_end_first(role):
             return cls._made(experiment, settings, task, port)

@@ -28,7 +28,7 @@ from tfconfig_slurm.process.records import claim, failure, history, model_dir
 from tfconfig_slurm.process.records.owner import RunOwner, owns_run
 from tfconfig_slurm.process.records.reports import RunState
 from tfconfig_slurm.process.records.run_dir import RunDir
-from tfconfig_slurm.process.supervision import network, watchdog
+from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import hang_watch, throughput
 from tfconfig_slurm.process.task.place import Place
 
@@ -165,7 +165,7 @@ def _loaded(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) ->
         # This task's own port or peers refused are the run's first failure: its peers,
         # whose checks pass, would otherwise record it lost once it has gone.
         with failure.recording_errors():
-            network.check_task(role)
+            watchdog.check_task(role)
     # A refusal from here on is recorded by _run's _refusal_recorded, as the claim's is.
     history.check_resumable(task.model_dir, kind.checkpoints, task.naming)
     trainer = backend()
