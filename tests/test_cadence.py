@@ -13,7 +13,7 @@ import pytest
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.task import keras_run
 from tfconfig_slurm.process.task.keras_run import CheckpointCadence, StepEnd, StepEnds
-from tfconfig_slurm.process.task.settings import TrainingSettings
+from tfconfig_slurm.process.task.lifecycle import TrainingSettings
 
 
 @pytest.fixture

@@ -38,8 +38,7 @@ from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import reports
 from tfconfig_slurm.process.task import hang_watch, keras_run
-from tfconfig_slurm.process.task.lifecycle import Ending
-from tfconfig_slurm.process.task.settings import TrainingSettings
+from tfconfig_slurm.process.task.lifecycle import Ending, TrainingSettings
 from tfconfig_slurm.process.task.throughput import Throughput, epoch_steps
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 

@@ -36,8 +36,7 @@ from tfconfig_slurm.process.records.owner import owns_run
 from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import hang_watch, keras_run
 from tfconfig_slurm.process.task.keras_run import FitRun, watched_peers
-from tfconfig_slurm.process.task.lifecycle import Ending
-from tfconfig_slurm.process.task.settings import TrainingSettings
+from tfconfig_slurm.process.task.lifecycle import Ending, TrainingSettings
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
 # How long a trainer waits at the end for the others, before it leaves anyway.

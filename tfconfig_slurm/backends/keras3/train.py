@@ -45,9 +45,8 @@ from tfconfig_slurm.process.records.owner import owns_run
 from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import hang_watch, keras_run
 from tfconfig_slurm.process.task.keras_run import FitRun, watched_peers
-from tfconfig_slurm.process.task.lifecycle import Ending, Hparam, TaskRun
+from tfconfig_slurm.process.task.lifecycle import Ending, Hparam, TaskRun, TrainingSettings
 from tfconfig_slurm.process.task.look_ahead import LookAhead
-from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
 # What an experiment's dataset gives, in a refusal's hint.

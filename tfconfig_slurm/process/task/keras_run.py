@@ -22,8 +22,7 @@ from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import model_dir, reports
 from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import hang_watch
-from tfconfig_slurm.process.task.lifecycle import Ending, TaskRun
-from tfconfig_slurm.process.task.settings import TrainingSettings
+from tfconfig_slurm.process.task.lifecycle import Ending, TaskRun, TrainingSettings
 from tfconfig_slurm.process.task.throughput import LossSinceLastLine, Rates, Throughput
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 

@@ -1,7 +1,8 @@
 """One task's life, the same for every backend and both edges (the CLI and the Python API): the
 start checks, the model directory held, the run said "running", the backend's training, then
-"done" or "stopped", the requeue and the exit. No TensorFlow here: the backend (`Backend`) is
-made only once the start checks have passed.
+"done" or "stopped", the requeue and the exit; and how it trains (TrainingSettings, the run's
+flags). No TensorFlow here: the backend (`Backend`) is made only once the start checks have
+passed.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import dataclasses
 import functools
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, NoReturn, Protocol, Union
@@ -105,6 +106,32 @@ class TaskRun:
     job: SlurmJob | None
     # Seconds without a step before a trainer is hung (hang_watch); 0: never.
     hang_seconds: float = hang_watch.DEFAULT_SECONDS
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """How to train: the flags of `python -m tfconfig_slurm.run` that are not the layout's, for an
+    Estimator experiment and a Keras one alike."""
+
+    model_dir: Path
+    train_steps: int
+    eval_steps: int | None
+    params: Mapping[str, Any]
+    save_checkpoints_steps: int | None
+    save_checkpoints_secs: int | None
+    keep_checkpoint_max: int
+    intra_op_threads: int
+    inter_op_threads: int
+    gpu_memory_growth: bool
+    gpu_memory_fraction: float | None
+    log_every_steps: int
+    sync_replicas: bool
+    # Keras 3's steps a call, where the experiment's compile left the default 1; None: as compiled.
+    steps_per_execution: int | None = None
+
+    def hparams(self, names: Iterable[str]) -> dict[str, Any]:
+        """This run's values of the hparams `names` (an experiment's HPARAMS)."""
+        return {name: self.params[name] for name in names}
 
 
 def run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) -> Any:
