@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, NoReturn, Protocol, Union
@@ -155,8 +155,12 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
     _check_layout(kind.layout, task.place)
     loaded = functools.partial(_loaded, task, kind, backend)
     made = not task.model_dir.exists()
-    # A refusal as it loads or claims the directory is recorded (once attached, in _loaded).
-    with _refusal_recorded(role):
+    # A refusal as it loads or claims the directory is recorded (once attached, in _loaded) as
+    # the run's failure, as a refused port is: its peers then lose it at once, where under srun
+    # without --kill-on-bad-exit they would wait for it as for a task still starting. A local
+    # cluster's launcher stops the others itself.
+    recorded = role is not None and not role.in_local_cluster
+    with failure.recording_errors() if recorded else contextlib.nullcontext():
         trainer, held = model_dir.claimed(task.model_dir, role, task.naming, task.job, loaded)
     if role is not None and role.run_id is not None:
         _in_a_thread("failure-watch", _end_if_failed_while_stopping, task, role.run_id)
@@ -193,24 +197,11 @@ def _loaded(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) ->
         # whose checks pass, would otherwise record it lost once it has gone.
         with failure.recording_errors():
             watchdog.check_task(role)
-    # A refusal from here on is recorded by _run's _refusal_recorded, as the claim's is.
+    # A refusal from here on is recorded by _run, as the claim's is.
     history.check_resumable(task.model_dir, kind.checkpoints, task.naming)
     trainer = backend()
     history.check_same_experiment(task.model_dir, trainer.experiment, task.naming)
     return trainer
-
-
-@contextlib.contextmanager
-def _refusal_recorded(role: ClusterRole | None) -> Iterator[None]:
-    """A task of a cluster that refuses its input at its start records that as the run's
-    failure, as a refused port is: its peers then lose it at once, where under srun without
-    --kill-on-bad-exit they would wait for it as for a task still starting. A local cluster's
-    launcher stops the others itself."""
-    if role is None or role.in_local_cluster:
-        yield
-        return
-    with failure.recording_errors():
-        yield
 
 
 def _keep_time_limit(task: TaskRun) -> time_limit.TimeLimit | None:
