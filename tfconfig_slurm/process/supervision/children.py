@@ -104,12 +104,9 @@ class Group:
                 else:
                     child.send_signal(signum)
 
-    def stop(self, grace: float, children: Sequence[Child] | None = None) -> None:
-        """SIGTERM to each of `children` (by default all), SIGKILL after `grace` seconds."""
-        running = [
-            child for child in (self.started if children is None else children)
-            if child.poll() is None
-        ]  # fmt: skip
+    def stop(self, grace: float) -> None:
+        """SIGTERM to each child, SIGKILL after `grace` seconds."""
+        running = [child for child in self.started if child.poll() is None]
         self.signal(signal.SIGTERM, running)
         deadline = time.monotonic() + grace
         for child in running:
@@ -171,7 +168,8 @@ class Relay:
         self._last_line = ""
         self._exception = ""
         self._message_goes_on = False
-        self._keras_3 = False
+        # Whether the command's last traceback ran through Keras 3 (`import keras`).
+        self.through_keras_3 = False
         self._thread = threading.Thread(target=self._copy, name="stderr", daemon=True)
         self._thread.start()
 
@@ -182,11 +180,6 @@ class Relay:
     def why_it_failed(self) -> str:
         """The exception line of the command's last traceback, else its last line."""
         return self._exception or self._last_line
-
-    @property
-    def through_keras_3(self) -> bool:
-        """Whether the command's last traceback ran through Keras 3 (`import keras`)."""
-        return self._keras_3
 
     def _copy(self) -> None:
         while chunk := _next_chunk(self._source):
@@ -227,7 +220,7 @@ class Relay:
 
     def _read(self, line: str) -> None:
         if line.startswith(_TRACEBACK):
-            self._in_traceback, self._exception, self._keras_3 = True, "", False
+            self._in_traceback, self._exception, self.through_keras_3 = True, "", False
         elif self._in_traceback and line and not line[0].isspace():
             # The exception, whose message may run on over lines (a PerReplica's repr), read up
             # to _WHY_CHARS.
@@ -235,7 +228,7 @@ class Relay:
         elif self._in_traceback and (
             _KERAS_3_FRAME.search(line) or (_KERAS_FRAME.search(line) and _keras_is_3())
         ):
-            self._keras_3 = True
+            self.through_keras_3 = True
         elif self._message_goes_on and line.strip() and not _LOG_LINE.match(line):
             self._exception = f"{self._exception} {line.strip()}"
             self._message_goes_on = len(self._exception) < _WHY_CHARS

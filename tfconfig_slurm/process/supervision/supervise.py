@@ -64,7 +64,8 @@ class TaskState:
         # Kept apart from the end, as the signal handler notes it without the lock.
         self._stop = StopRequest()
         self._end: State | None = None
-        self._lost: LostPeer | None = None
+        # The peer whose loss ended the task, once a watch has taken its end.
+        self.lost: LostPeer | None = None
 
     @property
     def state(self) -> State:
@@ -74,11 +75,6 @@ class TaskState:
     def stopped_by(self) -> signal.Signals | None:
         """The first stopping signal the task was sent, if any."""
         return self._stop.signum
-
-    @property
-    def lost(self) -> LostPeer | None:
-        """The peer whose loss ended the task, once a watch has taken its end."""
-        return self._lost
 
     def told_to_stop(self, signum: signal.Signals) -> None:
         """A stopping signal came; the first is the one to say. No lock: called from the signal
@@ -90,7 +86,7 @@ class TaskState:
         with self._lock:
             if self._end is not None:
                 return False
-            self._end, self._lost = state, lost
+            self._end, self.lost = state, lost
         return True
 
     def close(self) -> bool:

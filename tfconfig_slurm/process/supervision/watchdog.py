@@ -35,7 +35,6 @@ WAITING = b"tfconfig-slurm: waiting.\n"
 FAILED = b"tfconfig-slurm: failed..\n"
 
 OnLost = Callable[[str, str, float], None]
-OnFinished = Callable[[str], None]
 
 
 class Loss(NamedTuple):
@@ -100,7 +99,7 @@ class PeerWatch:
         lost_after: float = timing.LOST_AFTER_SECONDS,
         start_seconds: float = timing.START_SECONDS,
         probe_seconds: float = timing.PROBE_SECONDS,
-        on_finished: OnFinished | None = None,
+        on_finished: Callable[[str], None] | None = None,
         others: Mapping[str, str] | None = None,
     ) -> None:
         self._addresses = dict(peers)
