@@ -158,7 +158,7 @@ class Lines:
         self._examples_per_step = examples_per_step
         self._scalars = scalars
         self._loss_scale = loss_scale
-        self._meter = Throughput(every)
+        self.meter = Throughput(every)
         self._loss = LossSinceLastLine()
         self._counted: int | None = None
         self._start = start_step
@@ -175,7 +175,7 @@ class Lines:
         if self._counted is not None and step > self._counted:
             self._hand_over(step, 0, None)
         self.close()
-        return self._meter.end()
+        return self.meter.end()
 
     def close(self) -> None:
         """Waits for the lines handed over; raises the first one's error."""
@@ -183,9 +183,6 @@ class Lines:
         for pending in self._pending:
             pending.result()
         self._pending = []
-
-    def mean_examples_per_sec(self) -> float | None:
-        return self._meter.mean_examples_per_sec()
 
     def _hand_over(self, step: int, batches: int, loss: Any) -> None:
         steps = step - (self._start if self._counted is None else self._counted)
@@ -198,7 +195,7 @@ class Lines:
     def _say(self, step: int, steps: int, batches: int, loss: Any) -> None:
         running = None if loss is None else float(loss) / self._loss_scale
         said = None if running is None else self._loss.mean(step, running, batches)
-        rates = self._meter.step(step, steps * self._examples_per_step, said, steps=steps)
+        rates = self.meter.step(step, steps * self._examples_per_step, said, steps=steps)
         if rates is None or said is None:
             return
         self._loss.said()
@@ -351,7 +348,7 @@ class FitRun(KerasRun, abc.ABC):
                 name=self._experiment.name,
                 role=self._role,
                 train_steps=settings.train_steps,
-                mean_examples_per_sec=progress.lines.mean_examples_per_sec(),
+                mean_examples_per_sec=progress.lines.meter.mean_examples_per_sec(),
                 metrics=metrics,
                 started=started,
                 write_eval=write_eval,
