@@ -53,7 +53,7 @@ from tfconfig_slurm.commands import runtime_backends, runtime_flags
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.records import history, reports
 from tfconfig_slurm.process.records.run_dir import RunDir
-from tfconfig_slurm.process.supervision import answering, supervise, watchdog
+from tfconfig_slurm.process.supervision import supervise, watchdog
 from tfconfig_slurm.process.task import hang_watch, lifecycle, throughput
 from tfconfig_slurm.process.user_code import experiment as experiment_lib
 from tfconfig_slurm.process.user_code import hparams as hparams_lib
@@ -126,7 +126,7 @@ class FakeBackend:
             _serve(role)
             return end(lifecycle.Ending(self._stopped_on(None)))
         started = time.monotonic()
-        with answering.answering(role) if role else contextlib.nullcontext():
+        with watchdog.answering(role) if role else contextlib.nullcontext():
             return end(self._trained(started))
 
     def _trained(self, started: float) -> lifecycle.Ending:
@@ -300,7 +300,7 @@ def _serve(role: ClusterRole) -> None:
     """A parameter server: answers on its port until its herald says FINISHED, watched and
     watching as with-tfconfig's supervisor of one (supervise.ServerWatch), then says FINISHED
     there itself (supervise.say_served, in the same block: the port is never free between)."""
-    with answering.answering(role):
+    with watchdog.answering(role):
         watch = supervise.ServerWatch.start(role, watchdog.exit_on_lost)
         watch.heard.wait()
         watch.stop()

@@ -1,4 +1,4 @@
-"""When a Keras run checkpoints (process/task/cadence.py): by steps or by time, whichever comes
+"""When a Keras run checkpoints (process/task/keras_run.py): by steps or by time, whichever comes
 first where neither flag is given, else by the one given alone; and what follows a Keras
 trainer's step, agreed by its cluster's trainers. No TensorFlow."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tfconfig_slurm.process.job import preemption
-from tfconfig_slurm.process.task import cadence
-from tfconfig_slurm.process.task.cadence import CheckpointCadence, StepEnd, StepEnds
-from tfconfig_slurm.process.task.settings import TrainingSettings
+from tfconfig_slurm.process.task import keras_run
+from tfconfig_slurm.process.task.keras_run import CheckpointCadence, StepEnd, StepEnds
+from tfconfig_slurm.process.task.lifecycle import TrainingSettings
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def test_by_default_a_checkpoint_comes_by_steps_or_by_time_whichever_first(
     every = CheckpointCadence.of(None, None)
     assert every.by_steps(999, 1000) and not every.by_steps(1000, 1999)
     assert not every.by_time()
-    clock[0] += cadence.DEFAULT_CHECKPOINT_SECONDS
+    clock[0] += keras_run.DEFAULT_CHECKPOINT_SECONDS
     assert every.by_time()
     every.saved()
     assert not every.by_time()
@@ -37,7 +37,7 @@ def test_by_default_a_checkpoint_comes_by_steps_or_by_time_whichever_first(
 
 def test_a_flag_given_alone_is_the_only_cadence(clock: list[float]) -> None:
     steps = CheckpointCadence.of(20, None)
-    clock[0] += 10 * cadence.DEFAULT_CHECKPOINT_SECONDS
+    clock[0] += 10 * keras_run.DEFAULT_CHECKPOINT_SECONDS
     assert steps.by_steps(19, 21) and not steps.by_time()
     seconds = CheckpointCadence.of(None, 30)
     assert not seconds.by_steps(999, 1000)

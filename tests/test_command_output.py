@@ -1,5 +1,5 @@
-"""A supervised command's stderr relayed (process/supervision/command_output.py): passed on as it
-comes, and read for the line that says why it failed. No TensorFlow."""
+"""A supervised command's stderr relayed (process/supervision/children.py's Relay): passed on as
+it comes, and read for the line that says why it failed. No TensorFlow."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli import wait_until
-from tfconfig_slurm.process.supervision.command_output import Relay
+from tfconfig_slurm.process.supervision.children import Relay
 from tfconfig_slurm.process.user_code import versions
 
 TRACEBACK = b"""W0000 a log line of TensorFlow's

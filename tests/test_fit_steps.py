@@ -1,4 +1,4 @@
-"""What follows each step of a Keras fit in both Keras backends (process/task/fit_steps.py),
+"""What follows each step of a Keras fit in both Keras backends (process/task/keras_run.py),
 without Keras: the global step counted from fit's batches, the lines' loss and TensorBoard
 scalars, the checkpoints and the stop."""
 
@@ -8,8 +8,7 @@ from collections.abc import Mapping
 
 from tests.test_cadence import settings
 from tfconfig_slurm.process.job import preemption
-from tfconfig_slurm.process.task.cadence import StepEnds
-from tfconfig_slurm.process.task.fit_steps import FitSteps, Lines
+from tfconfig_slurm.process.task.keras_run import FitSteps, Lines, StepEnds
 
 
 def fit_steps(

@@ -240,7 +240,7 @@ def test_two_trainers_stop_together_on_one_s_signal_with_the_step_saved(tmp_path
         "paced_keras",
         after="first step done",
     )
-    # The trainers agree every cadence.STOP_CHECK_STEPS steps.
+    # The trainers agree every keras_run.STOP_CHECK_STEPS steps.
     assert stopped % 10 == 0
     model_dir = tmp_path / "paced_keras"
     resumed = train(tmp_path, f"--train_steps={stopped + 5}", experiment=str(PACED_KERAS))

@@ -12,7 +12,7 @@ from tests import fake_backend
 from tests.cli import PACED, free_port_block, run_module
 from tests.slurm_envs import task_env
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process.supervision.network import check_addresses_resolve, check_port_free
+from tfconfig_slurm.process.supervision.watchdog import check_addresses_resolve, check_port_free
 
 
 def _listening() -> socket.socket:

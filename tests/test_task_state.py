@@ -1,13 +1,13 @@
-"""A supervised task's state (process/supervision/task_state.py): it only moves on, the first
-stopping signal is the one said, and its end is taken once, by a watch or by the main thread
-as it closes it. No TensorFlow."""
+"""A supervised task's state (process/supervision/supervise.py's TaskState): it only moves on,
+the first stopping signal is the one said, and its end is taken once, by a watch or by the main
+thread as it closes it. No TensorFlow."""
 
 from __future__ import annotations
 
 import signal
 import threading
 
-from tfconfig_slurm.process.supervision.task_state import LostPeer, State, TaskState
+from tfconfig_slurm.process.supervision.supervise import LostPeer, State, TaskState
 
 
 def test_a_task_stops_on_its_first_signal_and_closes_done() -> None:

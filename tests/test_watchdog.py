@@ -16,7 +16,7 @@ from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import ExitStatus
 from tfconfig_slurm.process import exits
 from tfconfig_slurm.process.records import failure
-from tfconfig_slurm.process.supervision import answering, watchdog
+from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.supervision.watchdog import PeerWatch
 
 FAST: dict[str, Any] = {"lost_after": 0.3, "probe_seconds": 0.05}
@@ -240,7 +240,7 @@ def test_a_keras3_chief_s_port_is_answered_once_its_jax_service_has_closed_it() 
     port = free_port_block(1)
     role = ClusterRole(cluster={"chief": (f"localhost:{port}",)}, role="chief", index=0)
     address = f"127.0.0.1:{port}"
-    with answering.once_free(role):
+    with watchdog.once_free(role):
         assert not watchdog.answers(address)
         with socket.create_server(("0.0.0.0", port)) as service:
             service.settimeout(5)
@@ -248,7 +248,7 @@ def test_a_keras3_chief_s_port_is_answered_once_its_jax_service_has_closed_it() 
             service.accept()[0].close()
         # Said WAITING: alive, not finished.
         assert wait_until(lambda: watchdog.says_finished(address) is False, 5)
-        with answering.answering(role) as answer:
+        with watchdog.answering(role) as answer:
             answer.append(watchdog.FINISHED)
             assert watchdog.says_finished(address)
-    assert answering._SERVING == []
+    assert watchdog._SERVING == []

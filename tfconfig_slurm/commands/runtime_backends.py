@@ -20,7 +20,6 @@ from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import console
 from tfconfig_slurm.process.records import history, reports
 from tfconfig_slurm.process.task import lifecycle, native_noise, place
-from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.user_code import experiment as experiment_lib
 from tfconfig_slurm.process.user_code import hparams as hparams_lib
 
@@ -74,11 +73,11 @@ def _settings(
     hparams: str,
     experiment: experiment_lib.Experiment | experiment_lib.KerasExperiment,
     threads: Threads = _TENSORFLOW_S,
-) -> TrainingSettings:
+) -> lifecycle.TrainingSettings:
     """The flags' settings, with the experiment's hparams overridden by `hparams` (or as
     trained_with keeps them)."""
     shard = input_shard(os.environ)
-    return TrainingSettings(
+    return lifecycle.TrainingSettings(
         model_dir=directory,
         train_steps=runtime_flags.TRAIN_STEPS.value,
         eval_steps=runtime_flags.EVAL_STEPS.value,
@@ -182,7 +181,7 @@ _Loaded = TypeVar("_Loaded", experiment_lib.Experiment, experiment_lib.KerasExpe
 
 def _loaded(
     task: lifecycle.TaskRun, hparams: str, load: Callable[[str], _Loaded]
-) -> tuple[_Loaded, TrainingSettings]:
+) -> tuple[_Loaded, lifecycle.TrainingSettings]:
     """The experiment and the run's settings, with TensorFlow loaded, its thread pools held,
     its devices looked at and its start-up notes held back (process/task/native_noise.py)."""
     with native_noise.start_up_notes_held(bool(task.place.gpu_ids)):

@@ -39,7 +39,7 @@ from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.records import claim, failure, history, model_dir
 from tfconfig_slurm.process.records.owner import RunOwner, owns_run
 from tfconfig_slurm.process.records.run_dir import RunDir
-from tfconfig_slurm.process.supervision import answering, network, supervise
+from tfconfig_slurm.process.supervision import supervise, watchdog
 from tfconfig_slurm.process.task import place
 from tfconfig_slurm.process.user_code import versions
 
@@ -91,7 +91,7 @@ def main(argv: Sequence[str]) -> int:
     program = _program(command)
     task = layout.task(rank)
     if task.role != EVALUATOR:
-        network.check_port_free(f"{task.role} {task.index}", task.address)
+        watchdog.check_port_free(f"{task.role} {task.index}", task.address)
     role = ClusterRole.from_json(environment["TF_CONFIG"])
     environment = {**os.environ, **environment}
     environment.update(_keras3_environment(role, environment) if KERAS3.value else {})
@@ -210,11 +210,11 @@ def _port_answered(role: ClusterRole) -> contextlib.AbstractContextManager[objec
     """Nothing of JAX's listens on a --keras3 worker's port (its service is on the chief's):
     the supervisor answers there for the command's watchers. On a --keras3 chief's, JAX's
     service does, until it shuts down at the script's exit: the supervisor answers from then
-    (answering.once_free). Another command's own server answers on its port."""
+    (watchdog.once_free). Another command's own server answers on its port."""
     if KERAS3.value and role.role != CHIEF:
-        return answering.answering(role)
+        return watchdog.answering(role)
     if KERAS3.value and role.trainers > 1:
-        return answering.once_free(role)
+        return watchdog.once_free(role)
     return contextlib.nullcontext()
 
 

@@ -9,7 +9,7 @@ import tensorflow as tf
 from tfconfig_slurm.backends.estimator import sync
 from tfconfig_slurm.backends.estimator.train import Training
 from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process.task.settings import TrainingSettings
+from tfconfig_slurm.process.task.lifecycle import TrainingSettings
 from tfconfig_slurm.process.user_code.experiment import Experiment
 
 

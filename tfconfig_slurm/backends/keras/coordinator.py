@@ -37,9 +37,8 @@ from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import reports
-from tfconfig_slurm.process.task import cadence, hang_watch
-from tfconfig_slurm.process.task.lifecycle import Ending
-from tfconfig_slurm.process.task.settings import TrainingSettings
+from tfconfig_slurm.process.task import hang_watch, keras_run
+from tfconfig_slurm.process.task.lifecycle import Ending, TrainingSettings
 from tfconfig_slurm.process.task.throughput import Throughput, epoch_steps
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
@@ -269,7 +268,7 @@ class _Epochs(keras.callbacks.Callback):  # type: ignore[misc]
         self.result: Any = None
         self._train_steps = settings.train_steps
         self._batch_size = settings.params["batch_size"]
-        self._cadence = cadence.CheckpointCadence.of(
+        self._cadence = keras_run.CheckpointCadence.of(
             settings.save_checkpoints_steps, settings.save_checkpoints_secs
         )
         self._saver = coordinator.saver

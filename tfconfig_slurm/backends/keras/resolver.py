@@ -30,7 +30,7 @@ from tensorflow.python.eager import context
 from tfconfig_slurm.cluster import LayoutPolicy
 from tfconfig_slurm.cluster.layout import EVALUATOR
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process.supervision import network
+from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import place
 
 # How the resolver's layout settings are named in an error about them.
@@ -66,7 +66,7 @@ def cluster_resolver(
     # would find it held by this process's own server.
     if role.role != EVALUATOR and where.layout_source != "TF_CONFIG":
         if role.address not in _PORTS_CHECKED:
-            network.check_port_free(str(role.task_id), role.address)
+            watchdog.check_port_free(str(role.task_id), role.address)
         _PORTS_CHECKED.add(role.address)
     gpus = where.gpu_ids
     logging.info(

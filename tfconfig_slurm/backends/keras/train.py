@@ -3,7 +3,7 @@ MultiWorkerMirroredStrategy cluster (chief and workers, no parameter server).
 
 Every trainer restores the model under the strategy and trains the steps left with model.fit
 on its own batches (params["batch_size"] each: the global batch is that times the trainers).
-What follows each step is process/task/fit_steps.py's, as for Keras 3; each trainer watches
+What follows each step is process/task/keras_run.py's, as for Keras 3; each trainer watches
 its neighbours (watch_plan.py), and the chief writes the reports (keras_run.py).
 """
 
@@ -34,10 +34,9 @@ from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import model_dir, reports
 from tfconfig_slurm.process.records.owner import owns_run
 from tfconfig_slurm.process.supervision import watchdog
-from tfconfig_slurm.process.task import cadence, fit_steps, hang_watch
+from tfconfig_slurm.process.task import hang_watch, keras_run
 from tfconfig_slurm.process.task.keras_run import FitRun, watched_peers
-from tfconfig_slurm.process.task.lifecycle import Ending
-from tfconfig_slurm.process.task.settings import TrainingSettings
+from tfconfig_slurm.process.task.lifecycle import Ending, TrainingSettings
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
 # How long a trainer waits at the end for the others, before it leaves anyway.
@@ -100,7 +99,7 @@ class KerasBackend(TrainingBackendBase, FitRun):
                 _train_batches(trainer.strategy, self._experiment, settings.params, role),
                 epochs=1,
                 steps_per_epoch=settings.train_steps - progress.step,
-                callbacks=[fit_steps.callback(keras.callbacks.Callback, progress), inside],
+                callbacks=[keras_run.callback(keras.callbacks.Callback, progress), inside],
                 verbose=0,
             )
             return inside.result
@@ -215,8 +214,8 @@ class _FinishInside(keras.callbacks.Callback):  # type: ignore[misc]
         self.result = self._finish()
 
 
-def _summed_votes(strategy: tf.distribute.Strategy) -> cadence.SumVotes:
-    """The trainers' votes summed by an all-reduce (cadence.StepEnds): each local replica of
+def _summed_votes(strategy: tf.distribute.Strategy) -> keras_run.SumVotes:
+    """The trainers' votes summed by an all-reduce (keras_run.StepEnds): each local replica of
     a trainer votes as the trainer does."""
     total = _collective(
         strategy, lambda context, votes: context.all_reduce(tf.distribute.ReduceOp.SUM, votes)

@@ -22,7 +22,7 @@ from typing import NamedTuple
 from tfconfig_slurm.backends.keras3 import boot, gloo
 from tfconfig_slurm.cluster.layout import LayoutPolicy
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process.supervision import network
+from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import place
 from tfconfig_slurm.process.user_code import versions
 
@@ -58,7 +58,7 @@ def keras_distribution(environ: MutableMapping[str, str] | None = None) -> Keras
         return KerasDistribution(f"localhost:{_free_port()}", 1, 0)
     if where.role.trainer_id == 0:
         # Where JAX's coordination service is to listen.
-        network.check_port_free(str(where.role.task_id), where.role.address)
+        watchdog.check_port_free(str(where.role.task_id), where.role.address)
     values = where.role.keras_distribution()
     host = where.role.address.rpartition(":")[0]
     environ.update(boot.jax_variables(host, environ.get("CUDA_VISIBLE_DEVICES", "")))

@@ -7,7 +7,7 @@ experiment's LayoutMap: mesh.py), for the lifecycle of process/task/lifecycle.py
   of the experiment's dataset("train", params) of this process's share of the data
   (params["batch_size"] each: the global batch is that times the shares).
 - What follows each step (its line, a checkpoint, a stop agreed on by a gather) is
-  process/task/fit_steps.py's, as for tf-keras; each process watches its neighbours
+  process/task/keras_run.py's, as for tf-keras; each process watches its neighbours
   (watch_plan.py) and answers on its own port for theirs (the chief's is JAX's coordination
   service), and the chief writes the reports (keras_run.py).
 """
@@ -42,12 +42,11 @@ from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import history, model_dir, reports
 from tfconfig_slurm.process.records.owner import owns_run
-from tfconfig_slurm.process.supervision import answering, watchdog
-from tfconfig_slurm.process.task import fit_steps, hang_watch
+from tfconfig_slurm.process.supervision import watchdog
+from tfconfig_slurm.process.task import hang_watch, keras_run
 from tfconfig_slurm.process.task.keras_run import FitRun, watched_peers
-from tfconfig_slurm.process.task.lifecycle import Ending, Hparam, TaskRun
+from tfconfig_slurm.process.task.lifecycle import Ending, Hparam, TaskRun, TrainingSettings
 from tfconfig_slurm.process.task.look_ahead import LookAhead
-from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
 # What an experiment's dataset gives, in a refusal's hint.
@@ -114,7 +113,7 @@ class Keras3Backend(FitRun):
         self._fit(process, progress)
         return self._fit_ended(progress, (started, resumed_at), end, write_eval_scalars)
 
-    def _fit(self, process: _Process, progress: fit_steps.FitSteps) -> None:
+    def _fit(self, process: _Process, progress: keras_run.FitSteps) -> None:
         """Trains the steps left to --train_steps, or until a stop is agreed on."""
         settings = self._settings
         fed: LookAhead | None = None
@@ -132,7 +131,7 @@ class Keras3Backend(FitRun):
                         epochs=1,
                         steps_per_epoch=steps,
                         callbacks=_Callbacks(
-                            [fit_steps.callback(keras.callbacks.Callback, progress)],
+                            [keras_run.callback(keras.callbacks.Callback, progress)],
                             add_history=True,
                             model=process.model,
                         ),
@@ -224,7 +223,7 @@ class _Process(NamedTuple):
         role = task.place.role
         port = contextlib.ExitStack()
         if role is not None and role.role != CHIEF:
-            port.enter_context(answering.answering(role))
+            port.enter_context(watchdog.answering(role))
         processes.start(role)
         with _others_end_first(role):
             return cls._made(experiment, settings, task, port)
@@ -455,7 +454,7 @@ class _Callbacks(keras.callbacks.CallbackList):  # type: ignore[misc]
     for each step before it dispatches the next: 0.56-0.66x of a plain fit on a GPU), or in its
     thread pool where all are (where the runtime's decisions cannot run: a checkpoint read
     there finds arrays the next step has donated). Here a callback reads what it needs, when
-    it needs it (fit_steps.Lines: the loss at a line, on a thread of its own)."""
+    it needs it (keras_run.Lines: the loss at a line, on a thread of its own)."""
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         for callback in self.callbacks:

@@ -1,21 +1,27 @@
 """The commands a supervisor runs, as one group: each dies with the supervisor (none outlives
-one killed outright), signalled together, stopped with a grace period."""
+one killed outright), signalled together, stopped with a grace period. A command's stderr is
+passed on as it comes and read on the way (Relay): why it failed, and whether its traceback ran
+through Keras 3; a native library's fatal end can go to a file."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Callable
 
-from tfconfig_slurm.process.supervision.command_output import Relay
+from tfconfig_slurm.process import timing
+from tfconfig_slurm.process.user_code import versions
 
 Child = subprocess.Popen[str]
 Handler = Callable[[int, "FrameType | None"], None]
@@ -98,12 +104,9 @@ class Group:
                 else:
                     child.send_signal(signum)
 
-    def stop(self, grace: float, children: Sequence[Child] | None = None) -> None:
-        """SIGTERM to each of `children` (by default all), SIGKILL after `grace` seconds."""
-        running = [
-            child for child in (self.started if children is None else children)
-            if child.poll() is None
-        ]  # fmt: skip
+    def stop(self, grace: float) -> None:
+        """SIGTERM to each child, SIGKILL after `grace` seconds."""
+        running = [child for child in self.started if child.poll() is None]
         self.signal(signal.SIGTERM, running)
         deadline = time.monotonic() + grace
         for child in running:
@@ -131,3 +134,126 @@ def _in_the_child() -> None:
     _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
     for signum in (*STOPPING, *PASSED_ON):
         _SIGNAL(signum, None)
+
+
+# A frame in folders only Keras 3's keras/src has (not Keras 2's, nor tf_keras/src).
+_KERAS_3_FRAME = re.compile(r'File ".*[/\\]keras[/\\]src[/\\](trainers|ops|backend)[/\\]')
+# Any frame of the keras package: Keras 3 filters its own frames out of a traceback, leaving
+# only traceback_utils.py, which Keras 2 has too; it is Keras 3's where that is installed.
+_KERAS_FRAME = re.compile(r'File ".*[/\\]keras[/\\]src[/\\]')
+_TRACEBACK = "Traceback (most recent call last):"
+# What one read takes at most: output passes on as it comes, a progress bar's \r included.
+_CHUNK = 1 << 16
+_WHY_CHARS = 300
+# A line of TensorFlow's C++ log (or absl's): not a message's next line.
+_LOG_LINE = re.compile(r"[IWEF]\d{4} ")
+# absl's FATAL line (JAX's, when a peer died), then a native stack trace silent on the peer.
+_FATAL = re.compile(rb"F\d{4} [^\]]*\] ")
+
+
+class Relay:
+    """Copies a command's stderr to this process's from a thread, reading it on the way. File
+    descriptors, not buffered files: a daemon thread blocked in a buffered read holds its lock,
+    and an interpreter shutting down beside it aborts (`_enter_buffered_busy`)."""
+
+    def __init__(self, source: int, sink: int, aside: Path | None = None) -> None:
+        self._source, self._sink = source, sink
+        self._aside = aside
+        self._aborting = False
+        self._partial = b""
+        # How much of `_partial` is passed on already: a line without its newline yet (a
+        # progress bar's) is not held back, but one that may be a FATAL line is.
+        self._shown = 0
+        self._in_traceback = False
+        self._last_line = ""
+        self._exception = ""
+        self._message_goes_on = False
+        # Whether the command's last traceback ran through Keras 3 (`import keras`).
+        self.through_keras_3 = False
+        self._thread = threading.Thread(target=self._copy, name="stderr", daemon=True)
+        self._thread.start()
+
+    def finish(self, seconds: float = timing.OUTPUT_FINISH_SECONDS) -> None:
+        """Waits at most `seconds` (a child of it may hold stderr open) for the output's end."""
+        self._thread.join(timeout=seconds)
+
+    def why_it_failed(self) -> str:
+        """The exception line of the command's last traceback, else its last line."""
+        return self._exception or self._last_line
+
+    def _copy(self) -> None:
+        while chunk := _next_chunk(self._source):
+            *lines, self._partial = (self._partial + chunk).split(b"\n")
+            for line in lines:
+                self._pass_on(line + b"\n")
+                self._shown = 0
+                self._read(line.decode(errors="replace").rstrip("\r"))
+            if self._aside is None or not self._partial.startswith(b"F"):
+                self._pass_on(self._partial)
+                self._shown = len(self._partial)
+        if self._partial:
+            self._pass_on(self._partial)
+            self._read(self._partial.decode(errors="replace"))
+
+    def _pass_on(self, data: bytes) -> None:
+        """Writes what of `data`, the current line, is not passed on yet: to the sink, or from
+        a FATAL line on aside, that line's first sentence to the sink."""
+        if self._aside is not None and not self._aborting and _FATAL.match(data):
+            self._aborting = True
+            head, _, message = data.partition(b"] ")
+            first = message.split(b". ")[0].rstrip(b"\n .")
+            self._last_line = first.decode(errors="replace")
+            _write(self._sink, b"%s] %s (the rest, and its native stack trace: %s)\n" % (
+                head, first, os.fsencode(self._aside)
+            ))  # fmt: skip
+        if self._aborting:
+            assert self._aside is not None
+            try:
+                self._aside.parent.mkdir(parents=True, exist_ok=True)
+                # Appended: a command started again (a worker's restart) keeps the first's.
+                with self._aside.open("ab") as aside:
+                    aside.write(data[self._shown :])
+                return
+            except OSError:
+                pass  # a file that cannot be written: the lines go on to the sink instead
+        _write(self._sink, data[self._shown :])
+
+    def _read(self, line: str) -> None:
+        if line.startswith(_TRACEBACK):
+            self._in_traceback, self._exception, self.through_keras_3 = True, "", False
+        elif self._in_traceback and line and not line[0].isspace():
+            # The exception, whose message may run on over lines (a PerReplica's repr), read up
+            # to _WHY_CHARS.
+            self._in_traceback, self._exception, self._message_goes_on = False, line, True
+        elif self._in_traceback and (
+            _KERAS_3_FRAME.search(line) or (_KERAS_FRAME.search(line) and _keras_is_3())
+        ):
+            self.through_keras_3 = True
+        elif self._message_goes_on and line.strip() and not _LOG_LINE.match(line):
+            self._exception = f"{self._exception} {line.strip()}"
+            self._message_goes_on = len(self._exception) < _WHY_CHARS
+        else:
+            self._message_goes_on = False
+        if line.strip() and not self._aborting:
+            self._last_line = line.strip()
+
+
+def _write(sink: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(sink, view) :]
+
+
+def _next_chunk(source: int) -> bytes:
+    """What the command wrote next; b"" once the pipe is closed."""
+    try:
+        return os.read(source, _CHUNK)
+    except OSError:
+        return b""
+
+
+@functools.cache
+def _keras_is_3() -> bool:
+    """Whether the keras this Python has installed is Keras 3 (or later)."""
+    keras = versions.installed().keras
+    return keras is not None and keras.split(".")[0].isdigit() and int(keras.split(".")[0]) >= 3

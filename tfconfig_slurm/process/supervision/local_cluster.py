@@ -165,7 +165,8 @@ def _run(
     logs.mkdir(parents=True, exist_ok=True)
     refusals: dict[LocalTask, list[str]] = {task: [] for task in tasks}
     group = children.Group(own_sessions=True)
-    started: dict[LocalTask, tuple[children.Child, threading.Thread]] = {}
+    started: dict[LocalTask, children.Child] = {}
+    copiers: list[threading.Thread] = []
     failed: LocalTask | None = None
     # Only noted, then acted on by the loops below: a second signal never cuts the stop short.
     stop = preemption.StopRequest()
@@ -179,7 +180,7 @@ def _run(
                 if stop.requested:
                     break
                 role = replace(every_role, role=task.role, index=task.index)
-                started[task] = _start(
+                started[task], copier = _start(
                     group,
                     task,
                     role,
@@ -189,14 +190,14 @@ def _run(
                     program=program,
                     environ=environ,
                 )
-            processes = {task: process for task, (process, _) in started.items()}
-            failed = _supervise(group, processes, stop)
+                copiers.append(copier)
+            failed = _supervise(group, started, stop)
         finally:
             # Every line a task wrote, its last error included, reaches log and console.
-            for _, copier in started.values():
+            for copier in copiers:
                 copier.join()
     return _said_ended(
-        {task: process for task, (process, _) in started.items()},
+        started,
         refusals,
         failed=failed,
         first=failure.read(model_dir, every_role.run_id or "") if failed else None,

@@ -2,11 +2,12 @@
 status it returns: the guarantees of docs/with-tfconfig.md for a script that knows nothing of
 them. A task told to stop gives its command timing.STOP_GRACE_SECONDS to finish its stop before
 a quiet peer ends it. The signal handlers, the watches and the main thread share the task's
-state (task_state.py); no thread waits for another to end the process."""
+state (TaskState); no thread waits for another to end the process."""
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import math
 import signal
 import subprocess
@@ -22,16 +23,79 @@ from tfconfig_slurm.cluster.layout import CHIEF, PS, WORKER
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import ExitStatus
 from tfconfig_slurm.process import exits, timing
+from tfconfig_slurm.process.job.preemption import StopRequest
 from tfconfig_slurm.process.records import failure
 from tfconfig_slurm.process.records.owner import RunOwner
 from tfconfig_slurm.process.records.reports import RunState
-from tfconfig_slurm.process.supervision import answering, children, watchdog
-from tfconfig_slurm.process.supervision.task_state import LostPeer, State, TaskState
+from tfconfig_slurm.process.supervision import children, watchdog
 from tfconfig_slurm.process.user_code import versions
 
 FORWARDED = children.STOPPING + children.PASSED_ON
 # Restarts of a coordinator's worker's failed command: the coordinator uses it again once back.
 WORKER_RESTARTS = 3
+
+
+class State(enum.Enum):
+    """A supervised task's state, only ever moving on: running, stopping (by a signal), then
+    done, failed (its command) or lost (a peer)."""
+
+    RUNNING = "running"
+    STOPPING = "stopping"
+    DONE = "done"
+    FAILED = "failed"
+    LOST = "lost"
+
+
+class LostPeer(NamedTuple):
+    """The peer whose loss ends the task, as its watch found it."""
+
+    name: str
+    address: str
+    # 0: it said its command failed.
+    silent_for: float
+
+
+class TaskState:
+    """A supervised task's state, from its command's start. The end is taken once: by a watch
+    that lost a peer, or by the main thread, whose command failed or which returns."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # Kept apart from the end, as the signal handler notes it without the lock.
+        self._stop = StopRequest()
+        self._end: State | None = None
+        # The peer whose loss ended the task, once a watch has taken its end.
+        self.lost: LostPeer | None = None
+
+    @property
+    def state(self) -> State:
+        return self._end or (State.STOPPING if self._stop.requested else State.RUNNING)
+
+    @property
+    def stopped_by(self) -> signal.Signals | None:
+        """The first stopping signal the task was sent, if any."""
+        return self._stop.signum
+
+    def told_to_stop(self, signum: signal.Signals) -> None:
+        """A stopping signal came; the first is the one to say. No lock: called from the signal
+        handler, whose interrupted main thread may hold it."""
+        self._stop.note(signum.name)
+
+    def take_end(self, state: State, lost: LostPeer | None = None) -> bool:
+        """Takes the task's end as `state` (FAILED, or LOST with the peer); True if first."""
+        with self._lock:
+            if self._end is not None:
+                return False
+            self._end, self.lost = state, lost
+        return True
+
+    def close(self) -> bool:
+        """The main thread's last word: from now on a watch takes no end. False where a watch
+        lost a peer first, for which the main thread then ends the task."""
+        with self._lock:
+            if self._end is None:
+                self._end = State.DONE
+            return self._end is not State.LOST
 
 
 def command_group(aside: Path | None = None) -> children.Group:
@@ -312,7 +376,7 @@ def _say_failed(role: ClusterRole, why: str) -> None:
         why,
         seconds,
     )
-    with answering.answering(role) as answer:
+    with watchdog.answering(role) as answer:
         answer.append(watchdog.FAILED)
         time.sleep(seconds)
 
@@ -326,7 +390,7 @@ def _coordinate(role: ClusterRole, status: int) -> int:
         "chief 0 (the coordinator): its command finished; the parameter servers and the "
         "workers end theirs"
     )
-    with answering.answering(role) as answer:
+    with watchdog.answering(role) as answer:
         answer.append(watchdog.FINISHED)
         watchdog.until_gone(role.named(PS))
     return 0
@@ -366,7 +430,7 @@ def say_served(role: ClusterRole) -> None:
     waiting = watch_plan.other_servers(role) if role.role == PS and role.index == 0 else {}
     if role.coordinator and role.role == PS:
         waiting.update(watch_plan.paired_workers(role))
-    with answering.answering(role) as answer:
+    with watchdog.answering(role) as answer:
         answer.append(watchdog.FINISHED)
         watchdog.until_gone(waiting)
 
@@ -407,7 +471,7 @@ def say_finished(
 ) -> None:
     """A trainer whose command exited 0 answers WAITING until its children in the tree say
     FINISHED, then FINISHED until its parameter servers have gone and its parent has seen it."""
-    with answering.answering(role) as answer:
+    with watchdog.answering(role) as answer:
         children = watch_plan.children(role)
         if children:
             waiting = set(children)

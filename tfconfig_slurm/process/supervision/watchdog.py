@@ -1,10 +1,14 @@
 """Ends a task whose cluster has lost a member, where SLURM cannot see the loss: TensorFlow
 waits forever on a dead peer. Every task listens on its port while it has work, and the kernel
 completes a TCP handshake even while the process is busy, so a port that refuses (or, a node
-cut off, never answers) for a few seconds in a row means the task is gone."""
+cut off, never answers) for a few seconds in a row means the task is gone. A task without a
+server of its own there (a with-tfconfig supervisor, a Keras 3 process: JAX listens only on the
+chief's) answers on its port itself (`answering`); before its command starts a server, a task
+checks its port and its peers' addresses (`check_task`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import socket
@@ -12,12 +16,14 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Callable, NamedTuple, NoReturn
 
 from absl import logging
 
-from tfconfig_slurm.errors import ExitStatus
+from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS, WORKER
+from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.errors import ExitStatus, UsageError
 from tfconfig_slurm.process import exits, timing
 from tfconfig_slurm.process.records import failure
 
@@ -29,7 +35,6 @@ WAITING = b"tfconfig-slurm: waiting.\n"
 FAILED = b"tfconfig-slurm: failed..\n"
 
 OnLost = Callable[[str, str, float], None]
-OnFinished = Callable[[str], None]
 
 
 class Loss(NamedTuple):
@@ -94,7 +99,7 @@ class PeerWatch:
         lost_after: float = timing.LOST_AFTER_SECONDS,
         start_seconds: float = timing.START_SECONDS,
         probe_seconds: float = timing.PROBE_SECONDS,
-        on_finished: OnFinished | None = None,
+        on_finished: Callable[[str], None] | None = None,
         others: Mapping[str, str] | None = None,
     ) -> None:
         self._addresses = dict(peers)
@@ -313,3 +318,155 @@ def _probe(address: str, *, read: bool) -> bytes | None:
             return connection.recv(len(FINISHED))
         except OSError:
             return b""
+
+
+# The answers of the port this process serves: a block within another changes what the port
+# answers (WAITING to FAILED, say), as it cannot bind the port a second time.
+_SERVING: list[list[bytes]] = []
+# Held while _SERVING is looked at and the port bound: once_free's thread binds it too.
+_BINDING = threading.Lock()
+
+
+@contextlib.contextmanager
+def answering(role: ClusterRole) -> Iterator[list[bytes]]:
+    """Within the block, this task's port answers the last of the list it yields (WAITING)."""
+    with _BINDING:
+        serving = _SERVING[-1] if _SERVING else None
+        listener, problem = None, ""
+        if serving is None:
+            try:
+                listener = _bound(role)
+            except OSError as error:
+                problem = error.strerror or str(error)
+    if serving is not None:
+        yield serving
+        return
+    answer = [WAITING]
+    if listener is None:
+        logging.warning(
+            "%s %d cannot answer on its port %d (%s): its watchers will take it for lost",
+            role.role,
+            role.index,
+            _port(role),
+            problem,
+        )
+    with contextlib.nullcontext() if listener is None else _served(listener, answer):
+        yield answer
+
+
+@contextlib.contextmanager
+def once_free(role: ClusterRole) -> Iterator[None]:
+    """Within the block, this task's port answers WAITING once the command's own server there
+    has closed it: a --keras3 chief's JAX service shuts down seconds before its process ends."""
+    stopped = threading.Event()
+    held = contextlib.ExitStack()
+
+    def take_over() -> None:
+        while not answers(f"127.0.0.1:{_port(role)}"):
+            if stopped.wait(timing.PROBE_SECONDS / 4):
+                return
+        while not stopped.wait(_TAKE_OVER_SECONDS):
+            with _BINDING:
+                if _SERVING:
+                    return
+                with contextlib.suppress(OSError):
+                    held.enter_context(_served(_bound(role), [WAITING]))
+                    return
+
+    thread = threading.Thread(target=take_over, name="port once free", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stopped.set()
+        thread.join()
+        held.close()
+
+
+# How often once_free tries to bind a port its command's server holds.
+_TAKE_OVER_SECONDS = 0.05
+
+
+def _port(role: ClusterRole) -> int:
+    return int(role.address.rpartition(":")[2])
+
+
+def _bound(role: ClusterRole) -> socket.socket:
+    return socket.create_server(("0.0.0.0", _port(role)), reuse_port=False)
+
+
+@contextlib.contextmanager
+def _served(listener: socket.socket, answer: list[bytes]) -> Iterator[None]:
+    """`listener` answers the last of `answer` until the block ends."""
+    stopped = threading.Event()
+    threading.Thread(target=_answer, args=(listener, stopped, answer), daemon=True).start()
+    _SERVING.append(answer)
+    try:
+        yield
+    finally:
+        _SERVING.remove(answer)
+        stopped.set()
+        listener.close()
+
+
+def _answer(listener: socket.socket, stopped: threading.Event, answer: list[bytes]) -> None:
+    while not stopped.is_set():
+        try:
+            connection, _ = listener.accept()
+        except OSError:
+            return
+        with contextlib.suppress(OSError), connection:
+            connection.sendall(answer[-1])
+
+
+# TensorFlow says neither a peer's address that does not resolve (it looks like a peer that
+# never answers, given timing.START_SECONDS to start) nor a busy port (gRPC binds without
+# SO_REUSEPORT, and its server dies with `UnknownError: Could not start gRPC server`) well.
+
+
+def check_task(role: ClusterRole) -> None:
+    """Both checks, for a runtime task about to start its server in `role`'s cluster
+    (with-tfconfig checks only the port: its command may reach its peers some other way)."""
+    check_addresses_resolve(role.named(CHIEF, PS, WORKER))
+    if role.role != EVALUATOR:
+        check_port_free(str(role.task_id), role.address)
+
+
+def check_addresses_resolve(peers: Mapping[str, str]) -> None:
+    """Raises UsageError naming the first peer whose host does not resolve."""
+    checked: set[str] = set()
+    for name, address in peers.items():
+        host = _host(address)
+        if host in checked:
+            continue
+        try:
+            socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as error:
+            reason = error.strerror if isinstance(error, socket.gaierror) else str(error)
+            raise UsageError(
+                "--address_template",
+                f"gives {name} the address {host!r}, which does not resolve here ({reason})",
+                "a task's address is its node's name through --address_template (default "
+                "'{node}'); pick a pattern every node resolves, e.g. check with getent hosts "
+                f"{host}",
+            ) from None
+        checked.add(host)
+
+
+def check_port_free(name: str, address: str) -> None:
+    """Raises UsageError when this task's port is already taken on this machine."""
+    port = int(address.rpartition(":")[2])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # An earlier task's connections in TIME_WAIT do not make the port busy; a listener does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            # As gRPC's server binds: every interface.
+            probe.bind(("0.0.0.0", port))
+        except OSError as error:
+            raise UsageError(
+                "--port_base",
+                f"gives {name} port {port}, which another process on this node already uses "
+                f"({error.strerror})",
+                "another job or step on the node holds it: pass --port_base=N with a free "
+                f"block of ports, e.g. see ss -ltnp 'sport = :{port}'",
+            ) from None

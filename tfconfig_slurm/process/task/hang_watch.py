@@ -234,9 +234,8 @@ def _frames(frame: FrameType) -> list[FrameType]:
 
 def _users(filename: str) -> bool:
     path = os.path.realpath(filename)
-    if path.startswith(str(_EXPERIMENTS)):
-        return True
-    return not _library(filename) and not path.startswith(str(_PACKAGE))
+    own = not _library(filename) and not path.startswith(str(_PACKAGE))
+    return own or path.startswith(str(_EXPERIMENTS))
 
 
 def _library(filename: str) -> bool:

@@ -1,7 +1,8 @@
 """One task's life, the same for every backend and both edges (the CLI and the Python API): the
 start checks, the model directory held, the run said "running", the backend's training, then
-"done" or "stopped", the requeue and the exit. No TensorFlow here: the backend (`Backend`) is
-made only once the start checks have passed.
+"done" or "stopped", the requeue and the exit; and how it trains (TrainingSettings, the run's
+flags). No TensorFlow here: the backend (`Backend`) is made only once the start checks have
+passed.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import dataclasses
 import functools
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, NoReturn, Protocol, Union
@@ -28,7 +29,7 @@ from tfconfig_slurm.process.records import claim, failure, history, model_dir
 from tfconfig_slurm.process.records.owner import RunOwner, owns_run
 from tfconfig_slurm.process.records.reports import RunState
 from tfconfig_slurm.process.records.run_dir import RunDir
-from tfconfig_slurm.process.supervision import network, watchdog
+from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import hang_watch, throughput
 from tfconfig_slurm.process.task.place import Place
 
@@ -107,6 +108,32 @@ class TaskRun:
     hang_seconds: float = hang_watch.DEFAULT_SECONDS
 
 
+@dataclass(frozen=True)
+class TrainingSettings:
+    """How to train: the flags of `python -m tfconfig_slurm.run` that are not the layout's, for an
+    Estimator experiment and a Keras one alike."""
+
+    model_dir: Path
+    train_steps: int
+    eval_steps: int | None
+    params: Mapping[str, Any]
+    save_checkpoints_steps: int | None
+    save_checkpoints_secs: int | None
+    keep_checkpoint_max: int
+    intra_op_threads: int
+    inter_op_threads: int
+    gpu_memory_growth: bool
+    gpu_memory_fraction: float | None
+    log_every_steps: int
+    sync_replicas: bool
+    # Keras 3's steps a call, where the experiment's compile left the default 1; None: as compiled.
+    steps_per_execution: int | None = None
+
+    def hparams(self, names: Iterable[str]) -> dict[str, Any]:
+        """This run's values of the hparams `names` (an experiment's HPARAMS)."""
+        return {name: self.params[name] for name in names}
+
+
 def run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) -> Any:
     """Runs this task to its end with the backend `backend()` makes, of `kind`, and returns its
     result (the Python API); a parameter server and a task told to stop end the process instead.
@@ -128,8 +155,12 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
     _check_layout(kind.layout, task.place)
     loaded = functools.partial(_loaded, task, kind, backend)
     made = not task.model_dir.exists()
-    # A refusal as it loads or claims the directory is recorded (once attached, in _loaded).
-    with _refusal_recorded(role):
+    # A refusal as it loads or claims the directory is recorded (once attached, in _loaded) as
+    # the run's failure, as a refused port is: its peers then lose it at once, where under srun
+    # without --kill-on-bad-exit they would wait for it as for a task still starting. A local
+    # cluster's launcher stops the others itself.
+    recorded = role is not None and not role.in_local_cluster
+    with failure.recording_errors() if recorded else contextlib.nullcontext():
         trainer, held = model_dir.claimed(task.model_dir, role, task.naming, task.job, loaded)
     if role is not None and role.run_id is not None:
         _in_a_thread("failure-watch", _end_if_failed_while_stopping, task, role.run_id)
@@ -165,25 +196,12 @@ def _loaded(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) ->
         # This task's own port or peers refused are the run's first failure: its peers,
         # whose checks pass, would otherwise record it lost once it has gone.
         with failure.recording_errors():
-            network.check_task(role)
-    # A refusal from here on is recorded by _run's _refusal_recorded, as the claim's is.
+            watchdog.check_task(role)
+    # A refusal from here on is recorded by _run, as the claim's is.
     history.check_resumable(task.model_dir, kind.checkpoints, task.naming)
     trainer = backend()
     history.check_same_experiment(task.model_dir, trainer.experiment, task.naming)
     return trainer
-
-
-@contextlib.contextmanager
-def _refusal_recorded(role: ClusterRole | None) -> Iterator[None]:
-    """A task of a cluster that refuses its input at its start records that as the run's
-    failure, as a refused port is: its peers then lose it at once, where under srun without
-    --kill-on-bad-exit they would wait for it as for a task still starting. A local cluster's
-    launcher stops the others itself."""
-    if role is None or role.in_local_cluster:
-        yield
-        return
-    with failure.recording_errors():
-        yield
 
 
 def _keep_time_limit(task: TaskRun) -> time_limit.TimeLimit | None:
