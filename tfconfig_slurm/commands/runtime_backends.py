@@ -172,11 +172,11 @@ def coordinator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
 def estimator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     """The Estimator experiment, and TensorFlow, as its backend."""
     experiment, settings = _loaded(task, hparams, experiment_lib.load)
-    from tfconfig_slurm.backends.estimator import experiment_training  # noqa: PLC0415
-    from tfconfig_slurm.backends.estimator.train import EstimatorBackend  # noqa: PLC0415
+    from tfconfig_slurm.backends.estimator.train import EstimatorBackend, training  # noqa: PLC0415
 
-    training = experiment_training.training(experiment, settings, task.place.role)
-    return EstimatorBackend(training, task.place.role, task.stop)
+    return EstimatorBackend(
+        training(experiment, settings, task.place.role), task.place.role, task.stop
+    )
 
 
 _Loaded = TypeVar("_Loaded", experiment_lib.Experiment, experiment_lib.KerasExperiment)
