@@ -159,8 +159,10 @@ def coordinator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     ParameterServerStrategy cluster, or as its evaluator (a sidecar)."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     experiment, settings = _loaded(task, hparams, experiment_lib.load_keras)
-    from tfconfig_slurm.backends.keras.coordinator import CoordinatorBackend  # noqa: PLC0415
-    from tfconfig_slurm.backends.keras.sidecar import SidecarBackend  # noqa: PLC0415
+    from tfconfig_slurm.backends.keras.coordinator import (  # noqa: PLC0415
+        CoordinatorBackend,
+        SidecarBackend,
+    )
 
     role = task.place.role
     assert role is not None

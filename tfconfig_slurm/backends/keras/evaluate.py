@@ -21,7 +21,7 @@ def main() -> None:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf  # noqa: PLC0415
 
-    from tfconfig_slurm.backends.keras.data import eval_batches  # noqa: PLC0415
+    from tfconfig_slurm.backends.keras.backend import eval_batches  # noqa: PLC0415
     from tfconfig_slurm.backends.keras.model_dir import (  # noqa: PLC0415
         built_model,
         evaluate_checkpoint,

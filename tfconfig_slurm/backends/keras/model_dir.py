@@ -1,4 +1,4 @@
-"""What the Keras backends (train.py, coordinator.py, sidecar.py) keep in the model directory:
+"""What the Keras backends (train.py, coordinator.py) keep in the model directory:
 checkpoints numbered by the global step, the model restored from the latest, the hparams and
 the final evaluation for TensorBoard, and the exported SavedModel."""
 

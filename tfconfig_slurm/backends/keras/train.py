@@ -20,8 +20,11 @@ import tf_keras as keras
 from absl import logging
 from tensorflow.python.eager import context
 
-from tfconfig_slurm.backends.keras.backend import TrainingBackendBase
-from tfconfig_slurm.backends.keras.data import eval_batches, experiment_dataset
+from tfconfig_slurm.backends.keras.backend import (
+    TrainingBackendBase,
+    eval_batches,
+    experiment_dataset,
+)
 from tfconfig_slurm.backends.keras.model_dir import (
     Saver,
     export,
@@ -77,8 +80,9 @@ class KerasBackend(TrainingBackendBase, FitRun):
         started, resumed_at = time.monotonic(), trainer.saver.last
         progress = self._fit_steps(
             resumed_at,
+            # Of the replicas this process drives (its GPUs, or one).
             examples_per_step=settings.params["batch_size"]
-            * _local_replicas(trainer.strategy, role),
+            * (trainer.strategy.num_replicas_in_sync // (role.trainers if role else 1)),
             scalars=(
                 None if trainer.writer is None else functools.partial(write_scalars, trainer.writer)
             ),
@@ -178,12 +182,6 @@ def _check_same_start(strategy: tf.distribute.Strategy, start: int, directory: P
     gather = _collective(strategy, lambda context, step: context.all_gather(step, axis=0))
     steps = gather(tf.constant([start], tf.int64))
     model_dir.check_same_start(directory, [int(step) for step in steps], "trainers")
-
-
-def _local_replicas(strategy: tf.distribute.Strategy, role: ClusterRole | None) -> int:
-    """The replicas this process drives (its GPUs, or one)."""
-    replicas: int = strategy.num_replicas_in_sync
-    return replicas // (role.trainers if role is not None else 1)
 
 
 def _train_batches(
