@@ -1,6 +1,6 @@
 """The Keras 3 backend, on JAX: one process, or one of a run's processes trained as one mesh
 (keras.distribution.DataParallel over every process's devices, or ModelParallel by the
-experiment's LayoutMap: mesh.py), for the lifecycle of process/task/lifecycle.py.
+experiment's LayoutMap: processes.py), for the lifecycle of process/task/lifecycle.py.
 
 - Every process builds the model under the distribution, restores the model directory's
   latest checkpoint and trains the steps left to --train_steps with model.fit, on the batches
@@ -22,11 +22,12 @@ import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable, NamedTuple
 
+import jax
 import keras
 import numpy as np
 from absl import logging
 
-from tfconfig_slurm.backends.keras3 import feed, mesh, processes
+from tfconfig_slurm.backends.keras3 import processes
 from tfconfig_slurm.backends.keras3.model_dir import (
     Checkpoints,
     Events,
@@ -98,21 +99,19 @@ class Keras3Backend(FitRun):
             events.hparams(hparams, trial_id)
 
     def train(self, end: Callable[[Ending], Any]) -> Any:
-        with _others_end_first(self._role), _a_lost_peer_named(self._set_up().peers):
-            return self._train(end)
-
-    def _train(self, end: Callable[[Ending], Any]) -> Any:
-        process, settings, role = self._set_up(), self._settings, self._role
-        started, resumed_at = time.monotonic(), process.checkpoints.last
-        progress = self._fit_steps(
-            resumed_at,
-            examples_per_step=settings.params["batch_size"],
-            scalars=None if process.events is None else process.events.scalars,
-            sum_votes=None if role is None else lambda votes: processes.gather(votes).sum(axis=0),
-            save=process.checkpoints.save,
-        )
-        self._fit(process, progress)
-        return self._fit_ended(progress, (started, resumed_at), end, write_eval_scalars)
+        role = self._role
+        with _others_end_first(role), _a_lost_peer_named(self._set_up().peers):
+            process = self._set_up()
+            started, resumed_at = time.monotonic(), process.checkpoints.last
+            progress = self._fit_steps(
+                resumed_at,
+                examples_per_step=self._settings.params["batch_size"],
+                scalars=None if process.events is None else process.events.scalars,
+                sum_votes=None if role is None else lambda votes: processes.gather(votes).sum(0),
+                save=process.checkpoints.save,
+            )
+            self._fit(process, progress)
+            return self._fit_ended(progress, (started, resumed_at), end, write_eval_scalars)
 
     def _fit(self, process: _Process, progress: fit_steps.FitSteps) -> None:
         """Trains the steps left to --train_steps, or until a stop is agreed on."""
@@ -152,11 +151,16 @@ class Keras3Backend(FitRun):
             )
 
     def _fed(self, batches: Any, steps: int) -> LookAhead | None:
-        """An experiment's generator, read ahead to --train_steps (feed.py); None for a
-        keras.utils.PyDataset or a tf.data.Dataset, which read ahead themselves, and which are
-        refused with --steps_per_execution: fit would read them past --train_steps."""
+        """An experiment's generator, read ahead to --train_steps (process/task/look_ahead.py:
+        at most the steps left, read on a thread of their own and placed there, _placement);
+        None for a keras.utils.PyDataset or a tf.data.Dataset, which read ahead themselves,
+        and which are refused with --steps_per_execution: fit would read them past
+        --train_steps. fit runs --steps_per_execution steps a call and reads that many batches
+        each; the last call would run past --train_steps (Keras's epoch iterator asks for whole
+        executions), so the batches end there and the call runs the steps left. Called on the
+        training thread, where Keras keeps the run's distribution (per thread)."""
         if hasattr(batches, "__next__"):
-            return feed.fed(batches, steps)
+            return LookAhead(batches, steps, _placement(keras.distribution.distribution()))
         if (self._settings.steps_per_execution or 1) > 1:
             raise UsageError(
                 "--steps_per_execution",
@@ -195,7 +199,12 @@ class Keras3Backend(FitRun):
         export(self._set_up().model, self._settings.model_dir, self._experiment.name, self._role)
 
     def _stop_watching(self) -> None:
-        self._set_up().stop_watching()
+        # This process's port answers until it ends (_end_together).
+        process = self._set_up()
+        if process.peers is not None:
+            process.peers.stop()
+        if process.events is not None:
+            process.events.close()
 
     def _end_together(self) -> None:
         _end_together(self._role)
@@ -208,7 +217,7 @@ class _Process(NamedTuple):
     model: Any
     checkpoints: Checkpoints
     events: Events | None
-    mesh: mesh.Mesh
+    mesh: processes.Mesh
     # The experiment's params, with this process's share of the training data.
     params: Mapping[str, Any]
     # (processes, devices) of the run.
@@ -227,45 +236,26 @@ class _Process(NamedTuple):
             port.enter_context(answering.answering(role))
         processes.start(role)
         with _others_end_first(role):
-            return cls._made(experiment, settings, task, port)
-
-    @classmethod
-    def _made(
-        cls,
-        experiment: KerasExperiment,
-        settings: TrainingSettings,
-        task: TaskRun,
-        port: contextlib.ExitStack,
-    ) -> _Process:
-        role = task.place.role
-        processes_ = role.trainers if role is not None else 1
-        mesh_ = mesh.set_up(experiment, settings.params, processes_)
-        params = {
-            **settings.params,
-            "num_trainers": mesh_.data_shares,
-            "trainer_index": mesh_.data_share,
-        }
-        peers = watched_peers(role)
-        if role is not None:
-            # Before any step of JAX's: a process restoring a checkpoint makes other
-            # collectives than one that finds none, which JAX takes for a mismatch.
-            with _a_lost_peer_named(peers):
-                _check_same_start(history.checkpoint_step(settings.model_dir) or 0, settings)
-        model = built_model(experiment, params)
-        checkpoints = Checkpoints(
-            model, settings.model_dir, role, settings.keep_checkpoint_max, stop=task.stop
-        )
-        events = Events(settings.model_dir) if owns_run(role) else None
-        shape = (processes_, mesh_.devices)
-        return cls(model, checkpoints, events, mesh_, params, shape, peers, port)
-
-    def stop_watching(self) -> None:
-        """Stops watching the others, which may now end; this process's port answers until
-        it ends (_end_together)."""
-        if self.peers is not None:
-            self.peers.stop()
-        if self.events is not None:
-            self.events.close()
+            processes_ = role.trainers if role is not None else 1
+            mesh_ = processes.set_up_mesh(experiment, settings.params, processes_)
+            params = {
+                **settings.params,
+                "num_trainers": mesh_.data_shares,
+                "trainer_index": mesh_.data_share,
+            }
+            peers = watched_peers(role)
+            if role is not None:
+                # Before any step of JAX's: a process restoring a checkpoint makes other
+                # collectives than one that finds none, which JAX takes for a mismatch.
+                with _a_lost_peer_named(peers):
+                    _check_same_start(history.checkpoint_step(settings.model_dir) or 0, settings)
+            model = built_model(experiment, params)
+            checkpoints = Checkpoints(
+                model, settings.model_dir, role, settings.keep_checkpoint_max, stop=task.stop
+            )
+            events = Events(settings.model_dir) if owns_run(role) else None
+            shape = (processes_, mesh_.devices)
+            return cls(model, checkpoints, events, mesh_, params, shape, peers, port)
 
 
 @contextlib.contextmanager
@@ -415,6 +405,23 @@ def _after(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
     # A generator: Keras's adapters take no other iterator (an itertools.chain is refused).
     yield first
     yield from rest
+
+
+def _placement(distribution: Any) -> Callable[[Any], Any]:
+    """How a batch is put on this process's devices before fit reads it, in one process: each
+    array (a None, such as absent sample weights, left so) as the distribution lays out data,
+    or on the default device, as Keras would (the same arrays, so Keras's own placement is then
+    a no-op). In a step of several processes, not at all: Keras makes the global array from
+    each process's part as fit reads it."""
+    if jax.process_count() > 1:
+        return lambda batch: batch
+
+    def placed(array: Any) -> Any:
+        if distribution is None:
+            return jax.device_put(array)
+        return jax.device_put(array, distribution.get_data_layout(array.shape).backend_layout)
+
+    return lambda batch: keras.tree.map_structure(placed, batch, none_is_leaf=False)
 
 
 def _whole_parts(batches: Any, parts: int) -> Any:
