@@ -35,15 +35,13 @@ from absl import logging
 
 from tfconfig_slurm.backends.keras.backend import (
     KerasBackendBase,
-    TrainingBackendBase,
-    eval_batches,
-    experiment_dataset,
-)
-from tfconfig_slurm.backends.keras.model_dir import (
     Saver,
+    TrainingBackendBase,
     built_model,
+    eval_batches,
     eval_writer,
     evaluate_checkpoint,
+    experiment_dataset,
     restored,
     write_eval_scalars,
     write_scalars,

@@ -21,12 +21,10 @@ from absl import logging
 from tensorflow.python.eager import context
 
 from tfconfig_slurm.backends.keras.backend import (
+    Saver,
     TrainingBackendBase,
     eval_batches,
     experiment_dataset,
-)
-from tfconfig_slurm.backends.keras.model_dir import (
-    Saver,
     export,
     restored,
     write_eval_scalars,
