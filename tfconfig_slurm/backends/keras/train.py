@@ -98,8 +98,15 @@ class KerasBackend(TrainingBackendBase, FitRun):
                 return finish()
             inside = _FinishInside(finish)
             hang_watch.began(progress.step)
+            # In a cluster each trainer's own batches, sharded by params["trainer_index"]
+            # (distribute_datasets_from_function splits no batch).
+            batches = functools.partial(
+                experiment_dataset, self._experiment, "train", settings.params
+            )
             trainer.model.fit(
-                _train_batches(trainer.strategy, self._experiment, settings.params, role),
+                batches()
+                if role is None
+                else trainer.strategy.distribute_datasets_from_function(lambda _: batches()),
                 epochs=1,
                 steps_per_epoch=settings.train_steps - progress.step,
                 callbacks=[fit_steps.callback(keras.callbacks.Callback, progress), inside],
@@ -134,7 +141,14 @@ class KerasBackend(TrainingBackendBase, FitRun):
             peers.stop()
 
     def _end_together(self) -> None:
-        _end_together(self._role)
+        """Waits for the other trainers here: a trainer that leaves first fails the others'
+        coordination-service heartbeats."""
+        if self._role is None:
+            return
+        try:
+            context.context().wait_at_barrier("tfconfig_slurm_end", _END_BARRIER_MS)
+        except tf.errors.OpError as error:
+            logging.warning("the other trainers did not all reach the end: %s", error.message)
 
 
 class _Trainer(NamedTuple):
@@ -182,21 +196,6 @@ def _check_same_start(strategy: tf.distribute.Strategy, start: int, directory: P
     model_dir.check_same_start(directory, [int(step) for step in steps], "trainers")
 
 
-def _train_batches(
-    strategy: tf.distribute.Strategy,
-    experiment: KerasExperiment,
-    params: Mapping[str, Any],
-    role: ClusterRole | None,
-) -> Any:
-    """The experiment's training batches; in a cluster each trainer's own, sharded by
-    params["trainer_index"] (distribute_datasets_from_function splits no batch)."""
-    if role is None:
-        return experiment_dataset(experiment, "train", params)
-    return strategy.distribute_datasets_from_function(
-        lambda context: experiment_dataset(experiment, "train", params)
-    )
-
-
 class _FinishInside(keras.callbacks.Callback):  # type: ignore[misc]
     """Ends the run from fit's last callback, before fit returns: leaving fit deletes its
     input iterator, which waits out the tf.data autotuner's sleep (up to a minute); the CLI's
@@ -233,14 +232,3 @@ def _collective(
 
     graph = tf.function(lambda value: strategy.run(replica, args=(value,)))
     return lambda value: strategy.experimental_local_results(graph(value))[0].numpy()
-
-
-def _end_together(role: ClusterRole | None) -> None:
-    """Waits for the other trainers here: a trainer that leaves first fails the others'
-    coordination-service heartbeats."""
-    if role is None:
-        return
-    try:
-        context.context().wait_at_barrier("tfconfig_slurm_end", _END_BARRIER_MS)
-    except tf.errors.OpError as error:
-        logging.warning("the other trainers did not all reach the end: %s", error.message)

@@ -30,24 +30,6 @@ from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 # JAX keeps 32-bit integers unless its x64 mode is on: gather sends each value as two halves.
 _HALF = 31
 _LOW = (1 << _HALF) - 1
-# What a collective raises where a peer is gone, among other failures: JAX's runtime error,
-# or where gloo fails in a gather, a ValueError (seen: `UNKNOWN: Gloo AllGather failed: ...
-# Connection closed by peer`, in an evaluation). lost_a_peer tells a loss among them.
-COLLECTIVE_ERRORS = (jax.errors.JaxRuntimeError, ValueError)
-# How those read where a peer is gone: gloo's "Connection closed by peer" (seen), a reset
-# connection, an unreachable peer.
-_LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "UNAVAILABLE")
-
-
-def lost_a_peer(error: Exception) -> bool:
-    """Whether a collective's `error` says a peer is gone (not this process's own failure, an
-    out-of-memory or a compiler's)."""
-    return any(words in str(error) for words in _LOST_PEER)
-
-
-def first_line(error: Exception) -> str:
-    """The error's type and its message's first line, for a log line."""
-    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
 def start(role: ClusterRole | None) -> None:

@@ -63,6 +63,13 @@ python_logging.getLogger("jax._src.xla_bridge").setLevel(python_logging.WARNING)
 # shuffled by fit; the eval set ends where evaluate reads it whole.
 warnings.filterwarnings("ignore", message="`shuffle=True` was passed", module="keras")
 warnings.filterwarnings("ignore", message="Your input ran out of data", module="keras")
+# What a collective raises where a peer is gone, among other failures: JAX's runtime error,
+# or where gloo fails in a gather, a ValueError (seen: `UNKNOWN: Gloo AllGather failed: ...
+# Connection closed by peer`, in an evaluation).
+_COLLECTIVE_ERRORS = (jax.errors.JaxRuntimeError, ValueError)
+# How those read where a peer is gone (not this process's own failure, an out-of-memory or a
+# compiler's): gloo's "Connection closed by peer" (seen), a reset connection, an unreachable peer.
+_LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "UNAVAILABLE")
 
 
 class Keras3Backend(FitRun):
@@ -207,7 +214,20 @@ class Keras3Backend(FitRun):
             process.events.close()
 
     def _end_together(self) -> None:
-        _end_together(self._role)
+        """The chief, whose process holds the run's JAX service, ends last: the others' JAX
+        clients abort their process once the service is gone (`Terminating process because
+        the JAX distributed service detected fatal errors`), and jax.distributed.shutdown's
+        barrier holds no process back where a lost one may not end the others
+        (processes.start). So the chief waits until every other's port, closed by its end, no
+        longer answers."""
+        role = self._role
+        if role is None or role.role != CHIEF:
+            return
+        others = role.named(WORKER)
+        watchdog.until_gone(others)
+        logging.info(
+            "the %d other process%s ended", len(others), " has" if len(others) == 1 else "es have"
+        )
 
 
 class _Process(NamedTuple):
@@ -279,27 +299,13 @@ def _a_lost_peer_named(peers: watchdog.PeerWatch | None) -> Iterator[None]:
     one, not as the run's own failure, which would blame a survivor and end the job."""
     try:
         yield
-    except processes.COLLECTIVE_ERRORS as error:
-        if peers is None or not processes.lost_a_peer(error):
+    except _COLLECTIVE_ERRORS as error:
+        if peers is None or not any(words in str(error) for words in _LOST_PEER):
             raise
+        first = str(error).splitlines()[0] if str(error) else ""
         peers.end_for_a_lost_peer(
-            f"the processes' collective failed ({processes.first_line(error)})", str(error)
+            f"the processes' collective failed ({type(error).__name__}: {first})", str(error)
         )
-
-
-def _end_together(role: ClusterRole | None) -> None:
-    """The chief, whose process holds the run's JAX service, ends last: the others' JAX
-    clients abort their process once the service is gone (`Terminating process because the
-    JAX distributed service detected fatal errors`), and jax.distributed.shutdown's barrier
-    holds no process back where a lost one may not end the others (processes.start). So the
-    chief waits until every other's port, closed by its end, no longer answers."""
-    if role is None or role.role != CHIEF:
-        return
-    others = role.named(WORKER)
-    watchdog.until_gone(others)
-    logging.info(
-        "the %d other process%s ended", len(others), " has" if len(others) == 1 else "es have"
-    )
 
 
 @contextlib.contextmanager
@@ -308,17 +314,15 @@ def _steps_per_execution(model: Any, steps: int | None) -> Iterator[None]:
     Keras's 1, and its evaluation as compiled: evaluate(steps=--eval_steps) would read past
     them a whole call."""
     compiled = model.steps_per_execution
-    if steps is None or compiled != 1:
-        if steps is not None and steps != compiled:
-            logging.info(
-                "--steps_per_execution=%d not applied: the experiment compiled its model with "
-                "steps_per_execution=%d",
-                steps,
-                compiled,
-            )
-        yield
-        return
-    model.steps_per_execution = steps
+    if steps is not None and compiled not in (1, steps):
+        logging.info(
+            "--steps_per_execution=%d not applied: the experiment compiled its model with "
+            "steps_per_execution=%d",
+            steps,
+            compiled,
+        )
+    if steps is not None and compiled == 1:
+        model.steps_per_execution = steps
     try:
         yield
     finally:
