@@ -51,7 +51,7 @@ def __getattr__(name: str) -> Any:
         # Its bad settings raise, as layout.md shows them caught.
         return cluster_resolver
     if name == "keras_distribution":
-        from tfconfig_slurm.backends.keras3.distribution import (  # noqa: PLC0415
+        from tfconfig_slurm.backends.keras3.boot import (  # noqa: PLC0415
             keras_distribution,
         )
 
