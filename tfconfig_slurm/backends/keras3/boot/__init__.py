@@ -1,17 +1,14 @@
-"""keras.distribution's three values for this SLURM task, for a Keras 3 script that runs
-under plain srun rather than with-tfconfig --keras3 (keras_distribution); what a Keras 3
-process on JAX is given beside them, by with-tfconfig --keras3 and keras_distribution() alike
-(jax_variables); and the folder put first on a --keras3 command's PYTHONPATH, for its
-sitecustomize.py. Imports no Keras and no JAX but JAX's registry (gloo.py).
+"""A Keras 3 process on JAX as with-tfconfig --keras3 starts it, or as a script under plain
+srun starts itself: keras.distribution.initialize(*tfconfig_slurm.keras_distribution());
+JAX's variables beside keras.distribution's (jax_variables), given by both; and the folder put
+first on a --keras3 command's PYTHONPATH, for its sitecustomize.py. Imports no Keras and no
+JAX but JAX's registry (gloo.py).
 
-  keras.distribution.initialize(*tfconfig_slurm.keras_distribution())
-
-The task's place comes from the one door every entry point takes (process/place.find), laid
-out as with --all_reduce: a TF_CONFIG made for this step (with-tfconfig's) wins; else the
-step's layout, with the TFCONFIG_SLURM_* variables. keras_distribution() sets
-CUDA_VISIBLE_DEVICES to the task's GPUs by SLURM's ids and JAX's own variables as
-with-tfconfig --keras3 does, and puts JAX's CPU collectives on the task's own address
-(gloo.py): call it before JAX is initialized.
+keras_distribution() finds the task's place by the one door every entry point takes
+(process/place.find), laid out as with --all_reduce: a TF_CONFIG made for this step
+(with-tfconfig's) wins; else the step's layout, with the TFCONFIG_SLURM_* variables. It sets
+CUDA_VISIBLE_DEVICES to the task's GPUs by SLURM's ids and JAX's own variables, and puts JAX's
+CPU collectives on the task's own address (gloo.py): call it before JAX is initialized.
 """
 
 from __future__ import annotations
@@ -36,15 +33,7 @@ from tfconfig_slurm.process.supervision import network
 from tfconfig_slurm.process.task import place
 from tfconfig_slurm.process.user_code import versions
 
-__all__ = [
-    "ALONE",
-    "FOLDER",
-    "JOINED",
-    "NOTES_VARIABLE",
-    "KerasDistribution",
-    "jax_variables",
-    "keras_distribution",
-]
+__all__ = ["ALONE", "FOLDER", "JOINED", "NOTES_VARIABLE", "jax_variables", "keras_distribution"]
 
 FOLDER = Path(__file__).resolve().parent
 # How the layout's settings are named in an error about them.
