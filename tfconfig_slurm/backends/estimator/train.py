@@ -1,5 +1,5 @@
 """The Estimator backend of the lifecycle that `python -m tfconfig_slurm.run` and
-`tfconfig_slurm.train_and_evaluate` share: what to train (`Training`: for the CLI, an
+`tfconfig_slurm.train_and_evaluate` share: what to train (for the CLI, `training`: an
 experiment module and its flags made into an Estimator with the flags' RunConfig, as a user's
 script would build it, its specs and an exporter for its serving_input_receiver_fn), and this
 task's role played to its end. Running again with the same model directory resumes from its
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,6 +17,7 @@ from absl import logging
 from tensorboard.plugins.hparams import api as hparams_api
 
 from tfconfig_slurm.backends.estimator import barriers, trainer
+from tfconfig_slurm.backends.estimator.trainer import Training
 from tfconfig_slurm.backends.tf_process import resume_step
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS
@@ -29,21 +29,6 @@ from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task.lifecycle import Ending, Hparam
 from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.user_code.experiment import Experiment
-
-
-@dataclass(frozen=True)
-class Training:
-    """What to train: an Estimator as its user built it, and train_and_evaluate's specs."""
-
-    estimator: tf.estimator.Estimator
-    train_spec: tf.estimator.TrainSpec
-    eval_spec: tf.estimator.EvalSpec
-    # summary.json's "experiment".
-    name: str
-    # The run's hparams, as state.json and the runs table show them.
-    hparams: Mapping[str, Any]
-    # --sync_replicas' chief must close its session at the end, to end its queue runner.
-    leave_session_open: bool = True
 
 
 def training(
@@ -155,16 +140,7 @@ def _play(training: Training, role: ClusterRole | None, stop: StopRequest) -> tr
     if role.role == EVALUATOR:
         _evaluate(training.estimator, training.eval_spec, training.train_spec.max_steps, role, stop)
         return None
-    return trainer.run(
-        training.estimator,
-        training.train_spec,
-        training.eval_spec,
-        role=role,
-        server=_server(training.estimator, role),
-        stop=stop,
-        name=training.name,
-        leave_session_open=training.leave_session_open,
-    )
+    return trainer.run(training, role, _server(training.estimator, role), stop)
 
 
 def _train_alone(training: Training, stop: StopRequest) -> trainer.Result | None:

@@ -19,6 +19,7 @@ import json
 import os
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,22 @@ from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import hang_watch
 from tfconfig_slurm.process.task.throughput import Rates, Throughput
 
+
+@dataclass(frozen=True)
+class Training:
+    """What to train: an Estimator as its user built it, and train_and_evaluate's specs."""
+
+    estimator: tf.estimator.Estimator
+    train_spec: tf.estimator.TrainSpec
+    eval_spec: tf.estimator.EvalSpec
+    # summary.json's "experiment".
+    name: str
+    # The run's hparams, as state.json and the runs table show them.
+    hparams: Mapping[str, Any]
+    # --sync_replicas' chief must close its session at the end, to end its queue runner.
+    leave_session_open: bool = True
+
+
 # What tf.estimator.train_and_evaluate returns: the final metrics and the exporters' results.
 Result = tuple[dict[str, Any] | None, list[Any]]
 # Ops that hand a step its input, as Estimator's input functions build them.
@@ -43,20 +60,16 @@ _INPUT_OPS = ("IteratorGetNext", "QueueDequeueManyV2", "QueueDequeueUpToV2")
 
 
 def run(
-    user: tf.estimator.Estimator,
-    train_spec: tf.estimator.TrainSpec,
-    eval_spec: tf.estimator.EvalSpec,
-    *,
+    training: Training,
     role: ClusterRole,
     server: tf.distribute.Server,
     stop: preemption.StopRequest,
-    name: str,
-    leave_session_open: bool,
 ) -> Result | None:
     """Trains as `role` through `server`, the task's own, which carries the thread limits
     ("environment": "google" in TF_CONFIG keeps the Estimator from starting one). The chief
     returns what train_and_evaluate returns in one process; a worker, or a chief told to
     stop, None."""
+    user, train_spec = training.estimator, training.train_spec
     started = time.monotonic()
     config = tf.compat.v1.ConfigProto()
     config.CopyFrom(user.config.session_config)
@@ -69,14 +82,14 @@ def run(
     peers = watchdog.PeerWatch(watch_plan.paired(role))
     barrier = barriers.StartBarrierHook(server.target, role.trainers, role.trainer_id)
     hooks = [throughput, barrier, barriers.PreemptionHook(stop, role.trainers, role.trainer_id)]
-    if leave_session_open:
+    if training.leave_session_open:
         hooks.append(barriers.LeaveSessionOpenHook())
     tf_config = role.tf_config(environment="google")
     estimator = for_task(user, tf_config, config)
     try:
         with tf_config_environment(tf_config):
             tf.estimator.train_and_evaluate(
-                estimator, with_runtime(train_spec, estimator, hooks, stop), eval_spec
+                estimator, with_runtime(train_spec, estimator, hooks, stop), training.eval_spec
             )
     finally:
         # Also when training failed or had nothing left: the ps must not wait for this trainer.
@@ -96,29 +109,23 @@ def run(
             train_spec.max_steps,
         )
         return None
-    return _reported(user, eval_spec, role, run_marker=run_marker, name=name, started=started)
+    return _reported(training, role, run_marker, started)
 
 
 def _reported(
-    user: tf.estimator.Estimator,
-    eval_spec: tf.estimator.EvalSpec,
-    role: ClusterRole,
-    *,
-    run_marker: dict[str, Any],
-    name: str,
-    started: float,
+    training: Training, role: ClusterRole, run_marker: dict[str, Any], started: float
 ) -> Result:
     """The chief's end of a run trained to its last step: its metrics (the evaluator's, else
     the final checkpoint evaluated here with no cluster, whose ps may be gone), exports and
     summary (in a cluster the Estimator's chief does not evaluate)."""
-    model_dir = Path(user.model_dir)
-    local = for_task(user, None)
+    model_dir = Path(training.estimator.model_dir)
+    local = for_task(training.estimator, None)
     evaluated = reports.evaluator_result(model_dir, run_marker) if role.has_evaluator else None
-    metrics = evaluated or evaluate(local, eval_spec)
-    exports = export(local, eval_spec, metrics)
+    metrics = evaluated or evaluate(local, training.eval_spec)
+    exports = export(local, training.eval_spec, metrics)
     reports.write_summary(
         model_dir,
-        name=name,
+        name=training.name,
         metrics=metrics,
         wall_time_s=time.monotonic() - started,
         trainers=reports.trainer_reports(model_dir, role.trainers, run_marker),
