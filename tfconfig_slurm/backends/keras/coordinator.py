@@ -282,33 +282,30 @@ class _Epochs(keras.callbacks.Callback):  # type: ignore[misc]
         # A line each epoch of `every` steps.
         self.meter = Throughput(every)
         self.result: Any = None
-        self._train_steps = settings.train_steps
-        self._batch_size = settings.params["batch_size"]
+        self._settings = settings
         self._cadence = cadence.CheckpointCadence.of(
             settings.save_checkpoints_steps, settings.save_checkpoints_secs
         )
-        self._saver = coordinator.saver
+        self._coordinator = coordinator
         self._stop = stop
-        self._writer = coordinator.writer
-        self._optimizer = coordinator.model.optimizer
         self._finish = finish
 
     def on_epoch_end(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         # Every step scheduled has run by now (at least once: a step a lost worker had begun
         # may run again elsewhere): the optimizer's iterations are the global step.
-        step = int(self._optimizer.iterations.numpy())
+        step = int(self._coordinator.model.optimizer.iterations.numpy())
         steps, self.step = step - self.step, step
         loss = float((logs or {}).get("loss", 0.0))
-        rates = self.meter.step(step, steps * self._batch_size, loss, steps=steps)
+        rates = self.meter.step(
+            step, steps * self._settings.params["batch_size"], loss, steps=steps
+        )
         if rates is not None:
-            with self._writer.as_default(step=step):
-                tf.summary.scalar("loss", loss)
-                if rates.examples_per_sec is not None:
-                    tf.summary.scalar("examples_per_sec", rates.examples_per_sec)
-                tf.summary.scalar("global_steps_per_sec", rates.global_steps_per_sec)
-            self._writer.flush()
+            scalars = {"loss": loss, "global_steps_per_sec": rates.global_steps_per_sec}
+            if rates.examples_per_sec is not None:
+                scalars["examples_per_sec"] = rates.examples_per_sec
+            write_scalars(self._coordinator.writer, scalars, step)
         if self._cadence.by_steps(step - steps, step) or self._cadence.by_time():
-            self._saver.save(step)
+            self._coordinator.saver.save(step)
             self._cadence.saved()
         if self._stop.requested and self.stopped_on is None:
             self.stopped_on = self._stop.signal_name
@@ -316,7 +313,7 @@ class _Epochs(keras.callbacks.Callback):  # type: ignore[misc]
             self.model.stop_training = True
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
-        if self.stopped_on or self.step >= self._train_steps:
+        if self.stopped_on or self.step >= self._settings.train_steps:
             self.result = self._finish()
 
 

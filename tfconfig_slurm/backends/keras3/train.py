@@ -436,27 +436,25 @@ def _whole_parts(batches: Any, parts: int) -> Any:
     Batches other than tuples of arrays (a PyDataset, a tf.data.Dataset) go as they are."""
     if parts == 1 or not hasattr(batches, "__next__"):
         return batches
-    return _padded(batches, parts)
+    return (_padded(batch, parts) for batch in batches)
 
 
-def _padded(batches: Iterator[Any], parts: int) -> Iterator[Any]:
-    for batch in batches:
-        if not isinstance(batch, tuple) or len(batch) not in (2, 3):
-            yield batch
-            continue
-        inputs, targets, *weighed = batch
-        count = len(keras.tree.flatten(inputs)[0])
-        weights = weighed[0] if weighed and weighed[0] is not None else np.ones(count, np.float32)
-        short = -count % parts
+def _padded(batch: Any, parts: int) -> Any:
+    if not isinstance(batch, tuple) or len(batch) not in (2, 3):
+        return batch
+    inputs, targets, *weighed = batch
+    count = len(keras.tree.flatten(inputs)[0])
+    weights = weighed[0] if weighed and weighed[0] is not None else np.ones(count, np.float32)
+    short = -count % parts
 
-        def padded(array: Any, short: int = short) -> Any:
-            return np.concatenate([array, np.repeat(array[-1:], short, axis=0)])
+    def padded(array: Any) -> Any:
+        return np.concatenate([array, np.repeat(array[-1:], short, axis=0)])
 
-        yield (
-            keras.tree.map_structure(padded, inputs),
-            keras.tree.map_structure(padded, targets),
-            np.concatenate([weights, np.zeros(short, np.float32)]),
-        )
+    return (
+        keras.tree.map_structure(padded, inputs),
+        keras.tree.map_structure(padded, targets),
+        np.concatenate([weights, np.zeros(short, np.float32)]),
+    )
 
 
 class _Callbacks(keras.callbacks.CallbackList):  # type: ignore[misc]
