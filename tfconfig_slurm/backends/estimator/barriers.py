@@ -24,6 +24,7 @@ inside the next step, its gradient sent, ends that step without an update and se
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import threading
 import time
@@ -45,22 +46,14 @@ ModelFn = Callable[..., Any]
 RELEASE_PEERS = "tfconfig_slurm_release_peers"
 
 
-def _ps_device(index: int) -> str:
-    return f"/job:ps/task:{index}"
-
-
 def _queue(name: str, ps_index: int, capacity: int) -> tf.queue.FIFOQueue:
     # The same name, device and capacity in every process: all open the one resource on the ps.
-    with tf.device(_ps_device(ps_index)):
+    with tf.device(f"/job:ps/task:{ps_index}"):
         return tf.queue.FIFOQueue(capacity, [tf.int32], shapes=[[]], shared_name=name, name=name)
 
 
 def _stop_queue(ps_index: int, trainers: int) -> tf.queue.FIFOQueue:
     return _queue(f"tfconfig_slurm_stop_ps{ps_index}", ps_index, trainers)
-
-
-def _start_queue(trainers: int) -> tf.queue.FIFOQueue:
-    return _queue("tfconfig_slurm_start", 0, trainers)
 
 
 def _drain(
@@ -74,7 +67,7 @@ def _drain(
     dequeues only what the queue holds: nothing could interrupt a blocked dequeue."""
     available = tf.compat.v1.placeholder(tf.int32, [])
     size, take = queue.size(), queue.dequeue_many(available)
-    config = tf.compat.v1.ConfigProto(device_filters=[_ps_device(ps_index)])
+    config = tf.compat.v1.ConfigProto(device_filters=[f"/job:ps/task:{ps_index}"])
     tokens: list[int] = []
     with tf.compat.v1.Session(target, config=config) as session:
         while len(tokens) < count:
@@ -132,14 +125,11 @@ class StartBarrierHook(tf.compat.v1.train.SessionRunHook):
     def begin(self) -> None:
         workers = self._trainers - 1
         is_chief = self._trainer_id == 0
-        self._start = (
-            _start_queue(self._trainers).enqueue_many([[0] * workers])
-            if is_chief and workers
-            else None
-        )
+        start = functools.partial(_queue, "tfconfig_slurm_start", 0, self._trainers)
+        self._start = start().enqueue_many([[0] * workers]) if is_chief and workers else None
         if not is_chief:
             with tf.Graph().as_default():
-                _drain(self._target, 0, _start_queue(self._trainers), 1)
+                _drain(self._target, 0, start(), 1)
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         if self._start is not None:

@@ -197,14 +197,9 @@ def evaluate_checkpoint(
 
 def write_eval_scalars(directory: Path, metrics: Mapping[str, Any], step: int) -> None:
     """The final evaluation, where TensorBoard shows the Estimator's: the eval/ run."""
-    writer = eval_writer(directory)
+    writer = tf.summary.create_file_writer(str(directory / "eval"))
     write_scalars(writer, metrics, step)
     writer.close()
-
-
-def eval_writer(directory: Path) -> Any:
-    """A summary writer of the eval/ run."""
-    return tf.summary.create_file_writer(str(directory / "eval"))
 
 
 def write_scalars(writer: Any, metrics: Mapping[str, Any], step: int) -> None:

@@ -39,7 +39,6 @@ from tfconfig_slurm.backends.keras.backend import (
     TrainingBackendBase,
     built_model,
     eval_batches,
-    eval_writer,
     evaluate_checkpoint,
     experiment_dataset,
     restored,
@@ -331,7 +330,8 @@ class SidecarBackend(KerasBackendBase):
     def _set_up(self) -> _Sidecar:
         if self._sidecar is None:
             model = built_model(self._experiment, self._settings.params)
-            self._sidecar = _Sidecar(model, eval_writer(self._settings.model_dir))
+            writer = tf.summary.create_file_writer(str(self._settings.model_dir / "eval"))
+            self._sidecar = _Sidecar(model, writer)
         return self._sidecar
 
     def train(self, end: Callable[[Ending], Any]) -> Any:
