@@ -46,7 +46,6 @@ from tfconfig_slurm.backends.keras.backend import (
     write_scalars,
 )
 from tfconfig_slurm.cluster.layout import CHIEF
-from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import reports
@@ -72,10 +71,28 @@ class CoordinatorBackend(TrainingBackendBase):
         return (f"coordinating {workers} worker(s) and {servers} parameter server(s)",)
 
     def _set_up(self) -> _Coordinator:
-        if self._coordinator is None:
-            self._coordinator = _Coordinator.set_up(
-                self._experiment, self._settings, self._cluster_role, self._stop
-            )
+        if self._coordinator is not None:
+            return self._coordinator
+        settings, role = self._settings, self._cluster_role
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        strategy = tf.distribute.ParameterServerStrategy(
+            resolver,
+            variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(
+                min_shard_bytes=_MIN_SHARD_BYTES, max_shards=role.ps_count
+            ),
+        )
+        directory = settings.model_dir
+        model, checkpoint, start = restored(strategy, self._experiment, settings.params, directory)
+        saver = Saver(
+            checkpoint,
+            directory,
+            role,
+            settings.keep_checkpoint_max,
+            restored=start,
+            stop=self._stop,
+        )
+        writer = tf.summary.create_file_writer(str(directory))
+        self._coordinator = _Coordinator(strategy, model, saver, writer)
         return self._coordinator
 
     def train(self, end: Callable[[Ending], Any]) -> Any:
@@ -202,35 +219,6 @@ class _Coordinator(NamedTuple):
     model: Any
     saver: Saver
     writer: Any
-
-    @classmethod
-    def set_up(
-        cls,
-        experiment: KerasExperiment,
-        settings: TrainingSettings,
-        role: ClusterRole,
-        stop: preemption.StopRequest,
-    ) -> _Coordinator:
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        strategy = tf.distribute.ParameterServerStrategy(
-            resolver,
-            variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(
-                min_shard_bytes=_MIN_SHARD_BYTES, max_shards=role.ps_count
-            ),
-        )
-        model, checkpoint, start = restored(
-            strategy, experiment, settings.params, settings.model_dir
-        )
-        saver = Saver(
-            checkpoint,
-            settings.model_dir,
-            role,
-            settings.keep_checkpoint_max,
-            restored=start,
-            stop=stop,
-        )
-        writer = tf.summary.create_file_writer(str(settings.model_dir))
-        return cls(strategy, model, saver, writer)
 
 
 class _InFlight(keras.callbacks.Callback):  # type: ignore[misc]

@@ -30,16 +30,12 @@ from tfconfig_slurm.backends.keras.backend import (
     write_eval_scalars,
     write_scalars,
 )
-from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import model_dir, reports
 from tfconfig_slurm.process.records.owner import owns_run
 from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import cadence, fit_steps, hang_watch
 from tfconfig_slurm.process.task.keras_run import FitRun, watched_peers
 from tfconfig_slurm.process.task.lifecycle import Ending
-from tfconfig_slurm.process.task.settings import TrainingSettings
-from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
 # How long a trainer waits at the end for the others, before it leaves anyway.
 _END_BARRIER_MS = 120_000
@@ -65,12 +61,31 @@ class KerasBackend(TrainingBackendBase, FitRun):
 
     def _set_up(self) -> _Trainer:
         """The strategy, the model restored, the watch of the neighbours (once)."""
-        if self._trainer is None:
-            self._trainer = _Trainer.set_up(
-                self._experiment, self._settings, self._role, self._stop
-            )
-            # The strategy took SIGTERM as it was made.
-            self._stop.listen_again()
+        if self._trainer is not None:
+            return self._trainer
+        role, settings, directory = self._role, self._settings, self._settings.model_dir
+        # Before any other TensorFlow call, as the strategy requires.
+        strategy = (
+            tf.distribute.MultiWorkerMirroredStrategy()
+            if role is not None
+            else tf.distribute.get_strategy()
+        )
+        peers = watched_peers(role)
+        model, checkpoint, start = restored(strategy, self._experiment, settings.params, directory)
+        if role is not None:
+            _check_same_start(strategy, start, directory)
+        writer = tf.summary.create_file_writer(str(directory)) if owns_run(role) else None
+        saver = Saver(
+            checkpoint,
+            directory,
+            role,
+            settings.keep_checkpoint_max,
+            restored=start,
+            stop=self._stop,
+        )
+        self._trainer = _Trainer(strategy, model, saver, writer, peers)
+        # The strategy took SIGTERM as it was made.
+        self._stop.listen_again()
         return self._trainer
 
     def train(self, end: Callable[[Ending], Any]) -> Any:
@@ -160,31 +175,6 @@ class _Trainer(NamedTuple):
     saver: Saver
     writer: Any
     peers: watchdog.PeerWatch | None
-
-    @classmethod
-    def set_up(
-        cls,
-        experiment: KerasExperiment,
-        settings: TrainingSettings,
-        role: ClusterRole | None,
-        stop: preemption.StopRequest,
-    ) -> _Trainer:
-        # Before any other TensorFlow call, as the strategy requires.
-        strategy = (
-            tf.distribute.MultiWorkerMirroredStrategy()
-            if role is not None
-            else tf.distribute.get_strategy()
-        )
-        directory = settings.model_dir
-        peers = watched_peers(role)
-        model, checkpoint, start = restored(strategy, experiment, settings.params, directory)
-        if role is not None:
-            _check_same_start(strategy, start, directory)
-        writer = tf.summary.create_file_writer(str(directory)) if owns_run(role) else None
-        saver = Saver(
-            checkpoint, directory, role, settings.keep_checkpoint_max, restored=start, stop=stop
-        )
-        return cls(strategy, model, saver, writer, peers)
 
 
 def _check_same_start(strategy: tf.distribute.Strategy, start: int, directory: Path) -> None:

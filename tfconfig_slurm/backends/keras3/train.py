@@ -46,7 +46,7 @@ from tfconfig_slurm.process.records.owner import owns_run
 from tfconfig_slurm.process.supervision import answering, watchdog
 from tfconfig_slurm.process.task import fit_steps, hang_watch
 from tfconfig_slurm.process.task.keras_run import FitRun, watched_peers
-from tfconfig_slurm.process.task.lifecycle import Ending, Hparam, TaskRun
+from tfconfig_slurm.process.task.lifecycle import Ending, Hparam
 from tfconfig_slurm.process.task.look_ahead import LookAhead
 from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
@@ -79,8 +79,34 @@ class Keras3Backend(FitRun):
     _process: _Process | None = None
 
     def _set_up(self) -> _Process:
-        if self._process is None:
-            self._process = _Process.set_up(self._experiment, self._settings, self._task)
+        if self._process is not None:
+            return self._process
+        experiment, settings, role = self._experiment, self._settings, self._role
+        port = contextlib.ExitStack()
+        if role is not None and role.role != CHIEF:
+            port.enter_context(answering.answering(role))
+        processes.start(role)
+        with _others_end_first(role):
+            processes_ = role.trainers if role is not None else 1
+            mesh_ = processes.set_up_mesh(experiment, settings.params, processes_)
+            params = {
+                **settings.params,
+                "num_trainers": mesh_.data_shares,
+                "trainer_index": mesh_.data_share,
+            }
+            peers = watched_peers(role)
+            if role is not None:
+                # Before any step of JAX's: a process restoring a checkpoint makes other
+                # collectives than one that finds none, which JAX takes for a mismatch.
+                with _a_lost_peer_named(peers):
+                    _check_same_start(history.checkpoint_step(settings.model_dir) or 0, settings)
+            model = built_model(experiment, params)
+            checkpoints = Checkpoints(
+                model, settings.model_dir, role, settings.keep_checkpoint_max, stop=self._stop
+            )
+            events = Events(settings.model_dir) if owns_run(role) else None
+            shape = (processes_, mesh_.devices)
+            self._process = _Process(model, checkpoints, events, mesh_, params, shape, peers, port)
         return self._process
 
     def checkpoint_step(self) -> int:
@@ -245,37 +271,6 @@ class _Process(NamedTuple):
     peers: watchdog.PeerWatch | None
     # Open until the process ends, for the chief to see it gone (_end_together).
     port: contextlib.ExitStack
-
-    @classmethod
-    def set_up(
-        cls, experiment: KerasExperiment, settings: TrainingSettings, task: TaskRun
-    ) -> _Process:
-        role = task.place.role
-        port = contextlib.ExitStack()
-        if role is not None and role.role != CHIEF:
-            port.enter_context(answering.answering(role))
-        processes.start(role)
-        with _others_end_first(role):
-            processes_ = role.trainers if role is not None else 1
-            mesh_ = processes.set_up_mesh(experiment, settings.params, processes_)
-            params = {
-                **settings.params,
-                "num_trainers": mesh_.data_shares,
-                "trainer_index": mesh_.data_share,
-            }
-            peers = watched_peers(role)
-            if role is not None:
-                # Before any step of JAX's: a process restoring a checkpoint makes other
-                # collectives than one that finds none, which JAX takes for a mismatch.
-                with _a_lost_peer_named(peers):
-                    _check_same_start(history.checkpoint_step(settings.model_dir) or 0, settings)
-            model = built_model(experiment, params)
-            checkpoints = Checkpoints(
-                model, settings.model_dir, role, settings.keep_checkpoint_max, stop=task.stop
-            )
-            events = Events(settings.model_dir) if owns_run(role) else None
-            shape = (processes_, mesh_.devices)
-            return cls(model, checkpoints, events, mesh_, params, shape, peers, port)
 
 
 @contextlib.contextmanager
