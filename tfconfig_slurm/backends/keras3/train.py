@@ -48,7 +48,6 @@ from tfconfig_slurm.process.task import fit_steps, hang_watch
 from tfconfig_slurm.process.task.keras_run import FitRun, watched_peers
 from tfconfig_slurm.process.task.lifecycle import Ending, Hparam
 from tfconfig_slurm.process.task.look_ahead import LookAhead
-from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
 # What an experiment's dataset gives, in a refusal's hint.
@@ -96,10 +95,14 @@ class Keras3Backend(FitRun):
             }
             peers = watched_peers(role)
             if role is not None:
-                # Before any step of JAX's: a process restoring a checkpoint makes other
+                # Every process must have restored the same checkpoint: where the nodes do not
+                # share the model directory, a process finds none where the chief restores one.
+                # Checked before any step of JAX's: a process restoring a checkpoint makes other
                 # collectives than one that finds none, which JAX takes for a mismatch.
                 with _a_lost_peer_named(peers):
-                    _check_same_start(history.checkpoint_step(settings.model_dir) or 0, settings)
+                    start = history.checkpoint_step(settings.model_dir) or 0
+                    starts = [int(each) for each in processes.gather([start])[:, 0]]
+                    model_dir.check_same_start(settings.model_dir, starts, "processes")
             model = built_model(experiment, params)
             checkpoints = Checkpoints(
                 model, settings.model_dir, role, settings.keep_checkpoint_max, stop=self._stop
@@ -322,13 +325,6 @@ def _steps_per_execution(model: Any, steps: int | None) -> Iterator[None]:
         yield
     finally:
         model.steps_per_execution = compiled
-
-
-def _check_same_start(step: int, settings: TrainingSettings) -> None:
-    """Every process must have restored the same checkpoint: where the nodes do not share the
-    model directory, a process finds none where the chief restores one."""
-    steps = processes.gather([step])[:, 0]
-    model_dir.check_same_start(settings.model_dir, [int(each) for each in steps], "processes")
 
 
 def _check_same_weights(model: Any, role: ClusterRole | None) -> None:
