@@ -128,9 +128,9 @@ def test_the_process_s_environment_is_written_only_at_the_doors() -> None:
     )
     assert writers == [
         "backends/estimator/api.py:_run",
-        "backends/estimator/estimators.py:tf_config_environment",
+        "backends/estimator/trainer.py:tf_config_environment",
         "backends/keras/evaluate.py:main",
-        "backends/keras3/distribution.py:keras_distribution",
+        "backends/keras3/boot/__init__.py:keras_distribution",
         "process/task/place.py:Place.set_in",
     ]
 

@@ -1020,7 +1020,7 @@ def test_a_run_s_steps_read_nothing_back_from_the_devices_but_at_its_lines(
 
 def test_steps_per_execution_runs_calls_of_steps_that_end_at_train_steps(tmp_path: Path) -> None:
     """#54: 7 steps a call: a checkpoint falls on the first call's end at or after its step,
-    and the last call runs the 2 steps left to 100, where the batches end (feed.py); a resume
+    and the last call runs the 2 steps left to 100, where the batches end (train._fed); a resume
     goes on from there. A tf.data or PyDataset experiment, whose batches do not end there, and
     another backend's, are refused in one line."""
     flags = ("--steps_per_execution=7", "--save_checkpoints_steps=30")

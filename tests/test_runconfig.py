@@ -59,7 +59,7 @@ def test_run_config_reads_each_role(
 def test_a_users_estimator_remade_for_a_task_keeps_its_settings_and_takes_the_cluster(
     tf: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: object
 ) -> None:
-    from tfconfig_slurm.backends.estimator import estimators  # noqa: PLC0415
+    from tfconfig_slurm.backends.estimator import trainer  # noqa: PLC0415
 
     step = read_slurm_step(task_env(NODES, [2, 2], 3))
     layout = lay_out_step(step, LayoutPolicy())
@@ -77,12 +77,12 @@ def test_a_users_estimator_remade_for_a_task_keeps_its_settings_and_takes_the_cl
     )
     # Built before the runtime knew the task: no cluster. A TF_CONFIG left around is not read.
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"chief": ["x:1"]}, "task": {}}')
-    remade = estimators.for_task(user, json.loads(tf_config_json(layout, 3)))
+    remade = trainer.for_task(user, json.loads(tf_config_json(layout, 3)))
     config = remade.config
     assert (config.task_type, config.task_id, config.num_ps_replicas) == ("worker", 0, 2)
     assert (config.save_checkpoints_steps, config.keep_checkpoint_max) == (7, 2)
     assert (config.tf_random_seed, config.model_dir) == (11, str(tmp_path))
     assert config.session_config.intra_op_parallelism_threads == 3
     assert config.experimental_max_worker_delay_secs == 0
-    alone = estimators.for_task(user, None).config
+    alone = trainer.for_task(user, None).config
     assert (alone.task_type, alone.num_ps_replicas, alone.is_chief) == ("worker", 0, True)

@@ -36,7 +36,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The layout tools never import TensorFlow; the runtime only when it is asked for.
     if name == "keras_distribution":
-        from tfconfig_slurm.backends.keras3.distribution import (  # noqa: PLC0415
+        from tfconfig_slurm.backends.keras3.boot import (  # noqa: PLC0415
             keras_distribution,
         )
 

@@ -156,8 +156,10 @@ def coordinator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     ParameterServerStrategy cluster, or as its evaluator (a sidecar)."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     experiment, settings = _loaded(task, hparams, experiment_lib.load_keras)
-    from tfconfig_slurm.backends.keras.coordinator import CoordinatorBackend  # noqa: PLC0415
-    from tfconfig_slurm.backends.keras.sidecar import SidecarBackend  # noqa: PLC0415
+    from tfconfig_slurm.backends.keras.coordinator import (  # noqa: PLC0415
+        CoordinatorBackend,
+        SidecarBackend,
+    )
 
     role = task.place.role
     assert role is not None
@@ -169,11 +171,11 @@ def coordinator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
 def estimator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
     """The Estimator experiment, and TensorFlow, as its backend."""
     experiment, settings = _loaded(task, hparams, experiment_lib.load)
-    from tfconfig_slurm.backends.estimator import experiment_training  # noqa: PLC0415
-    from tfconfig_slurm.backends.estimator.train import EstimatorBackend  # noqa: PLC0415
+    from tfconfig_slurm.backends.estimator.train import EstimatorBackend, training  # noqa: PLC0415
 
-    training = experiment_training.training(experiment, settings, task.place.role)
-    return EstimatorBackend(training, task.place.role, task.stop)
+    return EstimatorBackend(
+        training(experiment, settings, task.place.role), task.place.role, task.stop
+    )
 
 
 _Loaded = TypeVar("_Loaded", experiment_lib.Experiment, experiment_lib.KerasExperiment)

@@ -103,7 +103,9 @@ def _run(
         exits.end_now(status, "the local cluster ended")
     where = _place(layout)
     name = Path(sys.argv[0]).stem or directory.name
-    training = train.Training(estimator, train_spec, eval_spec, name=name, hparams=estimator.params)
+    training = trainer.Training(
+        estimator, train_spec, eval_spec, name=name, hparams=estimator.params
+    )
     task = lifecycle.TaskRun(
         place=where,
         model_dir=directory,

@@ -1,4 +1,5 @@
-"""The Estimator cluster's barriers: a start barrier for workers, and a stop barrier for the ps.
+"""The Estimator cluster's barriers: a start barrier for workers, a stop barrier for the ps,
+and --sync_replicas' synchronous steps.
 
 The Estimator's own ps calls `server.join()` and never returns. Here each ps owns a FIFOQueue
 (found by its shared name); every trainer puts a token on every ps once its training has
@@ -8,42 +9,51 @@ that comes first finds the model "not ready" and its session manager sleeps 30 s
 stop, each worker says so on a third queue on the first ps, and the chief stops last, so that
 its final checkpoint holds every step taken. A dead peer ends no wait: the watchdog
 (process/supervision/watchdog.py) ends the waiting process.
+
+--sync_replicas (synchronous_model_fn): synchronous updates through SyncReplicasOptimizer, the
+experiment unaware. While the experiment's model_fn builds its training graph, any
+tf.compat.v1.train optimizer's apply_gradients goes through a SyncReplicasOptimizer around it,
+one gradient per replica each step. No tokens are queued at start, so the chief cannot run
+ahead while the workers start. At the end the chief's queue runner waits for gradients that
+never come, and the session's close waits 120 s for it (stop_grace_period_secs, which
+Estimator does not expose): the chief's last hook stops it after every other hook's end(). A
+stopping trainer first queues a token for each peer (RELEASE_PEERS), so that a peer already
+inside the next step, its gradient sent, ends that step without an update and sees its stop.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import tensorflow as tf
 from absl import logging
 
+from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import polling, timing
 from tfconfig_slurm.process.job import preemption
 
 OnToken = Callable[[int], None]
+ModelFn = Callable[..., Any]
 
 # The graph collection of ops a trainer runs as it stops, before it says so: they let a peer
-# blocked in a step that this trainer will not join (--sync_replicas, sync.py) end that step.
+# blocked in a step that this trainer will not join (--sync_replicas) end that step.
 RELEASE_PEERS = "tfconfig_slurm_release_peers"
-
-
-def _ps_device(index: int) -> str:
-    return f"/job:ps/task:{index}"
 
 
 def _queue(name: str, ps_index: int, capacity: int) -> tf.queue.FIFOQueue:
     # The same name, device and capacity in every process: all open the one resource on the ps.
-    with tf.device(_ps_device(ps_index)):
+    with tf.device(f"/job:ps/task:{ps_index}"):
         return tf.queue.FIFOQueue(capacity, [tf.int32], shapes=[[]], shared_name=name, name=name)
 
 
 def _stop_queue(ps_index: int, trainers: int) -> tf.queue.FIFOQueue:
     return _queue(f"tfconfig_slurm_stop_ps{ps_index}", ps_index, trainers)
-
-
-def _start_queue(trainers: int) -> tf.queue.FIFOQueue:
-    return _queue("tfconfig_slurm_start", 0, trainers)
 
 
 def _drain(
@@ -57,7 +67,7 @@ def _drain(
     dequeues only what the queue holds: nothing could interrupt a blocked dequeue."""
     available = tf.compat.v1.placeholder(tf.int32, [])
     size, take = queue.size(), queue.dequeue_many(available)
-    config = tf.compat.v1.ConfigProto(device_filters=[_ps_device(ps_index)])
+    config = tf.compat.v1.ConfigProto(device_filters=[f"/job:ps/task:{ps_index}"])
     tokens: list[int] = []
     with tf.compat.v1.Session(target, config=config) as session:
         while len(tokens) < count:
@@ -115,14 +125,11 @@ class StartBarrierHook(tf.compat.v1.train.SessionRunHook):
     def begin(self) -> None:
         workers = self._trainers - 1
         is_chief = self._trainer_id == 0
-        self._start = (
-            _start_queue(self._trainers).enqueue_many([[0] * workers])
-            if is_chief and workers
-            else None
-        )
+        start = functools.partial(_queue, "tfconfig_slurm_start", 0, self._trainers)
+        self._start = start().enqueue_many([[0] * workers]) if is_chief and workers else None
         if not is_chief:
             with tf.Graph().as_default():
-                _drain(self._target, 0, _start_queue(self._trainers), 1)
+                _drain(self._target, 0, start(), 1)
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         if self._start is not None:
@@ -192,3 +199,78 @@ class PreemptionHook(tf.compat.v1.train.SessionRunHook):
             session.run(self._global_step),
         )
         run_context.request_stop()
+
+
+_building = threading.local()
+
+
+@contextlib.contextmanager
+def _synchronised(replicas: int) -> Iterator[list[Any]]:
+    """Within the block, optimizers apply gradients synchronously; yields the wrappers made."""
+    made: list[Any] = []
+    optimizer_class = tf.compat.v1.train.Optimizer
+    original = optimizer_class.apply_gradients
+
+    def apply_gradients(
+        self: Any, grads_and_vars: Any, global_step: Any = None, name: Any = None
+    ) -> Any:
+        # SyncReplicasOptimizer calls its inner optimizer's apply_gradients: that one is real.
+        if getattr(_building, "inside", False):
+            return original(self, grads_and_vars, global_step, name)
+        synchronous = tf.compat.v1.train.SyncReplicasOptimizer(
+            self, replicas_to_aggregate=replicas, total_num_replicas=replicas
+        )
+        made.append(synchronous)
+        _building.inside = True
+        try:
+            return synchronous.apply_gradients(grads_and_vars, global_step, name)
+        finally:
+            _building.inside = False
+
+    optimizer_class.apply_gradients = apply_gradients
+    try:
+        yield made
+    finally:
+        optimizer_class.apply_gradients = original
+
+
+def synchronous_model_fn(model_fn: ModelFn, replicas: int, is_chief: bool) -> ModelFn:
+    """The experiment's model_fn, training synchronously across `replicas` trainers."""
+
+    # Estimator passes `config` only to a model_fn that names it; so does this wrapper.
+    extra = ("config",) if "config" in inspect.signature(model_fn).parameters else ()
+
+    def wrapped(features: Any, labels: Any, mode: str, params: Any, config: Any) -> Any:
+        given = dict(zip(extra, (config,)))
+        if mode != tf.estimator.ModeKeys.TRAIN:
+            return model_fn(features, labels, mode, params, **given)
+        with _synchronised(replicas) as made:
+            spec = model_fn(features, labels, mode, params, **given)
+        if len(made) != 1:
+            raise UsageError(
+                "--sync_replicas",
+                f"found {len(made)} tf.compat.v1.train optimizers applying gradients in the "
+                "experiment's model_fn, not one",
+                "train with one tf.compat.v1.train optimizer (e.g. AdamOptimizer.minimize), "
+                "or leave --sync_replicas out",
+            )
+        hooks = [made[0].make_session_run_hook(is_chief, num_tokens=0)]
+        tf.compat.v1.add_to_collection(RELEASE_PEERS, made[0].get_init_tokens_op(replicas - 1))
+        if is_chief:
+            hooks.append(_CloseAtEndHook())
+        return spec._replace(training_hooks=(*spec.training_hooks, *hooks))
+
+    return wrapped
+
+
+class _CloseAtEndHook(tf.compat.v1.train.SessionRunHook):
+    """The chief's last hook: ends the queue runner's wait so the session closes at once."""
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        self._coordinator = coord
+
+    def end(self, session: Any) -> None:
+        # Stop first, so that the queue runner's error from the closed session is taken for
+        # the stop it is, not reported as a failure.
+        self._coordinator.request_stop()
+        session.close()

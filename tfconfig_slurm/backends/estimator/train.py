@@ -1,43 +1,96 @@
 """The Estimator backend of the lifecycle that `python -m tfconfig_slurm.run` and
-`tfconfig_slurm.train_and_evaluate` share: what to train (`Training`), and this task's role
-played to its end. Running again with the same model directory resumes from its latest
-checkpoint."""
+`tfconfig_slurm.train_and_evaluate` share: what to train (for the CLI, `training`: an
+experiment module and its flags made into an Estimator with the flags' RunConfig, as a user's
+script would build it, its specs and an exporter for its serving_input_receiver_fn), and this
+task's role played to its end. Running again with the same model directory resumes from its
+latest checkpoint."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import tensorflow as tf
+from absl import logging
 from tensorboard.plugins.hparams import api as hparams_api
 
-from tfconfig_slurm.backends.estimator import barriers, estimators, evaluator, trainer
+from tfconfig_slurm.backends.estimator import barriers, trainer
+from tfconfig_slurm.backends.estimator.trainer import Training
 from tfconfig_slurm.backends.tf_process import resume_step
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS
 from tfconfig_slurm.cluster.role import ClusterRole
+from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.job.preemption import StopRequest
 from tfconfig_slurm.process.records import reports
 from tfconfig_slurm.process.supervision import watchdog
-from tfconfig_slurm.process.task.lifecycle import Ending, Hparam
+from tfconfig_slurm.process.task.lifecycle import Ending, Hparam, TrainingSettings
+from tfconfig_slurm.process.user_code.experiment import Experiment
 
 
-@dataclass(frozen=True)
-class Training:
-    """What to train: an Estimator as its user built it, and train_and_evaluate's specs."""
+def training(
+    experiment: Experiment, settings: TrainingSettings, role: ClusterRole | None
+) -> Training:
+    model_fn = experiment.model_fn
+    if settings.sync_replicas and role is not None:
+        model_fn = barriers.synchronous_model_fn(model_fn, role.trainers, role.trainer_id == 0)
+    estimator = tf.estimator.Estimator(
+        model_fn=model_fn, config=_run_config(settings), params=dict(settings.params)
+    )
+    exporters = []
+    if experiment.serving_input_receiver_fn is not None:
+        exporters.append(
+            tf.estimator.FinalExporter(experiment.name, experiment.serving_input_receiver_fn)
+        )
+    return Training(
+        estimator=estimator,
+        train_spec=tf.estimator.TrainSpec(
+            experiment.train_input_fn, max_steps=settings.train_steps
+        ),
+        eval_spec=tf.estimator.EvalSpec(
+            experiment.eval_input_fn,
+            steps=settings.eval_steps,
+            exporters=exporters,
+        ),
+        name=experiment.name,
+        hparams={name: settings.params[name] for name in experiment.hparams},
+        leave_session_open=not settings.sync_replicas,
+    )
 
-    estimator: tf.estimator.Estimator
-    train_spec: tf.estimator.TrainSpec
-    eval_spec: tf.estimator.EvalSpec
-    # summary.json's "experiment".
-    name: str
-    # The run's hparams, as state.json and the runs table show them.
-    hparams: Mapping[str, Any]
-    # --sync_replicas' chief must close its session at the end, to end its queue runner.
-    leave_session_open: bool = True
+
+def _run_config(settings: TrainingSettings) -> tf.estimator.RunConfig:
+    # RunConfig reads None as "never": pass a checkpoint interval only when one is set, so
+    # that its default (every 600 s) stands otherwise.
+    interval: dict[str, int | None] = {}
+    if settings.save_checkpoints_steps is not None:
+        interval = {
+            "save_checkpoints_steps": settings.save_checkpoints_steps,
+            "save_checkpoints_secs": None,
+        }
+    elif settings.save_checkpoints_secs is not None:
+        interval = {"save_checkpoints_secs": settings.save_checkpoints_secs}
+    return tf.estimator.RunConfig(
+        model_dir=str(settings.model_dir),
+        **interval,
+        keep_checkpoint_max=settings.keep_checkpoint_max,
+        session_config=_session_config(settings),
+        log_step_count_steps=settings.log_every_steps,
+        save_summary_steps=settings.log_every_steps,
+    )
+
+
+def _session_config(settings: TrainingSettings) -> tf.compat.v1.ConfigProto:
+    config = tf.compat.v1.ConfigProto(
+        intra_op_parallelism_threads=settings.intra_op_threads,
+        inter_op_parallelism_threads=settings.inter_op_threads,
+        allow_soft_placement=True,
+    )
+    config.gpu_options.allow_growth = settings.gpu_memory_growth
+    if settings.gpu_memory_fraction is not None:
+        config.gpu_options.per_process_gpu_memory_fraction = settings.gpu_memory_fraction
+    return config
 
 
 class EstimatorBackend:
@@ -84,27 +137,16 @@ def _play(training: Training, role: ClusterRole | None, stop: StopRequest) -> tr
         _serve(training.estimator, role)
         return None
     if role.role == EVALUATOR:
-        evaluator.run(
-            training.estimator, training.eval_spec, training.train_spec.max_steps, role, stop
-        )
+        _evaluate(training.estimator, training.eval_spec, training.train_spec.max_steps, role, stop)
         return None
-    return trainer.run(
-        training.estimator,
-        training.train_spec,
-        training.eval_spec,
-        role=role,
-        server=_server(training.estimator, role),
-        stop=stop,
-        name=training.name,
-        leave_session_open=training.leave_session_open,
-    )
+    return trainer.run(training, role, _server(training.estimator, role), stop)
 
 
 def _train_alone(training: Training, stop: StopRequest) -> trainer.Result | None:
     """Trains and evaluates in this process; None when told to stop before the last step (the
     checkpoint is written, no summary)."""
     started = time.monotonic()
-    estimator = estimators.for_task(training.estimator, None)
+    estimator = trainer.for_task(training.estimator, None)
     throughput = trainer.throughput_hook(estimator, None)
     hooks = [throughput, barriers.PreemptionHook(stop, trainers=1, trainer_id=0)]
     metrics, exports = tf.estimator.train_and_evaluate(
@@ -158,3 +200,38 @@ def _serve(estimator: tf.estimator.Estimator, role: ClusterRole) -> None:
     )
     unfinished.stop()
     servers.stop()
+
+
+def _evaluate(
+    user: tf.estimator.Estimator,
+    eval_spec: tf.estimator.EvalSpec,
+    train_steps: int,
+    role: ClusterRole,
+    stop: StopRequest,
+) -> None:
+    """The evaluator task: evaluates each new checkpoint of the model directory until one
+    reaches the final step (its metrics go to the chief's summary.json), or until it is told
+    to stop."""
+    # The chief stays until the evaluator has evaluated the final step: if it leaves first, no
+    # final checkpoint will come. Told to stop, the chief leaves first.
+    watchdog.PeerWatch(
+        role.named(CHIEF),
+        on_lost=lambda *lost: None if stop.requested else watchdog.exit_on_lost(*lost),
+    )
+    estimator = trainer.for_task(user, None)
+    model_dir = Path(estimator.model_dir)
+    for checkpoint in tf.train.checkpoints_iterator(
+        str(model_dir), timeout=timing.CHECKPOINT_LOOK_SECONDS, timeout_fn=lambda: stop.requested
+    ):
+        metrics = estimator.evaluate(
+            eval_spec.input_fn,
+            steps=eval_spec.steps,
+            checkpoint_path=checkpoint,
+            hooks=eval_spec.hooks,
+            name=eval_spec.name,
+        )
+        step = int(metrics["global_step"])
+        logging.info("evaluator 0: step %d: %s", step, reports.metric_text(metrics))
+        if step >= train_steps:
+            reports.write_evaluator_result(model_dir, reports.marker(role, train_steps), metrics)
+            return

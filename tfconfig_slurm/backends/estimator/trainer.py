@@ -1,18 +1,32 @@
 """A trainer of the cluster (the chief or a worker): train_and_evaluate with the runtime's
 hooks, the stop tokens for the parameter servers and its report; the chief then evaluates,
-exports and writes summary.json."""
+exports and writes summary.json.
+
+The runtime's session hooks on every trainer: throughput, logged and written as scalars, and
+the chief's checkpoints, timed. A step's examples are counted in the graph, from its input's
+batch dimension, so that a script need not say its batch size and a short batch counts as such.
+
+A user's Estimator is remade for each task (for_task): RunConfig reads TF_CONFIG once, when
+made, so one built in a user's script before the runtime knew the task describes no cluster
+(or another). The new one keeps the user's model_fn, params, warm start and RunConfig
+settings; the cluster decides only the cluster, task and device filters.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
 from absl import logging
 
-from tfconfig_slurm.backends.estimator import barriers, estimators
-from tfconfig_slurm.backends.estimator.hooks import CheckpointTimer, ThroughputHook
+from tfconfig_slurm.backends.estimator import barriers
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
@@ -20,26 +34,42 @@ from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import reports
 from tfconfig_slurm.process.records.run_dir import RunDir
 from tfconfig_slurm.process.supervision import watchdog
+from tfconfig_slurm.process.task import hang_watch
+from tfconfig_slurm.process.task.throughput import Rates, Throughput
+
+
+@dataclass(frozen=True)
+class Training:
+    """What to train: an Estimator as its user built it, and train_and_evaluate's specs."""
+
+    estimator: tf.estimator.Estimator
+    train_spec: tf.estimator.TrainSpec
+    eval_spec: tf.estimator.EvalSpec
+    # summary.json's "experiment".
+    name: str
+    # The run's hparams, as state.json and the runs table show them.
+    hparams: Mapping[str, Any]
+    # --sync_replicas' chief must close its session at the end, to end its queue runner.
+    leave_session_open: bool = True
+
 
 # What tf.estimator.train_and_evaluate returns: the final metrics and the exporters' results.
 Result = tuple[dict[str, Any] | None, list[Any]]
+# Ops that hand a step its input, as Estimator's input functions build them.
+_INPUT_OPS = ("IteratorGetNext", "QueueDequeueManyV2", "QueueDequeueUpToV2")
 
 
 def run(
-    user: tf.estimator.Estimator,
-    train_spec: tf.estimator.TrainSpec,
-    eval_spec: tf.estimator.EvalSpec,
-    *,
+    training: Training,
     role: ClusterRole,
     server: tf.distribute.Server,
     stop: preemption.StopRequest,
-    name: str,
-    leave_session_open: bool,
 ) -> Result | None:
     """Trains as `role` through `server`, the task's own, which carries the thread limits
     ("environment": "google" in TF_CONFIG keeps the Estimator from starting one). The chief
     returns what train_and_evaluate returns in one process; a worker, or a chief told to
     stop, None."""
+    user, train_spec = training.estimator, training.train_spec
     started = time.monotonic()
     config = tf.compat.v1.ConfigProto()
     config.CopyFrom(user.config.session_config)
@@ -52,14 +82,14 @@ def run(
     peers = watchdog.PeerWatch(watch_plan.paired(role))
     barrier = barriers.StartBarrierHook(server.target, role.trainers, role.trainer_id)
     hooks = [throughput, barrier, barriers.PreemptionHook(stop, role.trainers, role.trainer_id)]
-    if leave_session_open:
+    if training.leave_session_open:
         hooks.append(barriers.LeaveSessionOpenHook())
     tf_config = role.tf_config(environment="google")
-    estimator = estimators.for_task(user, tf_config, config)
+    estimator = for_task(user, tf_config, config)
     try:
-        with estimators.tf_config_environment(tf_config):
+        with tf_config_environment(tf_config):
             tf.estimator.train_and_evaluate(
-                estimator, with_runtime(train_spec, estimator, hooks, stop), eval_spec
+                estimator, with_runtime(train_spec, estimator, hooks, stop), training.eval_spec
             )
     finally:
         # Also when training failed or had nothing left: the ps must not wait for this trainer.
@@ -79,29 +109,23 @@ def run(
             train_spec.max_steps,
         )
         return None
-    return _reported(user, eval_spec, role, run_marker=run_marker, name=name, started=started)
+    return _reported(training, role, run_marker, started)
 
 
 def _reported(
-    user: tf.estimator.Estimator,
-    eval_spec: tf.estimator.EvalSpec,
-    role: ClusterRole,
-    *,
-    run_marker: dict[str, Any],
-    name: str,
-    started: float,
+    training: Training, role: ClusterRole, run_marker: dict[str, Any], started: float
 ) -> Result:
     """The chief's end of a run trained to its last step: its metrics (the evaluator's, else
     the final checkpoint evaluated here with no cluster, whose ps may be gone), exports and
     summary (in a cluster the Estimator's chief does not evaluate)."""
-    model_dir = Path(user.model_dir)
-    local = estimators.for_task(user, None)
+    model_dir = Path(training.estimator.model_dir)
+    local = for_task(training.estimator, None)
     evaluated = reports.evaluator_result(model_dir, run_marker) if role.has_evaluator else None
-    metrics = evaluated or evaluate(local, eval_spec)
-    exports = export(local, eval_spec, metrics)
+    metrics = evaluated or evaluate(local, training.eval_spec)
+    exports = export(local, training.eval_spec, metrics)
     reports.write_summary(
         model_dir,
-        name=name,
+        name=training.name,
         metrics=metrics,
         wall_time_s=time.monotonic() - started,
         trainers=reports.trainer_reports(model_dir, role.trainers, run_marker),
@@ -170,3 +194,158 @@ def log_export(result: Any) -> None:
         logging.info(
             "exported the model to %s", result.decode() if isinstance(result, bytes) else result
         )
+
+
+class ThroughputHook(tf.compat.v1.train.SessionRunHook):
+    """Feeds the runtime's throughput meter (process/task/throughput.py) from each step, and
+    writes the speeds as scalars (Estimator writes the loss); at the end, the run's means."""
+
+    def __init__(self, summary_dir: str, every_steps: int) -> None:
+        self._summary_dir = summary_dir
+        self._every_steps = every_steps
+        self._writer: Any | None = None
+        self._fetches: dict[str, Any] = {}
+        self._meter = Throughput(every_steps)
+
+    def begin(self) -> None:
+        self._fetches = {"step": tf.compat.v1.train.get_global_step()}
+        # Estimator puts the EstimatorSpec's loss last, after any tf.compat.v1.losses added.
+        losses = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.LOSSES)
+        if losses:
+            self._fetches["loss"] = losses[-1]
+        batch = _batch_size()
+        if batch is not None:
+            self._fetches["examples"] = batch
+        self._meter = Throughput(self._every_steps, counts_examples=batch is not None)
+        self._writer = tf.compat.v1.summary.FileWriterCache.get(self._summary_dir)
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        hang_watch.began(int(session.run(self._fetches["step"])))
+
+    def before_run(self, run_context: Any) -> tf.compat.v1.train.SessionRunArgs:
+        return tf.compat.v1.train.SessionRunArgs(self._fetches)
+
+    def after_run(self, run_context: Any, run_values: Any) -> None:
+        results = run_values.results
+        step = int(results["step"])
+        hang_watch.stepped(step)
+        loss = float(results["loss"]) if "loss" in results else None
+        rates = self._meter.step(step, int(results.get("examples", 0)), loss)
+        if rates is not None:
+            self._record(rates, step)
+
+    def end(self, session: Any) -> None:
+        hang_watch.paused()
+        mean = self._meter.end()
+        if mean is not None and self._meter.global_step is not None:
+            self._record(mean, self._meter.global_step)
+        if self._writer is not None:
+            self._writer.flush()
+
+    def mean_examples_per_sec(self) -> float | None:
+        """Throughput.mean_examples_per_sec: None if too short, or the batch size unknown."""
+        return self._meter.mean_examples_per_sec()
+
+    def _record(self, rates: Rates, step: int) -> None:
+        assert self._writer is not None
+        values = {"global_steps_per_sec": rates.global_steps_per_sec}
+        if rates.examples_per_sec is not None:
+            values["examples_per_sec"] = rates.examples_per_sec
+        self._writer.add_summary(
+            tf.compat.v1.Summary(
+                value=[
+                    tf.compat.v1.Summary.Value(tag=tag, simple_value=value)
+                    for tag, value in values.items()
+                ]
+            ),
+            step,
+        )
+
+
+def _batch_size() -> tf.Tensor | None:
+    """The number of examples in the step's input, or None where no input op is found."""
+    for op in tf.compat.v1.get_default_graph().get_operations():
+        if op.type in _INPUT_OPS:
+            # Sparse components travel as variants; the batch dimension is a dense one's.
+            dense = [tensor for tensor in op.outputs if tensor.dtype != tf.variant]
+            if dense and dense[0].shape.rank:
+                return tf.shape(dense[0], out_type=tf.int64)[0]
+    return None
+
+
+class CheckpointTimer(tf.compat.v1.train.CheckpointSaverListener):
+    """Times each checkpoint the chief writes, for the stop before the time limit
+    (process/job/time_limit.py). The hang watch rests from a checkpoint to the next step: a
+    single process's train_and_evaluate evaluates there."""
+
+    def __init__(self, stop: preemption.StopRequest) -> None:
+        self._stop = stop
+        self._started = 0.0
+
+    def before_save(self, session: Any, global_step_value: int) -> None:
+        hang_watch.paused()
+        self._started = time.monotonic()
+
+    def after_save(self, session: Any, global_step_value: int) -> None:
+        self._stop.checkpoint_written(global_step_value, time.monotonic() - self._started)
+
+
+def for_task(
+    user: tf.estimator.Estimator,
+    tf_config: Mapping[str, Any] | None,
+    session_config: tf.compat.v1.ConfigProto | None = None,
+) -> tf.estimator.Estimator:
+    """`user`'s Estimator under `tf_config` (None: this process alone), with `session_config`
+    in place of its own when given."""
+    config = user.config
+    settings = {
+        "model_dir": config.model_dir,
+        "tf_random_seed": config.tf_random_seed,
+        "save_summary_steps": config.save_summary_steps,
+        "save_checkpoints_steps": config.save_checkpoints_steps,
+        "save_checkpoints_secs": config.save_checkpoints_secs,
+        "session_config": session_config or config.session_config,
+        "keep_checkpoint_max": config.keep_checkpoint_max,
+        "keep_checkpoint_every_n_hours": config.keep_checkpoint_every_n_hours,
+        "log_step_count_steps": config.log_step_count_steps,
+        "train_distribute": config.train_distribute,
+        "device_fn": config.device_fn,
+        "protocol": config.protocol,
+        "eval_distribute": config.eval_distribute,
+        "session_creation_timeout_secs": config.session_creation_timeout_secs,
+        "checkpoint_save_graph_def": config.checkpoint_save_graph_def,
+        # Workers wait for the chief at the start barrier instead of sleeping 5 s x index.
+        "experimental_max_worker_delay_secs": 0,
+    }
+    with tf_config_environment(tf_config):
+        run_config = tf.estimator.RunConfig(**settings)
+    bound = user.model_fn
+
+    def model_fn(features: Any, labels: Any, mode: str, params: Any, config: Any) -> Any:
+        # The user's params are bound to model_fn; the new Estimator gets them for its input_fns.
+        del params
+        return bound(features, labels, mode, config)
+
+    return tf.estimator.Estimator(
+        model_fn=model_fn,
+        config=run_config,
+        params=user.params,
+        warm_start_from=user._warm_start_settings,
+    )
+
+
+@contextlib.contextmanager
+def tf_config_environment(tf_config: Mapping[str, Any] | None) -> Iterator[None]:
+    """TF_CONFIG as RunConfig and train_and_evaluate read it, for the duration of the block."""
+    saved = os.environ.get("TF_CONFIG")
+    if tf_config is None:
+        os.environ.pop("TF_CONFIG", None)
+    else:
+        os.environ["TF_CONFIG"] = json.dumps(tf_config)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TF_CONFIG", None)
+        else:
+            os.environ["TF_CONFIG"] = saved

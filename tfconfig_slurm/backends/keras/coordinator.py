@@ -5,16 +5,24 @@ serve (serve.py), supervised as process/supervision/supervise.py supervises.
 The coordinator restores the model under the strategy (its variables split across the ps by
 size) and trains the steps left with model.fit, in epochs of --log_every_steps after each of
 which it logs and checkpoints where due (_Epochs); _InFlight ends fit soon after a stop. At
-the end it takes the final metrics from the run's evaluator (sidecar.py), or evaluates in a
-process of its own (evaluate.py), and writes summary.json.
+the end it takes the final metrics from the run's evaluator (SidecarBackend), or evaluates in
+a process of its own (evaluate.py), and writes summary.json.
+
+The evaluator (--coordinator --evaluator) is a sidecar, as tf-keras's SidecarEvaluator is,
+outside the coordinator's cluster (its TF_CONFIG names only itself: an evaluator in the
+coordinator's cluster hangs it, TensorFlow #46169). It evaluates each new checkpoint for
+TensorBoard's eval/ run, and leaves the metrics of the first at or past --train_steps for the
+coordinator's summary.json.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -25,18 +33,23 @@ import tensorflow as tf
 import tf_keras as keras
 from absl import logging
 
-from tfconfig_slurm.backends.keras.backend import TrainingBackendBase
-from tfconfig_slurm.backends.keras.data import experiment_dataset
-from tfconfig_slurm.backends.keras.model_dir import (
+from tfconfig_slurm.backends.keras.backend import (
+    KerasBackendBase,
     Saver,
+    TrainingBackendBase,
+    built_model,
+    eval_batches,
+    evaluate_checkpoint,
+    experiment_dataset,
     restored,
     write_eval_scalars,
+    write_scalars,
 )
 from tfconfig_slurm.cluster.layout import CHIEF
-from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import reports
+from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import hang_watch, keras_run
 from tfconfig_slurm.process.task.lifecycle import Ending, TrainingSettings
 from tfconfig_slurm.process.task.throughput import Throughput, epoch_steps
@@ -57,10 +70,28 @@ class CoordinatorBackend(TrainingBackendBase):
         return (f"coordinating {workers} worker(s) and {servers} parameter server(s)",)
 
     def _set_up(self) -> _Coordinator:
-        if self._coordinator is None:
-            self._coordinator = _Coordinator.set_up(
-                self._experiment, self._settings, self._cluster_role, self._stop
-            )
+        if self._coordinator is not None:
+            return self._coordinator
+        settings, role = self._settings, self._cluster_role
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        strategy = tf.distribute.ParameterServerStrategy(
+            resolver,
+            variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(
+                min_shard_bytes=_MIN_SHARD_BYTES, max_shards=role.ps_count
+            ),
+        )
+        directory = settings.model_dir
+        model, checkpoint, start = restored(strategy, self._experiment, settings.params, directory)
+        saver = Saver(
+            checkpoint,
+            directory,
+            role,
+            settings.keep_checkpoint_max,
+            restored=start,
+            stop=self._stop,
+        )
+        writer = tf.summary.create_file_writer(str(directory))
+        self._coordinator = _Coordinator(strategy, model, saver, writer)
         return self._coordinator
 
     def train(self, end: Callable[[Ending], Any]) -> Any:
@@ -100,7 +131,7 @@ class CoordinatorBackend(TrainingBackendBase):
         return epochs.result
 
     def _report(self, epochs: _Epochs, started: float) -> None:
-        """The final checkpoint's metrics, from the run's evaluator (sidecar.py) or evaluated
+        """The final checkpoint's metrics, from the run's evaluator (SidecarBackend) or evaluated
         here; summary.json."""
         directory, role = self._settings.model_dir, self._cluster_role
         marker = reports.marker(role, self._settings.train_steps)
@@ -188,35 +219,6 @@ class _Coordinator(NamedTuple):
     saver: Saver
     writer: Any
 
-    @classmethod
-    def set_up(
-        cls,
-        experiment: KerasExperiment,
-        settings: TrainingSettings,
-        role: ClusterRole,
-        stop: preemption.StopRequest,
-    ) -> _Coordinator:
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        strategy = tf.distribute.ParameterServerStrategy(
-            resolver,
-            variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(
-                min_shard_bytes=_MIN_SHARD_BYTES, max_shards=role.ps_count
-            ),
-        )
-        model, checkpoint, start = restored(
-            strategy, experiment, settings.params, settings.model_dir
-        )
-        saver = Saver(
-            checkpoint,
-            settings.model_dir,
-            role,
-            settings.keep_checkpoint_max,
-            restored=start,
-            stop=stop,
-        )
-        writer = tf.summary.create_file_writer(str(settings.model_dir))
-        return cls(strategy, model, saver, writer)
-
 
 class _InFlight(keras.callbacks.Callback):  # type: ignore[misc]
     """Holds the coordinator to STEPS_A_WORKER scheduled steps a worker not yet done, and ends
@@ -266,33 +268,30 @@ class _Epochs(keras.callbacks.Callback):  # type: ignore[misc]
         # A line each epoch of `every` steps.
         self.meter = Throughput(every)
         self.result: Any = None
-        self._train_steps = settings.train_steps
-        self._batch_size = settings.params["batch_size"]
+        self._settings = settings
         self._cadence = keras_run.CheckpointCadence.of(
             settings.save_checkpoints_steps, settings.save_checkpoints_secs
         )
-        self._saver = coordinator.saver
+        self._coordinator = coordinator
         self._stop = stop
-        self._writer = coordinator.writer
-        self._optimizer = coordinator.model.optimizer
         self._finish = finish
 
     def on_epoch_end(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         # Every step scheduled has run by now (at least once: a step a lost worker had begun
         # may run again elsewhere): the optimizer's iterations are the global step.
-        step = int(self._optimizer.iterations.numpy())
+        step = int(self._coordinator.model.optimizer.iterations.numpy())
         steps, self.step = step - self.step, step
         loss = float((logs or {}).get("loss", 0.0))
-        rates = self.meter.step(step, steps * self._batch_size, loss, steps=steps)
+        rates = self.meter.step(
+            step, steps * self._settings.params["batch_size"], loss, steps=steps
+        )
         if rates is not None:
-            with self._writer.as_default(step=step):
-                tf.summary.scalar("loss", loss)
-                if rates.examples_per_sec is not None:
-                    tf.summary.scalar("examples_per_sec", rates.examples_per_sec)
-                tf.summary.scalar("global_steps_per_sec", rates.global_steps_per_sec)
-            self._writer.flush()
+            scalars = {"loss": loss, "global_steps_per_sec": rates.global_steps_per_sec}
+            if rates.examples_per_sec is not None:
+                scalars["examples_per_sec"] = rates.examples_per_sec
+            write_scalars(self._coordinator.writer, scalars, step)
         if self._cadence.by_steps(step - steps, step) or self._cadence.by_time():
-            self._saver.save(step)
+            self._coordinator.saver.save(step)
             self._cadence.saved()
         if self._stop.requested and self.stopped_on is None:
             self.stopped_on = self._stop.signal_name
@@ -300,5 +299,82 @@ class _Epochs(keras.callbacks.Callback):  # type: ignore[misc]
             self.model.stop_training = True
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
-        if self.stopped_on or self.step >= self._train_steps:
+        if self.stopped_on or self.step >= self._settings.train_steps:
             self.result = self._finish()
+
+
+class SidecarBackend(KerasBackendBase):
+    """The evaluator task: each new checkpoint evaluated, until the final step's."""
+
+    _sidecar: _Sidecar | None = None
+
+    def checkpoint_step(self) -> int | None:
+        return _step_of(tf.train.latest_checkpoint(str(self._settings.model_dir)))
+
+    def start_details(self) -> tuple[str, ...]:
+        return ("evaluating each new checkpoint, outside the coordinator's cluster",)
+
+    def _set_up(self) -> _Sidecar:
+        if self._sidecar is None:
+            model = built_model(self._experiment, self._settings.params)
+            writer = tf.summary.create_file_writer(str(self._settings.model_dir / "eval"))
+            self._sidecar = _Sidecar(model, writer)
+        return self._sidecar
+
+    def train(self, end: Callable[[Ending], Any]) -> Any:
+        sidecar, settings, stop = self._set_up(), self._settings, self._stop
+        # Until the coordinator has gone, whatever signal this task got: a stopping coordinator
+        # may still finish its last steps and wait for their result.
+        gone = threading.Event()
+
+        def lost(name: str, address: str, silent_for: float) -> None:
+            if not stop.requested:
+                watchdog.exit_on_lost(name, address, silent_for)
+            gone.set()
+
+        watchdog.PeerWatch(
+            self._cluster_role.named(CHIEF), on_lost=lost, on_finished=lambda name: gone.set()
+        )
+        batches = eval_batches(self._experiment, settings.params)
+        run = reports.marker(self._cluster_role, settings.train_steps)
+        for path in tf.train.checkpoints_iterator(
+            str(settings.model_dir), timeout=timing.CHECKPOINT_LOOK_SECONDS, timeout_fn=gone.is_set
+        ):
+            step = _step_of(path)
+            if step is None:
+                continue
+            try:
+                evaluated = evaluate_checkpoint(sidecar.model, path, batches, settings.eval_steps)
+            except tf.errors.OpError as error:
+                if step >= settings.train_steps:
+                    # No later checkpoint will come: the coordinator evaluates this one itself.
+                    logging.warning("evaluator 0: cannot evaluate %s: %s", path, error.message)
+                    why = f"{path}: {error.message}"
+                    reports.write_evaluator_gave_up(settings.model_dir, run, why)
+                    return end(Ending(None))
+                # The coordinator deletes old checkpoints (--keep_checkpoint_max) as it saves,
+                # maybe the one being read: the next one will come.
+                logging.warning("evaluator 0: skipped %s: %s", path, error.message)
+                continue
+            metrics = {**evaluated, "global_step": step}
+            logging.info("evaluator 0: step %d: %s", step, reports.metric_text(metrics))
+            write_scalars(sidecar.writer, metrics, step)
+            if step >= settings.train_steps:
+                reports.write_evaluator_result(settings.model_dir, run, metrics)
+                return end(Ending(None))
+        if not stop.requested:
+            logging.warning("evaluator 0: the coordinator ended before its final step")
+        return end(Ending(stop.signal_name if stop.requested else None))
+
+
+class _Sidecar(NamedTuple):
+    """The evaluator, set up: the experiment's model and the eval/ writer."""
+
+    model: Any
+    writer: Any
+
+
+def _step_of(path: str | None) -> int | None:
+    """The global step a checkpoint's path is numbered by (ckpt-<step>)."""
+    number = re.search(r"-(\d+)$", path or "")
+    return int(number.group(1)) if number else None

@@ -21,9 +21,9 @@ def main() -> None:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf  # noqa: PLC0415
 
-    from tfconfig_slurm.backends.keras.data import eval_batches  # noqa: PLC0415
-    from tfconfig_slurm.backends.keras.model_dir import (  # noqa: PLC0415
+    from tfconfig_slurm.backends.keras.backend import (  # noqa: PLC0415
         built_model,
+        eval_batches,
         evaluate_checkpoint,
     )
     from tfconfig_slurm.process.user_code import experiment as experiment_lib  # noqa: PLC0415

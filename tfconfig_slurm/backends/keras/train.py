@@ -20,24 +20,22 @@ import tf_keras as keras
 from absl import logging
 from tensorflow.python.eager import context
 
-from tfconfig_slurm.backends.keras.backend import TrainingBackendBase
-from tfconfig_slurm.backends.keras.data import eval_batches, experiment_dataset
-from tfconfig_slurm.backends.keras.model_dir import (
+from tfconfig_slurm.backends.keras.backend import (
     Saver,
+    TrainingBackendBase,
+    eval_batches,
+    experiment_dataset,
     export,
     restored,
     write_eval_scalars,
     write_scalars,
 )
-from tfconfig_slurm.cluster.role import ClusterRole
-from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import model_dir, reports
 from tfconfig_slurm.process.records.owner import owns_run
 from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import hang_watch, keras_run
 from tfconfig_slurm.process.task.keras_run import FitRun, watched_peers
-from tfconfig_slurm.process.task.lifecycle import Ending, TrainingSettings
-from tfconfig_slurm.process.user_code.experiment import KerasExperiment
+from tfconfig_slurm.process.task.lifecycle import Ending
 
 # How long a trainer waits at the end for the others, before it leaves anyway.
 _END_BARRIER_MS = 120_000
@@ -63,12 +61,31 @@ class KerasBackend(TrainingBackendBase, FitRun):
 
     def _set_up(self) -> _Trainer:
         """The strategy, the model restored, the watch of the neighbours (once)."""
-        if self._trainer is None:
-            self._trainer = _Trainer.set_up(
-                self._experiment, self._settings, self._role, self._stop
-            )
-            # The strategy took SIGTERM as it was made.
-            self._stop.listen_again()
+        if self._trainer is not None:
+            return self._trainer
+        role, settings, directory = self._role, self._settings, self._settings.model_dir
+        # Before any other TensorFlow call, as the strategy requires.
+        strategy = (
+            tf.distribute.MultiWorkerMirroredStrategy()
+            if role is not None
+            else tf.distribute.get_strategy()
+        )
+        peers = watched_peers(role)
+        model, checkpoint, start = restored(strategy, self._experiment, settings.params, directory)
+        if role is not None:
+            _check_same_start(strategy, start, directory)
+        writer = tf.summary.create_file_writer(str(directory)) if owns_run(role) else None
+        saver = Saver(
+            checkpoint,
+            directory,
+            role,
+            settings.keep_checkpoint_max,
+            restored=start,
+            stop=self._stop,
+        )
+        self._trainer = _Trainer(strategy, model, saver, writer, peers)
+        # The strategy took SIGTERM as it was made.
+        self._stop.listen_again()
         return self._trainer
 
     def train(self, end: Callable[[Ending], Any]) -> Any:
@@ -76,8 +93,9 @@ class KerasBackend(TrainingBackendBase, FitRun):
         started, resumed_at = time.monotonic(), trainer.saver.last
         progress = self._fit_steps(
             resumed_at,
+            # Of the replicas this process drives (its GPUs, or one).
             examples_per_step=settings.params["batch_size"]
-            * _local_replicas(trainer.strategy, role),
+            * (trainer.strategy.num_replicas_in_sync // (role.trainers if role else 1)),
             scalars=(
                 None if trainer.writer is None else functools.partial(write_scalars, trainer.writer)
             ),
@@ -95,8 +113,15 @@ class KerasBackend(TrainingBackendBase, FitRun):
                 return finish()
             inside = _FinishInside(finish)
             hang_watch.began(progress.step)
+            # In a cluster each trainer's own batches, sharded by params["trainer_index"]
+            # (distribute_datasets_from_function splits no batch).
+            batches = functools.partial(
+                experiment_dataset, self._experiment, "train", settings.params
+            )
             trainer.model.fit(
-                _train_batches(trainer.strategy, self._experiment, settings.params, role),
+                batches()
+                if role is None
+                else trainer.strategy.distribute_datasets_from_function(lambda _: batches()),
                 epochs=1,
                 steps_per_epoch=settings.train_steps - progress.step,
                 callbacks=[keras_run.callback(keras.callbacks.Callback, progress), inside],
@@ -131,7 +156,14 @@ class KerasBackend(TrainingBackendBase, FitRun):
             peers.stop()
 
     def _end_together(self) -> None:
-        _end_together(self._role)
+        """Waits for the other trainers here: a trainer that leaves first fails the others'
+        coordination-service heartbeats."""
+        if self._role is None:
+            return
+        try:
+            context.context().wait_at_barrier("tfconfig_slurm_end", _END_BARRIER_MS)
+        except tf.errors.OpError as error:
+            logging.warning("the other trainers did not all reach the end: %s", error.message)
 
 
 class _Trainer(NamedTuple):
@@ -144,31 +176,6 @@ class _Trainer(NamedTuple):
     writer: Any
     peers: watchdog.PeerWatch | None
 
-    @classmethod
-    def set_up(
-        cls,
-        experiment: KerasExperiment,
-        settings: TrainingSettings,
-        role: ClusterRole | None,
-        stop: preemption.StopRequest,
-    ) -> _Trainer:
-        # Before any other TensorFlow call, as the strategy requires.
-        strategy = (
-            tf.distribute.MultiWorkerMirroredStrategy()
-            if role is not None
-            else tf.distribute.get_strategy()
-        )
-        directory = settings.model_dir
-        peers = watched_peers(role)
-        model, checkpoint, start = restored(strategy, experiment, settings.params, directory)
-        if role is not None:
-            _check_same_start(strategy, start, directory)
-        writer = tf.summary.create_file_writer(str(directory)) if owns_run(role) else None
-        saver = Saver(
-            checkpoint, directory, role, settings.keep_checkpoint_max, restored=start, stop=stop
-        )
-        return cls(strategy, model, saver, writer, peers)
-
 
 def _check_same_start(strategy: tf.distribute.Strategy, start: int, directory: Path) -> None:
     """Every trainer must have restored the same checkpoint. Where the nodes do not share the
@@ -177,27 +184,6 @@ def _check_same_start(strategy: tf.distribute.Strategy, start: int, directory: P
     gather = _collective(strategy, lambda context, step: context.all_gather(step, axis=0))
     steps = gather(tf.constant([start], tf.int64))
     model_dir.check_same_start(directory, [int(step) for step in steps], "trainers")
-
-
-def _local_replicas(strategy: tf.distribute.Strategy, role: ClusterRole | None) -> int:
-    """The replicas this process drives (its GPUs, or one)."""
-    replicas: int = strategy.num_replicas_in_sync
-    return replicas // (role.trainers if role is not None else 1)
-
-
-def _train_batches(
-    strategy: tf.distribute.Strategy,
-    experiment: KerasExperiment,
-    params: Mapping[str, Any],
-    role: ClusterRole | None,
-) -> Any:
-    """The experiment's training batches; in a cluster each trainer's own, sharded by
-    params["trainer_index"] (distribute_datasets_from_function splits no batch)."""
-    if role is None:
-        return experiment_dataset(experiment, "train", params)
-    return strategy.distribute_datasets_from_function(
-        lambda context: experiment_dataset(experiment, "train", params)
-    )
 
 
 class _FinishInside(keras.callbacks.Callback):  # type: ignore[misc]
@@ -236,14 +222,3 @@ def _collective(
 
     graph = tf.function(lambda value: strategy.run(replica, args=(value,)))
     return lambda value: strategy.experimental_local_results(graph(value))[0].numpy()
-
-
-def _end_together(role: ClusterRole | None) -> None:
-    """Waits for the other trainers here: a trainer that leaves first fails the others'
-    coordination-service heartbeats."""
-    if role is None:
-        return
-    try:
-        context.context().wait_at_barrier("tfconfig_slurm_end", _END_BARRIER_MS)
-    except tf.errors.OpError as error:
-        logging.warning("the other trainers did not all reach the end: %s", error.message)

@@ -1,6 +1,6 @@
 """The Keras 3 backend, on JAX: one process, or one of a run's processes trained as one mesh
 (keras.distribution.DataParallel over every process's devices, or ModelParallel by the
-experiment's LayoutMap: mesh.py), for the lifecycle of process/task/lifecycle.py.
+experiment's LayoutMap: processes.py), for the lifecycle of process/task/lifecycle.py.
 
 - Every process builds the model under the distribution, restores the model directory's
   latest checkpoint and trains the steps left to --train_steps with model.fit, on the batches
@@ -22,11 +22,12 @@ import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable, NamedTuple
 
+import jax
 import keras
 import numpy as np
 from absl import logging
 
-from tfconfig_slurm.backends.keras3 import feed, mesh, processes
+from tfconfig_slurm.backends.keras3 import processes
 from tfconfig_slurm.backends.keras3.model_dir import (
     Checkpoints,
     Events,
@@ -45,7 +46,7 @@ from tfconfig_slurm.process.records.owner import owns_run
 from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import hang_watch, keras_run
 from tfconfig_slurm.process.task.keras_run import FitRun, watched_peers
-from tfconfig_slurm.process.task.lifecycle import Ending, Hparam, TaskRun, TrainingSettings
+from tfconfig_slurm.process.task.lifecycle import Ending, Hparam
 from tfconfig_slurm.process.task.look_ahead import LookAhead
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
@@ -61,6 +62,13 @@ python_logging.getLogger("jax._src.xla_bridge").setLevel(python_logging.WARNING)
 # shuffled by fit; the eval set ends where evaluate reads it whole.
 warnings.filterwarnings("ignore", message="`shuffle=True` was passed", module="keras")
 warnings.filterwarnings("ignore", message="Your input ran out of data", module="keras")
+# What a collective raises where a peer is gone, among other failures: JAX's runtime error,
+# or where gloo fails in a gather, a ValueError (seen: `UNKNOWN: Gloo AllGather failed: ...
+# Connection closed by peer`, in an evaluation).
+_COLLECTIVE_ERRORS = (jax.errors.JaxRuntimeError, ValueError)
+# How those read where a peer is gone (not this process's own failure, an out-of-memory or a
+# compiler's): gloo's "Connection closed by peer" (seen), a reset connection, an unreachable peer.
+_LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "UNAVAILABLE")
 
 
 class Keras3Backend(FitRun):
@@ -70,8 +78,38 @@ class Keras3Backend(FitRun):
     _process: _Process | None = None
 
     def _set_up(self) -> _Process:
-        if self._process is None:
-            self._process = _Process.set_up(self._experiment, self._settings, self._task)
+        if self._process is not None:
+            return self._process
+        experiment, settings, role = self._experiment, self._settings, self._role
+        port = contextlib.ExitStack()
+        if role is not None and role.role != CHIEF:
+            port.enter_context(watchdog.answering(role))
+        processes.start(role)
+        with _others_end_first(role):
+            processes_ = role.trainers if role is not None else 1
+            mesh_ = processes.set_up_mesh(experiment, settings.params, processes_)
+            params = {
+                **settings.params,
+                "num_trainers": mesh_.data_shares,
+                "trainer_index": mesh_.data_share,
+            }
+            peers = watched_peers(role)
+            if role is not None:
+                # Every process must have restored the same checkpoint: where the nodes do not
+                # share the model directory, a process finds none where the chief restores one.
+                # Checked before any step of JAX's: a process restoring a checkpoint makes other
+                # collectives than one that finds none, which JAX takes for a mismatch.
+                with _a_lost_peer_named(peers):
+                    start = history.checkpoint_step(settings.model_dir) or 0
+                    starts = [int(each) for each in processes.gather([start])[:, 0]]
+                    model_dir.check_same_start(settings.model_dir, starts, "processes")
+            model = built_model(experiment, params)
+            checkpoints = Checkpoints(
+                model, settings.model_dir, role, settings.keep_checkpoint_max, stop=self._stop
+            )
+            events = Events(settings.model_dir) if owns_run(role) else None
+            shape = (processes_, mesh_.devices)
+            self._process = _Process(model, checkpoints, events, mesh_, params, shape, peers, port)
         return self._process
 
     def checkpoint_step(self) -> int:
@@ -97,21 +135,19 @@ class Keras3Backend(FitRun):
             events.hparams(hparams, trial_id)
 
     def train(self, end: Callable[[Ending], Any]) -> Any:
-        with _others_end_first(self._role), _a_lost_peer_named(self._set_up().peers):
-            return self._train(end)
-
-    def _train(self, end: Callable[[Ending], Any]) -> Any:
-        process, settings, role = self._set_up(), self._settings, self._role
-        started, resumed_at = time.monotonic(), process.checkpoints.last
-        progress = self._fit_steps(
-            resumed_at,
-            examples_per_step=settings.params["batch_size"],
-            scalars=None if process.events is None else process.events.scalars,
-            sum_votes=None if role is None else lambda votes: processes.gather(votes).sum(axis=0),
-            save=process.checkpoints.save,
-        )
-        self._fit(process, progress)
-        return self._fit_ended(progress, (started, resumed_at), end, write_eval_scalars)
+        role = self._role
+        with _others_end_first(role), _a_lost_peer_named(self._set_up().peers):
+            process = self._set_up()
+            started, resumed_at = time.monotonic(), process.checkpoints.last
+            progress = self._fit_steps(
+                resumed_at,
+                examples_per_step=self._settings.params["batch_size"],
+                scalars=None if process.events is None else process.events.scalars,
+                sum_votes=None if role is None else lambda votes: processes.gather(votes).sum(0),
+                save=process.checkpoints.save,
+            )
+            self._fit(process, progress)
+            return self._fit_ended(progress, (started, resumed_at), end, write_eval_scalars)
 
     def _fit(self, process: _Process, progress: keras_run.FitSteps) -> None:
         """Trains the steps left to --train_steps, or until a stop is agreed on."""
@@ -151,11 +187,16 @@ class Keras3Backend(FitRun):
             )
 
     def _fed(self, batches: Any, steps: int) -> LookAhead | None:
-        """An experiment's generator, read ahead to --train_steps (feed.py); None for a
-        keras.utils.PyDataset or a tf.data.Dataset, which read ahead themselves, and which are
-        refused with --steps_per_execution: fit would read them past --train_steps."""
+        """An experiment's generator, read ahead to --train_steps (process/task/look_ahead.py:
+        at most the steps left, read on a thread of their own and placed there, _placement);
+        None for a keras.utils.PyDataset or a tf.data.Dataset, which read ahead themselves,
+        and which are refused with --steps_per_execution: fit would read them past
+        --train_steps. fit runs --steps_per_execution steps a call and reads that many batches
+        each; the last call would run past --train_steps (Keras's epoch iterator asks for whole
+        executions), so the batches end there and the call runs the steps left. Called on the
+        training thread, where Keras keeps the run's distribution (per thread)."""
         if hasattr(batches, "__next__"):
-            return feed.fed(batches, steps)
+            return LookAhead(batches, steps, _placement(keras.distribution.distribution()))
         if (self._settings.steps_per_execution or 1) > 1:
             raise UsageError(
                 "--steps_per_execution",
@@ -194,10 +235,28 @@ class Keras3Backend(FitRun):
         export(self._set_up().model, self._settings.model_dir, self._experiment.name, self._role)
 
     def _stop_watching(self) -> None:
-        self._set_up().stop_watching()
+        # This process's port answers until it ends (_end_together).
+        process = self._set_up()
+        if process.peers is not None:
+            process.peers.stop()
+        if process.events is not None:
+            process.events.close()
 
     def _end_together(self) -> None:
-        _end_together(self._role)
+        """The chief, whose process holds the run's JAX service, ends last: the others' JAX
+        clients abort their process once the service is gone (`Terminating process because
+        the JAX distributed service detected fatal errors`), and jax.distributed.shutdown's
+        barrier holds no process back where a lost one may not end the others
+        (processes.start). So the chief waits until every other's port, closed by its end, no
+        longer answers."""
+        role = self._role
+        if role is None or role.role != CHIEF:
+            return
+        others = role.named(WORKER)
+        watchdog.until_gone(others)
+        logging.info(
+            "the %d other process%s ended", len(others), " has" if len(others) == 1 else "es have"
+        )
 
 
 class _Process(NamedTuple):
@@ -207,7 +266,7 @@ class _Process(NamedTuple):
     model: Any
     checkpoints: Checkpoints
     events: Events | None
-    mesh: mesh.Mesh
+    mesh: processes.Mesh
     # The experiment's params, with this process's share of the training data.
     params: Mapping[str, Any]
     # (processes, devices) of the run.
@@ -215,56 +274,6 @@ class _Process(NamedTuple):
     peers: watchdog.PeerWatch | None
     # Open until the process ends, for the chief to see it gone (_end_together).
     port: contextlib.ExitStack
-
-    @classmethod
-    def set_up(
-        cls, experiment: KerasExperiment, settings: TrainingSettings, task: TaskRun
-    ) -> _Process:
-        role = task.place.role
-        port = contextlib.ExitStack()
-        if role is not None and role.role != CHIEF:
-            port.enter_context(watchdog.answering(role))
-        processes.start(role)
-        with _others_end_first(role):
-            return cls._made(experiment, settings, task, port)
-
-    @classmethod
-    def _made(
-        cls,
-        experiment: KerasExperiment,
-        settings: TrainingSettings,
-        task: TaskRun,
-        port: contextlib.ExitStack,
-    ) -> _Process:
-        role = task.place.role
-        processes_ = role.trainers if role is not None else 1
-        mesh_ = mesh.set_up(experiment, settings.params, processes_)
-        params = {
-            **settings.params,
-            "num_trainers": mesh_.data_shares,
-            "trainer_index": mesh_.data_share,
-        }
-        peers = watched_peers(role)
-        if role is not None:
-            # Before any step of JAX's: a process restoring a checkpoint makes other
-            # collectives than one that finds none, which JAX takes for a mismatch.
-            with _a_lost_peer_named(peers):
-                _check_same_start(history.checkpoint_step(settings.model_dir) or 0, settings)
-        model = built_model(experiment, params)
-        checkpoints = Checkpoints(
-            model, settings.model_dir, role, settings.keep_checkpoint_max, stop=task.stop
-        )
-        events = Events(settings.model_dir) if owns_run(role) else None
-        shape = (processes_, mesh_.devices)
-        return cls(model, checkpoints, events, mesh_, params, shape, peers, port)
-
-    def stop_watching(self) -> None:
-        """Stops watching the others, which may now end; this process's port answers until
-        it ends (_end_together)."""
-        if self.peers is not None:
-            self.peers.stop()
-        if self.events is not None:
-            self.events.close()
 
 
 @contextlib.contextmanager
@@ -288,27 +297,13 @@ def _a_lost_peer_named(peers: watchdog.PeerWatch | None) -> Iterator[None]:
     one, not as the run's own failure, which would blame a survivor and end the job."""
     try:
         yield
-    except processes.COLLECTIVE_ERRORS as error:
-        if peers is None or not processes.lost_a_peer(error):
+    except _COLLECTIVE_ERRORS as error:
+        if peers is None or not any(words in str(error) for words in _LOST_PEER):
             raise
+        first = str(error).splitlines()[0] if str(error) else ""
         peers.end_for_a_lost_peer(
-            f"the processes' collective failed ({processes.first_line(error)})", str(error)
+            f"the processes' collective failed ({type(error).__name__}: {first})", str(error)
         )
-
-
-def _end_together(role: ClusterRole | None) -> None:
-    """The chief, whose process holds the run's JAX service, ends last: the others' JAX
-    clients abort their process once the service is gone (`Terminating process because the
-    JAX distributed service detected fatal errors`), and jax.distributed.shutdown's barrier
-    holds no process back where a lost one may not end the others (processes.start). So the
-    chief waits until every other's port, closed by its end, no longer answers."""
-    if role is None or role.role != CHIEF:
-        return
-    others = role.named(WORKER)
-    watchdog.until_gone(others)
-    logging.info(
-        "the %d other process%s ended", len(others), " has" if len(others) == 1 else "es have"
-    )
 
 
 @contextlib.contextmanager
@@ -317,28 +312,19 @@ def _steps_per_execution(model: Any, steps: int | None) -> Iterator[None]:
     Keras's 1, and its evaluation as compiled: evaluate(steps=--eval_steps) would read past
     them a whole call."""
     compiled = model.steps_per_execution
-    if steps is None or compiled != 1:
-        if steps is not None and steps != compiled:
-            logging.info(
-                "--steps_per_execution=%d not applied: the experiment compiled its model with "
-                "steps_per_execution=%d",
-                steps,
-                compiled,
-            )
-        yield
-        return
-    model.steps_per_execution = steps
+    if steps is not None and compiled not in (1, steps):
+        logging.info(
+            "--steps_per_execution=%d not applied: the experiment compiled its model with "
+            "steps_per_execution=%d",
+            steps,
+            compiled,
+        )
+    if steps is not None and compiled == 1:
+        model.steps_per_execution = steps
     try:
         yield
     finally:
         model.steps_per_execution = compiled
-
-
-def _check_same_start(step: int, settings: TrainingSettings) -> None:
-    """Every process must have restored the same checkpoint: where the nodes do not share the
-    model directory, a process finds none where the chief restores one."""
-    steps = processes.gather([step])[:, 0]
-    model_dir.check_same_start(settings.model_dir, [int(each) for each in steps], "processes")
 
 
 def _check_same_weights(model: Any, role: ClusterRole | None) -> None:
@@ -416,6 +402,23 @@ def _after(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
     yield from rest
 
 
+def _placement(distribution: Any) -> Callable[[Any], Any]:
+    """How a batch is put on this process's devices before fit reads it, in one process: each
+    array (a None, such as absent sample weights, left so) as the distribution lays out data,
+    or on the default device, as Keras would (the same arrays, so Keras's own placement is then
+    a no-op). In a step of several processes, not at all: Keras makes the global array from
+    each process's part as fit reads it."""
+    if jax.process_count() > 1:
+        return lambda batch: batch
+
+    def placed(array: Any) -> Any:
+        if distribution is None:
+            return jax.device_put(array)
+        return jax.device_put(array, distribution.get_data_layout(array.shape).backend_layout)
+
+    return lambda batch: keras.tree.map_structure(placed, batch, none_is_leaf=False)
+
+
 def _whole_parts(batches: Any, parts: int) -> Any:
     """The eval batches, each of a multiple of `parts` examples, as JAX splits a process's
     batch over its devices (a last batch of 39 digits over 2 devices failed the evaluation of
@@ -424,27 +427,25 @@ def _whole_parts(batches: Any, parts: int) -> Any:
     Batches other than tuples of arrays (a PyDataset, a tf.data.Dataset) go as they are."""
     if parts == 1 or not hasattr(batches, "__next__"):
         return batches
-    return _padded(batches, parts)
+    return (_padded(batch, parts) for batch in batches)
 
 
-def _padded(batches: Iterator[Any], parts: int) -> Iterator[Any]:
-    for batch in batches:
-        if not isinstance(batch, tuple) or len(batch) not in (2, 3):
-            yield batch
-            continue
-        inputs, targets, *weighed = batch
-        count = len(keras.tree.flatten(inputs)[0])
-        weights = weighed[0] if weighed and weighed[0] is not None else np.ones(count, np.float32)
-        short = -count % parts
+def _padded(batch: Any, parts: int) -> Any:
+    if not isinstance(batch, tuple) or len(batch) not in (2, 3):
+        return batch
+    inputs, targets, *weighed = batch
+    count = len(keras.tree.flatten(inputs)[0])
+    weights = weighed[0] if weighed and weighed[0] is not None else np.ones(count, np.float32)
+    short = -count % parts
 
-        def padded(array: Any, short: int = short) -> Any:
-            return np.concatenate([array, np.repeat(array[-1:], short, axis=0)])
+    def padded(array: Any) -> Any:
+        return np.concatenate([array, np.repeat(array[-1:], short, axis=0)])
 
-        yield (
-            keras.tree.map_structure(padded, inputs),
-            keras.tree.map_structure(padded, targets),
-            np.concatenate([weights, np.zeros(short, np.float32)]),
-        )
+    return (
+        keras.tree.map_structure(padded, inputs),
+        keras.tree.map_structure(padded, targets),
+        np.concatenate([weights, np.zeros(short, np.float32)]),
+    )
 
 
 class _Callbacks(keras.callbacks.CallbackList):  # type: ignore[misc]
