@@ -32,13 +32,12 @@ from collections.abc import Sequence
 from absl import flags
 
 from tfconfig_slurm.cluster import ClusterLayout, data_path, render
-from tfconfig_slurm.commands import json_flag, layout_flags, plan_flags, task_config
+from tfconfig_slurm.commands import json_flag, layout_flags, plan_flags
 from tfconfig_slurm.commands.cli import run_cli
+from tfconfig_slurm.commands.main import PROGRAM, print_task
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.task import hang_watch
-
-PROGRAM = task_config.PROGRAM
 
 EXPORT = flags.DEFINE_boolean(
     "export", False, "Print shell export lines for TF_CONFIG and CUDA_VISIBLE_DEVICES."
@@ -131,7 +130,7 @@ def main(argv: Sequence[str]) -> None:
             "outside a job step there is no task to print a TF_CONFIG for; add --explain",
         )
     else:
-        task_config.print_task(PROGRAM, layout, rank, export=EXPORT.value)
+        print_task(layout, rank, export=EXPORT.value)
         return
     sys.stdout.write(output)
 
