@@ -81,6 +81,12 @@ def main(argv: Sequence[str]) -> int | None:
     requeue_on = {preempt.name} if preempt else set()
     if runtime_flags.REQUEUE_ON_SIGTERM.value:
         requeue_on.add(signal.SIGTERM.name)
+    stop_policy = preemption.StopPolicy(
+        requeue_on,
+        runtime_flags.MAX_REQUEUES.value,
+        time_limit_signal=preempt.name if preempt else None,
+        time_limit_margin=runtime_flags.TIME_LIMIT_MARGIN.value,
+    )
     spec = _checked_experiment()
     # Checked before TensorFlow is imported, so that bad input fails at once.
     name, _ = experiment_lib.locate(spec)
@@ -89,28 +95,18 @@ def main(argv: Sequence[str]) -> int | None:
     job = read_slurm_job(os.environ)
     directory, hparams = run_directory.chosen(name, job)
     with refusal.recording(directory, job):
-        return _start(
-            spec,
-            kind,
-            job=job,
-            hparams=hparams,
-            directory=directory,
-            stop=stop,
-            preempt=preempt,
-            requeue_on=requeue_on,
-        )
+        return _start(spec, kind, job, hparams, directory, stop=stop, stop_policy=stop_policy)
 
 
 def _start(
     spec: str,
     kind: str,
-    *,
     job: SlurmJob | None,
     hparams: str,
     directory: Path,
+    *,
     stop: preemption.StopRequest,
-    preempt: signal.Signals | None,
-    requeue_on: set[str],
+    stop_policy: preemption.StopPolicy,
 ) -> int | None:
     """The task's layout and place checked, then its run (or a local cluster's, or the model
     directory printed for a batch script)."""
@@ -131,7 +127,9 @@ def _start(
         claim.check(directory, claim.this_holder(job), named)
         run_directory.check_trainable([directory], spec, kind, policy.coordinator, named)
     if runtime_flags.PRINT_MODEL_DIR.value:
-        _print_model_dir(directory)
+        # On stderr, what training there would do.
+        sys.stdout.write(f"{directory}\n")
+        sys.stderr.write(f"{history.before_start(directory, runtime_flags.TRAIN_STEPS.value)}\n")
         return 0
     if counts is not None:
         return _launched(counts, directory, named, job, policy=policy, stop=stop)
@@ -144,12 +142,7 @@ def _start(
             model_dir=directory,
             naming=named,
             stop=stop,
-            stop_policy=preemption.StopPolicy(
-                requeue_on,
-                runtime_flags.MAX_REQUEUES.value,
-                time_limit_signal=preempt.name if preempt else None,
-                time_limit_margin=runtime_flags.TIME_LIMIT_MARGIN.value,
-            ),
+            stop_policy=stop_policy,
             environ=os.environ,
             job=job,
             hang_seconds=hang_seconds,
@@ -196,12 +189,6 @@ def _check_one_answer() -> None:
             "this one for the model directory",
             "leave both out of a batch script's flags: launch/train.sbatch asks for each itself",
         )
-
-
-def _print_model_dir(directory: Path) -> None:
-    """--print_model_dir's answer, and on stderr what training there would do."""
-    sys.stdout.write(f"{directory}\n")
-    sys.stderr.write(f"{history.before_start(directory, runtime_flags.TRAIN_STEPS.value)}\n")
 
 
 def _local_cluster(kind: str, policy: LayoutPolicy) -> dict[str, int] | None:

@@ -20,6 +20,7 @@ an error, else the highest). Imports no TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -148,7 +149,9 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
         SETTLE.value,
         every=1.0,
     )
-    jobs, own = _queued_jobs(), _this_job(os.environ)
+    # This process's job as squeue names it (an array task as 41_3); "" outside SLURM.
+    job = read_slurm_job(os.environ)
+    jobs, own = _queued_jobs(), job.name if job else ""
     if jobs is not None and own in jobs:
         # Asked by a batch script once its step is over: its own job is ending.
         jobs[own] = _ENDING
@@ -230,12 +233,6 @@ def _logs(paths: run_dir.RunDir) -> str:
     return f"; task logs in {paths.logs}" if paths.logs.is_dir() else ""
 
 
-def _this_job(environ: Mapping[str, str]) -> str:
-    """This process's job as squeue names it (an array task as 41_3); "" outside SLURM."""
-    job = read_slurm_job(environ)
-    return job.name if job else ""
-
-
 def _say_no_runs(root: Path) -> None:
     """On stderr, beside the empty table: given a run's own directory, its output root."""
     hint = ""
@@ -263,14 +260,20 @@ def _readable_run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any
     else:
         if not paths.state.exists():
             return None
+    return _line(folder, _UNREADABLE)
+
+
+def _line(folder: Path, state: str, **given: Any) -> dict[str, Any]:
+    """A line no run's records fill: an unreadable run's, or a job's refused at its start."""
     return {
         "experiment_id": folder.name,
-        "state": _UNREADABLE,
+        "state": state,
         **dict.fromkeys(("global_step", "examples_per_sec", "job_id", "continued_as")),
         **dict.fromkeys(("first_failure", "stopped_by", "ended_by", "updated", "refused")),
         "restarts": [],
         "eval": {},
         "hparams": {},
+        **given,
     }
 
 
@@ -304,7 +307,13 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
         # A task refused at its start records that as the run's failure too (its peers would
         # record it lost): the job was refused, as its refusal says.
         if refused is not None and (first is None or _refused_itself(first)):
-            return _refused_only(folder, refused)
+            return _line(
+                folder,
+                _REFUSED,
+                job_id=refused.job_id,
+                updated=refused.time,
+                refused=refused._asdict(),
+            )
         if first is None:
             return None
     # A trainer that took no step (a resume with nothing left to train) has no speed to add.
@@ -344,8 +353,11 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
 def _updated(paths: run_dir.RunDir) -> float | None:
     """When the run last wrote a record (progress.json moves between checkpoints); None
     where it wrote none."""
-    files = (paths.state, paths.summary, paths.checkpoint_index, paths.progress)
-    return max(map(_modified, files)) or None
+    times = []
+    for path in (paths.state, paths.summary, paths.checkpoint_index, paths.progress):
+        with contextlib.suppress(OSError):
+            times.append(path.stat().st_mtime)
+    return max(times, default=0.0) or None
 
 
 def _refused_since(
@@ -359,22 +371,6 @@ def _refused_since(
 
 _REFUSED = "refused"
 _UNREADABLE = "unreadable"
-
-
-def _refused_only(folder: Path, refused: refusal.Refusal) -> dict[str, Any]:
-    """The line of a directory where a job was refused at its start, and no run began."""
-    return {
-        "experiment_id": folder.name,
-        "state": _REFUSED,
-        **dict.fromkeys(("global_step", "examples_per_sec", "continued_as", "first_failure")),
-        **dict.fromkeys(("stopped_by", "ended_by")),
-        "job_id": refused.job_id,
-        "updated": refused.time,
-        "refused": refused._asdict(),
-        "restarts": [],
-        "eval": {},
-        "hparams": {},
-    }
 
 
 def _refused_itself(first: failure.Failure) -> bool:
@@ -467,14 +463,6 @@ def _queued_jobs() -> dict[str, str] | None:
     return dict(line.split(maxsplit=1) for line in listed.stdout.splitlines() if " " in line)
 
 
-def _modified(path: Path) -> float:
-    """The file's modification time; 0.0 where there is no file."""
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
 def _sorted(runs: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
     known = {name for run in runs for name in run["eval"]}
     if runs and metric not in known:
@@ -485,9 +473,8 @@ def _sorted(runs: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
         )
     lower_is_better = "loss" in metric or "error" in metric
     with_metric = [run for run in runs if metric in run["eval"]]
-    without = [run for run in runs if metric not in run["eval"]]
     with_metric.sort(key=lambda run: run["eval"][metric], reverse=not lower_is_better)
-    return with_metric + without
+    return with_metric + [run for run in runs if metric not in run["eval"]]
 
 
 def _table(runs: list[dict[str, Any]]) -> str:

@@ -37,15 +37,8 @@ TEST_BACKEND = "TFCONFIG_SLURM_TEST_BACKEND"
 def for_kind(kind: str, environ: Mapping[str, str]) -> Factory:
     """The factory of the backend for an experiment of `kind` (or the test backend)."""
     named = environ.get(TEST_BACKEND)
-    if named:
-        return _test_backend(named)
-    return {
-        experiment_lib.KERAS: keras,
-        experiment_lib.KERAS3: keras3,
-    }.get(kind, estimator)
-
-
-def _test_backend(named: str) -> Factory:
+    if not named:
+        return {experiment_lib.KERAS: keras, experiment_lib.KERAS3: keras3}.get(kind, estimator)
     module, _, function = named.partition(":")
     try:
         factory: Factory = getattr(importlib.import_module(module), function)
@@ -223,13 +216,10 @@ def task_threads(where: place.Place) -> tuple[Threads, str]:
         if where.role is None
         else threads_lib.for_role(where.role, cpus, own_cpus=where.own_cpus)
     )
+    intra_op, inter_op = runtime_flags.INTRA_OP_THREADS.value, runtime_flags.INTER_OP_THREADS.value
     given = Threads(
-        sized.intra_op
-        if runtime_flags.INTRA_OP_THREADS.value is None
-        else runtime_flags.INTRA_OP_THREADS.value,
-        sized.inter_op
-        if runtime_flags.INTER_OP_THREADS.value is None
-        else runtime_flags.INTER_OP_THREADS.value,
+        sized.intra_op if intra_op is None else intra_op,
+        sized.inter_op if inter_op is None else inter_op,
     )
     why = (
         "as the flags say"
