@@ -112,16 +112,6 @@ def help_asked() -> bool:
     return bool(HELP.value or HELPSHORT.value or HELPFULL.value)
 
 
-def refuse_help_among(where: str, command: str) -> None:
-    """Refuses --help among flags passed on to submitted jobs, where no one would read it."""
-    if help_asked():
-        raise UsageError(
-            "--help",
-            f"comes among {where}: the jobs would get it, not you",
-            f"ask for it alone: {command} --help",
-        )
-
-
 # What absl raises for a command line it refuses: ValueError for --noFLAG=1, and
 # UnicodeDecodeError for a --flagfile that is no text.
 FLAG_ERRORS = (flags.Error, UnicodeDecodeError, ValueError)

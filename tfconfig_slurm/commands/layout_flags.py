@@ -76,12 +76,8 @@ _PLAN_FLAGS = (
     "cpu_nodelist",
     "cpu_ntasks_per_node",
 )
-_LAYOUT_FLAGS = ("ps_per_node", "all_reduce", "roles", "evaluator", "address_template", "port_base")
-
-
-def given_layout_flags() -> list[str]:
-    """The layout flags given on the command line (or in a --flagfile), as --name."""
-    return [f"--{name}" for name in _LAYOUT_FLAGS if flags.FLAGS[name].present]
+# Every layout flag but --coordinator, which a process that trains alone refuses.
+LAYOUT_FLAGS = ("ps_per_node", "all_reduce", "roles", "evaluator", "address_template", "port_base")
 
 
 class ResolvedLayout(NamedTuple):

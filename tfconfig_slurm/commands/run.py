@@ -118,7 +118,14 @@ def _start(
     named = run_directory.naming()
     model_dir.check_writable(directory, named)
     if runtime_flags.PRINT_MAX_RESTARTS.value:
-        _check_one_answer()
+        if runtime_flags.PRINT_MODEL_DIR.value:
+            raise UsageError(
+                "--print_max_restarts",
+                "comes with --print_model_dir: a batch script reads one answer at a time, and "
+                "took this one for the model directory",
+                "leave both out of a batch script's flags: launch/train.sbatch asks for each "
+                "itself",
+            )
         sys.stdout.write(f"{max_restarts_flag.MAX_RESTARTS.value}\n")
         return 0
     if runtime_flags.PRINT_MODEL_DIR.value or counts is not None:
@@ -178,17 +185,6 @@ def _check_literal_hparams(spec: str, hparams: str) -> None:
     literal = experiment_lib.literal_hparams(spec)
     if literal is not None:
         hparams_lib.with_overrides(literal, hparams)
-
-
-def _check_one_answer() -> None:
-    """Refuses --print_max_restarts with --print_model_dir: a batch script reads one answer."""
-    if runtime_flags.PRINT_MODEL_DIR.value:
-        raise UsageError(
-            "--print_max_restarts",
-            "comes with --print_model_dir: a batch script reads one answer at a time, and took "
-            "this one for the model directory",
-            "leave both out of a batch script's flags: launch/train.sbatch asks for each itself",
-        )
 
 
 def _local_cluster(kind: str, policy: LayoutPolicy) -> dict[str, int] | None:
@@ -275,7 +271,7 @@ def _checked_experiment() -> str:
 def _check_one_process() -> None:
     """Cluster-only flags in a process that trains alone: layout flags are only warned of
     (one --flagfile may serve a job's steps and a workstation), --sync_replicas refused."""
-    if ignored := layout_flags.given_layout_flags():
+    if ignored := [f"--{name}" for name in layout_flags.LAYOUT_FLAGS if flags.FLAGS[name].present]:
         logging.warning(
             "%s: lay out the tasks of a SLURM step, and this trains in one process, so they "
             "change nothing here (--local_cluster=ps=1,workers=2 runs a cluster on this machine)",

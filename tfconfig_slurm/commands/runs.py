@@ -113,7 +113,11 @@ def main(argv: Sequence[str]) -> int:
     jobs = _queued_jobs()
     runs = [run for run in (_readable_run(folder, jobs) for folder in folders) if run]
     if not runs:
-        _say_no_runs(root)
+        # On stderr, beside the empty table: given a run's own directory, its output root.
+        hint = ""
+        if _run(root, None) is not None:
+            hint = f" HINT: {root} is a run; its output root lists it: {PROGRAM} {root.parent}"
+        sys.stderr.write(f"{PROGRAM}: no runs in {root}.{hint}\n")
     if SORT.value:
         runs = _sorted(runs, SORT.value)
     if json_flag.JSON.value:
@@ -233,14 +237,6 @@ def _logs(paths: run_dir.RunDir) -> str:
     return f"; task logs in {paths.logs}" if paths.logs.is_dir() else ""
 
 
-def _say_no_runs(root: Path) -> None:
-    """On stderr, beside the empty table: given a run's own directory, its output root."""
-    hint = ""
-    if _run(root, None) is not None:
-        hint = f" HINT: {root} is a run; its output root lists it: {PROGRAM} {root.parent}"
-    sys.stderr.write(f"{PROGRAM}: no runs in {root}.{hint}\n")
-
-
 def _readable_run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     """A run's line, or one that says its files cannot be read (state.json or summary.json
     edited, cut short or of another program), rather than a traceback or no line at all."""
@@ -306,7 +302,9 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     if not state and not paths.checkpoint_index.exists():
         # A task refused at its start records that as the run's failure too (its peers would
         # record it lost): the job was refused, as its refusal says.
-        if refused is not None and (first is None or _refused_itself(first)):
+        if refused is not None and (
+            first is None or (first.exit_status == ExitStatus.REFUSED and first.seen_by is None)
+        ):
             return _line(
                 folder,
                 _REFUSED,
@@ -371,11 +369,6 @@ def _refused_since(
 
 _REFUSED = "refused"
 _UNREADABLE = "unreadable"
-
-
-def _refused_itself(first: failure.Failure) -> bool:
-    """Whether the failure is a task's refusal of its input, said by itself."""
-    return first.exit_status == ExitStatus.REFUSED and first.seen_by is None
 
 
 def _logged_step(paths: run_dir.RunDir, state: Mapping[str, Any]) -> int | None:
@@ -481,10 +474,12 @@ def _table(runs: list[dict[str, Any]]) -> str:
     header = ("EXPERIMENT_ID", "STATE", "STEP", "EVAL", "EXAMPLES/S", "HPARAMS", "JOB", "UPDATED")
     rows = [header]
     for run in runs:
+        # What stopped or ended a run, and its restarts: (time limit; restarted 1x in ...).
+        why = "; ".join(each for each in (_stopped_by(run), _restarted(run)) if each)
         rows.append(
             (
                 run["experiment_id"],
-                run["state"] + _why(run),
+                run["state"] + (f" ({why})" if why else ""),
                 "-" if run["global_step"] is None else str(run["global_step"]),
                 _pairs(_shown(run["eval"]), 4) or "-",
                 "-" if run["examples_per_sec"] is None else f"{run['examples_per_sec']:.0f}",
@@ -525,13 +520,6 @@ def _shown(metrics: Mapping[str, Any]) -> dict[str, Any]:
         name for name in metrics if name != "global_step"
     )
     return {name: metrics[name] for name in names[:_SHOWN_METRICS]}
-
-
-def _why(run: Mapping[str, Any]) -> str:
-    """` (time limit; restarted 1x in its job: ...)`: what stopped or ended a run, and its
-    restarts."""
-    why = [each for each in (_stopped_by(run), _restarted(run)) if each]
-    return f" ({'; '.join(why)})" if why else ""
 
 
 def _stopped_by(run: Mapping[str, Any]) -> str:
