@@ -132,7 +132,7 @@ def _start(
         # A directory every task would refuse stops a batch script, or a local cluster's
         # launcher, here, in one line, before any task starts.
         claim.check(directory, claim.this_holder(job), named)
-        run_directory.check_trainable([directory], spec, kind, policy.coordinator, named)
+        runtime_backends.check_trainable([directory], spec, kind, policy.coordinator, named)
     if runtime_flags.PRINT_MODEL_DIR.value:
         # On stderr, what training there would do.
         sys.stdout.write(f"{directory}\n")

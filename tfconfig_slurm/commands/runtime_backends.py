@@ -1,13 +1,14 @@
 """The runtime's backends, one factory each (Estimator, tf-keras, its coordinator, Keras 3):
 each checks the flags against the experiment before it imports TensorFlow itself, so bad input
-is refused at once; and each task's thread pools, sized by its role."""
+is refused at once (a model directory of another backend's or experiment's before any task
+starts); and each task's thread pools, sized by its role."""
 
 from __future__ import annotations
 
 import importlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -20,7 +21,7 @@ from tfconfig_slurm.cluster.threads import Threads
 from tfconfig_slurm.commands import runtime_flags
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import console
-from tfconfig_slurm.process.records import history, reports
+from tfconfig_slurm.process.records import claim, history, reports
 from tfconfig_slurm.process.task import lifecycle, native_noise, place
 from tfconfig_slurm.process.task.settings import TrainingSettings
 from tfconfig_slurm.process.user_code import experiment as experiment_lib
@@ -58,6 +59,18 @@ def kind_of(kind: str, coordinator: bool) -> lifecycle.BackendKind:
         return lifecycle.TF_KERAS_COORDINATOR
     kinds = {experiment_lib.KERAS: lifecycle.TF_KERAS, experiment_lib.KERAS3: lifecycle.KERAS_3}
     return kinds.get(kind, lifecycle.ESTIMATOR)
+
+
+def check_trainable(
+    directories: Iterable[Path], spec: str, kind: str, coordinator: bool, named: claim.Naming
+) -> None:
+    """Refuses, in one line, the first of `directories` that every task of the run would
+    refuse at its start: another backend's checkpoints, another experiment's run."""
+    writes = kind_of(kind, coordinator).checkpoints
+    name, _ = experiment_lib.locate(spec)
+    for directory in directories:
+        history.check_resumable(directory, writes, named)
+        history.check_same_experiment(directory, name, named)
 
 
 # Threads TensorFlow picks itself: every CPU.

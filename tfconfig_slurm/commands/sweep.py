@@ -273,7 +273,8 @@ def _experiment() -> str:
 def _check_run_directories(sweep: str, count: int) -> None:
     """Each line's run directory, as its task will check it at its start: one trained by
     another experiment or backend would refuse every task of the array, once submitted."""
-    from tfconfig_slurm.commands import layout_flags  # noqa: PLC0415
+    # Here, not at the top: the sweep's command reads no more than it needs.
+    from tfconfig_slurm.commands import layout_flags, runtime_backends  # noqa: PLC0415
     from tfconfig_slurm.process.user_code import experiment as experiment_lib  # noqa: PLC0415
 
     spec = _experiment()
@@ -281,7 +282,7 @@ def _check_run_directories(sweep: str, count: int) -> None:
     named = run_directory.of_sweep(run_directory.naming(), sweep)
     root = run_directory.output_root()
     directories = (Path(root, f"{sweep}-{number}") for number in range(count))
-    run_directory.check_trainable(directories, spec, kind, coordinator, named)
+    runtime_backends.check_trainable(directories, spec, kind, coordinator, named)
 
 
 def run() -> None:
