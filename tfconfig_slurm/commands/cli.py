@@ -103,7 +103,15 @@ def _help(
             f"ask for it alone where you type commands: {command} --help",
         )
         fail(program, refused.one_line())
-    sys.stdout.write(_usage(main, full=HELPFULL.value))
+    # absl files a module's flags under its name, or the script's path when run with -m.
+    owner = sys.argv[0] if main.__module__ == "__main__" else main.__module__
+    if HELPFULL.value:
+        flag_help, absl_help = flags.FLAGS.get_help(), ""
+    else:
+        flag_help = flags.FLAGS.module_help(owner).removeprefix(f"\n{owner}:\n")
+        absl_help = f"\n{_ABSL_FLAGS}"
+    doc = sys.modules[main.__module__].__doc__ or ""
+    sys.stdout.write(f"{doc.strip()}\n\nflags:\n{flag_help}\n{absl_help}")
     sys.exit(0)
 
 
@@ -298,14 +306,3 @@ def _flagfiles(argv: Sequence[str]) -> str:
         if re.match(r"--?flagfile(=|$)", word)
     ]
     return f" (in --flagfile={', '.join(files)})" if files else ""
-
-
-def _usage(main: Main, *, full: bool) -> str:
-    module = sys.modules[main.__module__]
-    # absl files a module's flags under its name, or the script's path when run with -m.
-    owner = sys.argv[0] if main.__module__ == "__main__" else main.__module__
-    flag_help = flags.FLAGS.get_help() if full else flags.FLAGS.module_help(owner)
-    if not full:
-        flag_help = flag_help.removeprefix(f"\n{owner}:\n")
-    absl_help = "" if full else f"\n{_ABSL_FLAGS}"
-    return f"{(module.__doc__ or '').strip()}\n\nflags:\n{flag_help}\n{absl_help}"
