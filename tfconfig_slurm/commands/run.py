@@ -134,7 +134,8 @@ def _start(
         claim.check(directory, claim.this_holder(job), named)
         runtime_backends.check_trainable([directory], spec, kind, policy.coordinator, named)
     if runtime_flags.PRINT_MODEL_DIR.value:
-        # On stderr, what training there would do.
+        # The directory alone on stdout, which a batch script reads; for its user, on stderr,
+        # what training there would do.
         sys.stdout.write(f"{directory}\n")
         sys.stderr.write(f"{history.before_start(directory, runtime_flags.TRAIN_STEPS.value)}\n")
         return 0

@@ -91,7 +91,8 @@ _ENDING = "ENDING"
 def main(argv: Sequence[str]) -> int:
     if len(argv) > 2:
         raise UsageError(repr(argv[2]), "is one word too many", f"{PROGRAM} [OUTPUT_ROOT]")
-    _check_flags_go_together()
+    if RUN.value is None and SETTLE.present:
+        raise UsageError("--settle", "goes with --run", f"{PROGRAM} --run=MODEL_DIR --settle=20")
     if RUN.value is not None:
         sys.stdout.write(_standing(Path(RUN.value), argv) + "\n")
         return 0
@@ -127,12 +128,8 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
-def _check_flags_go_together() -> None:
-    """--settle goes with --run's one line; --sort and --json with the table."""
-    if RUN.value is None and SETTLE.present:
-        raise UsageError("--settle", "goes with --run", f"{PROGRAM} --run=MODEL_DIR --settle=20")
-    if RUN.value is None:
-        return
+def _standing(folder: Path, argv: Sequence[str]) -> str:
+    """--run's line: how the run in `folder` stands."""
     for holder in (SORT, json_flag.JSON):
         if holder.present:
             raise UsageError(
@@ -140,10 +137,6 @@ def _check_flags_go_together() -> None:
                 "goes with the table of runs, not --run's one line",
                 f"leave --run out: {PROGRAM} OUTPUT_ROOT --{holder.name}",
             )
-
-
-def _standing(folder: Path, argv: Sequence[str]) -> str:
-    """--run's line: how the run in `folder` stands."""
     if len(argv) > 1:
         raise UsageError(repr(argv[1]), "is one word too many with --run", f"{PROGRAM} --run=DIR")
     # A local file, read once a second: squeue and scontrol are asked once, after.
