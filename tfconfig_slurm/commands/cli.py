@@ -124,16 +124,6 @@ def help_asked() -> bool:
 # UnicodeDecodeError for a --flagfile that is no text.
 FLAG_ERRORS = (flags.Error, UnicodeDecodeError, ValueError)
 
-# Flags a user brings from Estimator scripts: ours that does their work, and what to say
-# (absl's closest name, --log_dir, is its logging's).
-_FAMILIAR = {
-    "model_dir": (
-        "output_root",
-        "runs go where --output_root says, each in its model directory "
-        "<output_root>/<experiment_id>",
-    ),
-}
-
 # absl's words for a value of the wrong type, as a user would put it.
 _EXPECTED = {
     "invalid literal for int()": "a whole number",
@@ -201,9 +191,13 @@ def _said_in_words(
         # absl's "Did you mean: a, b ?" names flags without their dashes.
         close = [f"--{name.strip()}" for name in (unknown.group(2) or "").split(",") if name]
         guess = f"; did you mean {' or '.join(close)}?" if close else ""
-        familiar = _FAMILIAR.get(unknown.group(1))
-        if familiar and familiar[0] in flags.FLAGS:
-            guess = f"; {familiar[1]}"
+        # A flag a user brings from Estimator scripts, where ours does its work (absl's
+        # closest name, --log_dir, is its logging's).
+        if unknown.group(1) == "model_dir" and "output_root" in flags.FLAGS:
+            guess = (
+                "; runs go where --output_root says, each in its model directory "
+                "<output_root>/<experiment_id>"
+            )
         return UsageError(
             f"{_as_typed(unknown.group(1), argv)}{_in_flagfile(unknown.group(1), argv)}",
             f"is not a flag of {command}{guess}",
