@@ -102,10 +102,10 @@ def test_slurm_s_environment_is_read_only_at_the_doors() -> None:
         "backends/estimator/api.py",
         "cluster/step.py",
         "commands/layout_flags.py",
+        "commands/main.py",
         "commands/run.py",
         "commands/runs.py",
         "commands/srun.py",
-        "commands/task_config.py",
         "commands/with_tfconfig.py",
         "process/task/place.py",
     ]

@@ -103,7 +103,15 @@ def _help(
             f"ask for it alone where you type commands: {command} --help",
         )
         fail(program, refused.one_line())
-    sys.stdout.write(_usage(main, full=HELPFULL.value))
+    # absl files a module's flags under its name, or the script's path when run with -m.
+    owner = sys.argv[0] if main.__module__ == "__main__" else main.__module__
+    if HELPFULL.value:
+        flag_help, absl_help = flags.FLAGS.get_help(), ""
+    else:
+        flag_help = flags.FLAGS.module_help(owner).removeprefix(f"\n{owner}:\n")
+        absl_help = f"\n{_ABSL_FLAGS}"
+    doc = sys.modules[main.__module__].__doc__ or ""
+    sys.stdout.write(f"{doc.strip()}\n\nflags:\n{flag_help}\n{absl_help}")
     sys.exit(0)
 
 
@@ -112,29 +120,9 @@ def help_asked() -> bool:
     return bool(HELP.value or HELPSHORT.value or HELPFULL.value)
 
 
-def refuse_help_among(where: str, command: str) -> None:
-    """Refuses --help among flags passed on to submitted jobs, where no one would read it."""
-    if help_asked():
-        raise UsageError(
-            "--help",
-            f"comes among {where}: the jobs would get it, not you",
-            f"ask for it alone: {command} --help",
-        )
-
-
 # What absl raises for a command line it refuses: ValueError for --noFLAG=1, and
 # UnicodeDecodeError for a --flagfile that is no text.
 FLAG_ERRORS = (flags.Error, UnicodeDecodeError, ValueError)
-
-# Flags a user brings from Estimator scripts: ours that does their work, and what to say
-# (absl's closest name, --log_dir, is its logging's).
-_FAMILIAR = {
-    "model_dir": (
-        "output_root",
-        "runs go where --output_root says, each in its model directory "
-        "<output_root>/<experiment_id>",
-    ),
-}
 
 # absl's words for a value of the wrong type, as a user would put it.
 _EXPECTED = {
@@ -203,9 +191,13 @@ def _said_in_words(
         # absl's "Did you mean: a, b ?" names flags without their dashes.
         close = [f"--{name.strip()}" for name in (unknown.group(2) or "").split(",") if name]
         guess = f"; did you mean {' or '.join(close)}?" if close else ""
-        familiar = _FAMILIAR.get(unknown.group(1))
-        if familiar and familiar[0] in flags.FLAGS:
-            guess = f"; {familiar[1]}"
+        # A flag a user brings from Estimator scripts, where ours does its work (absl's
+        # closest name, --log_dir, is its logging's).
+        if unknown.group(1) == "model_dir" and "output_root" in flags.FLAGS:
+            guess = (
+                "; runs go where --output_root says, each in its model directory "
+                "<output_root>/<experiment_id>"
+            )
         return UsageError(
             f"{_as_typed(unknown.group(1), argv)}{_in_flagfile(unknown.group(1), argv)}",
             f"is not a flag of {command}{guess}",
@@ -308,14 +300,3 @@ def _flagfiles(argv: Sequence[str]) -> str:
         if re.match(r"--?flagfile(=|$)", word)
     ]
     return f" (in --flagfile={', '.join(files)})" if files else ""
-
-
-def _usage(main: Main, *, full: bool) -> str:
-    module = sys.modules[main.__module__]
-    # absl files a module's flags under its name, or the script's path when run with -m.
-    owner = sys.argv[0] if main.__module__ == "__main__" else main.__module__
-    flag_help = flags.FLAGS.get_help() if full else flags.FLAGS.module_help(owner)
-    if not full:
-        flag_help = flag_help.removeprefix(f"\n{owner}:\n")
-    absl_help = "" if full else f"\n{_ABSL_FLAGS}"
-    return f"{(module.__doc__ or '').strip()}\n\nflags:\n{flag_help}\n{absl_help}"

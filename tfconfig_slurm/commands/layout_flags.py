@@ -7,7 +7,6 @@ flags (plan_flags.py). The runtime takes `step_policy` to process/task/place.py 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from absl import flags
 
@@ -76,19 +75,8 @@ _PLAN_FLAGS = (
     "cpu_nodelist",
     "cpu_ntasks_per_node",
 )
-_LAYOUT_FLAGS = ("ps_per_node", "all_reduce", "roles", "evaluator", "address_template", "port_base")
-
-
-def given_layout_flags() -> list[str]:
-    """The layout flags given on the command line (or in a --flagfile), as --name."""
-    return [f"--{name}" for name in _LAYOUT_FLAGS if flags.FLAGS[name].present]
-
-
-class ResolvedLayout(NamedTuple):
-    """A layout and this task's rank in it; rank is None for a layout planned from flags."""
-
-    layout: ClusterLayout
-    rank: int | None
+# Every layout flag but --coordinator, which a process that trains alone refuses.
+LAYOUT_FLAGS = ("ps_per_node", "all_reduce", "roles", "evaluator", "address_template", "port_base")
 
 
 def policy_from_flags() -> LayoutPolicy:
@@ -118,16 +106,17 @@ def as_planned(text: str) -> str:
     return text
 
 
-def resolve_layout(environ: Mapping[str, str]) -> ResolvedLayout:
-    """This task's layout from SLURM's variables, or a planned one when --nodelist is given."""
+def resolve_layout(environ: Mapping[str, str]) -> tuple[ClusterLayout, int | None]:
+    """This task's layout from SLURM's variables and its rank in it, or a planned one when
+    --nodelist is given, and no rank."""
     if plan_flags.NODELIST.value is not None:
         policy = policy_from_flags()
         try:
-            return ResolvedLayout(lay_out(plan_flags.planned_shape(policy), policy), None)
+            return lay_out(plan_flags.planned_shape(policy), policy), None
         except LayoutError as error:
             # Too few tasks for the parameter servers, where the user chose the tasks and
             # left the servers at their default: the count given is the one to change.
-            chosen = plan_flags.NTASKS_PER_NODE.present and not flags.FLAGS["ps_per_node"].present
+            chosen = plan_flags.NTASKS_PER_NODE.present and not PS_PER_NODE.present
             culprit = "--ntasks_per_node" if error.culprit == "--ps_per_node" and chosen else None
             raise LayoutError(
                 culprit or error.culprit, error.problem, as_planned(error.hint)
@@ -142,7 +131,7 @@ def resolve_layout(environ: Mapping[str, str]) -> ResolvedLayout:
     # The flags first: flags that go together in no step are refused in any.
     policy = step_policy()
     step = read_slurm_step(environ)
-    return ResolvedLayout(lay_out_step(step, policy), step.rank)
+    return lay_out_step(step, policy), step.rank
 
 
 def step_policy() -> LayoutPolicy:

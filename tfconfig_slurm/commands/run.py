@@ -81,6 +81,12 @@ def main(argv: Sequence[str]) -> int | None:
     requeue_on = {preempt.name} if preempt else set()
     if runtime_flags.REQUEUE_ON_SIGTERM.value:
         requeue_on.add(signal.SIGTERM.name)
+    stop_policy = preemption.StopPolicy(
+        requeue_on,
+        runtime_flags.MAX_REQUEUES.value,
+        time_limit_signal=preempt.name if preempt else None,
+        time_limit_margin=runtime_flags.TIME_LIMIT_MARGIN.value,
+    )
     spec = _checked_experiment()
     # Checked before TensorFlow is imported, so that bad input fails at once.
     name, _ = experiment_lib.locate(spec)
@@ -89,28 +95,18 @@ def main(argv: Sequence[str]) -> int | None:
     job = read_slurm_job(os.environ)
     directory, hparams = run_directory.chosen(name, job)
     with refusal.recording(directory, job):
-        return _start(
-            spec,
-            kind,
-            job=job,
-            hparams=hparams,
-            directory=directory,
-            stop=stop,
-            preempt=preempt,
-            requeue_on=requeue_on,
-        )
+        return _start(spec, kind, job, hparams, directory, stop=stop, stop_policy=stop_policy)
 
 
 def _start(
     spec: str,
     kind: str,
-    *,
     job: SlurmJob | None,
     hparams: str,
     directory: Path,
+    *,
     stop: preemption.StopRequest,
-    preempt: signal.Signals | None,
-    requeue_on: set[str],
+    stop_policy: preemption.StopPolicy,
 ) -> int | None:
     """The task's layout and place checked, then its run (or a local cluster's, or the model
     directory printed for a batch script)."""
@@ -122,16 +118,26 @@ def _start(
     named = run_directory.naming()
     model_dir.check_writable(directory, named)
     if runtime_flags.PRINT_MAX_RESTARTS.value:
-        _check_one_answer()
+        if runtime_flags.PRINT_MODEL_DIR.value:
+            raise UsageError(
+                "--print_max_restarts",
+                "comes with --print_model_dir: a batch script reads one answer at a time, and "
+                "took this one for the model directory",
+                "leave both out of a batch script's flags: launch/train.sbatch asks for each "
+                "itself",
+            )
         sys.stdout.write(f"{max_restarts_flag.MAX_RESTARTS.value}\n")
         return 0
     if runtime_flags.PRINT_MODEL_DIR.value or counts is not None:
         # A directory every task would refuse stops a batch script, or a local cluster's
         # launcher, here, in one line, before any task starts.
         claim.check(directory, claim.this_holder(job), named)
-        run_directory.check_trainable([directory], spec, kind, policy.coordinator, named)
+        runtime_backends.check_trainable([directory], spec, kind, policy.coordinator, named)
     if runtime_flags.PRINT_MODEL_DIR.value:
-        _print_model_dir(directory)
+        # The directory alone on stdout, which a batch script reads; for its user, on stderr,
+        # what training there would do.
+        sys.stdout.write(f"{directory}\n")
+        sys.stderr.write(f"{history.before_start(directory, runtime_flags.TRAIN_STEPS.value)}\n")
         return 0
     if counts is not None:
         return _launched(counts, directory, named, job, policy=policy, stop=stop)
@@ -144,12 +150,7 @@ def _start(
             model_dir=directory,
             naming=named,
             stop=stop,
-            stop_policy=preemption.StopPolicy(
-                requeue_on,
-                runtime_flags.MAX_REQUEUES.value,
-                time_limit_signal=preempt.name if preempt else None,
-                time_limit_margin=runtime_flags.TIME_LIMIT_MARGIN.value,
-            ),
+            stop_policy=stop_policy,
             environ=os.environ,
             job=job,
             hang_seconds=hang_seconds,
@@ -185,23 +186,6 @@ def _check_literal_hparams(spec: str, hparams: str) -> None:
     literal = experiment_lib.literal_hparams(spec)
     if literal is not None:
         hparams_lib.with_overrides(literal, hparams)
-
-
-def _check_one_answer() -> None:
-    """Refuses --print_max_restarts with --print_model_dir: a batch script reads one answer."""
-    if runtime_flags.PRINT_MODEL_DIR.value:
-        raise UsageError(
-            "--print_max_restarts",
-            "comes with --print_model_dir: a batch script reads one answer at a time, and took "
-            "this one for the model directory",
-            "leave both out of a batch script's flags: launch/train.sbatch asks for each itself",
-        )
-
-
-def _print_model_dir(directory: Path) -> None:
-    """--print_model_dir's answer, and on stderr what training there would do."""
-    sys.stdout.write(f"{directory}\n")
-    sys.stderr.write(f"{history.before_start(directory, runtime_flags.TRAIN_STEPS.value)}\n")
 
 
 def _local_cluster(kind: str, policy: LayoutPolicy) -> dict[str, int] | None:
@@ -288,7 +272,7 @@ def _checked_experiment() -> str:
 def _check_one_process() -> None:
     """Cluster-only flags in a process that trains alone: layout flags are only warned of
     (one --flagfile may serve a job's steps and a workstation), --sync_replicas refused."""
-    if ignored := layout_flags.given_layout_flags():
+    if ignored := [f"--{name}" for name in layout_flags.LAYOUT_FLAGS if flags.FLAGS[name].present]:
         logging.warning(
             "%s: lay out the tasks of a SLURM step, and this trains in one process, so they "
             "change nothing here (--local_cluster=ps=1,workers=2 runs a cluster on this machine)",

@@ -4,14 +4,12 @@ them, for the errors about the directory."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from pathlib import Path
 
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.commands import runtime_flags
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process.records import claim, history, model_dir, run_dir
-from tfconfig_slurm.process.user_code import experiment as experiment_lib
+from tfconfig_slurm.process.records import claim, model_dir, run_dir
 from tfconfig_slurm.process.user_code import hparams as hparams_lib
 
 ID_VARIABLE = "EXPERIMENT_ID"
@@ -53,21 +51,6 @@ def of_sweep(named: claim.Naming, sweep: str) -> claim.Naming:
         run_fix=f"give the sweep a file name of its own: its runs are named after it ({sweep}-0, "
         f"{sweep}-1, ...)",
     )
-
-
-def check_trainable(
-    directories: Iterable[Path], spec: str, kind: str, coordinator: bool, named: claim.Naming
-) -> None:
-    """Refuses, in one line, the first of `directories` that every task of the run would
-    refuse at its start: another backend's checkpoints, another experiment's run."""
-    # Here, not at the top: the sweep's command reads no more than it needs.
-    from tfconfig_slurm.commands import runtime_backends  # noqa: PLC0415
-
-    writes = runtime_backends.kind_of(kind, coordinator).checkpoints
-    name, _ = experiment_lib.locate(spec)
-    for directory in directories:
-        history.check_resumable(directory, writes, named)
-        history.check_same_experiment(directory, name, named)
 
 
 def _swept(sweep_file: Path, job: SlurmJob | None) -> tuple[str, str]:

@@ -20,6 +20,7 @@ an error, else the highest). Imports no TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -90,7 +91,8 @@ _ENDING = "ENDING"
 def main(argv: Sequence[str]) -> int:
     if len(argv) > 2:
         raise UsageError(repr(argv[2]), "is one word too many", f"{PROGRAM} [OUTPUT_ROOT]")
-    _check_flags_go_together()
+    if RUN.value is None and SETTLE.present:
+        raise UsageError("--settle", "goes with --run", f"{PROGRAM} --run=MODEL_DIR --settle=20")
     if RUN.value is not None:
         sys.stdout.write(_standing(Path(RUN.value), argv) + "\n")
         return 0
@@ -112,7 +114,11 @@ def main(argv: Sequence[str]) -> int:
     jobs = _queued_jobs()
     runs = [run for run in (_readable_run(folder, jobs) for folder in folders) if run]
     if not runs:
-        _say_no_runs(root)
+        # On stderr, beside the empty table: given a run's own directory, its output root.
+        hint = ""
+        if _run(root, None) is not None:
+            hint = f" HINT: {root} is a run; its output root lists it: {PROGRAM} {root.parent}"
+        sys.stderr.write(f"{PROGRAM}: no runs in {root}.{hint}\n")
     if SORT.value:
         runs = _sorted(runs, SORT.value)
     if json_flag.JSON.value:
@@ -122,12 +128,8 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
-def _check_flags_go_together() -> None:
-    """--settle goes with --run's one line; --sort and --json with the table."""
-    if RUN.value is None and SETTLE.present:
-        raise UsageError("--settle", "goes with --run", f"{PROGRAM} --run=MODEL_DIR --settle=20")
-    if RUN.value is None:
-        return
+def _standing(folder: Path, argv: Sequence[str]) -> str:
+    """--run's line: how the run in `folder` stands."""
     for holder in (SORT, json_flag.JSON):
         if holder.present:
             raise UsageError(
@@ -135,10 +137,6 @@ def _check_flags_go_together() -> None:
                 "goes with the table of runs, not --run's one line",
                 f"leave --run out: {PROGRAM} OUTPUT_ROOT --{holder.name}",
             )
-
-
-def _standing(folder: Path, argv: Sequence[str]) -> str:
-    """--run's line: how the run in `folder` stands."""
     if len(argv) > 1:
         raise UsageError(repr(argv[1]), "is one word too many with --run", f"{PROGRAM} --run=DIR")
     # A local file, read once a second: squeue and scontrol are asked once, after.
@@ -148,7 +146,9 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
         SETTLE.value,
         every=1.0,
     )
-    jobs, own = _queued_jobs(), _this_job(os.environ)
+    # This process's job as squeue names it (an array task as 41_3); "" outside SLURM.
+    job = read_slurm_job(os.environ)
+    jobs, own = _queued_jobs(), job.name if job else ""
     if jobs is not None and own in jobs:
         # Asked by a batch script once its step is over: its own job is ending.
         jobs[own] = _ENDING
@@ -230,20 +230,6 @@ def _logs(paths: run_dir.RunDir) -> str:
     return f"; task logs in {paths.logs}" if paths.logs.is_dir() else ""
 
 
-def _this_job(environ: Mapping[str, str]) -> str:
-    """This process's job as squeue names it (an array task as 41_3); "" outside SLURM."""
-    job = read_slurm_job(environ)
-    return job.name if job else ""
-
-
-def _say_no_runs(root: Path) -> None:
-    """On stderr, beside the empty table: given a run's own directory, its output root."""
-    hint = ""
-    if _run(root, None) is not None:
-        hint = f" HINT: {root} is a run; its output root lists it: {PROGRAM} {root.parent}"
-    sys.stderr.write(f"{PROGRAM}: no runs in {root}.{hint}\n")
-
-
 def _readable_run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     """A run's line, or one that says its files cannot be read (state.json or summary.json
     edited, cut short or of another program), rather than a traceback or no line at all."""
@@ -263,14 +249,20 @@ def _readable_run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any
     else:
         if not paths.state.exists():
             return None
+    return _line(folder, _UNREADABLE)
+
+
+def _line(folder: Path, state: str, **given: Any) -> dict[str, Any]:
+    """A line no run's records fill: an unreadable run's, or a job's refused at its start."""
     return {
         "experiment_id": folder.name,
-        "state": _UNREADABLE,
+        "state": state,
         **dict.fromkeys(("global_step", "examples_per_sec", "job_id", "continued_as")),
         **dict.fromkeys(("first_failure", "stopped_by", "ended_by", "updated", "refused")),
         "restarts": [],
         "eval": {},
         "hparams": {},
+        **given,
     }
 
 
@@ -303,8 +295,16 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     if not state and not paths.checkpoint_index.exists():
         # A task refused at its start records that as the run's failure too (its peers would
         # record it lost): the job was refused, as its refusal says.
-        if refused is not None and (first is None or _refused_itself(first)):
-            return _refused_only(folder, refused)
+        if refused is not None and (
+            first is None or (first.exit_status == ExitStatus.REFUSED and first.seen_by is None)
+        ):
+            return _line(
+                folder,
+                _REFUSED,
+                job_id=refused.job_id,
+                updated=refused.time,
+                refused=refused._asdict(),
+            )
         if first is None:
             return None
     # A trainer that took no step (a resume with nothing left to train) has no speed to add.
@@ -344,8 +344,11 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
 def _updated(paths: run_dir.RunDir) -> float | None:
     """When the run last wrote a record (progress.json moves between checkpoints); None
     where it wrote none."""
-    files = (paths.state, paths.summary, paths.checkpoint_index, paths.progress)
-    return max(map(_modified, files)) or None
+    times = []
+    for path in (paths.state, paths.summary, paths.checkpoint_index, paths.progress):
+        with contextlib.suppress(OSError):
+            times.append(path.stat().st_mtime)
+    return max(times, default=0.0) or None
 
 
 def _refused_since(
@@ -359,27 +362,6 @@ def _refused_since(
 
 _REFUSED = "refused"
 _UNREADABLE = "unreadable"
-
-
-def _refused_only(folder: Path, refused: refusal.Refusal) -> dict[str, Any]:
-    """The line of a directory where a job was refused at its start, and no run began."""
-    return {
-        "experiment_id": folder.name,
-        "state": _REFUSED,
-        **dict.fromkeys(("global_step", "examples_per_sec", "continued_as", "first_failure")),
-        **dict.fromkeys(("stopped_by", "ended_by")),
-        "job_id": refused.job_id,
-        "updated": refused.time,
-        "refused": refused._asdict(),
-        "restarts": [],
-        "eval": {},
-        "hparams": {},
-    }
-
-
-def _refused_itself(first: failure.Failure) -> bool:
-    """Whether the failure is a task's refusal of its input, said by itself."""
-    return first.exit_status == ExitStatus.REFUSED and first.seen_by is None
 
 
 def _logged_step(paths: run_dir.RunDir, state: Mapping[str, Any]) -> int | None:
@@ -467,14 +449,6 @@ def _queued_jobs() -> dict[str, str] | None:
     return dict(line.split(maxsplit=1) for line in listed.stdout.splitlines() if " " in line)
 
 
-def _modified(path: Path) -> float:
-    """The file's modification time; 0.0 where there is no file."""
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
 def _sorted(runs: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
     known = {name for run in runs for name in run["eval"]}
     if runs and metric not in known:
@@ -485,19 +459,20 @@ def _sorted(runs: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
         )
     lower_is_better = "loss" in metric or "error" in metric
     with_metric = [run for run in runs if metric in run["eval"]]
-    without = [run for run in runs if metric not in run["eval"]]
     with_metric.sort(key=lambda run: run["eval"][metric], reverse=not lower_is_better)
-    return with_metric + without
+    return with_metric + [run for run in runs if metric not in run["eval"]]
 
 
 def _table(runs: list[dict[str, Any]]) -> str:
     header = ("EXPERIMENT_ID", "STATE", "STEP", "EVAL", "EXAMPLES/S", "HPARAMS", "JOB", "UPDATED")
     rows = [header]
     for run in runs:
+        # What stopped or ended a run, and its restarts: (time limit; restarted 1x in ...).
+        why = "; ".join(each for each in (_stopped_by(run), _restarted(run)) if each)
         rows.append(
             (
                 run["experiment_id"],
-                run["state"] + _why(run),
+                run["state"] + (f" ({why})" if why else ""),
                 "-" if run["global_step"] is None else str(run["global_step"]),
                 _pairs(_shown(run["eval"]), 4) or "-",
                 "-" if run["examples_per_sec"] is None else f"{run['examples_per_sec']:.0f}",
@@ -538,13 +513,6 @@ def _shown(metrics: Mapping[str, Any]) -> dict[str, Any]:
         name for name in metrics if name != "global_step"
     )
     return {name: metrics[name] for name in names[:_SHOWN_METRICS]}
-
-
-def _why(run: Mapping[str, Any]) -> str:
-    """` (time limit; restarted 1x in its job: ...)`: what stopped or ended a run, and its
-    restarts."""
-    why = [each for each in (_stopped_by(run), _restarted(run)) if each]
-    return f" ({'; '.join(why)})" if why else ""
 
 
 def _stopped_by(run: Mapping[str, Any]) -> str:

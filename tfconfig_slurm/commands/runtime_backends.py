@@ -1,13 +1,14 @@
 """The runtime's backends, one factory each (Estimator, tf-keras, its coordinator, Keras 3):
 each checks the flags against the experiment before it imports TensorFlow itself, so bad input
-is refused at once; and each task's thread pools, sized by its role."""
+is refused at once (a model directory of another backend's or experiment's before any task
+starts); and each task's thread pools, sized by its role."""
 
 from __future__ import annotations
 
 import importlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -18,7 +19,7 @@ from tfconfig_slurm.cluster.role import PS_WORKER_MIN_INTER_OP, Threads, input_s
 from tfconfig_slurm.commands import runtime_flags
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import console
-from tfconfig_slurm.process.records import history, reports
+from tfconfig_slurm.process.records import claim, history, reports
 from tfconfig_slurm.process.task import lifecycle, native_noise, place
 from tfconfig_slurm.process.user_code import experiment as experiment_lib
 from tfconfig_slurm.process.user_code import hparams as hparams_lib
@@ -34,15 +35,8 @@ TEST_BACKEND = "TFCONFIG_SLURM_TEST_BACKEND"
 def for_kind(kind: str, environ: Mapping[str, str]) -> Factory:
     """The factory of the backend for an experiment of `kind` (or the test backend)."""
     named = environ.get(TEST_BACKEND)
-    if named:
-        return _test_backend(named)
-    return {
-        experiment_lib.KERAS: keras,
-        experiment_lib.KERAS3: keras3,
-    }.get(kind, estimator)
-
-
-def _test_backend(named: str) -> Factory:
+    if not named:
+        return {experiment_lib.KERAS: keras, experiment_lib.KERAS3: keras3}.get(kind, estimator)
     module, _, function = named.partition(":")
     try:
         factory: Factory = getattr(importlib.import_module(module), function)
@@ -62,6 +56,18 @@ def kind_of(kind: str, coordinator: bool) -> lifecycle.BackendKind:
         return lifecycle.TF_KERAS_COORDINATOR
     kinds = {experiment_lib.KERAS: lifecycle.TF_KERAS, experiment_lib.KERAS3: lifecycle.KERAS_3}
     return kinds.get(kind, lifecycle.ESTIMATOR)
+
+
+def check_trainable(
+    directories: Iterable[Path], spec: str, kind: str, coordinator: bool, named: claim.Naming
+) -> None:
+    """Refuses, in one line, the first of `directories` that every task of the run would
+    refuse at its start: another backend's checkpoints, another experiment's run."""
+    writes = kind_of(kind, coordinator).checkpoints
+    name, _ = experiment_lib.locate(spec)
+    for directory in directories:
+        history.check_resumable(directory, writes, named)
+        history.check_same_experiment(directory, name, named)
 
 
 # Threads TensorFlow picks itself: every CPU.
@@ -220,13 +226,10 @@ def task_threads(where: place.Place) -> tuple[Threads, str]:
     sized = (
         _TENSORFLOW_S if where.role is None else where.role.threads(cpus, own_cpus=where.own_cpus)
     )
+    intra_op, inter_op = runtime_flags.INTRA_OP_THREADS.value, runtime_flags.INTER_OP_THREADS.value
     given = Threads(
-        sized.intra_op
-        if runtime_flags.INTRA_OP_THREADS.value is None
-        else runtime_flags.INTRA_OP_THREADS.value,
-        sized.inter_op
-        if runtime_flags.INTER_OP_THREADS.value is None
-        else runtime_flags.INTER_OP_THREADS.value,
+        sized.intra_op if intra_op is None else intra_op,
+        sized.inter_op if inter_op is None else inter_op,
     )
     why = (
         "as the flags say"

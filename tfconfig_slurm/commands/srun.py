@@ -90,25 +90,22 @@ def main(argv: Sequence[str]) -> int:
         )
     if shutil.which("srun") is None:
         raise UsageError("srun", "is not on PATH", "call it from a batch script on the cluster")
+    directory = model_dir_flag.made()
+    try:
+        held: Allocation | None = read_job_allocation(os.environ)
+    except SlurmEnvironmentError as error:
+        # Only a node's failure needs what the job holds: said, not refused.
+        _say(f"{PROGRAM}: {error.culprit}: {error.problem}; a node that fails is not handled")
+        held = None
     return _steps(
-        model_dir_flag.made(),
+        directory,
         job,
-        _allocation(),
+        held,
         # By its name, not the path found: srun names itself as called in its own lines
         # ("srun: unrecognized option"), which the step's end reads by that name.
         ["srun", *srun_args],
         max_restarts_flag.MAX_RESTARTS.value,
     )
-
-
-def _allocation() -> Allocation | None:
-    """What the job holds, which only a node's failure needs: said, not refused, where the
-    batch script's variables cannot say it."""
-    try:
-        return read_job_allocation(os.environ)
-    except SlurmEnvironmentError as error:
-        _say(f"{PROGRAM}: {error.culprit}: {error.problem}; a node that fails is not handled")
-        return None
 
 
 def _steps(

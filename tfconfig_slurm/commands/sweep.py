@@ -27,8 +27,8 @@ from pathlib import Path
 
 from absl import flags
 
-from tfconfig_slurm.commands import cli, run_directory, runtime_flags
-from tfconfig_slurm.commands.cli import FLAG_ERRORS, flag_error, run_cli
+from tfconfig_slurm.commands import run_directory, runtime_flags
+from tfconfig_slurm.commands.cli import FLAG_ERRORS, flag_error, help_asked, run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import slurm_commands
 from tfconfig_slurm.process.records import model_dir
@@ -64,17 +64,6 @@ _OWN_FLAGS = ("max_running", "batch_script", "sbatch_option", "dry_run")
 _SET_BY_SWEEP = ("experiment_id", "sweep_file", "local_cluster", "print_model_dir")
 # sbatch's options the sweep sets itself: the array is its lines, and the job id is read.
 _SBATCH_SET_BY_SWEEP = ("--array", "-a", "--parsable")
-
-
-def _check_name(sweep_file: Path) -> None:
-    """The file's name names its runs: a space would not survive a continuation job's command
-    line, and a leading dot would hide them."""
-    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", sweep_file.stem):
-        raise UsageError(
-            "SWEEP_FILE",
-            f"is named {sweep_file.stem!r}, and its runs would be {sweep_file.stem!r}-0, ...",
-            "name it with letters, digits, '.', '_' and '-', not starting with '.', e.g. lr.sweep",
-        )
 
 
 def _check_sbatch_options(options: Sequence[str]) -> None:
@@ -141,9 +130,14 @@ def _runtime_flags(arguments: Sequence[str]) -> list[str]:
         raise flag_error(error, whose, [PROGRAM, *arguments]) from None
     if stray:
         raise UsageError(repr(stray[0]), "is not a flag", "runtime flags start with --")
-    cli.refuse_help_among(
-        "the runtime flags after SWEEP_FILE, which go to every run's job", COMMAND
-    )
+    if help_asked():
+        # Passed on to the jobs, where no one would read it.
+        raise UsageError(
+            "--help",
+            "comes among the runtime flags after SWEEP_FILE, which go to every run's job: the "
+            "jobs would get it, not you",
+            f"ask for it alone: {COMMAND} --help",
+        )
     # The runtime does not know the sweep's own flags.
     return _without_own_flags(list(arguments))
 
@@ -164,7 +158,14 @@ def _checked_sweep(sweep_file: Path) -> list[str]:
                 "is the sweep's to set",
                 f"leave it out: run i of the sweep is {sweep_file.stem}-i",
             )
-    _check_name(sweep_file)
+    # The file's name names its runs: a space would not survive a continuation job's command
+    # line, and a leading dot would hide them.
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", sweep_file.stem):
+        raise UsageError(
+            "SWEEP_FILE",
+            f"is named {sweep_file.stem!r}, and its runs would be {sweep_file.stem!r}-0, ...",
+            "name it with letters, digits, '.', '_' and '-', not starting with '.', e.g. lr.sweep",
+        )
     lines = _checked_lines(sweep_file)
     _check_run_directories(sweep_file.stem, len(lines))
     return lines
@@ -272,7 +273,8 @@ def _experiment() -> str:
 def _check_run_directories(sweep: str, count: int) -> None:
     """Each line's run directory, as its task will check it at its start: one trained by
     another experiment or backend would refuse every task of the array, once submitted."""
-    from tfconfig_slurm.commands import layout_flags  # noqa: PLC0415
+    # Here, not at the top: the sweep's command reads no more than it needs.
+    from tfconfig_slurm.commands import layout_flags, runtime_backends  # noqa: PLC0415
     from tfconfig_slurm.process.user_code import experiment as experiment_lib  # noqa: PLC0415
 
     spec = _experiment()
@@ -280,7 +282,7 @@ def _check_run_directories(sweep: str, count: int) -> None:
     named = run_directory.of_sweep(run_directory.naming(), sweep)
     root = run_directory.output_root()
     directories = (Path(root, f"{sweep}-{number}") for number in range(count))
-    run_directory.check_trainable(directories, spec, kind, coordinator, named)
+    runtime_backends.check_trainable(directories, spec, kind, coordinator, named)
 
 
 def run() -> None:

@@ -32,13 +32,12 @@ from collections.abc import Sequence
 from absl import flags
 
 from tfconfig_slurm.cluster import ClusterLayout, data_path, render
-from tfconfig_slurm.commands import json_flag, layout_flags, plan_flags, task_config
+from tfconfig_slurm.commands import json_flag, layout_flags, plan_flags
 from tfconfig_slurm.commands.cli import run_cli
+from tfconfig_slurm.commands.main import PROGRAM, print_task
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.task import hang_watch
-
-PROGRAM = task_config.PROGRAM
 
 EXPORT = flags.DEFINE_boolean(
     "export", False, "Print shell export lines for TF_CONFIG and CUDA_VISIBLE_DEVICES."
@@ -106,34 +105,32 @@ def main(argv: Sequence[str]) -> None:
         raise UsageError("--json", "goes with --explain", "add --explain")
     model_bytes = _model_bytes()
     layout, rank = layout_flags.resolve_layout(os.environ)
-    if EXPLAIN.value and rank is not None and rank != layout.reporting_rank:
+    if not EXPLAIN.value:
+        if rank is None:
+            raise UsageError(
+                "--nodelist",
+                "plans a layout, so it goes with --explain",
+                "outside a job step there is no task to print a TF_CONFIG for; add --explain",
+            )
+        print_task(layout, rank, export=EXPORT.value)
+        return
+    if rank is not None and rank != layout.reporting_rank:
         # Every task of the step has the same table: one copy is enough.
         return
-    if EXPLAIN.value:
-        if json_flag.JSON.value:
-            output = json.dumps(render.explain_records(layout), indent=1) + "\n"
-        else:
-            output = render.explain_table(layout)
-            if rank is None:
-                output = layout_flags.as_planned(output)
-            if model_bytes is not None:
-                output += _data_path_line(layout, model_bytes)
-            if rank is None and layout_flags.PORT_BASE.value is None:
-                output += (
-                    "(planned: a job's ports start at a base derived from its job and step "
-                    "ids, or at --port_base)\n"
-                )
-            output += _restart_line(len(layout.roles))
-    elif rank is None:
-        raise UsageError(
-            "--nodelist",
-            "plans a layout, so it goes with --explain",
-            "outside a job step there is no task to print a TF_CONFIG for; add --explain",
-        )
-    else:
-        task_config.print_task(PROGRAM, layout, rank, export=EXPORT.value)
+    if json_flag.JSON.value:
+        sys.stdout.write(json.dumps(render.explain_records(layout), indent=1) + "\n")
         return
-    sys.stdout.write(output)
+    output = render.explain_table(layout)
+    if rank is None:
+        output = layout_flags.as_planned(output)
+    if model_bytes is not None:
+        output += _data_path_line(layout, model_bytes)
+    if rank is None and layout_flags.PORT_BASE.value is None:
+        output += (
+            "(planned: a job's ports start at a base derived from its job and step ids, or at "
+            "--port_base)\n"
+        )
+    sys.stdout.write(output + _restart_line(len(layout.roles)))
 
 
 def _model_bytes() -> int | None:
