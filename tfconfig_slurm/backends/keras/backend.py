@@ -71,6 +71,28 @@ class TrainingBackendBase(KerasBackendBase):
         last: int = self._set_up().saver.last
         return last
 
+    def _restored(self, strategy: tf.distribute.Strategy) -> tuple[Any, Saver]:
+        """The experiment's model under the strategy, restored from the model directory's
+        latest checkpoint, and the saver of its checkpoints (`last`: the step restored)."""
+        settings = self._settings
+        with strategy.scope():
+            model = built_model(self._experiment, settings.params)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+        latest = tf.train.latest_checkpoint(str(settings.model_dir))
+        if latest is not None:
+            keeping_learning_rate(
+                model.optimizer, lambda: checkpoint.restore(latest).expect_partial()
+            )
+        saver = Saver(
+            checkpoint,
+            settings.model_dir,
+            self._role,
+            settings.keep_checkpoint_max,
+            restored=int(model.optimizer.iterations.numpy()),
+            stop=self._stop,
+        )
+        return model, saver
+
 
 def experiment_dataset(
     experiment: KerasExperiment, mode: str, params: Mapping[str, Any]
@@ -96,24 +118,6 @@ def eval_batches(experiment: KerasExperiment, params: Mapping[str, Any]) -> tf.d
     # Its examples come from Python or memory, not files: shard batches by their elements.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return batches.with_options(options)
-
-
-def restored(
-    strategy: tf.distribute.Strategy,
-    experiment: KerasExperiment,
-    params: Mapping[str, Any],
-    directory: Path,
-) -> tuple[Any, tf.train.Checkpoint, int]:
-    """The experiment's model under the strategy, its checkpoint, restored from the model
-    directory's latest, and the global step it holds."""
-    with strategy.scope():
-        model = built_model(experiment, params)
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-    latest = tf.train.latest_checkpoint(str(directory))
-    if latest is not None:
-        keeping_learning_rate(model.optimizer, lambda: checkpoint.restore(latest).expect_partial())
-    step = int(model.optimizer.iterations.numpy())
-    return model, checkpoint, step
 
 
 def built_model(experiment: KerasExperiment, params: Mapping[str, Any]) -> Any:

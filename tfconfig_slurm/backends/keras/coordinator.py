@@ -41,7 +41,6 @@ from tfconfig_slurm.backends.keras.backend import (
     eval_batches,
     evaluate_checkpoint,
     experiment_dataset,
-    restored,
     write_eval_scalars,
     write_scalars,
 )
@@ -80,17 +79,8 @@ class CoordinatorBackend(TrainingBackendBase):
                 min_shard_bytes=_MIN_SHARD_BYTES, max_shards=role.ps_count
             ),
         )
-        directory = settings.model_dir
-        model, checkpoint, start = restored(strategy, self._experiment, settings.params, directory)
-        saver = Saver(
-            checkpoint,
-            directory,
-            role,
-            settings.keep_checkpoint_max,
-            restored=start,
-            stop=self._stop,
-        )
-        writer = tf.summary.create_file_writer(str(directory))
+        model, saver = self._restored(strategy)
+        writer = tf.summary.create_file_writer(str(settings.model_dir))
         self._coordinator = _Coordinator(strategy, model, saver, writer)
         return self._coordinator
 

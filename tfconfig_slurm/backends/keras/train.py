@@ -26,7 +26,6 @@ from tfconfig_slurm.backends.keras.backend import (
     eval_batches,
     experiment_dataset,
     export,
-    restored,
     write_eval_scalars,
     write_scalars,
 )
@@ -63,7 +62,7 @@ class KerasBackend(TrainingBackendBase, FitRun):
         """The strategy, the model restored, the watch of the neighbours (once)."""
         if self._trainer is not None:
             return self._trainer
-        role, settings, directory = self._role, self._settings, self._settings.model_dir
+        role, directory = self._role, self._settings.model_dir
         # Before any other TensorFlow call, as the strategy requires.
         strategy = (
             tf.distribute.MultiWorkerMirroredStrategy()
@@ -71,18 +70,10 @@ class KerasBackend(TrainingBackendBase, FitRun):
             else tf.distribute.get_strategy()
         )
         peers = watched_peers(role)
-        model, checkpoint, start = restored(strategy, self._experiment, settings.params, directory)
+        model, saver = self._restored(strategy)
         if role is not None:
-            _check_same_start(strategy, start, directory)
+            _check_same_start(strategy, saver.last, directory)
         writer = tf.summary.create_file_writer(str(directory)) if owns_run(role) else None
-        saver = Saver(
-            checkpoint,
-            directory,
-            role,
-            settings.keep_checkpoint_max,
-            restored=start,
-            stop=self._stop,
-        )
         self._trainer = _Trainer(strategy, model, saver, writer, peers)
         # The strategy took SIGTERM as it was made.
         self._stop.listen_again()
