@@ -53,7 +53,7 @@ from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import held_signals
 from tfconfig_slurm.process.job import preemption
-from tfconfig_slurm.process.records import claim, failure, history, model_dir, refusal
+from tfconfig_slurm.process.records import attempts, claim, failure, history, model_dir
 from tfconfig_slurm.process.supervision import local_cluster, supervise
 from tfconfig_slurm.process.task import hang_watch, lifecycle, place
 from tfconfig_slurm.process.user_code import experiment as experiment_lib
@@ -88,7 +88,7 @@ def main(argv: Sequence[str]) -> int | None:
     # SLURM's job, read here once for the task's whole life (its step: place.find).
     job = read_slurm_job(os.environ)
     directory, hparams = run_directory.chosen(name, job)
-    with refusal.recording(directory, job):
+    with attempts.recording_refusal(directory, job):
         return _start(
             spec,
             kind,

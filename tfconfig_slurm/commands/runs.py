@@ -41,7 +41,6 @@ from tfconfig_slurm.process.records import (
     claim,
     failure,
     history,
-    refusal,
     reports,
     run_dir,
 )
@@ -299,7 +298,7 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     # attempt's start was: else the newest, if it came since.
     this_run = failure.read(folder, str(state["run"])) if state.get("run") else None
     first = this_run or failure.latest(folder)
-    refused = refusal.read(folder)
+    refused = attempts.read_refusal(folder)
     if not state and not paths.checkpoint_index.exists():
         # A task refused at its start records that as the run's failure too (its peers would
         # record it lost): the job was refused, as its refusal says.
@@ -349,7 +348,7 @@ def _updated(paths: run_dir.RunDir) -> float | None:
 
 
 def _refused_since(
-    refused: refusal.Refusal | None, state: Mapping[str, Any]
+    refused: attempts.Refusal | None, state: Mapping[str, Any]
 ) -> dict[str, Any] | None:
     """A job refused at its start since the run's last attempt began."""
     if refused is None or refused.time <= _last_attempt_started(state):
@@ -361,7 +360,7 @@ _REFUSED = "refused"
 _UNREADABLE = "unreadable"
 
 
-def _refused_only(folder: Path, refused: refusal.Refusal) -> dict[str, Any]:
+def _refused_only(folder: Path, refused: attempts.Refusal) -> dict[str, Any]:
     """The line of a directory where a job was refused at its start, and no run began."""
     return {
         "experiment_id": folder.name,

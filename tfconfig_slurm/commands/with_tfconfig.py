@@ -37,7 +37,7 @@ from tfconfig_slurm.commands import layout_flags, model_dir_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.records import claim, failure, history, model_dir
-from tfconfig_slurm.process.records.owner import RunOwner, owns_run
+from tfconfig_slurm.process.records.attempts import RunOwner, owns_run
 from tfconfig_slurm.process.records.run_dir import RunDir
 from tfconfig_slurm.process.supervision import answering, network, supervise
 from tfconfig_slurm.process.task import place

@@ -32,7 +32,7 @@ from tfconfig_slurm.backends.keras.model_dir import (
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import model_dir, reports
-from tfconfig_slurm.process.records.owner import owns_run
+from tfconfig_slurm.process.records.attempts import owns_run
 from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import cadence, fit_steps, hang_watch
 from tfconfig_slurm.process.task.keras_run import FitRun, watched_peers

@@ -41,7 +41,7 @@ from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records import history, model_dir, reports
-from tfconfig_slurm.process.records.owner import owns_run
+from tfconfig_slurm.process.records.attempts import owns_run
 from tfconfig_slurm.process.supervision import answering, watchdog
 from tfconfig_slurm.process.task import fit_steps, hang_watch
 from tfconfig_slurm.process.task.keras_run import FitRun, watched_peers

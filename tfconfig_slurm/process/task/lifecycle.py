@@ -25,7 +25,7 @@ from tfconfig_slurm.errors import ExitStatus, TfconfigSlurmError, UsageError
 from tfconfig_slurm.process import exits, timing
 from tfconfig_slurm.process.job import continuation, preemption, time_limit, what_follows
 from tfconfig_slurm.process.records import claim, failure, history, model_dir
-from tfconfig_slurm.process.records.owner import RunOwner, owns_run
+from tfconfig_slurm.process.records.attempts import RunOwner, owns_run
 from tfconfig_slurm.process.records.reports import RunState
 from tfconfig_slurm.process.records.run_dir import RunDir
 from tfconfig_slurm.process.supervision import network, watchdog
