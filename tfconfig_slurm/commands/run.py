@@ -53,7 +53,7 @@ from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import held_signals
 from tfconfig_slurm.process.job import preemption
-from tfconfig_slurm.process.records import attempts, claim, failure, history, model_dir
+from tfconfig_slurm.process.records import attempts, claim, failure, history
 from tfconfig_slurm.process.supervision import local_cluster, supervise
 from tfconfig_slurm.process.task import hang_watch, lifecycle, place
 from tfconfig_slurm.process.user_code import experiment as experiment_lib
@@ -120,7 +120,7 @@ def _start(
     # Read now, so that a batch script's first call refuses a value every task would.
     hang_seconds = hang_watch.seconds_from(runtime_flags.HANG_TIMEOUT.value, os.environ)
     named = run_directory.naming()
-    model_dir.check_writable(directory, named)
+    history.check_writable(directory, named)
     if runtime_flags.PRINT_MAX_RESTARTS.value:
         _check_one_answer()
         sys.stdout.write(f"{max_restarts_flag.MAX_RESTARTS.value}\n")

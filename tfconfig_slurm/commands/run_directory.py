@@ -10,7 +10,7 @@ from pathlib import Path
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.commands import runtime_flags
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process.records import claim, history, model_dir, run_dir
+from tfconfig_slurm.process.records import claim, history, run_dir
 from tfconfig_slurm.process.user_code import experiment as experiment_lib
 from tfconfig_slurm.process.user_code import hparams as hparams_lib
 
@@ -110,7 +110,7 @@ def _experiment_id(default_id: str, *, swept: bool) -> str:
             "give a name without '/' or spaces, e.g. lr5e-4: the run goes in <output root>/<id>, "
             "where tfconfig-slurm runs lists it",
         )
-    model_dir.check_name(given, culprit)
+    history.check_name(given, culprit)
     return given
 
 

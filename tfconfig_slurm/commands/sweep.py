@@ -31,7 +31,7 @@ from tfconfig_slurm.commands import cli, run_directory, runtime_flags
 from tfconfig_slurm.commands.cli import FLAG_ERRORS, flag_error, run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import slurm_commands
-from tfconfig_slurm.process.records import model_dir
+from tfconfig_slurm.process.records import history
 from tfconfig_slurm.process.records.run_dir import SWEEPS
 from tfconfig_slurm.process.task import native_noise
 
@@ -174,7 +174,7 @@ def _kept(sweep_file: Path, lines: Sequence[str]) -> tuple[Path, str]:
     """Where the sweep's lines are kept under the output root, for the array's tasks to read,
     and their text; a sweep of the same name submitted before with other lines is refused."""
     kept = Path(run_directory.output_root(), SWEEPS, f"{sweep_file.stem}.txt").absolute()
-    model_dir.check_room(kept.parent, run_directory.naming())
+    history.check_room(kept.parent, run_directory.naming())
     text = "".join(f"{line}\n" for line in lines)
     if kept.exists() and kept.read_text() != text:
         raise UsageError(

@@ -31,7 +31,7 @@ from tfconfig_slurm.backends.keras.model_dir import (
 )
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.process.job import preemption
-from tfconfig_slurm.process.records import model_dir, reports
+from tfconfig_slurm.process.records import history, reports
 from tfconfig_slurm.process.records.attempts import owns_run
 from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import cadence, fit_steps, hang_watch
@@ -177,7 +177,7 @@ def _check_same_start(strategy: tf.distribute.Strategy, start: int, directory: P
     train from other weights, and its steps would outlast the chief's, which hangs."""
     gather = _collective(strategy, lambda context, step: context.all_gather(step, axis=0))
     steps = gather(tf.constant([start], tf.int64))
-    model_dir.check_same_start(directory, [int(step) for step in steps], "trainers")
+    history.check_same_start(directory, [int(step) for step in steps], "trainers")
 
 
 def _local_replicas(strategy: tf.distribute.Strategy, role: ClusterRole | None) -> int:

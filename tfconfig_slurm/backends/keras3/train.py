@@ -40,7 +40,7 @@ from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.job import preemption
-from tfconfig_slurm.process.records import history, model_dir, reports
+from tfconfig_slurm.process.records import history, reports
 from tfconfig_slurm.process.records.attempts import owns_run
 from tfconfig_slurm.process.supervision import answering, watchdog
 from tfconfig_slurm.process.task import fit_steps, hang_watch
@@ -339,7 +339,7 @@ def _check_same_start(step: int, settings: TrainingSettings) -> None:
     """Every process must have restored the same checkpoint: where the nodes do not share the
     model directory, a process finds none where the chief restores one."""
     steps = processes.gather([step])[:, 0]
-    model_dir.check_same_start(settings.model_dir, [int(each) for each in steps], "processes")
+    history.check_same_start(settings.model_dir, [int(each) for each in steps], "processes")
 
 
 def _check_same_weights(model: Any, role: ClusterRole | None) -> None:

@@ -15,13 +15,17 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, TypeVar
 
+from tfconfig_slurm.cluster.layout import CHIEF
+from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import slurm_commands, timing
 from tfconfig_slurm.process.records import files
 from tfconfig_slurm.process.records.run_dir import RunDir
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,41 @@ def check(model_dir: Path, holder: Holder, naming: Naming = CLI_NAMING) -> None:
     current = _read(RunDir(model_dir).lock)
     if current is not None and not current[0].same_run(holder) and not _gone(*current):
         _refuse(model_dir, naming, *current)
+
+
+def claimed(
+    model_dir: Path,
+    role: ClusterRole | None,
+    naming: Naming,
+    job: SlurmJob | None,
+    load: Callable[[], T],
+) -> tuple[T, Claim | None]:
+    """The model directory claimed for this task: refused at once where another live run holds
+    it, then `load()` (which may refuse the run before anything is written), then made and
+    held. Returns what `load` returned, and the claim this task renews and releases, if any."""
+    holder = _holder(role, job)
+    if holder is not None:
+        check(model_dir, holder, naming)
+    loaded = load()
+    if holder is None:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        return loaded, None
+    held = claim(model_dir, holder, naming)
+    if role is not None and role.role != CHIEF:
+        return loaded, None
+    held.renew()
+    return loaded, held
+
+
+def _holder(role: ClusterRole | None, job: SlurmJob | None) -> Holder | None:
+    """Who this task holds the model directory as; None for a --local_cluster's (its launcher
+    holds it) and outside SLURM any but the chief, which alone can tell its run from another."""
+    if role is not None and role.in_local_cluster:
+        return None
+    holder = this_holder(job)
+    if role is not None and role.role != CHIEF and holder.job is None:
+        return None
+    return holder
 
 
 def held_by_live_run(model_dir: Path) -> bool | None:

@@ -24,7 +24,7 @@ from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import ExitStatus, TfconfigSlurmError, UsageError
 from tfconfig_slurm.process import exits, timing
 from tfconfig_slurm.process.job import continuation, preemption, time_limit, what_follows
-from tfconfig_slurm.process.records import claim, failure, history, model_dir
+from tfconfig_slurm.process.records import claim, failure, history
 from tfconfig_slurm.process.records.attempts import RunOwner, owns_run
 from tfconfig_slurm.process.records.reports import RunState
 from tfconfig_slurm.process.records.run_dir import RunDir
@@ -130,7 +130,7 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
     made = not task.model_dir.exists()
     # A refusal as it loads or claims the directory is recorded (once attached, in _loaded).
     with _refusal_recorded(role):
-        trainer, held = model_dir.claimed(task.model_dir, role, task.naming, task.job, loaded)
+        trainer, held = claim.claimed(task.model_dir, role, task.naming, task.job, loaded)
     if role is not None and role.run_id is not None:
         _in_a_thread("failure-watch", _end_if_failed_while_stopping, task, role.run_id)
     limit = _keep_time_limit(task)
