@@ -249,7 +249,10 @@ def _checked_lines(sweep_file: Path) -> list[str]:
         os.environ.update(experiment_lib.choose_jax(os.environ))
     # An experiment that imports TensorFlow 2.16+ would write its start-up notes here.
     with native_noise.start_up_notes_held(gpus_asked=False):
-        experiment = experiment_lib.load_for(kind, spec)
+        load = (
+            experiment_lib.load if kind == experiment_lib.ESTIMATOR else experiment_lib.load_keras
+        )
+        experiment = load(spec)
     for number, line in enumerate(lines):
         try:
             hparams_lib.with_overrides(

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable
 
 from absl import logging
 
@@ -238,11 +238,6 @@ def choose_jax(environ: Mapping[str, str]) -> dict[str, str]:
 KERAS_BACKEND = "KERAS_BACKEND"
 
 
-def load_for(kind: str, spec: str) -> Experiment | KerasExperiment:
-    """The experiment `spec` names, loaded as its kind is (Keras 3: after choose_jax)."""
-    return load(spec) if kind == ESTIMATOR else load_keras(spec)
-
-
 def load_keras(spec: str) -> KerasExperiment:
     """Imports the Keras experiment `spec` names and checks that it defines what is needed."""
     name, path = locate(spec)
@@ -268,10 +263,8 @@ def load_keras(spec: str) -> KerasExperiment:
         spec=spec,
         build_model=functions["build_model"],  # type: ignore[arg-type]
         dataset=functions["dataset"],  # type: ignore[arg-type]
-        hparams=_hparams(module),
-        check_hparams=_check_hparams(module),
-        check_data=_check_data(module),
         layout_map=layout_map,
+        **_defined_besides(module),
     )
 
 
@@ -336,7 +329,7 @@ def load(spec: str) -> Experiment:
             "define model_fn(features, labels, mode, params) returning a "
             "tf.estimator.EstimatorSpec (or, for a Keras experiment, build_model(params))",
         )
-    _check_by_name(module, "model_fn", "model_fn(features, labels, mode, params)")
+    _check_call(module, "model_fn", "model_fn(features, labels, mode, params)", by_name=True)
     train_input_fn, eval_input_fn = _input_fns(module)
     return Experiment(
         name=name,
@@ -344,10 +337,8 @@ def load(spec: str) -> Experiment:
         model_fn=model_fn,
         train_input_fn=train_input_fn,
         eval_input_fn=eval_input_fn,
-        hparams=_hparams(module),
-        check_hparams=_check_hparams(module),
         serving_input_receiver_fn=getattr(module, "serving_input_receiver_fn", None),
-        check_data=_check_data(module),
+        **_defined_besides(module),
     )
 
 
@@ -368,18 +359,6 @@ def _optional_check(
     return check  # type: ignore[no-any-return]
 
 
-def _check_hparams(module: ModuleType) -> HparamsCheck | None:
-    return _optional_check(
-        module, "check_hparams", "check_hparams(hparams)", "values it cannot train with", {}
-    )
-
-
-def _check_data(module: ModuleType) -> DataCheck | None:
-    return _optional_check(
-        module, "check_data", "check_data(data_dir)", "a --data_dir it cannot train on", ""
-    )
-
-
 def checked_data_dir(experiment: Experiment | KerasExperiment, data_dir: str | None) -> str | None:
     """`data_dir`, passed by the experiment's check_data (a ValueError refuses it)."""
     if data_dir is not None and experiment.check_data is not None:
@@ -395,7 +374,8 @@ def checked_data_dir(experiment: Experiment | KerasExperiment, data_dir: str | N
     return data_dir
 
 
-def _hparams(module: ModuleType) -> dict[str, Any]:
+def _defined_besides(module: ModuleType) -> dict[str, Any]:
+    """What every experiment may define besides its functions: HPARAMS and the two checks."""
     hparams = getattr(module, "HPARAMS", {})
     if not isinstance(hparams, Mapping):
         raise UsageError(
@@ -403,7 +383,15 @@ def _hparams(module: ModuleType) -> dict[str, Any]:
             f"{_named(module)}.HPARAMS is {a_or_an(type(hparams).__name__)}, not a dict",
             "define HPARAMS = {'learning_rate': 1e-3, ...}",
         )
-    return dict(hparams)
+    return {
+        "hparams": dict(hparams),
+        "check_hparams": _optional_check(
+            module, "check_hparams", "check_hparams(hparams)", "values it cannot train with", {}
+        ),
+        "check_data": _optional_check(
+            module, "check_data", "check_data(data_dir)", "a --data_dir it cannot train on", ""
+        ),
+    }
 
 
 def _import(spec: str, name: str, path: Path | None) -> ModuleType:
@@ -458,8 +446,8 @@ def _input_fns(module: ModuleType) -> tuple[InputFn, InputFn]:
         return train_input_fn, eval_input_fn
     train, evaluate = (getattr(module, name, None) for name in ("train_input_fn", "eval_input_fn"))
     if callable(train) and callable(evaluate):
-        _check_by_name(module, "train_input_fn", "train_input_fn(params)")
-        _check_by_name(module, "eval_input_fn", "eval_input_fn(params)")
+        _check_call(module, "train_input_fn", "train_input_fn(params)", by_name=True)
+        _check_call(module, "eval_input_fn", "eval_input_fn(params)", by_name=True)
         return train, evaluate
     missing = [
         name
@@ -474,48 +462,31 @@ def _input_fns(module: ModuleType) -> tuple[InputFn, InputFn]:
     )
 
 
-def _check_call(module: ModuleType, function: str, call: str, *args: Any) -> None:
-    """Refuses at load a `function` whose call with `args` would fail in training."""
-    signature = _signature(module, function)
-    if signature is None:
+def _check_call(
+    module: ModuleType, function: str, call: str, *args: Any, by_name: bool = False
+) -> None:
+    """Refuses at load a `function` whose call with `args` would fail in training; `by_name`,
+    one Estimator calls with each argument it names by name."""
+    try:
+        signature = inspect.signature(getattr(module, function))
+    except (TypeError, ValueError):
+        # A builtin or C function without a signature: it is called and judged then.
         return
     try:
-        signature.bind(*args)
-    except TypeError as error:
-        _refuse(module, function, signature, call, str(error))
-
-
-def _check_by_name(module: ModuleType, function: str, call: str) -> None:
-    """As _check_call, for a function Estimator calls with each argument it names by name."""
-    signature = _signature(module, function)
-    if signature is None:
-        return
-    named = set(signature.parameters) & _ESTIMATOR_ARGUMENTS
-    needed = {"features", "params"} if function == "model_fn" else set()
-    try:
+        if not by_name:
+            signature.bind(*args)
+            return
+        named = set(signature.parameters) & _ESTIMATOR_ARGUMENTS
+        needed = {"features", "params"} if function == "model_fn" else set()
         if needed - named:
             raise TypeError(f"it takes no {' and no '.join(sorted(needed - named))}")
         signature.bind(**dict.fromkeys(named))
     except TypeError as error:
-        _refuse(module, function, signature, call, str(error))
-
-
-def _signature(module: ModuleType, function: str) -> inspect.Signature | None:
-    try:
-        return inspect.signature(getattr(module, function))
-    except (TypeError, ValueError):
-        # A builtin or C function without a signature: it is called and judged then.
-        return None
-
-
-def _refuse(
-    module: ModuleType, function: str, signature: inspect.Signature, call: str, why: str
-) -> NoReturn:
-    raise UsageError(
-        "--experiment",
-        f"{_named(module)}.{function}{signature} cannot be called as {call}: {why}",
-        f"define {call}",
-    )
+        raise UsageError(
+            "--experiment",
+            f"{_named(module)}.{function}{signature} cannot be called as {call}: {error}",
+            f"define {call}",
+        ) from None
 
 
 def _named(module: ModuleType) -> str:
