@@ -34,7 +34,7 @@ from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.commands import cli, json_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import ExitStatus, UsageError
-from tfconfig_slurm.process import polling
+from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.job import continuation
 from tfconfig_slurm.process.records import (
     attempts,
@@ -141,7 +141,7 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
     if len(argv) > 1:
         raise UsageError(repr(argv[1]), "is one word too many with --run", f"{PROGRAM} --run=DIR")
     # A local file, read once a second: squeue and scontrol are asked once, after.
-    polling.poll(
+    timing.poll(
         lambda: reports.read_state(folder).get("state"),
         lambda state: state != RunState.RUNNING,
         SETTLE.value,

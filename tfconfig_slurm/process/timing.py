@@ -1,7 +1,13 @@
 """The runtime's timing budget: every wait, grace and period, each with its reason, in one
-place, as several interlock (tests/test_timing.py checks how)."""
+place, as several interlock (tests/test_timing.py checks how); and `poll`, the one wait for what
+another process writes or says."""
 
 from __future__ import annotations
+
+import time
+from typing import Callable, TypeVar
+
+_T = TypeVar("_T")
 
 # --- SLURM's, not ours: the bound a stop works inside ---
 
@@ -119,3 +125,18 @@ CHECKPOINT_LOOK_SECONDS = 2.0
 POLL_SECONDS = 0.1
 # How long the end of a command's output is waited for once it has exited.
 OUTPUT_FINISH_SECONDS = 5.0
+
+
+def poll(
+    read: Callable[[], _T],
+    done: Callable[[_T], bool],
+    seconds: float,
+    every: float = POLL_SECONDS,
+) -> _T:
+    """Reads every `every` seconds until `done` holds or `seconds` pass; the last value read."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = read()
+        if done(value) or time.monotonic() >= deadline:
+            return value
+        time.sleep(every)

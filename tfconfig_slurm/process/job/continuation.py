@@ -16,7 +16,7 @@ from pathlib import Path
 from absl import logging
 
 from tfconfig_slurm.cluster.step import CONTINUATION, SlurmJob
-from tfconfig_slurm.process import polling, slurm_commands, timing
+from tfconfig_slurm.process import slurm_commands, timing
 from tfconfig_slurm.process.records import reports
 from tfconfig_slurm.process.records.run_dir import OUTPUT_ROOT_VARIABLE, RunDir
 
@@ -178,7 +178,7 @@ def submit(
 def _submitted_by_another(model_dir: Path, job: SlurmJob) -> str:
     """The job another task, which claimed it first, submitted to continue `job`."""
     seconds = timing.SLURM_COMMAND_SECONDS * 2
-    continued = polling.poll(
+    continued = timing.poll(
         lambda: read(model_dir), lambda said: said is not None and said.after == job.name, seconds
     )
     if continued is None or continued.after != job.name:

@@ -29,17 +29,14 @@ def after_stop(
     """The exit status of a task stopped on a signal, once the job is requeued or not."""
     if stopped_on in policy.requeue_on:
         return requeue(environ, job, policy.max_requeues, stopped_on, model_dir)
-    if job is None:
-        logging.info(
-            "stopped on %s with a checkpoint of every step taken: %s",
-            stopped_on,
-            _resume(model_dir),
-        )
-        return ExitStatus.DONE
+    not_requeued = (
+        "; not requeueing the job (a --preempt_signal requeues it, and SIGTERM with "
+        "--requeue_on_sigterm)"
+    )
     logging.info(
-        "stopped on %s with a checkpoint of every step taken; not requeueing the job (a "
-        "--preempt_signal requeues it, and SIGTERM with --requeue_on_sigterm): %s",
+        "stopped on %s with a checkpoint of every step taken%s: %s",
         stopped_on,
+        "" if job is None else not_requeued,
         _resume(model_dir),
     )
     return ExitStatus.DONE

@@ -139,7 +139,10 @@ def claimed(
     """The model directory claimed for this task: refused at once where another live run holds
     it, then `load()` (which may refuse the run before anything is written), then made and
     held. Returns what `load` returned, and the claim this task renews and releases, if any."""
-    holder = _holder(role, job)
+    # A --local_cluster's task holds none (its launcher holds it), nor outside SLURM any but
+    # the chief, which alone can tell its run from another.
+    unheld = role is not None and (role.in_local_cluster or (role.role != CHIEF and job is None))
+    holder = None if unheld else this_holder(job)
     if holder is not None:
         check(model_dir, holder, naming)
     loaded = load()
@@ -151,17 +154,6 @@ def claimed(
         return loaded, None
     held.renew()
     return loaded, held
-
-
-def _holder(role: ClusterRole | None, job: SlurmJob | None) -> Holder | None:
-    """Who this task holds the model directory as; None for a --local_cluster's (its launcher
-    holds it) and outside SLURM any but the chief, which alone can tell its run from another."""
-    if role is not None and role.in_local_cluster:
-        return None
-    holder = this_holder(job)
-    if role is not None and role.role != CHIEF and holder.job is None:
-        return None
-    return holder
 
 
 def held_by_live_run(model_dir: Path) -> bool | None:

@@ -15,7 +15,7 @@ from absl import logging
 
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR
 from tfconfig_slurm.cluster.role import ClusterRole, TaskId
-from tfconfig_slurm.process import polling, timing
+from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.records import failure, files
 from tfconfig_slurm.process.records.run_dir import RunDir
 
@@ -49,7 +49,7 @@ def trainer_reports(model_dir: Path, trainers: int, run: Mapping[str, Any]) -> l
         reports = [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
         return [report for report in reports if _of_run(report, run)]
 
-    found = polling.poll(
+    found = timing.poll(
         current, lambda reports: len(reports) >= trainers, timing.REPORT_WAIT_SECONDS
     )
     if len(found) < trainers:
@@ -91,7 +91,7 @@ def evaluator_result(model_dir: Path, run: Mapping[str, Any]) -> dict[str, Any] 
         first = failure.read(model_dir, run["run"]) if run.get("run") else None
         return f"it failed: {first.line()}" if first and first.task == _EVALUATOR else None
 
-    final = polling.poll(result, lambda value: value is not None, timing.EVALUATOR_WAIT_SECONDS)
+    final = timing.poll(result, lambda value: value is not None, timing.EVALUATOR_WAIT_SECONDS)
     if isinstance(final, dict):
         return final
     logging.warning(

@@ -77,24 +77,17 @@ def require_estimator(what: str, found: Installed | None = None) -> None:
     """InstallError for `what` unless TensorFlow 2.15 or older and tensorflow-estimator are."""
     found = found or installed()
     if found.tensorflow is None:
-        raise InstallError(
-            what,
-            f"needs TensorFlow 2.15, which {found.this_python} does not have",
-            _ESTIMATOR_INSTALL,
-        )
-    if not has_estimator_release(found.tensorflow):
-        raise InstallError(
-            what,
+        problem = f"needs TensorFlow 2.15, which {found.this_python} does not have"
+    elif not has_estimator_release(found.tensorflow):
+        problem = (
             f"needs TensorFlow 2.15, the last release with Estimator, and {found.this_python} "
-            f"has TensorFlow {found.tensorflow}",
-            _ESTIMATOR_INSTALL,
+            f"has TensorFlow {found.tensorflow}"
         )
-    if found.estimator is None:
-        raise InstallError(
-            what,
-            f"needs tensorflow-estimator beside TensorFlow {found.tensorflow}",
-            _ESTIMATOR_INSTALL,
-        )
+    elif found.estimator is None:
+        problem = f"needs tensorflow-estimator beside TensorFlow {found.tensorflow}"
+    else:
+        return
+    raise InstallError(what, problem, _ESTIMATOR_INSTALL)
 
 
 def require_tensorflow(what: str, found: Installed | None = None) -> None:
