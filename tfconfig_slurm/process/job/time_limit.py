@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable, NamedTuple, Union
 
 from absl import logging
@@ -71,28 +72,23 @@ def watch(
     ask: Ask = time_left,
 ) -> TimeLimit:
     """Starts watching `job`'s time limit from a thread (without `acts`, only following it)."""
-    limit = TimeLimit(job, stop, signal_name, margin=margin, ask=ask, acts=acts)
+    limit = TimeLimit(job, stop, signal_name, margin, ask, acts)
     threading.Thread(target=limit.keep, name="time-limit", daemon=True).start()
     return limit
 
 
+@dataclass
 class TimeLimit:
     """A job's time limit, followed as it moves, and the stop before it."""
 
-    def __init__(
-        self,
-        job: SlurmJob,
-        stop: StopRequest,
-        signal_name: str,
-        *,
-        margin: float,
-        ask: Ask,
-        acts: bool,
-    ) -> None:
-        self.job, self.stop, self.signal_name = job, stop, signal_name
-        self.margin, self._ask, self._acts = margin, ask, acts
-        # Set by the watching thread once squeue has said (None: not known, or no limit).
-        self.deadline: float | None = None
+    job: SlurmJob
+    stop: StopRequest
+    signal_name: str
+    margin: float
+    ask: Ask
+    acts: bool
+    # Set by the watching thread once squeue has said (None: not known, or no limit).
+    deadline: float | None = None
 
     def due(self) -> bool:
         """Whether the stop before the limit is due (the run stops for the time limit)."""
@@ -128,7 +124,7 @@ class TimeLimit:
             stop_at = deadline - margin
             if time.time() >= stop_at:
                 # Where this task's checkpoints set the margin, the other task is late.
-                if self._acts or margin > self.margin:
+                if self.acts or margin > self.margin:
                     self._stop_the_job(deadline - time.time())
                 return
             # Asked every LIMIT_POLL_SECONDS, and a last look within FINAL_LOOK_SECONDS of the stop.
@@ -137,7 +133,7 @@ class TimeLimit:
                 in_final and last_look != stop_at
             ) or time.monotonic() - asked >= timing.LIMIT_POLL_SECONDS:
                 seconds = min(timing.SLURM_COMMAND_SECONDS, max(1.0, stop_at - time.time()))
-                left, asked = self._ask(job, seconds), time.monotonic()
+                left, asked = self.ask(job, seconds), time.monotonic()
                 if in_final:
                     last_look = stop_at
                 if (
@@ -186,7 +182,7 @@ class TimeLimit:
     def _first_answer(self) -> float | NoLimit:
         """squeue's first answer that says something, asked ever less often while it fails."""
         job, wait = self.job.name, timing.LIMIT_RETRY_SECONDS
-        left = self._ask(job, timing.SLURM_COMMAND_SECONDS)
+        left = self.ask(job, timing.SLURM_COMMAND_SECONDS)
         if isinstance(left, NoLimit) and left.again:
             self._say(
                 "job %s: its time limit cannot be read yet (%s); asking squeue again, at "
@@ -200,12 +196,12 @@ class TimeLimit:
             if self.stop.wait(wait):
                 return left
             wait = min(2 * wait, timing.LIMIT_POLL_SECONDS)
-            left = self._ask(job, timing.SLURM_COMMAND_SECONDS)
+            left = self.ask(job, timing.SLURM_COMMAND_SECONDS)
         return left
 
     def _say(self, message: str, *arguments: object) -> None:
         """Logs, in the task that acts; the other only follows."""
-        if self._acts:
+        if self.acts:
             logging.info(message, *arguments)
 
     def _stop_the_job(self, left: float) -> None:

@@ -104,8 +104,10 @@ def claim(model_dir: Path, holder: Holder, naming: Naming = CLI_NAMING) -> Claim
     """Makes and holds `model_dir` for `holder`'s run (shared with its other tasks and its
     requeued job; a stale holder's taken over), or raises UsageError naming the live holder."""
     model_dir.mkdir(parents=True, exist_ok=True)
-    lock = RunDir(model_dir).lock
-    if _write(lock, holder, replace=False):
+    lock, text = RunDir(model_dir).lock, json.dumps(asdict(holder))
+    # Without hard links, a reader may find it empty: unreadable, which only a later run would
+    # act on.
+    if files.create_whole(lock, text):
         return Claim(lock, holder)
     current = _read(lock)
     if current is not None and current[0].same_run(holder):
@@ -113,7 +115,7 @@ def claim(model_dir: Path, holder: Holder, naming: Naming = CLI_NAMING) -> Claim
     if current is not None and not _gone(*current):
         _refuse(model_dir, naming, *current)
     # Gone, or unreadable (a lock cut short by a full disk): take it over.
-    _write(lock, holder, replace=True)
+    files.write_atomically(lock, text)
     time.sleep(timing.SETTLE_SECONDS)
     current = _read(lock)
     if current is not None and not current[0].same_run(holder):
@@ -171,17 +173,6 @@ def _refuse(model_dir: Path, naming: Naming, holder: Holder, age: float) -> None
         f"{naming.run_fix}, or wait for that run to end; a lock whose run is gone is taken "
         f"over, at the latest {timing.STALE_SECONDS:.0f} s after it was last renewed",
     )
-
-
-def _write(lock: Path, holder: Holder, *, replace: bool) -> bool:
-    """Writes the lock whole; without `replace`, only where none exists (else False)."""
-    text = json.dumps(asdict(holder))
-    if not replace:
-        # Without hard links, a reader may find it empty: unreadable, which only a later run
-        # would act on.
-        return files.create_whole(lock, text)
-    files.write_atomically(lock, text)
-    return True
 
 
 def _read(lock: Path) -> tuple[Holder, float] | None:

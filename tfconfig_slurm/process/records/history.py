@@ -131,11 +131,6 @@ class Checkpoint(NamedTuple):
     # As the index names it: relative to the directory, or whole.
     path: str
 
-    def is_in(self, model_dir: Path) -> bool:
-        """Whether its files are there: Keras 3's one file, or TensorFlow's index."""
-        suffix = "" if self.written_by == KERAS_3 else ".index"
-        return any((model_dir / f"{path}{suffix}").exists() for path in (self.path, self.name))
-
 
 def latest_checkpoint(model_dir: Path) -> Checkpoint | None:
     """The directory's latest checkpoint, if its index names one that a backend of ours writes."""
@@ -177,7 +172,9 @@ def check_resumable(model_dir: Path, writes: str, naming: Naming) -> None:
             f"not {writes}: another backend trained it",
             naming.run_fix,
         )
-    if not latest.is_in(model_dir):
+    # Its files: Keras 3's one file, or TensorFlow's index.
+    suffix = "" if latest.written_by == KERAS_3 else ".index"
+    if not any((model_dir / f"{path}{suffix}").exists() for path in (latest.path, latest.name)):
         raise UsageError(
             naming.run,
             f"names {model_dir}, whose checkpoint index {index} names {latest.name}, which is "

@@ -70,22 +70,16 @@ _FALSE = ("false", "no", "0")
 
 
 def _typed(name: str, text: str, default: Any) -> Any:
-    # By the number's kind, not its class: a NumPy default (np.float64, np.int64) is a number.
-    kind: type = type(default)
     # bool is an Integral, and so a Real, too.
     if isinstance(default, bool):
-        kind = bool
-    elif isinstance(default, numbers.Integral):
-        kind = int
-    elif isinstance(default, numbers.Real):
-        kind = float
-    if kind is bool:
         if text.lower() not in _TRUE + _FALSE:
             raise UsageError(
                 "--hparams", f"sets {name}={text!r}, expected true or false", f"e.g. {name}=true"
             )
         return text.lower() in _TRUE
-    if kind in (int, float):
+    if isinstance(default, numbers.Real):
+        # By the number's kind, not its class: a NumPy default (np.float64, np.int64) is one.
+        kind = int if isinstance(default, numbers.Integral) else float
         try:
             value = kind(text)
         except ValueError:
@@ -104,11 +98,11 @@ def _typed(name: str, text: str, default: Any) -> Any:
             ) from None
         return value
     # A None default is an optional string's.
-    if kind not in (str, type(None)):
+    if type(default) not in (str, type(None)):
         raise UsageError(
             "--hparams",
-            f"sets {name}, whose default {default!r} is {a_or_an(kind.__name__)}: the command line "
-            "sets only bool, int, float and str hparams",
+            f"sets {name}, whose default {default!r} is {a_or_an(type(default).__name__)}: the "
+            "command line sets only bool, int, float and str hparams",
             f"set {name} in the experiment's HPARAMS, or give it a string default the model parses",
         )
     return text
