@@ -97,7 +97,7 @@ LIMIT_LOOK_SECONDS = 5.0
 # A limit that moved by less than this did not move: squeue's own rounding.
 LIMIT_MOVED_SECONDS = 5.0
 
-# --- A node that left a --no-kill job (process/job/lost_nodes.py) ---
+# --- A node that left a --no-kill job (process/job/restarts.py) ---
 
 # How often the batch script's srun wrapper asks scontrol for the job's nodes once a task
 # ended (only the job's record says a --no-kill job's node is gone)...

@@ -13,7 +13,7 @@ from tfconfig_slurm.cluster.allocation import Allocation
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import ExitStatus
 from tfconfig_slurm.process import slurm_commands
-from tfconfig_slurm.process.job import continuation, lost_nodes, restarts
+from tfconfig_slurm.process.job import continuation, restarts
 from tfconfig_slurm.process.job.preemption import StopPolicy
 from tfconfig_slurm.process.records import attempts, failure, history, reports
 from tfconfig_slurm.process.records.failure import Failure
@@ -232,7 +232,7 @@ def after_node_failure(
     ("" where none is known to have): one that may not requeue goes on without the node."""
     record = continuation.job_record(job.name)
     # A job ending lists fewer nodes as each completes: only those Slurm says failed are.
-    left = lost_nodes.down(lost_nodes.gone(held.nodes, lost_nodes.nodes_of(record)))
+    left = restarts.down(restarts.gone(held.nodes, restarts.nodes_of(record)))
     if isinstance(record, str) or not left:
         return ""
     nodes = restarts.nodes_named(left)
@@ -251,7 +251,7 @@ def after_node_failure(
             f"of at most {most} (--max_restarts): it ends"
         )
     try:
-        new = continuation.submit(job, model_dir, environ, lost_nodes.without(record, held, left))
+        new = continuation.submit(job, model_dir, environ, restarts.without(record, held, left))
     except continuation.ContinuationError as error:
         return f"{refused}, and the run cannot go on in a new job: {error}"
     attempts.record(model_dir, job, f"{nodes} failed", continued_in=new)
