@@ -121,19 +121,14 @@ def kind(spec: str) -> str:
     statements = tree.body if tree else []
     if "build_model" not in _top_level_names(statements):
         return ESTIMATOR
-    imported = _imported_packages(statements)
-    return KERAS3 if "keras" in imported and "tf_keras" not in imported else KERAS
-
-
-def _imported_packages(statements: list[ast.stmt]) -> set[str]:
-    """The top-level packages a module's top-level statements import."""
-    packages: set[str] = set()
+    # The top-level packages its top-level statements import.
+    imported: set[str] = set()
     for node in statements:
         if isinstance(node, ast.Import):
-            packages.update(alias.name.partition(".")[0] for alias in node.names)
+            imported.update(alias.name.partition(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            packages.add(node.module.partition(".")[0])
-    return packages
+            imported.add(node.module.partition(".")[0])
+    return KERAS3 if "keras" in imported and "tf_keras" not in imported else KERAS
 
 
 def literal_hparams(spec: str) -> dict[str, Any] | None:
@@ -240,8 +235,7 @@ KERAS_BACKEND = "KERAS_BACKEND"
 
 def load_keras(spec: str) -> KerasExperiment:
     """Imports the Keras experiment `spec` names and checks that it defines what is needed."""
-    name, path = locate(spec)
-    module = _import(spec, name, path)
+    name, module = _import(spec)
     functions = {
         function: getattr(module, function, None) for function in ("build_model", "dataset")
     }
@@ -255,9 +249,24 @@ def load_keras(spec: str) -> KerasExperiment:
         )
     _check_call(module, "build_model", "build_model(params)", {})
     _check_call(module, "dataset", "dataset(mode, params)", "train", {})
+    # Refused where the run would not call it as it means to.
     layout_map = getattr(module, "layout_map", None)
+    if layout_map is not None and not callable(layout_map):
+        raise UsageError(
+            "--experiment",
+            f"{_named(module)} ({_source(module)}) defines layout_map, but not as a function",
+            "define layout_map(devices, params), returning a keras.distribution.LayoutMap",
+        )
     if layout_map is not None:
-        _check_layout_map(spec, module)
+        _check_call(module, "layout_map", "layout_map(devices, params)", [], {})
+        if kind(spec) != KERAS3:
+            raise UsageError(
+                "--experiment",
+                f"{_named(module)} defines layout_map, which is Keras 3's (ModelParallel on JAX): "
+                "a tf-keras model trains data-parallel with tf.distribute",
+                "build the model with import keras and train it in .venv-keras3, or remove "
+                "layout_map",
+            )
     return KerasExperiment(
         name=name,
         spec=spec,
@@ -266,24 +275,6 @@ def load_keras(spec: str) -> KerasExperiment:
         layout_map=layout_map,
         **_defined_besides(module),
     )
-
-
-def _check_layout_map(spec: str, module: ModuleType) -> None:
-    """Refuses a layout_map that the run would not call as it means to."""
-    if not callable(module.layout_map):
-        raise UsageError(
-            "--experiment",
-            f"{_named(module)} ({_source(module)}) defines layout_map, but not as a function",
-            "define layout_map(devices, params), returning a keras.distribution.LayoutMap",
-        )
-    _check_call(module, "layout_map", "layout_map(devices, params)", [], {})
-    if kind(spec) != KERAS3:
-        raise UsageError(
-            "--experiment",
-            f"{_named(module)} defines layout_map, which is Keras 3's (ModelParallel on JAX): "
-            "a tf-keras model trains data-parallel with tf.distribute",
-            "build the model with import keras and train it in .venv-keras3, or remove layout_map",
-        )
 
 
 def keeping_learning_rate(optimizer: Any, restore: Callable[[], Any]) -> None:
@@ -319,8 +310,7 @@ def check_compiled(experiment: KerasExperiment, model: Any) -> None:
 
 def load(spec: str) -> Experiment:
     """Imports the experiment `spec` names and checks that it defines what the runtime needs."""
-    name, path = locate(spec)
-    module = _import(spec, name, path)
+    name, module = _import(spec)
     model_fn = getattr(module, "model_fn", None)
     if not callable(model_fn):
         raise UsageError(
@@ -394,10 +384,12 @@ def _defined_besides(module: ModuleType) -> dict[str, Any]:
     }
 
 
-def _import(spec: str, name: str, path: Path | None) -> ModuleType:
+def _import(spec: str) -> tuple[str, ModuleType]:
+    """The experiment's name and its module, imported."""
+    name, path = locate(spec)
     try:
         if path is None:
-            return importlib.import_module(spec)
+            return name, importlib.import_module(spec)
         module_spec = importlib.util.spec_from_file_location(f"experiment_{name}", path)
         assert module_spec is not None and module_spec.loader is not None
         module = importlib.util.module_from_spec(module_spec)
@@ -405,30 +397,25 @@ def _import(spec: str, name: str, path: Path | None) -> ModuleType:
         # The experiment may import its neighbours (experiments/common.py).
         sys.path.insert(0, str(path.parent))
         module_spec.loader.exec_module(module)
-        return module
+        return name, module
     except Exception as error:
         raise _import_failed(spec, path, error) from None
 
 
 def _import_failed(spec: str, path: Path | None, error: Exception) -> UsageError:
+    # file:line of the error, the import machinery's frames left out.
+    if isinstance(error, SyntaxError) and error.filename:
+        where = f"{error.filename}:{error.lineno}"
+    else:
+        frames = traceback.extract_tb(error.__traceback__)
+        own = [frame for frame in frames if not frame.filename.startswith("<frozen ")]
+        frame = (own or frames)[-1]
+        where = f"{frame.filename}:{frame.lineno}"
     return UsageError(
         "--experiment",
-        f"importing {path or spec} failed at {_where(error)}: {type(error).__name__}: {error}",
+        f"importing {path or spec} failed at {where}: {type(error).__name__}: {error}",
         "fix the module; run python on it alone to see the whole traceback",
     )
-
-
-def _where(error: Exception) -> str:
-    """file:line of the error, the import machinery's frames left out."""
-    if isinstance(error, SyntaxError) and error.filename:
-        return f"{error.filename}:{error.lineno}"
-    frames = [
-        frame
-        for frame in traceback.extract_tb(error.__traceback__)
-        if not frame.filename.startswith("<frozen ")
-    ]
-    frame = frames[-1] if frames else traceback.extract_tb(error.__traceback__)[-1]
-    return f"{frame.filename}:{frame.lineno}"
 
 
 def _input_fns(module: ModuleType) -> tuple[InputFn, InputFn]:
