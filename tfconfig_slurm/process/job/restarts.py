@@ -140,7 +140,10 @@ def line(model_dir: Path, job: SlurmJob, step: Step, who: str, left: Sequence[st
         last = step.srun_said.strip().splitlines()[-1:]
         said = f": srun's own last line: {last[0]}" if last else ", nor any line of srun's"
         return f"{failed} with no task named{said}{where}"
-    task_log = _text(logs / f"job{job.name}-task{named[1]}.log")
+    try:
+        task_log = (logs / f"job{job.name}-task{named[1]}.log").read_text(errors="replace")
+    except OSError:
+        task_log = ""
     role = _ROLE.search(task_log)
     # Its own last line, not slurmstepd's: a task that refused its input said why there.
     own = [each for each in task_log.splitlines() if not each.startswith("slurmstepd")]
@@ -175,13 +178,6 @@ def _of_record(first: Failure) -> Verdict:
 def nodes_named(nodes: Sequence[str]) -> str:
     """`nodes` as a hostlist."""
     return str(hostlist.collect_hostlist(list(nodes)))
-
-
-def _text(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
 
 
 def nodes_now(job: SlurmJob) -> tuple[str, ...] | None:

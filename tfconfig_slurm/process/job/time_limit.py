@@ -154,9 +154,24 @@ class TimeLimit:
                 return
 
     def _limit_said(self) -> float | None:
-        """The job's deadline, said with the stop before it; None where it has no limit."""
-        job = self.job.name
-        left = self._first_answer()
+        """The job's deadline, said with the stop before it; None where it has no limit. squeue
+        is asked until it says something, ever less often while it fails."""
+        job, wait = self.job.name, timing.LIMIT_RETRY_SECONDS
+        left = self.ask(job, timing.SLURM_COMMAND_SECONDS)
+        if isinstance(left, NoLimit) and left.again:
+            self._say(
+                "job %s: its time limit cannot be read yet (%s); asking squeue again, at "
+                "least every %.0f s, and until then the run stops early only on %s",
+                job,
+                left.why,
+                timing.LIMIT_POLL_SECONDS,
+                self.signal_name,
+            )
+        while isinstance(left, NoLimit) and left.again:
+            if self.stop.wait(wait):
+                return None
+            wait = min(2 * wait, timing.LIMIT_POLL_SECONDS)
+            left = self.ask(job, timing.SLURM_COMMAND_SECONDS)
         if isinstance(left, NoLimit):
             if not self.stop.requested:
                 self._say(
@@ -178,26 +193,6 @@ class TimeLimit:
             self.signal_name,
         )
         return deadline
-
-    def _first_answer(self) -> float | NoLimit:
-        """squeue's first answer that says something, asked ever less often while it fails."""
-        job, wait = self.job.name, timing.LIMIT_RETRY_SECONDS
-        left = self.ask(job, timing.SLURM_COMMAND_SECONDS)
-        if isinstance(left, NoLimit) and left.again:
-            self._say(
-                "job %s: its time limit cannot be read yet (%s); asking squeue again, at "
-                "least every %.0f s, and until then the run stops early only on %s",
-                job,
-                left.why,
-                timing.LIMIT_POLL_SECONDS,
-                self.signal_name,
-            )
-        while isinstance(left, NoLimit) and left.again:
-            if self.stop.wait(wait):
-                return left
-            wait = min(2 * wait, timing.LIMIT_POLL_SECONDS)
-            left = self.ask(job, timing.SLURM_COMMAND_SECONDS)
-        return left
 
     def _say(self, message: str, *arguments: object) -> None:
         """Logs, in the task that acts; the other only follows."""

@@ -51,9 +51,8 @@ class RunOwner:
         job: SlurmJob | None,
     ) -> RunOwner:
         """The owner of a run trained in the SLURM `job` (None outside SLURM)."""
-        if job is None:
-            return cls(directory, experiment, hparams, role, None)
-        return cls(directory, experiment, hparams, role, job.name, job.restart_count)
+        name, restart = (job.name, job.restart_count) if job else (None, 0)
+        return cls(directory, experiment, hparams, role, name, restart)
 
     def first_start(self) -> bool:
         """Whether no attempt of this run has started before (read before saying "running")."""

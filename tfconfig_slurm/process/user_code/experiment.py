@@ -436,15 +436,12 @@ def _input_fns(module: ModuleType) -> tuple[InputFn, InputFn]:
         _check_call(module, "train_input_fn", "train_input_fn(params)", by_name=True)
         _check_call(module, "eval_input_fn", "eval_input_fn(params)", by_name=True)
         return train, evaluate
-    missing = [
-        name
-        for name, value in (("train_input_fn", train), ("eval_input_fn", evaluate))
-        if not callable(value)
-    ]
+    # Where one of the two is there, the other is named.
+    other = "train_input_fn" if callable(evaluate) else "eval_input_fn" if callable(train) else ""
     raise UsageError(
         "--experiment",
         f"{_named(module)} ({_source(module)}) defines no input_fn"
-        + (f" and no {' or '.join(missing)}" if len(missing) < 2 else ""),
+        + (f" and no {other}" if other else ""),
         "define input_fn(mode, params), or train_input_fn(params) and eval_input_fn(params)",
     )
 
