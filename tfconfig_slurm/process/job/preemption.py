@@ -61,16 +61,9 @@ class StopRequest:
     def checkpoint_written(self, step: int, seconds: float, waited: float = 0.0) -> None:
         """Says a checkpoint written, `waited` of its `seconds` for the steps dispatched before
         it (Keras 3 on JAX runs ahead of its devices), and keeps the longest."""
-        if waited >= _SAID_WAIT_SECONDS:
-            logging.info(
-                "checkpoint of step %d written in %.2f s, %.2f s of it waiting for the steps "
-                "dispatched before it",
-                step,
-                seconds,
-                waited,
-            )
-        else:
-            logging.info("checkpoint of step %d written in %.2f s", step, seconds)
+        waiting = f", {waited:.2f} s of it waiting for the steps dispatched before it"
+        said = waiting if waited >= _SAID_WAIT_SECONDS else ""
+        logging.info("checkpoint of step %d written in %.2f s%s", step, seconds, said)
         self.longest_checkpoint = max(self.longest_checkpoint, seconds)
 
     def listen(self, *signums: signal.Signals | None) -> None:
@@ -93,9 +86,16 @@ class StopRequest:
                 if number not in self._signums:
                     continue
                 self.ask(signal.Signals(number).name)
-                if number == signal.SIGINT:
-                    interrupts += 1
-                    _interrupted(interrupts)
+                # Ctrl-C: the first stops at the next step, the second ends the process at once.
+                interrupts += number == signal.SIGINT
+                if number == signal.SIGINT and interrupts == 1:
+                    logging.warning(
+                        "SIGINT: stopping at the next step, with a checkpoint; Ctrl-C again ends "
+                        "the process at once, without one"
+                    )
+                elif number == signal.SIGINT:
+                    logging.error("SIGINT again: ending at once, without a checkpoint (exit 130)")
+                    exits.end_now(128 + signal.SIGINT, "SIGINT again")
 
     def ask(self, name: str) -> None:
         """Asks this task to stop, as the signal `name` does (process/job/time_limit.py)."""
@@ -143,18 +143,6 @@ class StopRequest:
 
 # What a trainer stops on where another trainer was told to stop, and it was not (yet).
 PEERS_SIGNAL = "a peer's signal"
-
-
-def _interrupted(times: int) -> None:
-    """Ctrl-C: the first stops at the next step, the second ends the process at once."""
-    if times == 1:
-        logging.warning(
-            "SIGINT: stopping at the next step, with a checkpoint; Ctrl-C again ends the "
-            "process at once, without one"
-        )
-        return
-    logging.error("SIGINT again: ending at once, without a checkpoint (exit 130)")
-    exits.end_now(128 + signal.SIGINT, "SIGINT again")
 
 
 @dataclass(frozen=True)

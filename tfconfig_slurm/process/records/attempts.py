@@ -170,19 +170,15 @@ def recording_refusal(directory: Path, job: SlurmJob | None) -> Iterator[None]:
     try:
         yield
     except TfconfigSlurmError as error:
-        if job is not None and directory.is_dir() and not _started(directory, job):
+        last = reports.last_attempt(reports.read_state(directory))
+        attempt = (last.get("job_id"), last.get("restart", 0))
+        if job is not None and directory.is_dir() and attempt != (job.name, job.restart_count):
             with contextlib.suppress(OSError):
                 reports.write_json_atomically(
                     RunDir(directory).refusal,
                     Refusal(job.name, time.time(), error.one_line())._asdict(),
                 )
         raise
-
-
-def _started(directory: Path, job: SlurmJob) -> bool:
-    """Whether this attempt of the job `job` started the run in `directory`."""
-    last = reports.last_attempt(reports.read_state(directory))
-    return bool(last.get("job_id") == job.name and last.get("restart", 0) == job.restart_count)
 
 
 def read_refusal(directory: Path) -> Refusal | None:

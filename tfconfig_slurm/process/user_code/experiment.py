@@ -332,23 +332,6 @@ def load(spec: str) -> Experiment:
     )
 
 
-def _optional_check(
-    module: ModuleType, function: str, call: str, refuses: str, *probe: Any
-) -> Callable[..., None] | None:
-    """The experiment's optional `function`, None where it has none; refused if not `call`."""
-    check = getattr(module, function, None)
-    if check is None:
-        return None
-    if not callable(check):
-        raise UsageError(
-            "--experiment",
-            f"{_named(module)}.{function} is {a_or_an(type(check).__name__)}, not a function",
-            f"define {call}, raising ValueError for {refuses}",
-        )
-    _check_call(module, function, call, *probe)
-    return check  # type: ignore[no-any-return]
-
-
 def checked_data_dir(experiment: Experiment | KerasExperiment, data_dir: str | None) -> str | None:
     """`data_dir`, passed by the experiment's check_data (a ValueError refuses it)."""
     if data_dir is not None and experiment.check_data is not None:
@@ -373,15 +356,22 @@ def _defined_besides(module: ModuleType) -> dict[str, Any]:
             f"{_named(module)}.HPARAMS is {a_or_an(type(hparams).__name__)}, not a dict",
             "define HPARAMS = {'learning_rate': 1e-3, ...}",
         )
-    return {
-        "hparams": dict(hparams),
-        "check_hparams": _optional_check(
-            module, "check_hparams", "check_hparams(hparams)", "values it cannot train with", {}
-        ),
-        "check_data": _optional_check(
-            module, "check_data", "check_data(data_dir)", "a --data_dir it cannot train on", ""
-        ),
-    }
+    defined: dict[str, Any] = {"hparams": dict(hparams)}
+    # Optional, and refused where not a function its call with the probe binds.
+    for function, call, refuses, probe in (
+        ("check_hparams", "check_hparams(hparams)", "values it cannot train with", {}),
+        ("check_data", "check_data(data_dir)", "a --data_dir it cannot train on", ""),
+    ):
+        check = defined[function] = getattr(module, function, None)
+        if check is not None and not callable(check):
+            raise UsageError(
+                "--experiment",
+                f"{_named(module)}.{function} is {a_or_an(type(check).__name__)}, not a function",
+                f"define {call}, raising ValueError for {refuses}",
+            )
+        if check is not None:
+            _check_call(module, function, call, probe)
+    return defined
 
 
 def _import(spec: str) -> tuple[str, ModuleType]:
