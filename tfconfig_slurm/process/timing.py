@@ -84,7 +84,7 @@ SETTLE_SECONDS = 0.5
 # squeue, asked at a start whether a lock's job still runs, is given this long.
 SQUEUE_SECONDS = 10.0
 
-# --- The job's time limit (process/job/time_limit.py) ---
+# --- The job's time limit (process/job/preemption.py) ---
 
 # squeue is asked for the time left this often, as scontrol update TimeLimit= moves it.
 LIMIT_POLL_SECONDS = 60.0

@@ -23,7 +23,7 @@ from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import ExitStatus, TfconfigSlurmError, UsageError
 from tfconfig_slurm.process import exits, timing
-from tfconfig_slurm.process.job import continuation, preemption, time_limit, what_follows
+from tfconfig_slurm.process.job import continuation, preemption, what_follows
 from tfconfig_slurm.process.records import claim, failure, history
 from tfconfig_slurm.process.records.attempts import RunOwner, owns_run
 from tfconfig_slurm.process.records.reports import RunState
@@ -186,7 +186,7 @@ def _refusal_recorded(role: ClusterRole | None) -> Iterator[None]:
         yield
 
 
-def _keep_time_limit(task: TaskRun) -> time_limit.TimeLimit | None:
+def _keep_time_limit(task: TaskRun) -> preemption.TimeLimit | None:
     """The task that requeues the job stops it before its time limit; the run's owner follows
     the limit too, to say why the run stopped. Not in a local cluster: scancel may reach none of
     its tasks (a batch script's own python), and one task stopping alone would fail the others."""
@@ -197,7 +197,7 @@ def _keep_time_limit(task: TaskRun) -> time_limit.TimeLimit | None:
         return None
     if not (_requeues(role) or owns_run(role)):
         return None
-    return time_limit.watch(
+    return preemption.watch(
         job,
         task.stop,
         policy.time_limit_signal,
@@ -222,7 +222,7 @@ def _train(
     trainer: Backend,
     held: claim.Claim | None,
     returns: bool,
-    limit: time_limit.TimeLimit | None,
+    limit: preemption.TimeLimit | None,
 ) -> Any:
     role = task.place.role
     step = trainer.checkpoint_step()
@@ -313,7 +313,7 @@ class _End:
     # Whether a trainer returns the backend's result, or ends the process.
     returns: bool
     # The job's time limit, where this task follows it.
-    limit: time_limit.TimeLimit | None = None
+    limit: preemption.TimeLimit | None = None
     # Set once the backend called it (dataclasses.replace keeps the same one).
     ended: threading.Event = dataclasses.field(default_factory=threading.Event)
     # Held by the one caller that ends the task: the backend, or a stop not taken.
