@@ -57,7 +57,6 @@ from tfconfig_slurm.process.records import attempts, claim, failure, history
 from tfconfig_slurm.process.supervision import local_cluster, supervise
 from tfconfig_slurm.process.task import hang_watch, lifecycle, place
 from tfconfig_slurm.process.user_code import experiment as experiment_lib
-from tfconfig_slurm.process.user_code import hparams as hparams_lib
 
 PROGRAM = "tfconfig-slurm-run"
 
@@ -184,7 +183,7 @@ def _check_literal_hparams(spec: str, hparams: str) -> None:
     task would refuse (and a local cluster's launcher before it starts any)."""
     literal = experiment_lib.literal_hparams(spec)
     if literal is not None:
-        hparams_lib.with_overrides(literal, hparams)
+        experiment_lib.with_overrides(literal, hparams)
 
 
 def _check_one_answer() -> None:

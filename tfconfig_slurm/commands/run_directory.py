@@ -12,7 +12,6 @@ from tfconfig_slurm.commands import runtime_flags
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.records import claim, history, run_dir
 from tfconfig_slurm.process.user_code import experiment as experiment_lib
-from tfconfig_slurm.process.user_code import hparams as hparams_lib
 
 ID_VARIABLE = "EXPERIMENT_ID"
 
@@ -78,7 +77,7 @@ def _swept(sweep_file: Path, job: SlurmJob | None) -> tuple[str, str]:
             "picks a line by SLURM_ARRAY_TASK_ID, and this is not a job array task",
             "submit the sweep with launch/sweep SWEEP_FILE [flags]",
         )
-    lines = hparams_lib.sweep_lines(sweep_file)
+    lines = experiment_lib.sweep_lines(sweep_file)
     index = job.array_task_id
     if index >= len(lines):
         raise UsageError(
@@ -86,7 +85,7 @@ def _swept(sweep_file: Path, job: SlurmJob | None) -> tuple[str, str]:
             f"has {len(lines)} runs, and this is array task {index}",
             "submit the sweep with launch/sweep, which asks for one array task a line",
         )
-    hparams = hparams_lib.swept(runtime_flags.HPARAMS.value, lines[index])
+    hparams = experiment_lib.swept(runtime_flags.HPARAMS.value, lines[index])
     return hparams, f"{sweep_file.stem}-{index}"
 
 

@@ -234,9 +234,8 @@ def _without_own_flags(arguments: list[str]) -> list[str]:
 def _checked_lines(sweep_file: Path) -> list[str]:
     """The sweep's lines, each checked against the experiment's HPARAMS."""
     from tfconfig_slurm.process.user_code import experiment as experiment_lib  # noqa: PLC0415
-    from tfconfig_slurm.process.user_code import hparams as hparams_lib  # noqa: PLC0415
 
-    lines = hparams_lib.sweep_lines(sweep_file)
+    lines = experiment_lib.sweep_lines(sweep_file)
     if not lines:
         raise UsageError(
             "SWEEP_FILE",
@@ -255,9 +254,9 @@ def _checked_lines(sweep_file: Path) -> list[str]:
         experiment = load(spec)
     for number, line in enumerate(lines):
         try:
-            hparams_lib.with_overrides(
+            experiment_lib.with_overrides(
                 experiment.hparams,
-                hparams_lib.swept(runtime_flags.HPARAMS.value, line),
+                experiment_lib.swept(runtime_flags.HPARAMS.value, line),
                 experiment.check_hparams,
             )
         except UsageError as error:

@@ -204,7 +204,7 @@ class ContinuationError(Exception):
 
 def resources(record: Mapping[str, str]) -> list[str]:
     """The sbatch options that ask for what the job of `record` asked for."""
-    options = {**_named_options(record), **_per_node(record), **_gpus_and_memory(record)}
+    options = {**_named_options(record), **_asked(record)}
     # An array task (a sweep's run) goes on as the same index, which picks its line.
     if record.get("ArrayTaskId", "").isdigit():
         options["--array"] = record["ArrayTaskId"]
@@ -257,8 +257,9 @@ def _named_options(record: Mapping[str, str]) -> dict[str, str | None]:
     return options
 
 
-def _per_node(record: Mapping[str, str]) -> dict[str, str | None]:
-    """Tasks, sockets and generic resources a node, where `record` asked for them."""
+def _asked(record: Mapping[str, str]) -> dict[str, str | None]:
+    """Tasks, sockets and generic resources a node, GPUs (with their memory and CPUs), memory,
+    temporary disk and nice, where `record` asked for them."""
     options: dict[str, str | None] = {}
     per_node = record.get("NtasksPerN:B:S:C", "").split(":")[0]
     if per_node.isdigit() and int(per_node) > 0:
@@ -272,12 +273,6 @@ def _per_node(record: Mapping[str, str]) -> dict[str, str | None]:
     ]
     if gres:
         options["--gres"] = ",".join(gres)
-    return options
-
-
-def _gpus_and_memory(record: Mapping[str, str]) -> dict[str, str | None]:
-    """GPUs (with their memory and CPUs), memory, temporary disk and nice, as `record` asks."""
-    options: dict[str, str | None] = {}
     for field, option in (
         ("TresPerJob", "--gpus"),
         ("TresPerTask", "--gpus-per-task"),

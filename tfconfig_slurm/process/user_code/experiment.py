@@ -1,6 +1,8 @@
 """The experiment protocol (docs/training.md, docs/keras.md): finding, importing and checking
 the module a user wrote, an Estimator one (model_fn and its input functions) or a Keras one
-(build_model and dataset), told apart by its source before it is imported."""
+(build_model and dataset), told apart by its source before it is imported; and its hparams as
+the command line sets them (`--hparams=name=value,...` over its HPARAMS), or a sweep file's
+lines."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import difflib
 import importlib
 import importlib.util
 import inspect
+import math
 import numbers
 import sys
 import traceback
@@ -23,10 +26,11 @@ from absl import logging
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.console import a_or_an
 from tfconfig_slurm.process.user_code import versions
-from tfconfig_slurm.process.user_code.hparams import HparamsCheck
 
 # An experiment's check of --data_dir: raises ValueError for a directory it cannot train on.
 DataCheck = Callable[[str], None]
+# Its check_hparams(hparams): raises ValueError, saying why, for values it refuses.
+HparamsCheck = Callable[[Mapping[str, Any]], None]
 
 # Where `--experiment NAME` looks for NAME.py after the working directory's experiments/.
 _SHIPPED = Path(__file__).resolve().parents[2] / "experiments"
@@ -473,3 +477,109 @@ def _named(module: ModuleType) -> str:
 
 def _source(module: ModuleType) -> str:
     return str(getattr(module, "__file__", None) or module.__name__)
+
+
+def with_overrides(
+    defaults: Mapping[str, Any], overrides: str, check: HparamsCheck | None = None
+) -> dict[str, Any]:
+    """`defaults` with `--hparams` applied, typed as each default and passed by `check`."""
+    values, given = dict(defaults), set()
+    for item in filter(None, (part.strip() for part in overrides.split(","))):
+        name, equals, text = (piece.strip() for piece in item.partition("="))
+        if not equals or not name:
+            raise UsageError(
+                "--hparams",
+                f"has {item!r}, expected name=value",
+                "e.g. --hparams=learning_rate=0.01,dropout=0.3",
+            )
+        if name not in defaults:
+            known = ", ".join(sorted(defaults)) or "none"
+            raise UsageError(
+                "--hparams",
+                f"sets {name!r}, which the experiment's HPARAMS does not have",
+                f"the experiment's hparams are: {known}",
+            )
+        if name in given:
+            raise UsageError(
+                "--hparams", f"sets {name} twice", f"give each hparam once, e.g. {item}"
+            )
+        given.add(name)
+        values[name] = _typed(name, text, defaults[name])
+    if check is not None:
+        try:
+            check(values)
+        except ValueError as error:
+            raise UsageError(
+                "--hparams",
+                f"{error}".rstrip(".") or f"{_listed(values)} is refused by check_hparams",
+                f"the experiment's check_hparams refused it; its defaults: {_listed(defaults)}",
+            ) from None
+    return values
+
+
+def swept(hparams: str, line: str) -> str:
+    """--hparams with a sweep file's line after it, the line's values in place of its own."""
+    names = {item.partition("=")[0].strip() for item in line.split(",")}
+    kept = [item for item in hparams.split(",") if item.partition("=")[0].strip() not in names]
+    return ",".join(filter(None, (*kept, line)))
+
+
+def _listed(hparams: Mapping[str, Any]) -> str:
+    return ",".join(f"{name}={value!r}" for name, value in hparams.items())
+
+
+_TRUE = ("true", "yes", "1")
+_FALSE = ("false", "no", "0")
+
+
+def _typed(name: str, text: str, default: Any) -> Any:
+    # bool is an Integral, and so a Real, too.
+    if isinstance(default, bool):
+        if text.lower() not in _TRUE + _FALSE:
+            raise UsageError(
+                "--hparams", f"sets {name}={text!r}, expected true or false", f"e.g. {name}=true"
+            )
+        return text.lower() in _TRUE
+    if isinstance(default, numbers.Real):
+        # By the number's kind, not its class: a NumPy default (np.float64, np.int64) is one.
+        typed = int if isinstance(default, numbers.Integral) else float
+        try:
+            value = typed(text)
+        except ValueError:
+            value = None
+        # What TensorFlow and TensorBoard's HParams hold: a finite float, a 64-bit int.
+        if (
+            value is None
+            or (typed is int and abs(value) >= 2**63)
+            or (typed is float and not math.isfinite(value))
+        ):
+            expected = "a finite float" if typed is float else "a 64-bit int"
+            raise UsageError(
+                "--hparams",
+                f"sets {name}={text!r}, expected {expected} like its default {default!r}",
+                f"e.g. {name}={default!r}",
+            ) from None
+        return value
+    # A None default is an optional string's.
+    if type(default) not in (str, type(None)):
+        raise UsageError(
+            "--hparams",
+            f"sets {name}, whose default {default!r} is {a_or_an(type(default).__name__)}: the "
+            "command line sets only bool, int, float and str hparams",
+            f"set {name} in the experiment's HPARAMS, or give it a string default the model parses",
+        )
+    return text
+
+
+def sweep_lines(path: Path) -> list[str]:
+    """The --hparams values of a sweep file, one a line; blank lines and # comments skipped."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(
+            "SWEEP_FILE",
+            f"cannot read {path} ({getattr(error, 'strerror', None) or error})",
+            "give a text file with one --hparams value a line, e.g. learning_rate=0.001",
+        ) from None
+    lines = [line.strip() for line in text.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
