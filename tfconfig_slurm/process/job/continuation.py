@@ -280,7 +280,14 @@ def _asked(record: Mapping[str, str]) -> dict[str, str | None]:
         ("MemPerTres", "--mem-per-gpu"),
         ("CpusPerTres", "--cpus-per-gpu"),
     ):
-        options[option] = _gpus(record.get(field, ""))
+        # As --gpus takes them (`gres:gpu:a100:2`: `a100:2`).
+        gpus = (
+            item.removeprefix(prefix)
+            for item in record.get(field, "").split(",")
+            for prefix in ("gres:gpu:", "gres/gpu:", "gres/gpu=")
+            if item.startswith(prefix)
+        )
+        options[option] = next(gpus, None)
     for field, option in (
         ("MinMemoryNode", "--mem"),
         ("MinMemoryCPU", "--mem-per-cpu"),
@@ -290,15 +297,6 @@ def _asked(record: Mapping[str, str]) -> dict[str, str | None]:
         if record.get(field, "0") not in ("0", *NO_VALUE):
             options[option] = record[field]
     return options
-
-
-def _gpus(tres: str) -> str | None:
-    """The GPUs of a TRES field as --gpus takes them (`gres:gpu:a100:2`: `a100:2`), or None."""
-    for item in tres.split(","):
-        for prefix in ("gres:gpu:", "gres/gpu:", "gres/gpu="):
-            if item.startswith(prefix):
-                return item.removeprefix(prefix)
-    return None
 
 
 def _pattern(path: str, record: Mapping[str, str]) -> str | None:

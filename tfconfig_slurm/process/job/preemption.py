@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
-from types import FrameType
 from typing import Callable, NamedTuple, Union
 
 from absl import logging
@@ -128,12 +127,8 @@ class StopRequest:
 
     def listen_again(self) -> None:
         """Takes the signals back (MultiWorkerMirroredStrategy installs a SIGTERM handler)."""
-
-        def handler(number: int, frame: FrameType | None) -> None:
-            self.note_signal(number)
-
         for signum in self._signums:
-            signal.signal(signum, handler)
+            signal.signal(signum, lambda number, frame: self.note_signal(number))
 
     @property
     def requested(self) -> bool:

@@ -49,7 +49,6 @@ class Experiment:
     """What the runtime needs from an experiment module."""
 
     name: str
-    source: str
     model_fn: Callable[..., Any]
     train_input_fn: InputFn
     eval_input_fn: InputFn
@@ -327,7 +326,6 @@ def load(spec: str) -> Experiment:
     train_input_fn, eval_input_fn = _input_fns(module)
     return Experiment(
         name=name,
-        source=_source(module),
         model_fn=model_fn,
         train_input_fn=train_input_fn,
         eval_input_fn=eval_input_fn,
