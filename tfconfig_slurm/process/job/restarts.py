@@ -159,7 +159,12 @@ def line(model_dir: Path, job: SlurmJob, step: Step, who: str, left: Sequence[st
 
 
 def _of_record(first: Failure) -> Verdict:
-    if first.is_loss():
+    # A watcher recorded the task lost (killed, or its node cut off), not failed.
+    if (
+        first.seen_by is not None
+        and first.exit_status is None
+        and first.what.startswith(failure.STOPPED_ANSWERING)
+    ):
         return Verdict(again=True, why=f"{first.task} stopped answering")
     if first.hung_at() is not None:
         # A stalled file system or a lost packet may pass (the same step hung again: no).

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, TypeVar
 
@@ -53,13 +53,13 @@ def this_holder(job: SlurmJob | None) -> Holder:
     return Holder(job=job.name if job else None, host=socket.gethostname(), pid=os.getpid())
 
 
+@dataclass(frozen=True)
 class Claim:
     """A held model directory; `renew()` keeps it held from a thread, `release()` frees it."""
 
-    def __init__(self, lock: Path, holder: Holder) -> None:
-        self.lock = lock
-        self.holder = holder
-        self._stopped = threading.Event()
+    lock: Path
+    holder: Holder
+    _stopped: threading.Event = field(default_factory=threading.Event)
 
     def renew(self) -> None:
         """Renews the lock every timing.RENEW_SECONDS from a daemon thread, until release()."""

@@ -41,14 +41,6 @@ class Failure:
     seen_by: str | None
     time: float
 
-    def is_loss(self) -> bool:
-        """Whether a watcher recorded the task lost (killed, or its node cut off), not failed."""
-        return (
-            self.seen_by is not None
-            and self.exit_status is None
-            and self.what.startswith(STOPPED_ANSWERING)
-        )
-
     def hung_at(self) -> int | None:
         """The global step a hung trainer made no step after; None for another failure."""
         if not self.what.startswith(HUNG):
