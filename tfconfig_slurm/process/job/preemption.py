@@ -66,7 +66,8 @@ class StopRequest:
         self._signums: list[signal.Signals] = []
         self._wakeups: socket.socket | None = None
         self.signal_name = ""
-        self._noted = False
+        # Whether a stop was asked for (noted).
+        self.requested = False
         # A stop before the time limit leaves time for one more (TimeLimit).
         self.longest_checkpoint = 0.0
 
@@ -117,9 +118,9 @@ class StopRequest:
     def note(self, name: str) -> None:
         """Notes the stop, named by the first signal; only that, and with no lock, so that a
         signal handler may call it (a supervisor that passes the signal on notes it too)."""
-        if not self._noted:
+        if not self.requested:
             self.signal_name = name
-            self._noted = True
+            self.requested = True
 
     def note_signal(self, number: int) -> None:
         """`note`, for a handler given the signal's `number`."""
@@ -131,18 +132,14 @@ class StopRequest:
             signal.signal(signum, lambda number, frame: self.note_signal(number))
 
     @property
-    def requested(self) -> bool:
-        return self._noted
-
-    @property
     def signum(self) -> signal.Signals | None:
         """The signal that asked for the stop, None before any did."""
-        return signal.Signals[self.signal_name] if self._noted else None
+        return signal.Signals[self.signal_name] if self.requested else None
 
     def said(self, agreed: str) -> str:
         """A stop agreed on as `agreed`, said by this task's own signal where one came after
         its peers' (SIGTERM reaches the tasks in any order), so that a requeue signal requeues."""
-        return self.signal_name if agreed == PEERS_SIGNAL and self._noted else agreed
+        return self.signal_name if agreed == PEERS_SIGNAL and self.requested else agreed
 
     def wait(self, seconds: float | None = None) -> bool:
         """Whether this task was told to stop, waiting up to `seconds` for it."""

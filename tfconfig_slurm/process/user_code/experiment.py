@@ -160,8 +160,7 @@ def _names_hparams_elsewhere(tree: ast.Module) -> bool:
     for node in ast.walk(tree):
         mentions += isinstance(node, ast.Name) and node.id == "HPARAMS"
         if (
-            (isinstance(node, ast.alias) and "HPARAMS" in (node.name, node.asname))
-            or (isinstance(node, ast.alias) and node.name == "*")
+            (isinstance(node, ast.alias) and {node.name, node.asname} & {"HPARAMS", "*"})
             or (isinstance(node, ast.Global) and "HPARAMS" in node.names)
             or (isinstance(node, ast.Constant) and node.value == "HPARAMS")
         ):
