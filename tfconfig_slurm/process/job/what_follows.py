@@ -175,7 +175,13 @@ def after_failure(
             "(--no-kill) goes on with the nodes left",
         )
     else:
-        trained = done == 0 or _trained(model_dir, step)
+        # Whether the step trained at all: progress.json changed, or (a script of the user's
+        # keeps none) a later checkpoint was written; not by the times (two nodes' clocks).
+        trained = (
+            done == 0
+            or restarts.progress_mark(model_dir) not in ({}, step.progress_at_start)
+            or (history.checkpoint_step(model_dir) or 0) > (step.checkpoint_at_start or 0)
+        )
         judged = restarts.verdict(step.first, step.srun_said, trained=trained)
         judged = _not_hung_again(model_dir, job, step.first, judged)
     if not judged.again:
@@ -187,11 +193,9 @@ def after_failure(
         ), None
     step_now = history.checkpoint_step(model_dir)
     # A script of the user's may keep its checkpoints elsewhere (BackupAndRestore's folder).
-    resumed = (
-        f"from the checkpoint of step {step_now}"
-        if step_now is not None
-        else "with no checkpoint in its model directory"
-    )
+    resumed = "with no checkpoint in its model directory"
+    if step_now is not None:
+        resumed = f"from the checkpoint of step {step_now}"
     where = " on the nodes left" if left else ""
     return (
         f"{who}: starting the step again in job {job.name}{where} (restart {done + 1} of at "
@@ -214,15 +218,6 @@ def _not_hung_again(
             "hangs there",
         )
     return judged
-
-
-def _trained(model_dir: Path, step: restarts.Step) -> bool:
-    """Whether the step trained at all: progress.json changed, or (a script of the user's
-    keeps none) a later checkpoint was written; not by the times (two nodes' clocks)."""
-    if restarts.progress_mark(model_dir) not in ({}, step.progress_at_start):
-        return True
-    now = history.checkpoint_step(model_dir)
-    return now is not None and now > (step.checkpoint_at_start or 0)
 
 
 def after_node_failure(
