@@ -56,7 +56,6 @@ from tfconfig_slurm.process.records.run_dir import RunDir
 from tfconfig_slurm.process.supervision import supervise, watchdog
 from tfconfig_slurm.process.task import hang_watch, lifecycle, throughput
 from tfconfig_slurm.process.user_code import experiment as experiment_lib
-from tfconfig_slurm.process.user_code import hparams as hparams_lib
 
 FACTORY = "tests.fake_backend:backend"
 PACE_SECONDS = 0.05
@@ -92,7 +91,7 @@ def backend(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
         )
     if role is not None and os.environ.get(REFUSE_AS) == str(role.task_id):
         raise UsageError(REFUSE_AS, f"names {role.task_id}, which refuses on purpose", "unset it")
-    return FakeBackend(task, name, hparams_lib.with_overrides(literal, hparams))
+    return FakeBackend(task, name, experiment_lib.with_overrides(literal, hparams))
 
 
 class FakeBackend:

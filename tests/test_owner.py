@@ -1,4 +1,4 @@
-"""What the run's owner says in state.json across attempts (process/records/owner.py and
+"""What the run's owner says in state.json across attempts (process/records/attempts.py and
 reports.py)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tfconfig_slurm.process.records.owner import RunOwner
+from tfconfig_slurm.process.records.attempts import RunOwner
 from tfconfig_slurm.process.records.reports import RunState
 from tfconfig_slurm.process.records.run_dir import RunDir
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tfconfig_slurm.cluster.step import Allocation, SlurmJob
-from tfconfig_slurm.process.job import lost_nodes, restarts, what_follows
+from tfconfig_slurm.process.job import restarts, what_follows
 from tfconfig_slurm.process.records import reports
 from tfconfig_slurm.process.records.failure import Failure
 from tfconfig_slurm.process.supervision import watchdog
@@ -272,11 +272,11 @@ def test_a_job_that_goes_on_without_a_failed_node_asks_for_as_many_nodes_but_nev
     node2, and the new job would wait for it for ever."""
     held = Allocation(("node1", "node2"), (2, 2), (2, 2))
     record = {"NumNodes": "1", "ReqNodeList": "node[1-2]", "ExcNodeList": "node7", "Requeue": "0"}
-    asked = lost_nodes.without(record, held, ("node2",))
+    asked = restarts.without(record, held, ("node2",))
     assert asked == {**record, "NumNodes": "2", "ReqNodeList": "", "ExcNodeList": "node[2,7]"}
     unpinned = {**record, "ReqNodeList": "(null)", "ExcNodeList": "(null)"}
-    assert lost_nodes.without(unpinned, held, ("node2",))["ExcNodeList"] == "node2"
-    assert lost_nodes.without(unpinned, held, ("node2",))["ReqNodeList"] == "(null)"
+    assert restarts.without(unpinned, held, ("node2",))["ExcNodeList"] == "node2"
+    assert restarts.without(unpinned, held, ("node2",))["ReqNodeList"] == "(null)"
 
 
 @pytest.mark.parametrize(
@@ -295,14 +295,14 @@ def test_srun_options_that_size_a_step_by_nodes_or_tasks_are_found_before_its_co
 ) -> None:
     """Such a step cannot start again on the nodes left; the command's own words do not
     count."""
-    assert lost_nodes.sized_by(srun_args) == sized
+    assert restarts.sized_by(srun_args) == sized
 
 
 def test_the_watch_starts_at_a_task_s_end_or_a_node_s_failure_and_sees_nodes_gone() -> None:
-    assert lost_nodes.ended("srun: error: node1: tasks 0-1: Exited with exit code 3\n")
-    assert lost_nodes.ended("slurmstepd-node1: error: *** JOB 53 ON node1 CANCELLED AT x DUE "
+    assert restarts.ended("srun: error: node1: tasks 0-1: Exited with exit code 3\n")
+    assert restarts.ended("slurmstepd-node1: error: *** JOB 53 ON node1 CANCELLED AT x DUE "
                             "TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***")  # fmt: skip
-    assert not lost_nodes.ended("srun: Job 18 step creation temporarily disabled, retrying")
-    assert lost_nodes.gone(("node1", "node2"), ("node1",)) == ("node2",)
+    assert not restarts.ended("srun: Job 18 step creation temporarily disabled, retrying")
+    assert restarts.gone(("node1", "node2"), ("node1",)) == ("node2",)
     # slurmctld could not say: nothing is known gone.
-    assert lost_nodes.gone(("node1", "node2"), None) == ()
+    assert restarts.gone(("node1", "node2"), None) == ()

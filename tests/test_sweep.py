@@ -21,7 +21,7 @@ from tests.slurm_envs import task_env
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.records import claim
 from tfconfig_slurm.process.records.claim import Holder
-from tfconfig_slurm.process.user_code.hparams import swept, with_overrides
+from tfconfig_slurm.process.user_code.experiment import swept, with_overrides
 
 SWEEP = REPOSITORY / "launch" / "sweep"
 THREE = """# learning rates

@@ -1,6 +1,6 @@
-"""The stop before a job's time limit, without SLURM's warning signal (time_limit.py): squeue's
-time left read, the stop at the margin, a limit that moves (no SLURM needed: squeue is asked
-through a stand-in; the SLURM test of it is in test_faults.py)."""
+"""The stop before a job's time limit, without SLURM's warning signal (preemption.TimeLimit):
+squeue's time left read, the stop at the margin, a limit that moves (no SLURM needed: squeue is
+asked through a stand-in; the SLURM test of it is in test_faults.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from tests.cli import wait_until
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.process import slurm_commands, timing
-from tfconfig_slurm.process.job import time_limit
+from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.job.preemption import StopRequest
 
 JOB = SlurmJob(job_id=77, array_job_id=None, array_task_id=None, restart_count=0)
@@ -33,16 +33,16 @@ JOB = SlurmJob(job_id=77, array_job_id=None, array_task_id=None, restart_count=0
     ],
 )
 def test_squeue_s_time_left_in_seconds(shown: str, seconds: float | None) -> None:
-    assert time_limit.parse_time_left(shown) == seconds
+    assert preemption.parse_time_left(shown) == seconds
 
 
 class Answers:
     """squeue's answers, one a call, the last repeated; the seconds each call was given."""
 
-    def __init__(self, *lefts: float | time_limit.NoLimit) -> None:
+    def __init__(self, *lefts: float | preemption.NoLimit) -> None:
         self.given, self.seconds = list(lefts), list[float]()
 
-    def __call__(self, job: str, seconds: float) -> float | time_limit.NoLimit:
+    def __call__(self, job: str, seconds: float) -> float | preemption.NoLimit:
         self.seconds.append(seconds)
         return self.given.pop(0) if len(self.given) > 1 else self.given[0]
 
@@ -51,14 +51,14 @@ class Answers:
         return len(self.seconds)
 
 
-FAILED = time_limit.NoLimit("squeue failed: slurm_load_jobs error: Socket timed out", again=True)
+FAILED = preemption.NoLimit("squeue failed: slurm_load_jobs error: Socket timed out", again=True)
 
 
 def test_the_run_stops_at_the_margin_as_on_the_signal(caplog: pytest.LogCaptureFixture) -> None:
     stop = StopRequest()
     caplog.set_level(logging.INFO)
     # 4 s left: the margin is at most half of that, so the stop comes 2 s in.
-    time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=Answers(4.0))
+    preemption.watch(JOB, stop, "SIGUSR1", 120.0, ask=Answers(4.0))
     assert stop.wait(10.0)
     assert stop.signal_name == "SIGUSR1"
     assert "this run stops at" in caplog.text and "2 s before" in caplog.text
@@ -81,7 +81,7 @@ def test_the_stop_is_taken_before_slurmctld_is_told_and_never_waits_on_squeue(
 
     monkeypatch.setattr(slurm_commands, "failure", slow_scancel)
     stop, asked = StopRequest(), Answers(4.0)
-    time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=asked)
+    preemption.watch(JOB, stop, "SIGUSR1", 120.0, ask=asked)
     try:
         assert stop.wait(10.0) and told.wait(10.0)
         # At start, a minute; the last look 2 s before the stop, those 2 s.
@@ -97,7 +97,7 @@ def test_a_squeue_that_fails_at_start_is_asked_again_and_said_once(
     monkeypatch.setattr(timing, "LIMIT_RETRY_SECONDS", 0.05)
     caplog.set_level(logging.INFO)
     stop, asked = StopRequest(), Answers(FAILED, FAILED, FAILED, 4.0)
-    time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=asked)
+    preemption.watch(JOB, stop, "SIGUSR1", 120.0, ask=asked)
     assert stop.wait(10.0)
     # Three failures, the answer, the last look before the stop.
     assert asked.calls == 5
@@ -110,7 +110,7 @@ def test_a_squeue_that_keeps_failing_is_asked_ever_less_often(
 ) -> None:
     monkeypatch.setattr(timing, "LIMIT_RETRY_SECONDS", 0.2)
     stop, asked = StopRequest(), Answers(FAILED)
-    limit = time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=asked)
+    limit = preemption.watch(JOB, stop, "SIGUSR1", 120.0, ask=asked)
     # Asked at 0, 0.2, 0.6, 1.4 and 3.0 s: 4 or 5 times in 3 s, where every 0.2 s is 15.
     assert not stop.wait(3.0)
     assert 2 <= asked.calls <= 5 and limit.deadline is None
@@ -121,7 +121,7 @@ def test_a_limit_moved_later_moves_the_stop(caplog: pytest.LogCaptureFixture) ->
     stop = StopRequest()
     caplog.set_level(logging.INFO)
     # Asked again before the first stop was due (2 s in), the job has 100 s left.
-    time_limit.watch(JOB, stop, "SIGUSR1", 2.0, ask=Answers(4.0, 100.0))
+    preemption.watch(JOB, stop, "SIGUSR1", 2.0, ask=Answers(4.0, 100.0))
     assert not stop.wait(4.0)
     assert "job 77's time limit moved to" in caplog.text
     stop.ask("SIGTERM")
@@ -136,7 +136,7 @@ def test_the_last_look_comes_even_after_a_poll_just_before_its_window(
     monkeypatch.setattr(timing, "FINAL_LOOK_SECONDS", 1.0)
     caplog.set_level(logging.INFO)
     stop, asked = StopRequest(), Answers(6.0, 4.5, 100.0)
-    time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=asked)
+    preemption.watch(JOB, stop, "SIGUSR1", 120.0, ask=asked)
     assert not stop.wait(5.0)
     assert "job 77's time limit moved to" in caplog.text, caplog.text
     stop.ask("SIGTERM")
@@ -145,8 +145,8 @@ def test_the_last_look_comes_even_after_a_poll_just_before_its_window(
 def test_a_job_without_a_limit_is_not_watched(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     stop = StopRequest()
-    none = time_limit.NoLimit("it has none (UNLIMITED)", again=False)
-    limit = time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=Answers(none))
+    none = preemption.NoLimit("it has none (UNLIMITED)", again=False)
+    limit = preemption.watch(JOB, stop, "SIGUSR1", 120.0, ask=Answers(none))
     assert wait_until(lambda: "no time limit" in caplog.text, 5.0)
     assert "job 77: no time limit to stop before (it has none (UNLIMITED))" in caplog.text
     assert limit.deadline is None and not limit.due()
@@ -160,7 +160,7 @@ def test_a_task_that_only_follows_the_limit_never_stops_the_run(
     caplog.set_level(logging.INFO)
     stop = StopRequest()
     # 14 s left: the margin is 7 s, and the stop counts as due 5 s before that, 2 s in.
-    limit = time_limit.watch(JOB, stop, "SIGUSR1", 120.0, acts=False, ask=Answers(14.0))
+    limit = preemption.watch(JOB, stop, "SIGUSR1", 120.0, acts=False, ask=Answers(14.0))
     assert wait_until(lambda: limit.deadline is not None, 5.0) and not limit.due()
     assert not stop.wait(3.0)
     assert limit.due()
@@ -175,7 +175,7 @@ def test_a_checkpoint_slower_than_half_the_margin_moves_the_stop_earlier(
     the margin of 2 s would have left too little for the final checkpoint."""
     caplog.set_level(logging.INFO)
     stop = StopRequest()
-    limit = time_limit.watch(JOB, stop, "SIGUSR1", 2.0, acts=False, ask=Answers(14.0))
+    limit = preemption.watch(JOB, stop, "SIGUSR1", 2.0, acts=False, ask=Answers(14.0))
     assert wait_until(lambda: limit.deadline is not None, 5.0) and not limit.due()
     stop.checkpoint_written(20, 5.0)
     # 14 s left at start, less the 10 s margin: due about 4 s in, looked at every 5 s.
@@ -193,7 +193,7 @@ def test_checkpoints_quicker_than_the_margin_leave_it_alone(
 ) -> None:
     caplog.set_level(logging.INFO)
     stop = StopRequest()
-    time_limit.watch(JOB, stop, "SIGUSR1", 120.0, acts=False, ask=Answers(14.0))
+    preemption.watch(JOB, stop, "SIGUSR1", 120.0, acts=False, ask=Answers(14.0))
     stop.checkpoint_written(20, 1.0)
     # The margin stays 7 s (half of 14): not due yet, and a follower never stops the job.
     assert not stop.wait(9.0)
@@ -205,7 +205,7 @@ def test_a_limit_not_today_is_said_with_its_date(caplog: pytest.LogCaptureFixtur
     read as a limit already past."""
     caplog.set_level(logging.INFO)
     stop = StopRequest()
-    limit = time_limit.watch(JOB, stop, "SIGUSR1", 120.0, ask=Answers(2 * 86400.0))
+    limit = preemption.watch(JOB, stop, "SIGUSR1", 120.0, ask=Answers(2 * 86400.0))
     assert wait_until(lambda: limit.deadline is not None, 5.0)
     assert wait_until(lambda: "ends at its time limit" in caplog.text, 5.0)
     day = time.strftime("%Y-%m-%d", time.localtime(time.time() + 2 * 86400))

@@ -53,11 +53,10 @@ from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import held_signals
 from tfconfig_slurm.process.job import preemption
-from tfconfig_slurm.process.records import claim, failure, history, model_dir, refusal
+from tfconfig_slurm.process.records import attempts, claim, failure, history
 from tfconfig_slurm.process.supervision import local_cluster, supervise
 from tfconfig_slurm.process.task import hang_watch, lifecycle, place
 from tfconfig_slurm.process.user_code import experiment as experiment_lib
-from tfconfig_slurm.process.user_code import hparams as hparams_lib
 
 PROGRAM = "tfconfig-slurm-run"
 
@@ -94,7 +93,7 @@ def main(argv: Sequence[str]) -> int | None:
     # SLURM's job, read here once for the task's whole life (its step: place.find).
     job = read_slurm_job(os.environ)
     directory, hparams = run_directory.chosen(name, job)
-    with refusal.recording(directory, job):
+    with attempts.recording_refusal(directory, job):
         return _start(spec, kind, job, hparams, directory, stop=stop, stop_policy=stop_policy)
 
 
@@ -116,7 +115,7 @@ def _start(
     # Read now, so that a batch script's first call refuses a value every task would.
     hang_seconds = hang_watch.seconds_from(runtime_flags.HANG_TIMEOUT.value, os.environ)
     named = run_directory.naming()
-    model_dir.check_writable(directory, named)
+    history.check_writable(directory, named)
     if runtime_flags.PRINT_MAX_RESTARTS.value:
         if runtime_flags.PRINT_MODEL_DIR.value:
             raise UsageError(
@@ -185,7 +184,7 @@ def _check_literal_hparams(spec: str, hparams: str) -> None:
     task would refuse (and a local cluster's launcher before it starts any)."""
     literal = experiment_lib.literal_hparams(spec)
     if literal is not None:
-        hparams_lib.with_overrides(literal, hparams)
+        experiment_lib.with_overrides(literal, hparams)
 
 
 def _local_cluster(kind: str, policy: LayoutPolicy) -> dict[str, int] | None:

@@ -9,8 +9,8 @@ from pathlib import Path
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.commands import runtime_flags
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process.records import claim, model_dir, run_dir
-from tfconfig_slurm.process.user_code import hparams as hparams_lib
+from tfconfig_slurm.process.records import claim, history, run_dir
+from tfconfig_slurm.process.user_code import experiment as experiment_lib
 
 ID_VARIABLE = "EXPERIMENT_ID"
 
@@ -61,7 +61,7 @@ def _swept(sweep_file: Path, job: SlurmJob | None) -> tuple[str, str]:
             "picks a line by SLURM_ARRAY_TASK_ID, and this is not a job array task",
             "submit the sweep with launch/sweep SWEEP_FILE [flags]",
         )
-    lines = hparams_lib.sweep_lines(sweep_file)
+    lines = experiment_lib.sweep_lines(sweep_file)
     index = job.array_task_id
     if index >= len(lines):
         raise UsageError(
@@ -69,7 +69,7 @@ def _swept(sweep_file: Path, job: SlurmJob | None) -> tuple[str, str]:
             f"has {len(lines)} runs, and this is array task {index}",
             "submit the sweep with launch/sweep, which asks for one array task a line",
         )
-    hparams = hparams_lib.swept(runtime_flags.HPARAMS.value, lines[index])
+    hparams = experiment_lib.swept(runtime_flags.HPARAMS.value, lines[index])
     return hparams, f"{sweep_file.stem}-{index}"
 
 
@@ -93,7 +93,7 @@ def _experiment_id(default_id: str, *, swept: bool) -> str:
             "give a name without '/' or spaces, e.g. lr5e-4: the run goes in <output root>/<id>, "
             "where tfconfig-slurm runs lists it",
         )
-    model_dir.check_name(given, culprit)
+    history.check_name(given, culprit)
     return given
 
 

@@ -35,14 +35,13 @@ from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.commands import cli, json_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import ExitStatus, UsageError
-from tfconfig_slurm.process import polling
+from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.job import continuation
 from tfconfig_slurm.process.records import (
     attempts,
     claim,
     failure,
     history,
-    refusal,
     reports,
     run_dir,
 )
@@ -140,7 +139,7 @@ def _standing(folder: Path, argv: Sequence[str]) -> str:
     if len(argv) > 1:
         raise UsageError(repr(argv[1]), "is one word too many with --run", f"{PROGRAM} --run=DIR")
     # A local file, read once a second: squeue and scontrol are asked once, after.
-    polling.poll(
+    timing.poll(
         lambda: reports.read_state(folder).get("state"),
         lambda state: state != RunState.RUNNING,
         SETTLE.value,
@@ -291,7 +290,7 @@ def _run(folder: Path, jobs: Mapping[str, str] | None) -> dict[str, Any] | None:
     # attempt's start was: else the newest, if it came since.
     this_run = failure.read(folder, str(state["run"])) if state.get("run") else None
     first = this_run or failure.latest(folder)
-    refused = refusal.read(folder)
+    refused = attempts.read_refusal(folder)
     if not state and not paths.checkpoint_index.exists():
         # A task refused at its start records that as the run's failure too (its peers would
         # record it lost): the job was refused, as its refusal says.
@@ -352,7 +351,7 @@ def _updated(paths: run_dir.RunDir) -> float | None:
 
 
 def _refused_since(
-    refused: refusal.Refusal | None, state: Mapping[str, Any]
+    refused: attempts.Refusal | None, state: Mapping[str, Any]
 ) -> dict[str, Any] | None:
     """A job refused at its start since the run's last attempt began."""
     if refused is None or refused.time <= _last_attempt_started(state):

@@ -22,7 +22,6 @@ from tfconfig_slurm.process import console
 from tfconfig_slurm.process.records import claim, history, reports
 from tfconfig_slurm.process.task import lifecycle, native_noise, place
 from tfconfig_slurm.process.user_code import experiment as experiment_lib
-from tfconfig_slurm.process.user_code import hparams as hparams_lib
 
 # What makes a backend for a task, with the run's --hparams.
 Factory = Callable[[lifecycle.TaskRun, str], lifecycle.Backend]
@@ -90,7 +89,9 @@ def _settings(
         params={
             **trained_with(
                 directory,
-                hparams_lib.with_overrides(experiment.hparams, hparams, experiment.check_hparams),
+                experiment_lib.with_overrides(
+                    experiment.hparams, hparams, experiment.check_hparams
+                ),
                 runtime_flags.TRAIN_STEPS.value,
             ),
             "batch_size": runtime_flags.BATCH_SIZE.value,

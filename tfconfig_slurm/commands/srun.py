@@ -39,7 +39,7 @@ from tfconfig_slurm.commands import max_restarts_flag, model_dir_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import ExitStatus, SlurmEnvironmentError, UsageError
 from tfconfig_slurm.process import exits
-from tfconfig_slurm.process.job import lost_nodes, preemption, restarts, what_follows
+from tfconfig_slurm.process.job import preemption, restarts, what_follows
 from tfconfig_slurm.process.records import attempts, history
 
 PROGRAM = "tfconfig-slurm srun"
@@ -116,7 +116,7 @@ def _steps(
     signals = _Signals()
     environ: dict[str, str] | None = None
     # A step srun's options size by nodes or tasks cannot start again on fewer nodes.
-    sized = lost_nodes.sized_by(command[1:])
+    sized = restarts.sized_by(command[1:])
     # Counted here, in memory, for this call's steps: a count in the run's state.json, which
     # a task on another node rewrites whole, may read stale on a network file system.
     done = 0
@@ -196,20 +196,20 @@ def _step(
     kept = []
     with subprocess.Popen(command, stderr=subprocess.PIPE, env=environ) as srun:
         signals.srun = srun
-        watching = lost_nodes.NodeWatch(job, held.nodes if held else (), srun)
+        watching = restarts.NodeWatch(job, held.nodes if held else (), srun)
         assert srun.stderr is not None
         for each in srun.stderr:
             sys.stderr.buffer.write(each)
             sys.stderr.flush()
             if each.startswith(_SRUN_LINES):
                 kept.append(kept_line := each.decode(errors="replace"))
-                if watch and held is not None and lost_nodes.ended(kept_line):
+                if watch and held is not None and restarts.ended(kept_line):
                     watching.noticed()
     left = watching.left
     # srun may end of itself once SLURM told it of the node's failure. Told to stop, the
     # caller asks once itself (what_follows.after_node_failure).
     if not left and srun.returncode != 0 and held is not None and not signals.stop.requested:
-        left = lost_nodes.gone(held.nodes, lost_nodes.nodes_now(job))
+        left = restarts.gone(held.nodes, restarts.nodes_now(job))
     return exits.exit_status(srun.returncode), "".join(kept), left
 
 

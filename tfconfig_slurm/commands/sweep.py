@@ -31,7 +31,7 @@ from tfconfig_slurm.commands import run_directory, runtime_flags
 from tfconfig_slurm.commands.cli import FLAG_ERRORS, flag_error, help_asked, run_cli
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import slurm_commands
-from tfconfig_slurm.process.records import model_dir
+from tfconfig_slurm.process.records import history
 from tfconfig_slurm.process.records.run_dir import SWEEPS
 from tfconfig_slurm.process.task import native_noise
 
@@ -175,7 +175,7 @@ def _kept(sweep_file: Path, lines: Sequence[str]) -> tuple[Path, str]:
     """Where the sweep's lines are kept under the output root, for the array's tasks to read,
     and their text; a sweep of the same name submitted before with other lines is refused."""
     kept = Path(run_directory.output_root(), SWEEPS, f"{sweep_file.stem}.txt").absolute()
-    model_dir.check_room(kept.parent, run_directory.naming())
+    history.check_room(kept.parent, run_directory.naming())
     text = "".join(f"{line}\n" for line in lines)
     if kept.exists() and kept.read_text() != text:
         raise UsageError(
@@ -235,9 +235,8 @@ def _without_own_flags(arguments: list[str]) -> list[str]:
 def _checked_lines(sweep_file: Path) -> list[str]:
     """The sweep's lines, each checked against the experiment's HPARAMS."""
     from tfconfig_slurm.process.user_code import experiment as experiment_lib  # noqa: PLC0415
-    from tfconfig_slurm.process.user_code import hparams as hparams_lib  # noqa: PLC0415
 
-    lines = hparams_lib.sweep_lines(sweep_file)
+    lines = experiment_lib.sweep_lines(sweep_file)
     if not lines:
         raise UsageError(
             "SWEEP_FILE",
@@ -250,12 +249,15 @@ def _checked_lines(sweep_file: Path) -> list[str]:
         os.environ.update(experiment_lib.choose_jax(os.environ))
     # An experiment that imports TensorFlow 2.16+ would write its start-up notes here.
     with native_noise.start_up_notes_held(gpus_asked=False):
-        experiment = experiment_lib.load_for(kind, spec)
+        load = (
+            experiment_lib.load if kind == experiment_lib.ESTIMATOR else experiment_lib.load_keras
+        )
+        experiment = load(spec)
     for number, line in enumerate(lines):
         try:
-            hparams_lib.with_overrides(
+            experiment_lib.with_overrides(
                 experiment.hparams,
-                hparams_lib.swept(runtime_flags.HPARAMS.value, line),
+                experiment_lib.swept(runtime_flags.HPARAMS.value, line),
                 experiment.check_hparams,
             )
         except UsageError as error:

@@ -36,8 +36,8 @@ from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.commands import layout_flags, model_dir_flag
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process.records import claim, failure, history, model_dir
-from tfconfig_slurm.process.records.owner import RunOwner, owns_run
+from tfconfig_slurm.process.records import claim, failure, history
+from tfconfig_slurm.process.records.attempts import RunOwner, owns_run
 from tfconfig_slurm.process.records.run_dir import RunDir
 from tfconfig_slurm.process.supervision import supervise, watchdog
 from tfconfig_slurm.process.task import place
@@ -310,7 +310,7 @@ def _run_held(
     same_experiment = functools.partial(
         history.check_same_experiment, directory, script, _NAMING, scripts_share=True
     )
-    _, held = model_dir.claimed(directory, role, _NAMING, job, same_experiment)
+    _, held = claim.claimed(directory, role, _NAMING, job, same_experiment)
     failure.attach(directory, role, node)
     if not owns_run(role):
         return None, held

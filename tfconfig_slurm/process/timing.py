@@ -1,7 +1,13 @@
 """The runtime's timing budget: every wait, grace and period, each with its reason, in one
-place, as several interlock (tests/test_timing.py checks how)."""
+place, as several interlock (tests/test_timing.py checks how); and `poll`, the one wait for what
+another process writes or says."""
 
 from __future__ import annotations
+
+import time
+from typing import Callable, TypeVar
+
+_T = TypeVar("_T")
 
 # --- SLURM's, not ours: the bound a stop works inside ---
 
@@ -78,7 +84,7 @@ SETTLE_SECONDS = 0.5
 # squeue, asked at a start whether a lock's job still runs, is given this long.
 SQUEUE_SECONDS = 10.0
 
-# --- The job's time limit (process/job/time_limit.py) ---
+# --- The job's time limit (process/job/preemption.py) ---
 
 # squeue is asked for the time left this often, as scontrol update TimeLimit= moves it.
 LIMIT_POLL_SECONDS = 60.0
@@ -91,7 +97,7 @@ LIMIT_LOOK_SECONDS = 5.0
 # A limit that moved by less than this did not move: squeue's own rounding.
 LIMIT_MOVED_SECONDS = 5.0
 
-# --- A node that left a --no-kill job (process/job/lost_nodes.py) ---
+# --- A node that left a --no-kill job (process/job/restarts.py) ---
 
 # How often the batch script's srun wrapper asks scontrol for the job's nodes once a task
 # ended (only the job's record says a --no-kill job's node is gone)...
@@ -119,3 +125,18 @@ CHECKPOINT_LOOK_SECONDS = 2.0
 POLL_SECONDS = 0.1
 # How long the end of a command's output is waited for once it has exited.
 OUTPUT_FINISH_SECONDS = 5.0
+
+
+def poll(
+    read: Callable[[], _T],
+    done: Callable[[_T], bool],
+    seconds: float,
+    every: float = POLL_SECONDS,
+) -> _T:
+    """Reads every `every` seconds until `done` holds or `seconds` pass; the last value read."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = read()
+        if done(value) or time.monotonic() >= deadline:
+            return value
+        time.sleep(every)

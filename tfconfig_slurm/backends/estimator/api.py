@@ -21,7 +21,7 @@ from tfconfig_slurm.cluster.step import read_slurm_job
 from tfconfig_slurm.errors import TfconfigSlurmError, UsageError
 from tfconfig_slurm.process import console, exits
 from tfconfig_slurm.process.job import preemption
-from tfconfig_slurm.process.records import claim, model_dir
+from tfconfig_slurm.process.records import claim, history
 from tfconfig_slurm.process.supervision import local_cluster
 from tfconfig_slurm.process.task import hang_watch, lifecycle, place
 
@@ -84,7 +84,7 @@ def _run(
     faulthandler.register(signal.SIGQUIT, all_threads=True)
     _check_arguments(estimator, train_spec, eval_spec, layout)
     directory = Path(estimator.model_dir)
-    model_dir.check_writable(directory, _NAMING)
+    history.check_writable(directory, _NAMING)
     # SLURM's job, read here once for the task's whole life (its step: place.find).
     job = read_slurm_job(os.environ)
     counts = os.environ.pop(LOCAL_CLUSTER, "")

@@ -35,7 +35,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process import polling, timing
+from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.job import preemption
 
 OnToken = Callable[[int], None]
@@ -180,7 +180,7 @@ class PreemptionHook(tf.compat.v1.train.SessionRunHook):
             session.run(self._say_stopped)
         if self._count_stopped is not None:
             workers = self._trainers - 1
-            stopped = polling.poll(
+            stopped = timing.poll(
                 lambda: int(session.run(self._count_stopped)),
                 lambda count: count >= workers,
                 timing.PREEMPT_WAIT_SECONDS,

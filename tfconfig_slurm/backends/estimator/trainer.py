@@ -275,7 +275,7 @@ def _batch_size() -> tf.Tensor | None:
 
 class CheckpointTimer(tf.compat.v1.train.CheckpointSaverListener):
     """Times each checkpoint the chief writes, for the stop before the time limit
-    (process/job/time_limit.py). The hang watch rests from a checkpoint to the next step: a
+    (process/job/preemption.py). The hang watch rests from a checkpoint to the next step: a
     single process's train_and_evaluate evaluates there."""
 
     def __init__(self, stop: preemption.StopRequest) -> None:

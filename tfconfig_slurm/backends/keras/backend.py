@@ -145,7 +145,7 @@ def built_model(experiment: KerasExperiment, params: Mapping[str, Any]) -> Any:
 
 class Saver:
     """Checkpoints numbered by the global step: the chief's (or a single process's) into the
-    model directory, timed for the stop before the time limit (process/job/time_limit.py);
+    model directory, timed for the stop before the time limit (process/job/preemption.py);
     another trainer's into a scratch directory it deletes, since every trainer must take
     part in a save."""
 

@@ -29,8 +29,8 @@ from tfconfig_slurm.backends.keras.backend import (
     write_eval_scalars,
     write_scalars,
 )
-from tfconfig_slurm.process.records import model_dir, reports
-from tfconfig_slurm.process.records.owner import owns_run
+from tfconfig_slurm.process.records import history, reports
+from tfconfig_slurm.process.records.attempts import owns_run
 from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import hang_watch, keras_run
 from tfconfig_slurm.process.task.keras_run import FitRun, watched_peers
@@ -174,7 +174,7 @@ def _check_same_start(strategy: tf.distribute.Strategy, start: int, directory: P
     train from other weights, and its steps would outlast the chief's, which hangs."""
     gather = _collective(strategy, lambda context, step: context.all_gather(step, axis=0))
     steps = gather(tf.constant([start], tf.int64))
-    model_dir.check_same_start(directory, [int(step) for step in steps], "trainers")
+    history.check_same_start(directory, [int(step) for step in steps], "trainers")
 
 
 class _FinishInside(keras.callbacks.Callback):  # type: ignore[misc]

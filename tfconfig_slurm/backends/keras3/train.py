@@ -41,8 +41,8 @@ from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.job import preemption
-from tfconfig_slurm.process.records import history, model_dir, reports
-from tfconfig_slurm.process.records.owner import owns_run
+from tfconfig_slurm.process.records import history, reports
+from tfconfig_slurm.process.records.attempts import owns_run
 from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import hang_watch, keras_run
 from tfconfig_slurm.process.task.keras_run import FitRun, watched_peers
@@ -102,7 +102,7 @@ class Keras3Backend(FitRun):
                 with _a_lost_peer_named(peers):
                     start = history.checkpoint_step(settings.model_dir) or 0
                     starts = [int(each) for each in processes.gather([start])[:, 0]]
-                    model_dir.check_same_start(settings.model_dir, starts, "processes")
+                    history.check_same_start(settings.model_dir, starts, "processes")
             model = built_model(experiment, params)
             checkpoints = Checkpoints(
                 model, settings.model_dir, role, settings.keep_checkpoint_max, stop=self._stop

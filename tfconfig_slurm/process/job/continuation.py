@@ -16,7 +16,7 @@ from pathlib import Path
 from absl import logging
 
 from tfconfig_slurm.cluster.step import CONTINUATION, SlurmJob
-from tfconfig_slurm.process import polling, slurm_commands, timing
+from tfconfig_slurm.process import slurm_commands, timing
 from tfconfig_slurm.process.records import reports
 from tfconfig_slurm.process.records.run_dir import OUTPUT_ROOT_VARIABLE, RunDir
 
@@ -178,7 +178,7 @@ def submit(
 def _submitted_by_another(model_dir: Path, job: SlurmJob) -> str:
     """The job another task, which claimed it first, submitted to continue `job`."""
     seconds = timing.SLURM_COMMAND_SECONDS * 2
-    continued = polling.poll(
+    continued = timing.poll(
         lambda: read(model_dir), lambda said: said is not None and said.after == job.name, seconds
     )
     if continued is None or continued.after != job.name:
@@ -204,7 +204,7 @@ class ContinuationError(Exception):
 
 def resources(record: Mapping[str, str]) -> list[str]:
     """The sbatch options that ask for what the job of `record` asked for."""
-    options = {**_named_options(record), **_per_node(record), **_gpus_and_memory(record)}
+    options = {**_named_options(record), **_asked(record)}
     # An array task (a sweep's run) goes on as the same index, which picks its line.
     if record.get("ArrayTaskId", "").isdigit():
         options["--array"] = record["ArrayTaskId"]
@@ -257,8 +257,9 @@ def _named_options(record: Mapping[str, str]) -> dict[str, str | None]:
     return options
 
 
-def _per_node(record: Mapping[str, str]) -> dict[str, str | None]:
-    """Tasks, sockets and generic resources a node, where `record` asked for them."""
+def _asked(record: Mapping[str, str]) -> dict[str, str | None]:
+    """Tasks, sockets and generic resources a node, GPUs (with their memory and CPUs), memory,
+    temporary disk and nice, where `record` asked for them."""
     options: dict[str, str | None] = {}
     per_node = record.get("NtasksPerN:B:S:C", "").split(":")[0]
     if per_node.isdigit() and int(per_node) > 0:
@@ -272,12 +273,6 @@ def _per_node(record: Mapping[str, str]) -> dict[str, str | None]:
     ]
     if gres:
         options["--gres"] = ",".join(gres)
-    return options
-
-
-def _gpus_and_memory(record: Mapping[str, str]) -> dict[str, str | None]:
-    """GPUs (with their memory and CPUs), memory, temporary disk and nice, as `record` asks."""
-    options: dict[str, str | None] = {}
     for field, option in (
         ("TresPerJob", "--gpus"),
         ("TresPerTask", "--gpus-per-task"),
@@ -285,7 +280,14 @@ def _gpus_and_memory(record: Mapping[str, str]) -> dict[str, str | None]:
         ("MemPerTres", "--mem-per-gpu"),
         ("CpusPerTres", "--cpus-per-gpu"),
     ):
-        options[option] = _gpus(record.get(field, ""))
+        # As --gpus takes them (`gres:gpu:a100:2`: `a100:2`).
+        gpus = (
+            item.removeprefix(prefix)
+            for item in record.get(field, "").split(",")
+            for prefix in ("gres:gpu:", "gres/gpu:", "gres/gpu=")
+            if item.startswith(prefix)
+        )
+        options[option] = next(gpus, None)
     for field, option in (
         ("MinMemoryNode", "--mem"),
         ("MinMemoryCPU", "--mem-per-cpu"),
@@ -295,15 +297,6 @@ def _gpus_and_memory(record: Mapping[str, str]) -> dict[str, str | None]:
         if record.get(field, "0") not in ("0", *NO_VALUE):
             options[option] = record[field]
     return options
-
-
-def _gpus(tres: str) -> str | None:
-    """The GPUs of a TRES field as --gpus takes them (`gres:gpu:a100:2`: `a100:2`), or None."""
-    for item in tres.split(","):
-        for prefix in ("gres:gpu:", "gres/gpu:", "gres/gpu="):
-            if item.startswith(prefix):
-                return item.removeprefix(prefix)
-    return None
 
 
 def _pattern(path: str, record: Mapping[str, str]) -> str | None:

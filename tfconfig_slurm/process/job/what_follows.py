@@ -12,7 +12,7 @@ from absl import logging
 from tfconfig_slurm.cluster.step import Allocation, SlurmJob
 from tfconfig_slurm.errors import ExitStatus
 from tfconfig_slurm.process import slurm_commands
-from tfconfig_slurm.process.job import continuation, lost_nodes, restarts
+from tfconfig_slurm.process.job import continuation, restarts
 from tfconfig_slurm.process.job.preemption import StopPolicy
 from tfconfig_slurm.process.records import attempts, failure, history, reports
 from tfconfig_slurm.process.records.failure import Failure
@@ -28,17 +28,14 @@ def after_stop(
     """The exit status of a task stopped on a signal, once the job is requeued or not."""
     if stopped_on in policy.requeue_on:
         return requeue(environ, job, policy.max_requeues, stopped_on, model_dir)
-    if job is None:
-        logging.info(
-            "stopped on %s with a checkpoint of every step taken: %s",
-            stopped_on,
-            _resume(model_dir),
-        )
-        return ExitStatus.DONE
+    not_requeued = (
+        "; not requeueing the job (a --preempt_signal requeues it, and SIGTERM with "
+        "--requeue_on_sigterm)"
+    )
     logging.info(
-        "stopped on %s with a checkpoint of every step taken; not requeueing the job (a "
-        "--preempt_signal requeues it, and SIGTERM with --requeue_on_sigterm): %s",
+        "stopped on %s with a checkpoint of every step taken%s: %s",
         stopped_on,
+        "" if job is None else not_requeued,
         _resume(model_dir),
     )
     return ExitStatus.DONE
@@ -177,7 +174,13 @@ def after_failure(
             "(--no-kill) goes on with the nodes left",
         )
     else:
-        trained = done == 0 or _trained(model_dir, step)
+        # Whether the step trained at all: progress.json changed, or (a script of the user's
+        # keeps none) a later checkpoint was written; not by the times (two nodes' clocks).
+        trained = (
+            done == 0
+            or restarts.progress_mark(model_dir) not in ({}, step.progress_at_start)
+            or (history.checkpoint_step(model_dir) or 0) > (step.checkpoint_at_start or 0)
+        )
         judged = restarts.verdict(step.first, step.srun_said, trained=trained)
         judged = _not_hung_again(model_dir, job, step.first, judged)
     if not judged.again:
@@ -189,11 +192,9 @@ def after_failure(
         ), None
     step_now = history.checkpoint_step(model_dir)
     # A script of the user's may keep its checkpoints elsewhere (BackupAndRestore's folder).
-    resumed = (
-        f"from the checkpoint of step {step_now}"
-        if step_now is not None
-        else "with no checkpoint in its model directory"
-    )
+    resumed = "with no checkpoint in its model directory"
+    if step_now is not None:
+        resumed = f"from the checkpoint of step {step_now}"
     where = " on the nodes left" if left else ""
     return (
         f"{who}: starting the step again in job {job.name}{where} (restart {done + 1} of at "
@@ -218,15 +219,6 @@ def _not_hung_again(
     return judged
 
 
-def _trained(model_dir: Path, step: restarts.Step) -> bool:
-    """Whether the step trained at all: progress.json changed, or (a script of the user's
-    keeps none) a later checkpoint was written; not by the times (two nodes' clocks)."""
-    if restarts.progress_mark(model_dir) not in ({}, step.progress_at_start):
-        return True
-    now = history.checkpoint_step(model_dir)
-    return now is not None and now > (step.checkpoint_at_start or 0)
-
-
 def after_node_failure(
     model_dir: Path, job: SlurmJob, held: Allocation, environ: Mapping[str, str], most: int
 ) -> str:
@@ -234,7 +226,7 @@ def after_node_failure(
     ("" where none is known to have): one that may not requeue goes on without the node."""
     record = continuation.job_record(job.name)
     # A job ending lists fewer nodes as each completes: only those Slurm says failed are.
-    left = lost_nodes.down(lost_nodes.gone(held.nodes, lost_nodes.nodes_of(record)))
+    left = restarts.down(restarts.gone(held.nodes, restarts.nodes_of(record)))
     if isinstance(record, str) or not left:
         return ""
     nodes = restarts.nodes_named(left)
@@ -253,7 +245,7 @@ def after_node_failure(
             f"of at most {most} (--max_restarts): it ends"
         )
     try:
-        new = continuation.submit(job, model_dir, environ, lost_nodes.without(record, held, left))
+        new = continuation.submit(job, model_dir, environ, restarts.without(record, held, left))
     except continuation.ContinuationError as error:
         return f"{refused}, and the run cannot go on in a new job: {error}"
     attempts.record(model_dir, job, f"{nodes} failed", continued_in=new)

@@ -13,15 +13,19 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, TypeVar
 
+from tfconfig_slurm.cluster.layout import CHIEF
+from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process import slurm_commands, timing
 from tfconfig_slurm.process.records import files
 from tfconfig_slurm.process.records.run_dir import RunDir
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -49,13 +53,13 @@ def this_holder(job: SlurmJob | None) -> Holder:
     return Holder(job=job.name if job else None, host=socket.gethostname(), pid=os.getpid())
 
 
+@dataclass(frozen=True)
 class Claim:
     """A held model directory; `renew()` keeps it held from a thread, `release()` frees it."""
 
-    def __init__(self, lock: Path, holder: Holder) -> None:
-        self.lock = lock
-        self.holder = holder
-        self._stopped = threading.Event()
+    lock: Path
+    holder: Holder
+    _stopped: threading.Event = field(default_factory=threading.Event)
 
     def renew(self) -> None:
         """Renews the lock every timing.RENEW_SECONDS from a daemon thread, until release()."""
@@ -100,8 +104,10 @@ def claim(model_dir: Path, holder: Holder, naming: Naming = CLI_NAMING) -> Claim
     """Makes and holds `model_dir` for `holder`'s run (shared with its other tasks and its
     requeued job; a stale holder's taken over), or raises UsageError naming the live holder."""
     model_dir.mkdir(parents=True, exist_ok=True)
-    lock = RunDir(model_dir).lock
-    if _write(lock, holder, replace=False):
+    lock, text = RunDir(model_dir).lock, json.dumps(asdict(holder))
+    # Without hard links, a reader may find it empty: unreadable, which only a later run would
+    # act on.
+    if files.create_whole(lock, text):
         return Claim(lock, holder)
     current = _read(lock)
     if current is not None and current[0].same_run(holder):
@@ -109,7 +115,7 @@ def claim(model_dir: Path, holder: Holder, naming: Naming = CLI_NAMING) -> Claim
     if current is not None and not _gone(*current):
         _refuse(model_dir, naming, *current)
     # Gone, or unreadable (a lock cut short by a full disk): take it over.
-    _write(lock, holder, replace=True)
+    files.write_atomically(lock, text)
     time.sleep(timing.SETTLE_SECONDS)
     current = _read(lock)
     if current is not None and not current[0].same_run(holder):
@@ -123,6 +129,33 @@ def check(model_dir: Path, holder: Holder, naming: Naming = CLI_NAMING) -> None:
     current = _read(RunDir(model_dir).lock)
     if current is not None and not current[0].same_run(holder) and not _gone(*current):
         _refuse(model_dir, naming, *current)
+
+
+def claimed(
+    model_dir: Path,
+    role: ClusterRole | None,
+    naming: Naming,
+    job: SlurmJob | None,
+    load: Callable[[], T],
+) -> tuple[T, Claim | None]:
+    """The model directory claimed for this task: refused at once where another live run holds
+    it, then `load()` (which may refuse the run before anything is written), then made and
+    held. Returns what `load` returned, and the claim this task renews and releases, if any."""
+    # A --local_cluster's task holds none (its launcher holds it), nor outside SLURM any but
+    # the chief, which alone can tell its run from another.
+    unheld = role is not None and (role.in_local_cluster or (role.role != CHIEF and job is None))
+    holder = None if unheld else this_holder(job)
+    if holder is not None:
+        check(model_dir, holder, naming)
+    loaded = load()
+    if holder is None:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        return loaded, None
+    held = claim(model_dir, holder, naming)
+    if role is not None and role.role != CHIEF:
+        return loaded, None
+    held.renew()
+    return loaded, held
 
 
 def held_by_live_run(model_dir: Path) -> bool | None:
@@ -140,17 +173,6 @@ def _refuse(model_dir: Path, naming: Naming, holder: Holder, age: float) -> None
         f"{naming.run_fix}, or wait for that run to end; a lock whose run is gone is taken "
         f"over, at the latest {timing.STALE_SECONDS:.0f} s after it was last renewed",
     )
-
-
-def _write(lock: Path, holder: Holder, *, replace: bool) -> bool:
-    """Writes the lock whole; without `replace`, only where none exists (else False)."""
-    text = json.dumps(asdict(holder))
-    if not replace:
-        # Without hard links, a reader may find it empty: unreadable, which only a later run
-        # would act on.
-        return files.create_whole(lock, text)
-    files.write_atomically(lock, text)
-    return True
 
 
 def _read(lock: Path) -> tuple[Holder, float] | None:

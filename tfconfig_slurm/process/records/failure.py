@@ -41,14 +41,6 @@ class Failure:
     seen_by: str | None
     time: float
 
-    def is_loss(self) -> bool:
-        """Whether a watcher recorded the task lost (killed, or its node cut off), not failed."""
-        return (
-            self.seen_by is not None
-            and self.exit_status is None
-            and self.what.startswith(STOPPED_ANSWERING)
-        )
-
     def hung_at(self) -> int | None:
         """The global step a hung trainer made no step after; None for another failure."""
         if not self.what.startswith(HUNG):
@@ -90,28 +82,24 @@ def recording_errors() -> Iterator[None]:
     try:
         yield
     except Exception as error:
-        attached = _TASK.attached
-        if attached is not None:
-            text = describe(error)
-            status = (
-                ExitStatus.REFUSED if isinstance(error, TfconfigSlurmError) else ExitStatus.FAILED
-            )
-            task = str(attached.role.task_id)
-            _record(attached, Failure(task, attached.node, text, status, None, time.time()))
+        status = ExitStatus.REFUSED if isinstance(error, TfconfigSlurmError) else ExitStatus.FAILED
+        _record_own(describe(error), status)
         raise
 
 
 def record_exit(returncode: int, why: str = "") -> None:
     """This task's command failed with `returncode`, its output saying last `why`."""
+    what = f"its command failed: {why}" if why else "its command failed; its output says why"
+    if returncode < 0:
+        what = f"its command {exits.how_it_ended(returncode)}"
+    _record_own(_one_line(what), exits.exit_status(returncode))
+
+
+def _record_own(what: str, status: int) -> None:
     attached = _TASK.attached
     if attached is not None:
-        what = f"its command failed: {why}" if why else "its command failed; its output says why"
-        if returncode < 0:
-            what = f"its command {exits.how_it_ended(returncode)}"
-        what = _one_line(what)
-        status = exits.exit_status(returncode)
-        task = str(attached.role.task_id)
-        _record(attached, Failure(task, attached.node, what, status, None, time.time()))
+        own = Failure(str(attached.role.task_id), attached.node, what, status, None, time.time())
+        _record(attached, own)
 
 
 def record_lost(name: str, address: str, what: str) -> Failure | None:

@@ -1,11 +1,16 @@
 """What a run directory already holds, said before an attempt starts, and the directories an
-attempt refuses: another backend's checkpoints, another experiment's run. No TensorFlow here.
+attempt refuses: one that cannot be written, another backend's checkpoints, another
+experiment's run, one not shared by every node. No TensorFlow here.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -13,6 +18,97 @@ from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.records import reports
 from tfconfig_slurm.process.records.claim import Naming
 from tfconfig_slurm.process.records.run_dir import RunDir
+
+# Less than this free, a run would fail at its first checkpoint, with a partial file left.
+_MIN_FREE_BYTES = 64 * 2**20
+# The longest file name Linux's filesystems take, in bytes.
+NAME_MAX = 255
+
+
+def check_name(name: str, culprit: str) -> None:
+    """Refuses a run's folder name longer than a file name may be."""
+    if len(os.fsencode(name)) > NAME_MAX:
+        raise UsageError(
+            culprit,
+            f"names a folder of {len(os.fsencode(name))} bytes, longer than the {NAME_MAX} a "
+            "file name may have",
+            f"give {culprit} a name of at most {NAME_MAX} bytes",
+        )
+
+
+def check_writable(model_dir: Path, naming: Naming) -> None:
+    """Fails before anything is created when the model directory cannot be made or written."""
+    # Absolute: "." has no parts of its own.
+    *parents, name = model_dir.absolute().parts
+    check_name(name, naming.run)
+    if any(len(os.fsencode(part)) > NAME_MAX for part in parents):
+        raise UsageError(
+            naming.root,
+            f"has a folder name longer than {NAME_MAX} bytes: {model_dir.parent}",
+            f"choose a directory that can exist, e.g. {naming.root_example}",
+        )
+    # Where this user may not look, check_room says so.
+    with contextlib.suppress(PermissionError):
+        if model_dir.exists() and not model_dir.is_dir():
+            # The run's own name is taken by a file: another name is the fix, not another root.
+            raise UsageError(
+                naming.run, f"names {model_dir}, a file, not a directory", naming.run_fix
+            )
+    check_room(model_dir, naming)
+
+
+def check_room(folder: Path, naming: Naming) -> None:
+    """Fails where `folder` cannot be made or written, or its disk is nearly full."""
+    existing = next(path for path in (folder, *folder.parents) if _exists(path))
+    problem = ""
+    if not os.access(existing.parent, os.X_OK):
+        problem = f"{existing} cannot be reached: {existing.parent} is not searchable"
+    elif not existing.is_dir():
+        problem = f"{existing} is a file, not a directory"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problem = f"{existing} is not writable"
+    elif (disk := shutil.disk_usage(existing)).total == 0:
+        # /proc, /sys: the kernel's views, which root may "write" but which hold no files.
+        problem = f"{existing} is on a filesystem of no size (the kernel's, like /proc)"
+    elif (free := disk.free) < _MIN_FREE_BYTES:
+        problem = (
+            f"{existing} has only {free / 2**20:.1f} MiB free, less than the "
+            f"{_MIN_FREE_BYTES // 2**20} MiB a run needs to start: its first checkpoint would "
+            "fail half-written"
+        )
+    if problem:
+        raise UsageError(
+            naming.root,
+            f"cannot hold {folder}: {problem}",
+            f"choose a writable directory with room, e.g. {naming.root_example}",
+        )
+
+
+def _exists(path: Path) -> bool:
+    """Whether `path` exists, as far as this user can tell (then found unreachable)."""
+    try:
+        return path.exists()
+    except PermissionError:
+        return True
+
+
+def export_due(model_dir: Path, name: str, *, trained: bool) -> bool:
+    """Whether a run exports its model: unless it trained no step and exported already, as
+    Estimator does. Every trainer answers alike, as their collective export needs."""
+    exported = RunDir(model_dir).export(name)
+    return trained or not (exported.is_dir() and any(exported.iterdir()))
+
+
+def check_same_start(model_dir: Path, steps: Sequence[int], who: str) -> None:
+    """Refuses trainers (`who`) that restored different global `steps`: unshared directories."""
+    if min(steps) != max(steps):
+        raise UsageError(
+            "--output_root",
+            f"the {who} restored different checkpoints of {model_dir} (global steps "
+            f"{min(steps)} to {max(steps)}): it is not the same directory on every node",
+            "put --output_root on a file system every node of the job mounts",
+        )
+
 
 # Whose checkpoints a directory holds, by their names in TensorFlow's `checkpoint` index.
 ESTIMATOR = "Estimator's"  # model.ckpt-N
@@ -34,11 +130,6 @@ class Checkpoint(NamedTuple):
     written_by: str
     # As the index names it: relative to the directory, or whole.
     path: str
-
-    def is_in(self, model_dir: Path) -> bool:
-        """Whether its files are there: Keras 3's one file, or TensorFlow's index."""
-        suffix = "" if self.written_by == KERAS_3 else ".index"
-        return any((model_dir / f"{path}{suffix}").exists() for path in (self.path, self.name))
 
 
 def latest_checkpoint(model_dir: Path) -> Checkpoint | None:
@@ -81,7 +172,9 @@ def check_resumable(model_dir: Path, writes: str, naming: Naming) -> None:
             f"not {writes}: another backend trained it",
             naming.run_fix,
         )
-    if not latest.is_in(model_dir):
+    # Its files: Keras 3's one file, or TensorFlow's index.
+    suffix = "" if latest.written_by == KERAS_3 else ".index"
+    if not any((model_dir / f"{path}{suffix}").exists() for path in (latest.path, latest.name)):
         raise UsageError(
             naming.run,
             f"names {model_dir}, whose checkpoint index {index} names {latest.name}, which is "

@@ -15,7 +15,7 @@ from absl import logging
 
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR
 from tfconfig_slurm.cluster.role import ClusterRole, TaskId
-from tfconfig_slurm.process import polling, timing
+from tfconfig_slurm.process import timing
 from tfconfig_slurm.process.records import failure, files
 from tfconfig_slurm.process.records.run_dir import RunDir
 
@@ -49,7 +49,7 @@ def trainer_reports(model_dir: Path, trainers: int, run: Mapping[str, Any]) -> l
         reports = [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
         return [report for report in reports if _of_run(report, run)]
 
-    found = polling.poll(
+    found = timing.poll(
         current, lambda reports: len(reports) >= trainers, timing.REPORT_WAIT_SECONDS
     )
     if len(found) < trainers:
@@ -91,7 +91,7 @@ def evaluator_result(model_dir: Path, run: Mapping[str, Any]) -> dict[str, Any] 
         first = failure.read(model_dir, run["run"]) if run.get("run") else None
         return f"it failed: {first.line()}" if first and first.task == _EVALUATOR else None
 
-    final = polling.poll(result, lambda value: value is not None, timing.EVALUATOR_WAIT_SECONDS)
+    final = timing.poll(result, lambda value: value is not None, timing.EVALUATOR_WAIT_SECONDS)
     if isinstance(final, dict):
         return final
     logging.warning(
@@ -197,7 +197,7 @@ def read_summary(model_dir: Path) -> dict[str, Any]:
 
 
 def last_attempt(state: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The latest attempt write_state recorded in `state`; {} before the first."""
+    """The latest attempt RunOwner.say recorded in `state` (attempts.py); {} before the first."""
     last: Mapping[str, Any] = (state.get("attempts") or [{}])[-1]
     return last
 
@@ -219,47 +219,6 @@ class RunState(str, enum.Enum):
     # On a signal, named beside it, with the step it checkpointed.
     STOPPED = "stopped"
     FAILED = "failed"
-
-
-def write_state(
-    model_dir: Path,
-    state: RunState,
-    *,
-    experiment: str,
-    hparams: Mapping[str, Any],
-    role: ClusterRole | None,
-    job_id: str | None,
-    global_step: int | None,
-    restart: int = 0,
-    **fields: Any,
-) -> None:
-    """Records what the run is doing (owner.py); earlier fields are kept."""
-    current = read_state(model_dir)
-    if state == RunState.RUNNING:
-        # A new attempt: what an earlier one said of its end no longer holds; what each
-        # attempt trained with, and from which step, is kept (history.py).
-        attempt = {
-            "hparams": dict(hparams),
-            "job_id": job_id,
-            "restart": restart,
-            "from_step": global_step,
-        }
-        current = {
-            "started": current.get("started", time.time()),
-            "attempts": [*current.get("attempts", []), {**attempt, "started": time.time()}],
-            **({"restarts": current["restarts"]} if current.get("restarts") else {}),
-        }
-    said = {
-        "experiment": experiment,
-        "hparams": dict(hparams),
-        "job_id": job_id,
-        "run": role.run_id if role else None,
-        "global_step": global_step,
-        **fields,
-    }
-    write_json_atomically(
-        RunDir(model_dir).state, {**current, **said, "state": state, "updated": time.time()}
-    )
 
 
 def write_json_atomically(path: Path, value: Any) -> None:

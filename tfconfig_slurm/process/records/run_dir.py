@@ -48,7 +48,7 @@ class RunDir:
     hangs = _Entry("hangs")  # hung tasks' accounts, an attempt a folder (hang_watch.py)
     continuation = _Entry("continued.json")  # the job the run went on in (continuation.py)
     progress = _Entry("progress.json")  # the owner's last logged step (throughput.py)
-    refusal = _Entry("refused.json")  # the latest job refused at its start (refusal.py)
+    refusal = _Entry("refused.json")  # the latest job refused at its start (attempts.py)
     checkpoint_index = _Entry("checkpoint")  # TensorFlow's own, naming the latest checkpoint
     logs = _Entry("logs")  # one log per task, from the batch script or the local cluster
 

@@ -25,7 +25,7 @@ from tfconfig_slurm.errors import ExitStatus
 from tfconfig_slurm.process import exits, timing
 from tfconfig_slurm.process.job.preemption import StopRequest
 from tfconfig_slurm.process.records import failure
-from tfconfig_slurm.process.records.owner import RunOwner
+from tfconfig_slurm.process.records.attempts import RunOwner
 from tfconfig_slurm.process.records.reports import RunState
 from tfconfig_slurm.process.supervision import children, watchdog
 from tfconfig_slurm.process.user_code import versions

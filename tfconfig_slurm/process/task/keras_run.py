@@ -19,7 +19,7 @@ from absl import logging
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.process.job import preemption
-from tfconfig_slurm.process.records import model_dir, reports
+from tfconfig_slurm.process.records import history, reports
 from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import hang_watch
 from tfconfig_slurm.process.task.lifecycle import Ending, TaskRun, TrainingSettings
@@ -334,7 +334,7 @@ class FitRun(KerasRun, abc.ABC):
             # Decided before the evaluation, whose collectives no trainer passes before every
             # one has: so none has begun an export that another would find.
             name = self._experiment.name
-            due = model_dir.export_due(settings.model_dir, name, trained=progress.step > resumed_at)
+            due = history.export_due(settings.model_dir, name, trained=progress.step > resumed_at)
             metrics = self._evaluated(progress.step)
             if metrics is None:
                 stopped_on = self._stop.signal_name
@@ -363,7 +363,7 @@ class FitRun(KerasRun, abc.ABC):
 
     @abc.abstractmethod
     def _export(self) -> None:
-        """The trained model exported (model_dir.export_due said it is due)."""
+        """The trained model exported (history.export_due said it is due)."""
 
     @abc.abstractmethod
     def _stop_watching(self) -> None:

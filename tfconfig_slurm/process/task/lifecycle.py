@@ -24,9 +24,9 @@ from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import SlurmJob
 from tfconfig_slurm.errors import ExitStatus, TfconfigSlurmError, UsageError
 from tfconfig_slurm.process import exits, timing
-from tfconfig_slurm.process.job import continuation, preemption, time_limit, what_follows
-from tfconfig_slurm.process.records import claim, failure, history, model_dir
-from tfconfig_slurm.process.records.owner import RunOwner, owns_run
+from tfconfig_slurm.process.job import continuation, preemption, what_follows
+from tfconfig_slurm.process.records import claim, failure, history
+from tfconfig_slurm.process.records.attempts import RunOwner, owns_run
 from tfconfig_slurm.process.records.reports import RunState
 from tfconfig_slurm.process.records.run_dir import RunDir
 from tfconfig_slurm.process.supervision import watchdog
@@ -161,7 +161,7 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
     # cluster's launcher stops the others itself.
     recorded = role is not None and not role.in_local_cluster
     with failure.recording_errors() if recorded else contextlib.nullcontext():
-        trainer, held = model_dir.claimed(task.model_dir, role, task.naming, task.job, loaded)
+        trainer, held = claim.claimed(task.model_dir, role, task.naming, task.job, loaded)
     if role is not None and role.run_id is not None:
         _in_a_thread("failure-watch", _end_if_failed_while_stopping, task, role.run_id)
     limit = _keep_time_limit(task)
@@ -204,7 +204,7 @@ def _loaded(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) ->
     return trainer
 
 
-def _keep_time_limit(task: TaskRun) -> time_limit.TimeLimit | None:
+def _keep_time_limit(task: TaskRun) -> preemption.TimeLimit | None:
     """The task that requeues the job stops it before its time limit; the run's owner follows
     the limit too, to say why the run stopped. Not in a local cluster: scancel may reach none of
     its tasks (a batch script's own python), and one task stopping alone would fail the others."""
@@ -215,7 +215,7 @@ def _keep_time_limit(task: TaskRun) -> time_limit.TimeLimit | None:
         return None
     if not (_requeues(role) or owns_run(role)):
         return None
-    return time_limit.watch(
+    return preemption.watch(
         job,
         task.stop,
         policy.time_limit_signal,
@@ -240,7 +240,7 @@ def _train(
     trainer: Backend,
     held: claim.Claim | None,
     returns: bool,
-    limit: time_limit.TimeLimit | None,
+    limit: preemption.TimeLimit | None,
 ) -> Any:
     role = task.place.role
     step = trainer.checkpoint_step()
@@ -331,7 +331,7 @@ class _End:
     # Whether a trainer returns the backend's result, or ends the process.
     returns: bool
     # The job's time limit, where this task follows it.
-    limit: time_limit.TimeLimit | None = None
+    limit: preemption.TimeLimit | None = None
     # Set once the backend called it (dataclasses.replace keeps the same one).
     ended: threading.Event = dataclasses.field(default_factory=threading.Event)
     # Held by the one caller that ends the task: the backend, or a stop not taken.

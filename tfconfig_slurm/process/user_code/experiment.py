@@ -1,6 +1,8 @@
 """The experiment protocol (docs/training.md, docs/keras.md): finding, importing and checking
 the module a user wrote, an Estimator one (model_fn and its input functions) or a Keras one
-(build_model and dataset), told apart by its source before it is imported."""
+(build_model and dataset), told apart by its source before it is imported; and its hparams as
+the command line sets them (`--hparams=name=value,...` over its HPARAMS), or a sweep file's
+lines."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import difflib
 import importlib
 import importlib.util
 import inspect
+import math
 import numbers
 import sys
 import traceback
@@ -16,17 +19,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable
 
 from absl import logging
 
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.console import a_or_an
 from tfconfig_slurm.process.user_code import versions
-from tfconfig_slurm.process.user_code.hparams import HparamsCheck
 
 # An experiment's check of --data_dir: raises ValueError for a directory it cannot train on.
 DataCheck = Callable[[str], None]
+# Its check_hparams(hparams): raises ValueError, saying why, for values it refuses.
+HparamsCheck = Callable[[Mapping[str, Any]], None]
 
 # Where `--experiment NAME` looks for NAME.py after the working directory's experiments/.
 _SHIPPED = Path(__file__).resolve().parents[2] / "experiments"
@@ -45,7 +49,6 @@ class Experiment:
     """What the runtime needs from an experiment module."""
 
     name: str
-    source: str
     model_fn: Callable[..., Any]
     train_input_fn: InputFn
     eval_input_fn: InputFn
@@ -121,19 +124,14 @@ def kind(spec: str) -> str:
     statements = tree.body if tree else []
     if "build_model" not in _top_level_names(statements):
         return ESTIMATOR
-    imported = _imported_packages(statements)
-    return KERAS3 if "keras" in imported and "tf_keras" not in imported else KERAS
-
-
-def _imported_packages(statements: list[ast.stmt]) -> set[str]:
-    """The top-level packages a module's top-level statements import."""
-    packages: set[str] = set()
+    # The top-level packages its top-level statements import.
+    imported: set[str] = set()
     for node in statements:
         if isinstance(node, ast.Import):
-            packages.update(alias.name.partition(".")[0] for alias in node.names)
+            imported.update(alias.name.partition(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            packages.add(node.module.partition(".")[0])
-    return packages
+            imported.add(node.module.partition(".")[0])
+    return KERAS3 if "keras" in imported and "tf_keras" not in imported else KERAS
 
 
 def literal_hparams(spec: str) -> dict[str, Any] | None:
@@ -162,8 +160,7 @@ def _names_hparams_elsewhere(tree: ast.Module) -> bool:
     for node in ast.walk(tree):
         mentions += isinstance(node, ast.Name) and node.id == "HPARAMS"
         if (
-            (isinstance(node, ast.alias) and "HPARAMS" in (node.name, node.asname))
-            or (isinstance(node, ast.alias) and node.name == "*")
+            (isinstance(node, ast.alias) and {node.name, node.asname} & {"HPARAMS", "*"})
             or (isinstance(node, ast.Global) and "HPARAMS" in node.names)
             or (isinstance(node, ast.Constant) and node.value == "HPARAMS")
         ):
@@ -238,15 +235,9 @@ def choose_jax(environ: Mapping[str, str]) -> dict[str, str]:
 KERAS_BACKEND = "KERAS_BACKEND"
 
 
-def load_for(kind: str, spec: str) -> Experiment | KerasExperiment:
-    """The experiment `spec` names, loaded as its kind is (Keras 3: after choose_jax)."""
-    return load(spec) if kind == ESTIMATOR else load_keras(spec)
-
-
 def load_keras(spec: str) -> KerasExperiment:
     """Imports the Keras experiment `spec` names and checks that it defines what is needed."""
-    name, path = locate(spec)
-    module = _import(spec, name, path)
+    name, module = _import(spec)
     functions = {
         function: getattr(module, function, None) for function in ("build_model", "dataset")
     }
@@ -260,37 +251,32 @@ def load_keras(spec: str) -> KerasExperiment:
         )
     _check_call(module, "build_model", "build_model(params)", {})
     _check_call(module, "dataset", "dataset(mode, params)", "train", {})
+    # Refused where the run would not call it as it means to.
     layout_map = getattr(module, "layout_map", None)
-    if layout_map is not None:
-        _check_layout_map(spec, module)
-    return KerasExperiment(
-        name=name,
-        spec=spec,
-        build_model=functions["build_model"],  # type: ignore[arg-type]
-        dataset=functions["dataset"],  # type: ignore[arg-type]
-        hparams=_hparams(module),
-        check_hparams=_check_hparams(module),
-        check_data=_check_data(module),
-        layout_map=layout_map,
-    )
-
-
-def _check_layout_map(spec: str, module: ModuleType) -> None:
-    """Refuses a layout_map that the run would not call as it means to."""
-    if not callable(module.layout_map):
+    if layout_map is not None and not callable(layout_map):
         raise UsageError(
             "--experiment",
             f"{_named(module)} ({_source(module)}) defines layout_map, but not as a function",
             "define layout_map(devices, params), returning a keras.distribution.LayoutMap",
         )
-    _check_call(module, "layout_map", "layout_map(devices, params)", [], {})
-    if kind(spec) != KERAS3:
-        raise UsageError(
-            "--experiment",
-            f"{_named(module)} defines layout_map, which is Keras 3's (ModelParallel on JAX): "
-            "a tf-keras model trains data-parallel with tf.distribute",
-            "build the model with import keras and train it in .venv-keras3, or remove layout_map",
-        )
+    if layout_map is not None:
+        _check_call(module, "layout_map", "layout_map(devices, params)", [], {})
+        if kind(spec) != KERAS3:
+            raise UsageError(
+                "--experiment",
+                f"{_named(module)} defines layout_map, which is Keras 3's (ModelParallel on JAX): "
+                "a tf-keras model trains data-parallel with tf.distribute",
+                "build the model with import keras and train it in .venv-keras3, or remove "
+                "layout_map",
+            )
+    return KerasExperiment(
+        name=name,
+        spec=spec,
+        build_model=functions["build_model"],  # type: ignore[arg-type]
+        dataset=functions["dataset"],  # type: ignore[arg-type]
+        layout_map=layout_map,
+        **_defined_besides(module),
+    )
 
 
 def keeping_learning_rate(optimizer: Any, restore: Callable[[], Any]) -> None:
@@ -326,8 +312,7 @@ def check_compiled(experiment: KerasExperiment, model: Any) -> None:
 
 def load(spec: str) -> Experiment:
     """Imports the experiment `spec` names and checks that it defines what the runtime needs."""
-    name, path = locate(spec)
-    module = _import(spec, name, path)
+    name, module = _import(spec)
     model_fn = getattr(module, "model_fn", None)
     if not callable(model_fn):
         raise UsageError(
@@ -336,47 +321,15 @@ def load(spec: str) -> Experiment:
             "define model_fn(features, labels, mode, params) returning a "
             "tf.estimator.EstimatorSpec (or, for a Keras experiment, build_model(params))",
         )
-    _check_by_name(module, "model_fn", "model_fn(features, labels, mode, params)")
+    _check_call(module, "model_fn", "model_fn(features, labels, mode, params)", by_name=True)
     train_input_fn, eval_input_fn = _input_fns(module)
     return Experiment(
         name=name,
-        source=_source(module),
         model_fn=model_fn,
         train_input_fn=train_input_fn,
         eval_input_fn=eval_input_fn,
-        hparams=_hparams(module),
-        check_hparams=_check_hparams(module),
         serving_input_receiver_fn=getattr(module, "serving_input_receiver_fn", None),
-        check_data=_check_data(module),
-    )
-
-
-def _optional_check(
-    module: ModuleType, function: str, call: str, refuses: str, *probe: Any
-) -> Callable[..., None] | None:
-    """The experiment's optional `function`, None where it has none; refused if not `call`."""
-    check = getattr(module, function, None)
-    if check is None:
-        return None
-    if not callable(check):
-        raise UsageError(
-            "--experiment",
-            f"{_named(module)}.{function} is {a_or_an(type(check).__name__)}, not a function",
-            f"define {call}, raising ValueError for {refuses}",
-        )
-    _check_call(module, function, call, *probe)
-    return check  # type: ignore[no-any-return]
-
-
-def _check_hparams(module: ModuleType) -> HparamsCheck | None:
-    return _optional_check(
-        module, "check_hparams", "check_hparams(hparams)", "values it cannot train with", {}
-    )
-
-
-def _check_data(module: ModuleType) -> DataCheck | None:
-    return _optional_check(
-        module, "check_data", "check_data(data_dir)", "a --data_dir it cannot train on", ""
+        **_defined_besides(module),
     )
 
 
@@ -395,7 +348,8 @@ def checked_data_dir(experiment: Experiment | KerasExperiment, data_dir: str | N
     return data_dir
 
 
-def _hparams(module: ModuleType) -> dict[str, Any]:
+def _defined_besides(module: ModuleType) -> dict[str, Any]:
+    """What every experiment may define besides its functions: HPARAMS and the two checks."""
     hparams = getattr(module, "HPARAMS", {})
     if not isinstance(hparams, Mapping):
         raise UsageError(
@@ -403,13 +357,30 @@ def _hparams(module: ModuleType) -> dict[str, Any]:
             f"{_named(module)}.HPARAMS is {a_or_an(type(hparams).__name__)}, not a dict",
             "define HPARAMS = {'learning_rate': 1e-3, ...}",
         )
-    return dict(hparams)
+    defined: dict[str, Any] = {"hparams": dict(hparams)}
+    # Optional, and refused where not a function its call with the probe binds.
+    for function, call, refuses, probe in (
+        ("check_hparams", "check_hparams(hparams)", "values it cannot train with", {}),
+        ("check_data", "check_data(data_dir)", "a --data_dir it cannot train on", ""),
+    ):
+        check = defined[function] = getattr(module, function, None)
+        if check is not None and not callable(check):
+            raise UsageError(
+                "--experiment",
+                f"{_named(module)}.{function} is {a_or_an(type(check).__name__)}, not a function",
+                f"define {call}, raising ValueError for {refuses}",
+            )
+        if check is not None:
+            _check_call(module, function, call, probe)
+    return defined
 
 
-def _import(spec: str, name: str, path: Path | None) -> ModuleType:
+def _import(spec: str) -> tuple[str, ModuleType]:
+    """The experiment's name and its module, imported."""
+    name, path = locate(spec)
     try:
         if path is None:
-            return importlib.import_module(spec)
+            return name, importlib.import_module(spec)
         module_spec = importlib.util.spec_from_file_location(f"experiment_{name}", path)
         assert module_spec is not None and module_spec.loader is not None
         module = importlib.util.module_from_spec(module_spec)
@@ -417,30 +388,25 @@ def _import(spec: str, name: str, path: Path | None) -> ModuleType:
         # The experiment may import its neighbours (experiments/common.py).
         sys.path.insert(0, str(path.parent))
         module_spec.loader.exec_module(module)
-        return module
+        return name, module
     except Exception as error:
         raise _import_failed(spec, path, error) from None
 
 
 def _import_failed(spec: str, path: Path | None, error: Exception) -> UsageError:
+    # file:line of the error, the import machinery's frames left out.
+    if isinstance(error, SyntaxError) and error.filename:
+        where = f"{error.filename}:{error.lineno}"
+    else:
+        frames = traceback.extract_tb(error.__traceback__)
+        own = [frame for frame in frames if not frame.filename.startswith("<frozen ")]
+        frame = (own or frames)[-1]
+        where = f"{frame.filename}:{frame.lineno}"
     return UsageError(
         "--experiment",
-        f"importing {path or spec} failed at {_where(error)}: {type(error).__name__}: {error}",
+        f"importing {path or spec} failed at {where}: {type(error).__name__}: {error}",
         "fix the module; run python on it alone to see the whole traceback",
     )
-
-
-def _where(error: Exception) -> str:
-    """file:line of the error, the import machinery's frames left out."""
-    if isinstance(error, SyntaxError) and error.filename:
-        return f"{error.filename}:{error.lineno}"
-    frames = [
-        frame
-        for frame in traceback.extract_tb(error.__traceback__)
-        if not frame.filename.startswith("<frozen ")
-    ]
-    frame = frames[-1] if frames else traceback.extract_tb(error.__traceback__)[-1]
-    return f"{frame.filename}:{frame.lineno}"
 
 
 def _input_fns(module: ModuleType) -> tuple[InputFn, InputFn]:
@@ -458,64 +424,44 @@ def _input_fns(module: ModuleType) -> tuple[InputFn, InputFn]:
         return train_input_fn, eval_input_fn
     train, evaluate = (getattr(module, name, None) for name in ("train_input_fn", "eval_input_fn"))
     if callable(train) and callable(evaluate):
-        _check_by_name(module, "train_input_fn", "train_input_fn(params)")
-        _check_by_name(module, "eval_input_fn", "eval_input_fn(params)")
+        _check_call(module, "train_input_fn", "train_input_fn(params)", by_name=True)
+        _check_call(module, "eval_input_fn", "eval_input_fn(params)", by_name=True)
         return train, evaluate
-    missing = [
-        name
-        for name, value in (("train_input_fn", train), ("eval_input_fn", evaluate))
-        if not callable(value)
-    ]
+    # Where one of the two is there, the other is named.
+    other = "train_input_fn" if callable(evaluate) else "eval_input_fn" if callable(train) else ""
     raise UsageError(
         "--experiment",
         f"{_named(module)} ({_source(module)}) defines no input_fn"
-        + (f" and no {' or '.join(missing)}" if len(missing) < 2 else ""),
+        + (f" and no {other}" if other else ""),
         "define input_fn(mode, params), or train_input_fn(params) and eval_input_fn(params)",
     )
 
 
-def _check_call(module: ModuleType, function: str, call: str, *args: Any) -> None:
-    """Refuses at load a `function` whose call with `args` would fail in training."""
-    signature = _signature(module, function)
-    if signature is None:
+def _check_call(
+    module: ModuleType, function: str, call: str, *args: Any, by_name: bool = False
+) -> None:
+    """Refuses at load a `function` whose call with `args` would fail in training; `by_name`,
+    one Estimator calls with each argument it names by name."""
+    try:
+        signature = inspect.signature(getattr(module, function))
+    except (TypeError, ValueError):
+        # A builtin or C function without a signature: it is called and judged then.
         return
     try:
-        signature.bind(*args)
-    except TypeError as error:
-        _refuse(module, function, signature, call, str(error))
-
-
-def _check_by_name(module: ModuleType, function: str, call: str) -> None:
-    """As _check_call, for a function Estimator calls with each argument it names by name."""
-    signature = _signature(module, function)
-    if signature is None:
-        return
-    named = set(signature.parameters) & _ESTIMATOR_ARGUMENTS
-    needed = {"features", "params"} if function == "model_fn" else set()
-    try:
+        if not by_name:
+            signature.bind(*args)
+            return
+        named = set(signature.parameters) & _ESTIMATOR_ARGUMENTS
+        needed = {"features", "params"} if function == "model_fn" else set()
         if needed - named:
             raise TypeError(f"it takes no {' and no '.join(sorted(needed - named))}")
         signature.bind(**dict.fromkeys(named))
     except TypeError as error:
-        _refuse(module, function, signature, call, str(error))
-
-
-def _signature(module: ModuleType, function: str) -> inspect.Signature | None:
-    try:
-        return inspect.signature(getattr(module, function))
-    except (TypeError, ValueError):
-        # A builtin or C function without a signature: it is called and judged then.
-        return None
-
-
-def _refuse(
-    module: ModuleType, function: str, signature: inspect.Signature, call: str, why: str
-) -> NoReturn:
-    raise UsageError(
-        "--experiment",
-        f"{_named(module)}.{function}{signature} cannot be called as {call}: {why}",
-        f"define {call}",
-    )
+        raise UsageError(
+            "--experiment",
+            f"{_named(module)}.{function}{signature} cannot be called as {call}: {error}",
+            f"define {call}",
+        ) from None
 
 
 def _named(module: ModuleType) -> str:
@@ -528,3 +474,109 @@ def _named(module: ModuleType) -> str:
 
 def _source(module: ModuleType) -> str:
     return str(getattr(module, "__file__", None) or module.__name__)
+
+
+def with_overrides(
+    defaults: Mapping[str, Any], overrides: str, check: HparamsCheck | None = None
+) -> dict[str, Any]:
+    """`defaults` with `--hparams` applied, typed as each default and passed by `check`."""
+    values, given = dict(defaults), set()
+    for item in filter(None, (part.strip() for part in overrides.split(","))):
+        name, equals, text = (piece.strip() for piece in item.partition("="))
+        if not equals or not name:
+            raise UsageError(
+                "--hparams",
+                f"has {item!r}, expected name=value",
+                "e.g. --hparams=learning_rate=0.01,dropout=0.3",
+            )
+        if name not in defaults:
+            known = ", ".join(sorted(defaults)) or "none"
+            raise UsageError(
+                "--hparams",
+                f"sets {name!r}, which the experiment's HPARAMS does not have",
+                f"the experiment's hparams are: {known}",
+            )
+        if name in given:
+            raise UsageError(
+                "--hparams", f"sets {name} twice", f"give each hparam once, e.g. {item}"
+            )
+        given.add(name)
+        values[name] = _typed(name, text, defaults[name])
+    if check is not None:
+        try:
+            check(values)
+        except ValueError as error:
+            raise UsageError(
+                "--hparams",
+                f"{error}".rstrip(".") or f"{_listed(values)} is refused by check_hparams",
+                f"the experiment's check_hparams refused it; its defaults: {_listed(defaults)}",
+            ) from None
+    return values
+
+
+def swept(hparams: str, line: str) -> str:
+    """--hparams with a sweep file's line after it, the line's values in place of its own."""
+    names = {item.partition("=")[0].strip() for item in line.split(",")}
+    kept = [item for item in hparams.split(",") if item.partition("=")[0].strip() not in names]
+    return ",".join(filter(None, (*kept, line)))
+
+
+def _listed(hparams: Mapping[str, Any]) -> str:
+    return ",".join(f"{name}={value!r}" for name, value in hparams.items())
+
+
+_TRUE = ("true", "yes", "1")
+_FALSE = ("false", "no", "0")
+
+
+def _typed(name: str, text: str, default: Any) -> Any:
+    # bool is an Integral, and so a Real, too.
+    if isinstance(default, bool):
+        if text.lower() not in _TRUE + _FALSE:
+            raise UsageError(
+                "--hparams", f"sets {name}={text!r}, expected true or false", f"e.g. {name}=true"
+            )
+        return text.lower() in _TRUE
+    if isinstance(default, numbers.Real):
+        # By the number's kind, not its class: a NumPy default (np.float64, np.int64) is one.
+        typed = int if isinstance(default, numbers.Integral) else float
+        try:
+            value = typed(text)
+        except ValueError:
+            value = None
+        # What TensorFlow and TensorBoard's HParams hold: a finite float, a 64-bit int.
+        if (
+            value is None
+            or (typed is int and abs(value) >= 2**63)
+            or (typed is float and not math.isfinite(value))
+        ):
+            expected = "a finite float" if typed is float else "a 64-bit int"
+            raise UsageError(
+                "--hparams",
+                f"sets {name}={text!r}, expected {expected} like its default {default!r}",
+                f"e.g. {name}={default!r}",
+            ) from None
+        return value
+    # A None default is an optional string's.
+    if type(default) not in (str, type(None)):
+        raise UsageError(
+            "--hparams",
+            f"sets {name}, whose default {default!r} is {a_or_an(type(default).__name__)}: the "
+            "command line sets only bool, int, float and str hparams",
+            f"set {name} in the experiment's HPARAMS, or give it a string default the model parses",
+        )
+    return text
+
+
+def sweep_lines(path: Path) -> list[str]:
+    """The --hparams values of a sweep file, one a line; blank lines and # comments skipped."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(
+            "SWEEP_FILE",
+            f"cannot read {path} ({getattr(error, 'strerror', None) or error})",
+            "give a text file with one --hparams value a line, e.g. learning_rate=0.001",
+        ) from None
+    lines = [line.strip() for line in text.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]

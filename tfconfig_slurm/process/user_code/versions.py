@@ -77,24 +77,17 @@ def require_estimator(what: str, found: Installed | None = None) -> None:
     """InstallError for `what` unless TensorFlow 2.15 or older and tensorflow-estimator are."""
     found = found or installed()
     if found.tensorflow is None:
-        raise InstallError(
-            what,
-            f"needs TensorFlow 2.15, which {found.this_python} does not have",
-            _ESTIMATOR_INSTALL,
-        )
-    if not has_estimator_release(found.tensorflow):
-        raise InstallError(
-            what,
+        problem = f"needs TensorFlow 2.15, which {found.this_python} does not have"
+    elif not has_estimator_release(found.tensorflow):
+        problem = (
             f"needs TensorFlow 2.15, the last release with Estimator, and {found.this_python} "
-            f"has TensorFlow {found.tensorflow}",
-            _ESTIMATOR_INSTALL,
+            f"has TensorFlow {found.tensorflow}"
         )
-    if found.estimator is None:
-        raise InstallError(
-            what,
-            f"needs tensorflow-estimator beside TensorFlow {found.tensorflow}",
-            _ESTIMATOR_INSTALL,
-        )
+    elif found.estimator is None:
+        problem = f"needs tensorflow-estimator beside TensorFlow {found.tensorflow}"
+    else:
+        return
+    raise InstallError(what, problem, _ESTIMATOR_INSTALL)
 
 
 def require_tensorflow(what: str, found: Installed | None = None) -> None:
@@ -114,7 +107,7 @@ def require_keras(what: str, found: Installed | None = None, *, twin: str | None
     if found.tensorflow is None or has_estimator_release(found.tensorflow):
         has = f"TensorFlow {found.tensorflow}" if found.tensorflow else "no TensorFlow"
         problem = f"needs TensorFlow 2.16 or later with tf-keras, and {found.this_python} has {has}"
-        if found.tensorflow is None and found.jax and _major_minor(found.keras or "0.0") >= (3, 0):
+        if found.tensorflow is None and found.jax and _release(found.keras or "0.0")[:2] >= (3, 0):
             # Most likely a Keras 3 experiment that imports tf_keras by mistake.
             problem += (
                 f", but Keras {found.keras} on JAX, which trains an experiment that imports "
@@ -134,7 +127,7 @@ def require_keras(what: str, found: Installed | None = None, *, twin: str | None
 def require_keras3(what: str, found: Installed | None = None) -> None:
     """InstallError for `what` unless Keras 3 and JAX (its multi-process backend) are."""
     found = found or installed()
-    if found.keras is None or _major_minor(found.keras) < (3, 0):
+    if found.keras is None or _release(found.keras)[:2] < (3, 0):
         has = f"Keras {found.keras}" if found.keras else "no Keras"
         problem = f"needs Keras 3 with JAX, and {found.this_python} has {has}"
     elif found.jax is None:
@@ -151,7 +144,7 @@ def require_keras3(what: str, found: Installed | None = None) -> None:
 
 def has_estimator_release(tensorflow: str) -> bool:
     """Whether TensorFlow `tensorflow` (a version) still has Estimator (2.15 and older)."""
-    return _major_minor(tensorflow) <= LAST_ESTIMATOR_RELEASE
+    return _release(tensorflow)[:2] <= LAST_ESTIMATOR_RELEASE
 
 
 def _version(distribution: str) -> str | None:
@@ -159,11 +152,6 @@ def _version(distribution: str) -> str | None:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return None
-
-
-def _major_minor(version: str) -> tuple[int, int]:
-    major, minor, _ = _release(version)
-    return major, minor
 
 
 def _release(version: str) -> tuple[int, int, int]:
