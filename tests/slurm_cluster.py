@@ -223,7 +223,7 @@ def said_requeued(log: str, job_id: str) -> bool:
     and the job's record said Restarts=1 (process/job/what_follows.py)."""
     return (
         re.search(
-            rf"requeued job {job_id} \(restart 1 of at most 3\)"
+            rf"requeued job {job_id} \(requeue 1 of at most 3\)"
             rf"|`scontrol requeue {job_id}` said exit status -15, but the job was requeued",
             log,
         )

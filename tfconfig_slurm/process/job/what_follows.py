@@ -76,7 +76,7 @@ def requeue(
     problem = slurm_commands.requeue(target)
     if not problem:
         logging.info(
-            "stopped on %s; requeued job %s (restart %d of at most %d): it resumes from the "
+            "stopped on %s; requeued job %s (requeue %d of at most %d): it resumes from the "
             "checkpoint",
             stopped_on,
             target,
