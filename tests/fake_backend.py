@@ -203,7 +203,7 @@ class FakeBackend:
         """Estimator's index and the files it names, as history reads them."""
         started = time.monotonic()
         name = f"model.ckpt-{step}"
-        (self._dir / f"{name}.index").write_bytes(b"")
+        (self._dir / f"{name}.index").write_bytes(history.TABLE_MAGIC)
         index = f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n'
         partial = self._dir / "checkpoint.tmp"
         partial.write_text(index)

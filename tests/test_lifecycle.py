@@ -117,12 +117,28 @@ def test_a_directory_the_backend_cannot_resume_is_refused_untouched(
     assert (tmp_path / "checkpoint").read_text() == index
 
 
+def test_a_checkpoint_whose_index_was_cut_short_is_refused_untouched(tmp_path: Path) -> None:
+    """TensorFlow's restore of it failed in a traceback (`not an sstable (bad magic number)`)
+    in every task, after --print_model_dir had said that the run resumes."""
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-120"\n')
+    index = tmp_path / "model.ckpt-120.index"
+    index.write_bytes((b"\1" * 200 + history.TABLE_MAGIC)[:100])
+    with pytest.raises(UsageError) as refused:
+        lifecycle.run(task(tmp_path), lifecycle.ESTIMATOR, lambda: Backend(ends=True))
+    assert refused.value.problem == (
+        f"names {tmp_path}, whose latest checkpoint model.ckpt-120 has an index cut short "
+        f"({index}: a disk that filled, or a copy that stopped?)"
+    )
+    assert '"<the checkpoint before it>", to resume from that one' in refused.value.hint
+    assert len(index.read_bytes()) == 100
+
+
 def test_a_directory_of_another_experiment_s_run_is_refused_untouched(tmp_path: Path) -> None:
     """Resumed, a model of another shape failed in TensorFlow's traceback, and its run's
     record was marked failed, with this experiment's name."""
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-400"\n')
     record = '{"experiment": "mnist_deep", "state": "done"}'
-    (tmp_path / "model.ckpt-400.index").write_text("")
+    (tmp_path / "model.ckpt-400.index").write_bytes(history.TABLE_MAGIC)
     (tmp_path / "state.json").write_text(record)
     with pytest.raises(UsageError) as refused:
         lifecycle.run(task(tmp_path), lifecycle.ESTIMATOR, lambda: Backend(ends=True))
@@ -138,7 +154,7 @@ def test_a_directory_of_another_experiment_s_run_is_refused_untouched(tmp_path: 
 
 def test_a_directory_of_the_backends_own_checkpoints_resumes(tmp_path: Path) -> None:
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-40"\n')
-    (tmp_path / "model.ckpt-40.index").write_text("")
+    (tmp_path / "model.ckpt-40.index").write_bytes(history.TABLE_MAGIC)
     assert history.latest_checkpoint(tmp_path) == history.Checkpoint(
         "model.ckpt-40", 40, history.ESTIMATOR, "model.ckpt-40"
     )
@@ -170,7 +186,7 @@ def test_the_job_that_last_trained_a_run_is_named_not_one_that_only_evaluated(
     """A job that found the run at its last step evaluated it and trained nothing; it was
     said to have trained it last."""
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-101"\n')
-    (tmp_path / "model.ckpt-101.index").write_text("")
+    (tmp_path / "model.ckpt-101.index").write_bytes(history.TABLE_MAGIC)
     attempts = [{"job_id": "3_0", "from_step": None}, {"job_id": "17", "from_step": 101}]
     record = {"state": "done", "job_id": "17", "updated": 1.8e9, "attempts": attempts}
     (tmp_path / "state.json").write_text(json.dumps(record))

@@ -16,6 +16,7 @@ import pytest
 from tests.cli import REPOSITORY, run_module, tensorboard
 from tests.slurm_cluster import SlurmCluster, unavailable
 from tests.slurm_envs import captured
+from tfconfig_slurm.process.records import history
 
 RUN = "tfconfig_slurm.run"
 
@@ -673,7 +674,7 @@ def test_print_model_dir_says_which_run_it_would_carry_on(tmp_path: Path) -> Non
     run = tmp_path / "lr"
     run.mkdir()
     (run / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-600"\n')
-    (run / "model.ckpt-600.index").write_text("")
+    (run / "model.ckpt-600.index").write_bytes(history.TABLE_MAGIC)
     (run / "state.json").write_text('{"state": "done", "job_id": null, "updated": 1.8e9}')
     trained = train(tmp_path, *flags)
     assert trained.stderr.startswith(

@@ -19,7 +19,7 @@ from tests.cli import REPOSITORY, run_module
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_envs import task_env
 from tfconfig_slurm.errors import UsageError
-from tfconfig_slurm.process.records import claim
+from tfconfig_slurm.process.records import claim, history
 from tfconfig_slurm.process.records.claim import Holder
 from tfconfig_slurm.process.user_code.experiment import swept, with_overrides
 
@@ -129,7 +129,7 @@ def test_a_line_whose_run_directory_every_task_would_refuse_stops_the_sweep(
         (run / "state.json").write_text(left)
     else:
         (run / "checkpoint").write_text(left + "\n")
-        (run / "ckpt-101.index").write_text("")
+        (run / "ckpt-101.index").write_bytes(history.TABLE_MAGIC)
     result = sweep(
         tmp_path, THREE, "--dry_run", "three.sweep", "--experiment=model.py", "--output_root=out"
     )

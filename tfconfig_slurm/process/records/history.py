@@ -23,6 +23,8 @@ from tfconfig_slurm.process.records.run_dir import RunDir
 _MIN_FREE_BYTES = 64 * 2**20
 # The longest file name Linux's filesystems take, in bytes.
 NAME_MAX = 255
+# The last 8 bytes of a whole TensorFlow table, as a checkpoint's index is: kTableMagicNumber.
+TABLE_MAGIC = (0xDB4775248B80FB57).to_bytes(8, "little")
 
 
 def check_name(name: str, culprit: str) -> None:
@@ -174,7 +176,9 @@ def check_resumable(model_dir: Path, writes: str, naming: Naming) -> None:
         )
     # Its files: Keras 3's one file, or TensorFlow's index.
     suffix = "" if latest.written_by == KERAS_3 else ".index"
-    if not any((model_dir / f"{path}{suffix}").exists() for path in (latest.path, latest.name)):
+    files = [model_dir / f"{path}{suffix}" for path in (latest.path, latest.name)]
+    found = next((file for file in files if file.exists()), None)
+    if found is None:
         raise UsageError(
             naming.run,
             f"names {model_dir}, whose checkpoint index {index} names {latest.name}, which is "
@@ -182,6 +186,26 @@ def check_resumable(model_dir: Path, writes: str, naming: Naming) -> None:
             "write the index's first line again, as model_checkpoint_path: \"<a checkpoint "
             f'that is there>", to resume from it; or {naming.run_fix}',
         )
+    if suffix and not _whole_table(found):
+        raise UsageError(
+            naming.run,
+            f"names {model_dir}, whose latest checkpoint {latest.name} has an index cut short "
+            f"({found}: a disk that filled, or a copy that stopped?)",
+            "write the checkpoint index's first line again, as model_checkpoint_path: \"<the "
+            f'checkpoint before it>", to resume from that one; or {naming.run_fix}',
+        )
+
+
+def _whole_table(index: Path) -> bool:
+    """Whether a TensorFlow checkpoint's index ends as a whole table does, in its footer's magic
+    number (tensorflow/core/lib/io/format.h): TensorFlow's restore of one cut short fails in a
+    traceback ("not an sstable (bad magic number)")."""
+    with index.open("rb") as table:
+        table.seek(0, os.SEEK_END)
+        if table.tell() < len(TABLE_MAGIC):
+            return False
+        table.seek(-len(TABLE_MAGIC), os.SEEK_END)
+        return table.read() == TABLE_MAGIC
 
 
 def check_same_experiment(
