@@ -611,7 +611,8 @@ def test_an_unchanged_keras3_script_on_two_nodes_is_told_its_processes_trained_a
     said = re.findall(
         r"(chief|worker) 0: its command used Keras without joining the step's 2 processes, so "
         r"each trained a model of its own \(exit 1\)\. HINT: before building the model, add "
-        r"keras\.distribution\.initialize\(\)",
+        r"keras\.distribution\.initialize\(\) and keras\.distribution\.set_distribution\("
+        r"keras\.distribution\.DataParallel\(auto_shard_dataset=False\)\)",
         apart.stderr,
     )
     assert sorted(said) == ["chief", "worker"], apart.stderr[-3000:]
