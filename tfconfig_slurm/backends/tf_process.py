@@ -1,5 +1,5 @@
 """This TensorFlow process as the runtime sets it up: TensorFlow's and Estimator's own INFO
-lines silenced, thread pools held, and the checkpoint step a run resumes from."""
+lines silenced, and thread pools held."""
 
 from __future__ import annotations
 
@@ -52,11 +52,3 @@ def look_at_devices() -> None:
     (process/task/native_noise.py), without starting its runtime: a strategy made later (which
     MultiWorkerMirroredStrategy must be) still sets that up."""
     tf.config.list_physical_devices()
-
-
-def resume_step(model_dir: Path) -> int | None:
-    """The global step of the latest checkpoint in `model_dir`, or None without one."""
-    checkpoint = tf.train.latest_checkpoint(str(model_dir))
-    if checkpoint is None:
-        return None
-    return int(tf.train.load_variable(checkpoint, "global_step"))
