@@ -65,7 +65,10 @@ def keras_distribution(environ: MutableMapping[str, str] | None = None) -> Keras
     # No environment string carries the cluster, as with the tf.distribute resolver.
     where.set_in(environ, tf_config=False)
     if where.role is None:
-        return KerasDistribution(f"localhost:{_free_port()}", 1, 0)
+        # A port free on this machine now, for a single process's own coordination service.
+        with socket.socket() as probe:
+            probe.bind(("localhost", 0))
+            return KerasDistribution(f"localhost:{probe.getsockname()[1]}", 1, 0)
     if where.role.trainer_id == 0:
         # Where JAX's coordination service is to listen.
         watchdog.check_port_free(str(where.role.task_id), where.role.address)
@@ -99,13 +102,6 @@ def _refuse_other_tasks(policy: LayoutPolicy) -> None:
                 "process a task, all of them training",
                 f"unset {variable}: keras_distribution() lays the step out as --all_reduce does",
             )
-
-
-def _free_port() -> int:
-    """A port free on this machine now, for a single process's own coordination service."""
-    with socket.socket() as probe:
-        probe.bind(("localhost", 0))
-        return int(probe.getsockname()[1])
 
 
 def jax_variables(host: str, gpus: str) -> dict[str, str]:
