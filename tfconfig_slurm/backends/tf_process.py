@@ -19,21 +19,14 @@ _LIBRARIES = tuple(
     str(Path(tf.__file__).parents[1] / name) for name in ("tensorflow", "tf_keras", "keras")
 )
 
-
-def _not_library_info(record: logging.LogRecord) -> bool:
-    return record.levelno >= logging.WARNING or not record.pathname.startswith(_LIBRARIES)
-
-
-absl_logging.get_absl_logger().addFilter(_not_library_info)
-
-
-def _not_a_step_seen_twice(record: logging.LogRecord) -> bool:
-    # A trainer beside others on parameter servers may read the same global step before two
-    # of its own steps; Estimator's step counter then warns that the optimizer counts no steps.
-    return not record.getMessage().startswith("It seems that global step")
-
-
-tf.get_logger().addFilter(_not_a_step_seen_twice)
+absl_logging.get_absl_logger().addFilter(
+    lambda record: record.levelno >= logging.WARNING or not record.pathname.startswith(_LIBRARIES)
+)
+# A trainer beside others on parameter servers may read the same global step before two of its
+# own steps; Estimator's step counter then warns that the optimizer counts no steps.
+tf.get_logger().addFilter(
+    lambda record: not record.getMessage().startswith("It seems that global step")
+)
 # Estimator is deprecated as a whole, and TensorFlow 2.15 says so at every call of its API:
 # users of this runtime chose it knowingly. The switch is private, but TensorFlow is pinned.
 deprecation._PRINT_DEPRECATION_WARNINGS = False

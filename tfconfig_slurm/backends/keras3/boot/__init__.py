@@ -27,7 +27,6 @@ from tfconfig_slurm.backends.keras3.boot.sitecustomize import (
     JOINED,
     NOTES_VARIABLE,
 )
-from tfconfig_slurm.cluster.layout import LayoutPolicy
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import place
@@ -59,7 +58,24 @@ def keras_distribution(environ: MutableMapping[str, str] | None = None) -> Keras
     # Read by Keras as it is first imported, which comes after this call.
     environ.setdefault("KERAS_BACKEND", "jax")
     policy = place.policy_from_environ(environ)
-    _refuse_other_tasks(policy)
+    # Laid out as with-tfconfig --keras3 does: a setting that adds other tasks than the
+    # processes of one mesh is refused (an evaluator's gave a process id beyond the processes'
+    # count, which JAX refuses only once Keras is imported).
+    given = {
+        "--ps_per_node": policy.ps_per_node is not None,
+        "--roles": policy.roles is not None,
+        "--evaluator": policy.evaluator,
+        "--coordinator": policy.coordinator,
+    }
+    for flag, set_ in given.items():
+        if set_:
+            variable = place.POLICY_VARIABLES[flag]
+            raise UsageError(
+                variable,
+                "lays out other tasks than trainers, and keras_distribution() gives one JAX "
+                "process a task, all of them training",
+                f"unset {variable}: keras_distribution() lays the step out as --all_reduce does",
+            )
     policy = dataclasses.replace(policy, all_reduce=True)
     where = place.find(environ, policy, _SOURCE)
     # No environment string carries the cluster, as with the tf.distribute resolver.
@@ -81,27 +97,6 @@ def keras_distribution(environ: MutableMapping[str, str] | None = None) -> Keras
         int(values["KERAS_DISTRIBUTION_NUM_PROCESSES"]),
         int(values["KERAS_DISTRIBUTION_PROCESS_ID"]),
     )
-
-
-def _refuse_other_tasks(policy: LayoutPolicy) -> None:
-    """Lays the step out as with-tfconfig --keras3 does, refusing a setting that adds other
-    tasks than the processes of one mesh (an evaluator's gave a process id beyond the
-    processes' count, which JAX refuses only once Keras is imported)."""
-    given = {
-        "--ps_per_node": policy.ps_per_node is not None,
-        "--roles": policy.roles is not None,
-        "--evaluator": policy.evaluator,
-        "--coordinator": policy.coordinator,
-    }
-    for flag, set_ in given.items():
-        if set_:
-            variable = place.POLICY_VARIABLES[flag]
-            raise UsageError(
-                variable,
-                "lays out other tasks than trainers, and keras_distribution() gives one JAX "
-                "process a task, all of them training",
-                f"unset {variable}: keras_distribution() lays the step out as --all_reduce does",
-            )
 
 
 def jax_variables(host: str, gpus: str) -> dict[str, str]:
