@@ -116,9 +116,8 @@ def test_the_process_s_environment_is_written_only_at_the_doors() -> None:
     environment is built, not this one changed; finding a task's place changes nothing) but
     the doors, each in one place: the Python API (its local cluster's layout handed on, the
     task's variables set), the resolvers a user's script calls (the task's GPUs, Keras 3's
-    backend and JAX's variables), Estimator's RunConfig, which reads TF_CONFIG, and the final
-    evaluation's own process (its main keeps tf-keras). A write is os.environ's, or an
-    `environ` handed down that may be it."""
+    backend and JAX's variables), and Estimator's RunConfig, which reads TF_CONFIG. A write is
+    os.environ's, or an `environ` handed down that may be it."""
     package = Path(cluster.__file__).parents[1]
     writers = sorted(
         f"{path.relative_to(package)}:{function}"
@@ -129,7 +128,6 @@ def test_the_process_s_environment_is_written_only_at_the_doors() -> None:
     assert writers == [
         "backends/estimator/api.py:_run",
         "backends/estimator/trainer.py:tf_config_environment",
-        "backends/keras/evaluate.py:main",
         "backends/keras3/boot/__init__.py:keras_distribution",
         "process/task/place.py:Place.set_in",
     ]

@@ -1,5 +1,5 @@
 """This TensorFlow process as the runtime sets it up: TensorFlow's and Estimator's own INFO
-lines silenced, thread pools held, and the checkpoint step a run resumes from."""
+lines silenced, and thread pools held."""
 
 from __future__ import annotations
 
@@ -19,21 +19,14 @@ _LIBRARIES = tuple(
     str(Path(tf.__file__).parents[1] / name) for name in ("tensorflow", "tf_keras", "keras")
 )
 
-
-def _not_library_info(record: logging.LogRecord) -> bool:
-    return record.levelno >= logging.WARNING or not record.pathname.startswith(_LIBRARIES)
-
-
-absl_logging.get_absl_logger().addFilter(_not_library_info)
-
-
-def _not_a_step_seen_twice(record: logging.LogRecord) -> bool:
-    # A trainer beside others on parameter servers may read the same global step before two
-    # of its own steps; Estimator's step counter then warns that the optimizer counts no steps.
-    return not record.getMessage().startswith("It seems that global step")
-
-
-tf.get_logger().addFilter(_not_a_step_seen_twice)
+absl_logging.get_absl_logger().addFilter(
+    lambda record: record.levelno >= logging.WARNING or not record.pathname.startswith(_LIBRARIES)
+)
+# A trainer beside others on parameter servers may read the same global step before two of its
+# own steps; Estimator's step counter then warns that the optimizer counts no steps.
+tf.get_logger().addFilter(
+    lambda record: not record.getMessage().startswith("It seems that global step")
+)
 # Estimator is deprecated as a whole, and TensorFlow 2.15 says so at every call of its API:
 # users of this runtime chose it knowingly. The switch is private, but TensorFlow is pinned.
 deprecation._PRINT_DEPRECATION_WARNINGS = False
@@ -52,11 +45,3 @@ def look_at_devices() -> None:
     (process/task/native_noise.py), without starting its runtime: a strategy made later (which
     MultiWorkerMirroredStrategy must be) still sets that up."""
     tf.config.list_physical_devices()
-
-
-def resume_step(model_dir: Path) -> int | None:
-    """The global step of the latest checkpoint in `model_dir`, or None without one."""
-    checkpoint = tf.train.latest_checkpoint(str(model_dir))
-    if checkpoint is None:
-        return None
-    return int(tf.train.load_variable(checkpoint, "global_step"))

@@ -18,7 +18,6 @@ from tensorboard.plugins.hparams import api as hparams_api
 
 from tfconfig_slurm.backends.estimator import barriers, trainer
 from tfconfig_slurm.backends.estimator.trainer import Training
-from tfconfig_slurm.backends.tf_process import resume_step
 from tfconfig_slurm.cluster import watch_plan
 from tfconfig_slurm.cluster.layout import CHIEF, EVALUATOR, PS
 from tfconfig_slurm.cluster.role import ClusterRole
@@ -71,26 +70,22 @@ def _run_config(settings: TrainingSettings) -> tf.estimator.RunConfig:
         }
     elif settings.save_checkpoints_secs is not None:
         interval = {"save_checkpoints_secs": settings.save_checkpoints_secs}
-    return tf.estimator.RunConfig(
-        model_dir=str(settings.model_dir),
-        **interval,
-        keep_checkpoint_max=settings.keep_checkpoint_max,
-        session_config=_session_config(settings),
-        log_step_count_steps=settings.log_every_steps,
-        save_summary_steps=settings.log_every_steps,
-    )
-
-
-def _session_config(settings: TrainingSettings) -> tf.compat.v1.ConfigProto:
-    config = tf.compat.v1.ConfigProto(
+    session = tf.compat.v1.ConfigProto(
         intra_op_parallelism_threads=settings.intra_op_threads,
         inter_op_parallelism_threads=settings.inter_op_threads,
         allow_soft_placement=True,
     )
-    config.gpu_options.allow_growth = settings.gpu_memory_growth
+    session.gpu_options.allow_growth = settings.gpu_memory_growth
     if settings.gpu_memory_fraction is not None:
-        config.gpu_options.per_process_gpu_memory_fraction = settings.gpu_memory_fraction
-    return config
+        session.gpu_options.per_process_gpu_memory_fraction = settings.gpu_memory_fraction
+    return tf.estimator.RunConfig(
+        model_dir=str(settings.model_dir),
+        **interval,
+        keep_checkpoint_max=settings.keep_checkpoint_max,
+        session_config=session,
+        log_step_count_steps=settings.log_every_steps,
+        save_summary_steps=settings.log_every_steps,
+    )
 
 
 class EstimatorBackend:
@@ -106,7 +101,10 @@ class EstimatorBackend:
         self.train_steps: int = training.train_spec.max_steps
 
     def checkpoint_step(self) -> int | None:
-        return resume_step(self._directory)
+        checkpoint = tf.train.latest_checkpoint(str(self._directory))
+        return (
+            None if checkpoint is None else int(tf.train.load_variable(checkpoint, "global_step"))
+        )
 
     def start_details(self) -> tuple[str, ...]:
         return ()
@@ -123,23 +121,20 @@ class EstimatorBackend:
         writer.flush()
 
     def train(self, end: Callable[[Ending], Any]) -> Any:
-        result = _play(self._training, self._role, self._stop)
+        """Plays this task's role to its end."""
+        training, role, stop = self._training, self._role, self._stop
+        result = None
+        if role is None:
+            result = _train_alone(training, stop)
+        elif role.role == PS:
+            _serve(training.estimator, role)
+        elif role.role == EVALUATOR:
+            _evaluate(training, role, stop)
+        else:
+            result = trainer.run(training, role, _server(training.estimator, role), stop)
         # The event files' writers, closed: the lifecycle may end the process next.
         tf.compat.v1.summary.FileWriterCache.clear()
-        return end(Ending(self._stop.signal_name if self._stop.requested else None, result))
-
-
-def _play(training: Training, role: ClusterRole | None, stop: StopRequest) -> trainer.Result | None:
-    """Plays this task's role to its end."""
-    if role is None:
-        return _train_alone(training, stop)
-    if role.role == PS:
-        _serve(training.estimator, role)
-        return None
-    if role.role == EVALUATOR:
-        _evaluate(training.estimator, training.eval_spec, training.train_spec.max_steps, role, stop)
-        return None
-    return trainer.run(training, role, _server(training.estimator, role), stop)
+        return end(Ending(stop.signal_name if stop.requested else None, result))
 
 
 def _train_alone(training: Training, stop: StopRequest) -> trainer.Result | None:
@@ -162,7 +157,11 @@ def _train_alone(training: Training, stop: StopRequest) -> trainer.Result | None
         # No checkpoint was written by this run (max_steps was already reached): evaluate the
         # latest one, so that a resumed run still reports.
         metrics = trainer.evaluate(estimator, training.eval_spec)
-    report = {"role": CHIEF, "index": 0, "examples_per_sec": throughput.mean_examples_per_sec()}
+    report = {
+        "role": CHIEF,
+        "index": 0,
+        "examples_per_sec": throughput.meter.mean_examples_per_sec(),
+    }
     reports.write_summary(
         Path(estimator.model_dir),
         name=training.name,
@@ -202,13 +201,7 @@ def _serve(estimator: tf.estimator.Estimator, role: ClusterRole) -> None:
     servers.stop()
 
 
-def _evaluate(
-    user: tf.estimator.Estimator,
-    eval_spec: tf.estimator.EvalSpec,
-    train_steps: int,
-    role: ClusterRole,
-    stop: StopRequest,
-) -> None:
+def _evaluate(training: Training, role: ClusterRole, stop: StopRequest) -> None:
     """The evaluator task: evaluates each new checkpoint of the model directory until one
     reaches the final step (its metrics go to the chief's summary.json), or until it is told
     to stop."""
@@ -218,8 +211,8 @@ def _evaluate(
         role.named(CHIEF),
         on_lost=lambda *lost: None if stop.requested else watchdog.exit_on_lost(*lost),
     )
-    estimator = trainer.for_task(user, None)
-    model_dir = Path(estimator.model_dir)
+    estimator, eval_spec = trainer.for_task(training.estimator, None), training.eval_spec
+    train_steps, model_dir = training.train_spec.max_steps, Path(estimator.model_dir)
     for checkpoint in tf.train.checkpoints_iterator(
         str(model_dir), timeout=timing.CHECKPOINT_LOOK_SECONDS, timeout_fn=lambda: stop.requested
     ):

@@ -57,6 +57,13 @@ class Training:
 Result = tuple[dict[str, Any] | None, list[Any]]
 # Ops that hand a step its input, as Estimator's input functions build them.
 _INPUT_OPS = ("IteratorGetNext", "QueueDequeueManyV2", "QueueDequeueUpToV2")
+# The user's RunConfig settings that a task's Estimator keeps (for_task).
+_KEPT_SETTINGS = (
+    "model_dir", "tf_random_seed", "save_summary_steps", "save_checkpoints_steps",
+    "save_checkpoints_secs", "keep_checkpoint_max", "keep_checkpoint_every_n_hours",
+    "log_step_count_steps", "train_distribute", "device_fn", "protocol", "eval_distribute",
+    "session_creation_timeout_secs", "checkpoint_save_graph_def",
+)  # fmt: skip
 
 
 def run(
@@ -98,7 +105,8 @@ def run(
         peers.stop()
         logging.info("%s %d: told %d ps it is done", role.role, role.index, role.ps_count)
     run_marker = reports.marker(role, train_spec.max_steps)
-    reports.write_trainer_report(model_dir, role, run_marker, throughput.mean_examples_per_sec())
+    mean = throughput.meter.mean_examples_per_sec()
+    reports.write_trainer_report(model_dir, role, run_marker, mean)
     if role.role != CHIEF:
         return None
     if stop.requested:
@@ -205,7 +213,7 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
         self._every_steps = every_steps
         self._writer: Any | None = None
         self._fetches: dict[str, Any] = {}
-        self._meter = Throughput(every_steps)
+        self.meter = Throughput(every_steps)
 
     def begin(self) -> None:
         self._fetches = {"step": tf.compat.v1.train.get_global_step()}
@@ -216,7 +224,7 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
         batch = _batch_size()
         if batch is not None:
             self._fetches["examples"] = batch
-        self._meter = Throughput(self._every_steps, counts_examples=batch is not None)
+        self.meter = Throughput(self._every_steps, counts_examples=batch is not None)
         self._writer = tf.compat.v1.summary.FileWriterCache.get(self._summary_dir)
 
     def after_create_session(self, session: Any, coord: Any) -> None:
@@ -230,21 +238,17 @@ class ThroughputHook(tf.compat.v1.train.SessionRunHook):
         step = int(results["step"])
         hang_watch.stepped(step)
         loss = float(results["loss"]) if "loss" in results else None
-        rates = self._meter.step(step, int(results.get("examples", 0)), loss)
+        rates = self.meter.step(step, int(results.get("examples", 0)), loss)
         if rates is not None:
             self._record(rates, step)
 
     def end(self, session: Any) -> None:
         hang_watch.paused()
-        mean = self._meter.end()
-        if mean is not None and self._meter.global_step is not None:
-            self._record(mean, self._meter.global_step)
+        mean = self.meter.end()
+        if mean is not None and self.meter.global_step is not None:
+            self._record(mean, self.meter.global_step)
         if self._writer is not None:
             self._writer.flush()
-
-    def mean_examples_per_sec(self) -> float | None:
-        """Throughput.mean_examples_per_sec: None if too short, or the batch size unknown."""
-        return self._meter.mean_examples_per_sec()
 
     def _record(self, rates: Rates, step: int) -> None:
         assert self._writer is not None
@@ -298,27 +302,14 @@ def for_task(
     """`user`'s Estimator under `tf_config` (None: this process alone), with `session_config`
     in place of its own when given."""
     config = user.config
-    settings = {
-        "model_dir": config.model_dir,
-        "tf_random_seed": config.tf_random_seed,
-        "save_summary_steps": config.save_summary_steps,
-        "save_checkpoints_steps": config.save_checkpoints_steps,
-        "save_checkpoints_secs": config.save_checkpoints_secs,
-        "session_config": session_config or config.session_config,
-        "keep_checkpoint_max": config.keep_checkpoint_max,
-        "keep_checkpoint_every_n_hours": config.keep_checkpoint_every_n_hours,
-        "log_step_count_steps": config.log_step_count_steps,
-        "train_distribute": config.train_distribute,
-        "device_fn": config.device_fn,
-        "protocol": config.protocol,
-        "eval_distribute": config.eval_distribute,
-        "session_creation_timeout_secs": config.session_creation_timeout_secs,
-        "checkpoint_save_graph_def": config.checkpoint_save_graph_def,
-        # Workers wait for the chief at the start barrier instead of sleeping 5 s x index.
-        "experimental_max_worker_delay_secs": 0,
-    }
+    kept = {name: getattr(config, name) for name in _KEPT_SETTINGS}
     with tf_config_environment(tf_config):
-        run_config = tf.estimator.RunConfig(**settings)
+        run_config = tf.estimator.RunConfig(
+            **kept,
+            session_config=session_config or config.session_config,
+            # Workers wait for the chief at the start barrier instead of sleeping 5 s x index.
+            experimental_max_worker_delay_secs=0,
+        )
     bound = user.model_fn
 
     def model_fn(features: Any, labels: Any, mode: str, params: Any, config: Any) -> Any:
@@ -337,15 +328,12 @@ def for_task(
 @contextlib.contextmanager
 def tf_config_environment(tf_config: Mapping[str, Any] | None) -> Iterator[None]:
     """TF_CONFIG as RunConfig and train_and_evaluate read it, for the duration of the block."""
-    saved = os.environ.get("TF_CONFIG")
-    if tf_config is None:
-        os.environ.pop("TF_CONFIG", None)
-    else:
+    saved = os.environ.pop("TF_CONFIG", None)
+    if tf_config is not None:
         os.environ["TF_CONFIG"] = json.dumps(tf_config)
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop("TF_CONFIG", None)
-        else:
+        os.environ.pop("TF_CONFIG", None)
+        if saved is not None:
             os.environ["TF_CONFIG"] = saved

@@ -77,19 +77,8 @@ class TrainingBackendBase(KerasBackendBase):
         settings = self._settings
         with strategy.scope():
             model = built_model(self._experiment, settings.params)
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-        latest = tf.train.latest_checkpoint(str(settings.model_dir))
-        if latest is not None:
-            keeping_learning_rate(
-                model.optimizer, lambda: checkpoint.restore(latest).expect_partial()
-            )
         saver = Saver(
-            checkpoint,
-            settings.model_dir,
-            self._role,
-            settings.keep_checkpoint_max,
-            restored=int(model.optimizer.iterations.numpy()),
-            stop=self._stop,
+            model, settings.model_dir, self._role, settings.keep_checkpoint_max, stop=self._stop
         )
         return model, saver
 
@@ -144,21 +133,26 @@ def built_model(experiment: KerasExperiment, params: Mapping[str, Any]) -> Any:
 
 
 class Saver:
-    """Checkpoints numbered by the global step: the chief's (or a single process's) into the
-    model directory, timed for the stop before the time limit (process/job/preemption.py);
-    another trainer's into a scratch directory it deletes, since every trainer must take
-    part in a save."""
+    """The model restored from the latest checkpoint, and checkpoints numbered by the global
+    step: the chief's (or a single process's) into the model directory, timed for the stop
+    before the time limit (process/job/preemption.py); another trainer's into a scratch
+    directory it deletes, since every trainer must take part in a save."""
 
     def __init__(
         self,
-        checkpoint: tf.train.Checkpoint,
+        model: Any,
         directory: Path,
         role: ClusterRole | None,
         keep: int,
         *,
-        restored: int,
         stop: preemption.StopRequest,
     ) -> None:
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+        latest = tf.train.latest_checkpoint(str(directory))
+        if latest is not None:
+            keeping_learning_rate(
+                model.optimizer, lambda: checkpoint.restore(latest).expect_partial()
+            )
         # On the node's own disk, named, not made: the manager makes it at a save, which then
         # deletes it, so that a worker that never saves leaves nothing behind.
         self._scratch = (
@@ -174,7 +168,7 @@ class Saver:
             checkpoint_name=_CHECKPOINT_NAME,
         )
         # The step of the latest checkpoint (first the one restored, not to be written again).
-        self.last = restored
+        self.last = int(model.optimizer.iterations.numpy())
         self._stop = stop
 
     def save(self, step: int) -> None:

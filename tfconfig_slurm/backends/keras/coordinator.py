@@ -6,7 +6,7 @@ The coordinator restores the model under the strategy (its variables split acros
 size) and trains the steps left with model.fit, in epochs of --log_every_steps after each of
 which it logs and checkpoints where due (_Epochs); _InFlight ends fit soon after a stop. At
 the end it takes the final metrics from the run's evaluator (SidecarBackend), or evaluates in
-a process of its own (evaluate.py), and writes summary.json.
+a process of its own (main), and writes summary.json.
 
 The evaluator (--coordinator --evaluator) is a sidecar, as tf-keras's SidecarEvaluator is,
 outside the coordinator's cluster (its TF_CONFIG names only itself: an evaluator in the
@@ -52,7 +52,7 @@ from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import hang_watch, keras_run
 from tfconfig_slurm.process.task.lifecycle import Ending, TrainingSettings
 from tfconfig_slurm.process.task.throughput import Throughput, epoch_steps
-from tfconfig_slurm.process.user_code.experiment import KerasExperiment
+from tfconfig_slurm.process.user_code.experiment import KerasExperiment, load_keras
 
 # A variable smaller than this stays whole on one parameter server.
 _MIN_SHARD_BYTES = 256 << 10
@@ -141,11 +141,13 @@ class CoordinatorBackend(TrainingBackendBase):
         )
 
     def _evaluate(self) -> dict[str, float]:
-        """The final checkpoint evaluated in a process of its own, outside the cluster."""
+        """The final checkpoint evaluated in a process of its own, outside any cluster (main):
+        a model of the coordinator's own runs its functions as the cluster's, and its evaluation
+        failed or hung here (CancelledError: RemoteExecuteNode::RunAsync)."""
         settings = self._settings
         command = [
-            sys.executable, "-m", "tfconfig_slurm.backends.keras.evaluate", self._experiment.spec,
-            str(settings.model_dir), json.dumps(dict(settings.params)),
+            sys.executable, "-m", "tfconfig_slurm.backends.keras.coordinator",
+            self._experiment.spec, str(settings.model_dir), json.dumps(dict(settings.params)),
             *([str(settings.eval_steps)] if settings.eval_steps else []),
         ]  # fmt: skip
         outside = {name: value for name, value in os.environ.items() if name != "TF_CONFIG"}
@@ -368,3 +370,22 @@ def _step_of(path: str | None) -> int | None:
     """The global step a checkpoint's path is numbered by (ckpt-<step>)."""
     number = re.search(r"-(\d+)$", path or "")
     return int(number.group(1)) if number else None
+
+
+def main() -> None:
+    """The final evaluation's own process (CoordinatorBackend._evaluate), which prints the
+    metrics of the latest checkpoint as one line of JSON; its arguments: EXPERIMENT MODEL_DIR
+    PARAMS_JSON [EVAL_STEPS]."""
+    spec, model_dir, params = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    experiment = load_keras(spec)
+    metrics = evaluate_checkpoint(
+        built_model(experiment, params),
+        tf.train.latest_checkpoint(model_dir),
+        eval_batches(experiment, params),
+        int(sys.argv[4]) if len(sys.argv) > 4 else None,
+    )
+    sys.stdout.write(json.dumps(metrics) + "\n")
+
+
+if __name__ == "__main__":
+    main()

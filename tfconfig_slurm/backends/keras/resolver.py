@@ -59,7 +59,18 @@ def cluster_resolver(
     if environ is os.environ and environ.get("CUDA_VISIBLE_DEVICES") != visible:
         _check_devices_not_listed(visible, environ.get("CUDA_VISIBLE_DEVICES", ""))
     if where.role is None:
-        return _alone(policy)
+        # This process alone, as TensorFlow's own resolvers give it without TF_CONFIG
+        # (MultiWorkerMirroredStrategy then mirrors its local devices); ParameterServerStrategy
+        # has no such cluster.
+        if policy.coordinator:
+            raise UsageError(
+                "cluster_resolver(coordinator=True)",
+                "needs a SLURM job step of several tasks (a coordinator, parameter servers and "
+                "workers), and this process is not one",
+                "run the script in every task of a step: srun python my_script.py",
+            )
+        logging.info("not in a SLURM job step of several tasks: a cluster of this process alone")
+        return tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec({}))
     role = where.role
     cluster = json.loads(tf_config)["cluster"]
     # A wrapper that gave the TF_CONFIG checked the port; a second resolver of this process
@@ -140,18 +151,3 @@ def _policy(variables: LayoutPolicy, layout: dict[str, Any]) -> LayoutPolicy:
         if name not in layout:
             raise
         raise UsageError(f"cluster_resolver({name}=...)", error.problem, error.hint) from None
-
-
-def _alone(policy: LayoutPolicy) -> tf.distribute.cluster_resolver.SimpleClusterResolver:
-    """Outside a job step of several tasks: this process alone, as TensorFlow's own resolvers
-    give it without TF_CONFIG (MultiWorkerMirroredStrategy then mirrors its local devices);
-    ParameterServerStrategy has no such cluster."""
-    if policy.coordinator:
-        raise UsageError(
-            "cluster_resolver(coordinator=True)",
-            "needs a SLURM job step of several tasks (a coordinator, parameter servers and "
-            "workers), and this process is not one",
-            "run the script in every task of a step: srun python my_script.py",
-        )
-    logging.info("not in a SLURM job step of several tasks: a cluster of this process alone")
-    return tf.distribute.cluster_resolver.SimpleClusterResolver(tf.train.ClusterSpec({}))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import tensorflow as tf
@@ -72,7 +71,13 @@ class KerasBackend(TrainingBackendBase, FitRun):
         peers = watched_peers(role)
         model, saver = self._restored(strategy)
         if role is not None:
-            _check_same_start(strategy, saver.last, directory)
+            # Every trainer must have restored the same checkpoint. Where the nodes do not
+            # share the model directory, a worker finds none where the chief restores one: its
+            # replica would train from other weights, and its steps would outlast the chief's,
+            # which hangs.
+            gather = _collective(strategy, lambda context, step: context.all_gather(step, axis=0))
+            starts = gather(tf.constant([saver.last], tf.int64))
+            history.check_same_start(directory, [int(step) for step in starts], "trainers")
         writer = tf.summary.create_file_writer(str(directory)) if owns_run(role) else None
         self._trainer = _Trainer(strategy, model, saver, writer, peers)
         # The strategy took SIGTERM as it was made.
@@ -166,15 +171,6 @@ class _Trainer(NamedTuple):
     saver: Saver
     writer: Any
     peers: watchdog.PeerWatch | None
-
-
-def _check_same_start(strategy: tf.distribute.Strategy, start: int, directory: Path) -> None:
-    """Every trainer must have restored the same checkpoint. Where the nodes do not share the
-    model directory, a worker finds none where the chief restores one: its replica would
-    train from other weights, and its steps would outlast the chief's, which hangs."""
-    gather = _collective(strategy, lambda context, step: context.all_gather(step, axis=0))
-    steps = gather(tf.constant([start], tf.int64))
-    history.check_same_start(directory, [int(step) for step in steps], "trainers")
 
 
 class _FinishInside(keras.callbacks.Callback):  # type: ignore[misc]

@@ -215,13 +215,12 @@ def _into_scratch(save: Any, suffix: str) -> None:
 def export(model: Any, directory: Path, name: str, role: ClusterRole | None) -> None:
     """The trained model as one `.keras` file, in export/<name>/<timestamp>/model.keras (as an
     Estimator exports into timestamped folders)."""
-    if role is not None and role.role != CHIEF:
-        with whole(model):
-            _into_scratch(model.save, ".keras")
-        return
-    folder = RunDir(directory).export(name) / str(int(time.time()))
-    folder.mkdir(parents=True, exist_ok=True)
     with whole(model):
+        if role is not None and role.role != CHIEF:
+            _into_scratch(model.save, ".keras")
+            return
+        folder = RunDir(directory).export(name) / str(int(time.time()))
+        folder.mkdir(parents=True, exist_ok=True)
         model.save(folder / "model.keras")
     logging.info("exported the model to %s", folder / "model.keras")
 

@@ -27,7 +27,6 @@ from tfconfig_slurm.backends.keras3.boot.sitecustomize import (
     JOINED,
     NOTES_VARIABLE,
 )
-from tfconfig_slurm.cluster.layout import LayoutPolicy
 from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import place
@@ -59,31 +58,9 @@ def keras_distribution(environ: MutableMapping[str, str] | None = None) -> Keras
     # Read by Keras as it is first imported, which comes after this call.
     environ.setdefault("KERAS_BACKEND", "jax")
     policy = place.policy_from_environ(environ)
-    _refuse_other_tasks(policy)
-    policy = dataclasses.replace(policy, all_reduce=True)
-    where = place.find(environ, policy, _SOURCE)
-    # No environment string carries the cluster, as with the tf.distribute resolver.
-    where.set_in(environ, tf_config=False)
-    if where.role is None:
-        return KerasDistribution(f"localhost:{_free_port()}", 1, 0)
-    if where.role.trainer_id == 0:
-        # Where JAX's coordination service is to listen.
-        watchdog.check_port_free(str(where.role.task_id), where.role.address)
-    values = where.role.keras_distribution()
-    host = where.role.address.rpartition(":")[0]
-    environ.update(jax_variables(host, environ.get("CUDA_VISIBLE_DEVICES", "")))
-    gloo.on(host)
-    return KerasDistribution(
-        values["KERAS_DISTRIBUTION_JOB_ADDRESSES"],
-        int(values["KERAS_DISTRIBUTION_NUM_PROCESSES"]),
-        int(values["KERAS_DISTRIBUTION_PROCESS_ID"]),
-    )
-
-
-def _refuse_other_tasks(policy: LayoutPolicy) -> None:
-    """Lays the step out as with-tfconfig --keras3 does, refusing a setting that adds other
-    tasks than the processes of one mesh (an evaluator's gave a process id beyond the
-    processes' count, which JAX refuses only once Keras is imported)."""
+    # Laid out as with-tfconfig --keras3 does: a setting that adds other tasks than the
+    # processes of one mesh is refused (an evaluator's gave a process id beyond the processes'
+    # count, which JAX refuses only once Keras is imported).
     given = {
         "--ps_per_node": policy.ps_per_node is not None,
         "--roles": policy.roles is not None,
@@ -99,13 +76,27 @@ def _refuse_other_tasks(policy: LayoutPolicy) -> None:
                 "process a task, all of them training",
                 f"unset {variable}: keras_distribution() lays the step out as --all_reduce does",
             )
-
-
-def _free_port() -> int:
-    """A port free on this machine now, for a single process's own coordination service."""
-    with socket.socket() as probe:
-        probe.bind(("localhost", 0))
-        return int(probe.getsockname()[1])
+    policy = dataclasses.replace(policy, all_reduce=True)
+    where = place.find(environ, policy, _SOURCE)
+    # No environment string carries the cluster, as with the tf.distribute resolver.
+    where.set_in(environ, tf_config=False)
+    if where.role is None:
+        # A port free on this machine now, for a single process's own coordination service.
+        with socket.socket() as probe:
+            probe.bind(("localhost", 0))
+            return KerasDistribution(f"localhost:{probe.getsockname()[1]}", 1, 0)
+    if where.role.trainer_id == 0:
+        # Where JAX's coordination service is to listen.
+        watchdog.check_port_free(str(where.role.task_id), where.role.address)
+    values = where.role.keras_distribution()
+    host = where.role.address.rpartition(":")[0]
+    environ.update(jax_variables(host, environ.get("CUDA_VISIBLE_DEVICES", "")))
+    gloo.on(host)
+    return KerasDistribution(
+        values["KERAS_DISTRIBUTION_JOB_ADDRESSES"],
+        int(values["KERAS_DISTRIBUTION_NUM_PROCESSES"]),
+        int(values["KERAS_DISTRIBUTION_PROCESS_ID"]),
+    )
 
 
 def jax_variables(host: str, gpus: str) -> dict[str, str]:
