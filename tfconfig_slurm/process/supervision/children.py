@@ -43,13 +43,11 @@ _SIGNAL.restype = ctypes.c_void_p
 
 class Group:
     """Children started together. Each in a session of its own (`own_sessions`) is signalled
-    as a whole, with whatever it started; otherwise only the child itself is."""
+    as a whole, with whatever it started; otherwise only the child itself is, and its stderr,
+    unless captured, is relayed."""
 
-    def __init__(
-        self, *, own_sessions: bool, relay_stderr: bool = False, aside: Path | None = None
-    ) -> None:
-        self._own_sessions = own_sessions
-        self._relay_stderr, self._aside = relay_stderr, aside
+    def __init__(self, *, own_sessions: bool, aside: Path | None = None) -> None:
+        self._own_sessions, self._aside = own_sessions, aside
         self.started: list[Child] = []
         self._relays: dict[int, Relay] = {}
         self._how: dict[int, tuple[Sequence[str], Mapping[str, str], str | None, bool]] = {}
@@ -63,7 +61,7 @@ class Group:
         capture: bool = False,
     ) -> Child:
         """Starts `command` (`program`: its first word, found); raises OSError if it cannot."""
-        relayed = self._relay_stderr and not capture
+        relayed = not self._own_sessions and not capture
         child = subprocess.Popen(
             list(command),
             executable=program,
