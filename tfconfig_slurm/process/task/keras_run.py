@@ -284,7 +284,9 @@ class KerasRun:
         self._stop = task.stop
         self.experiment = experiment.name
         self.train_steps = settings.train_steps
-        self.hparams: Mapping[str, Any] = settings.hparams(experiment.hparams)
+        self.hparams: Mapping[str, Any] = {
+            name: settings.params[name] for name in experiment.hparams
+        }
 
     def _fit_steps(
         self,

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, NoReturn, Protocol, Union
@@ -128,10 +128,6 @@ class TrainingSettings:
     sync_replicas: bool
     # Keras 3's steps a call, where the experiment's compile left the default 1; None: as compiled.
     steps_per_execution: int | None = None
-
-    def hparams(self, names: Iterable[str]) -> dict[str, Any]:
-        """This run's values of the hparams `names` (an experiment's HPARAMS)."""
-        return {name: self.params[name] for name in names}
 
 
 def run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) -> Any:
