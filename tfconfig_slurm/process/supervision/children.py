@@ -104,10 +104,9 @@ class Group:
 
     def stop(self, grace: float) -> None:
         """SIGTERM to each child, SIGKILL after `grace` seconds."""
-        running = [child for child in self.started if child.poll() is None]
-        self.signal(signal.SIGTERM, running)
+        self.signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for child in running:
+        for child in self.started:
             try:
                 child.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -155,8 +154,7 @@ class Relay:
     and an interpreter shutting down beside it aborts (`_enter_buffered_busy`)."""
 
     def __init__(self, source: int, sink: int, aside: Path | None = None) -> None:
-        self._source, self._sink = source, sink
-        self._aside = aside
+        self._source, self._sink, self._aside = source, sink, aside
         self._aborting = False
         self._partial = b""
         # How much of `_partial` is passed on already: a line without its newline yet (a

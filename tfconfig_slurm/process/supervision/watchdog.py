@@ -104,10 +104,8 @@ class PeerWatch:
     ) -> None:
         self._addresses = dict(peers)
         self._others = dict(others or {})
-        self._on_lost = on_lost
-        self._on_finished = on_finished
-        self._lost_after = lost_after
-        self._start_seconds = start_seconds
+        self._on_lost, self._on_finished = on_lost, on_finished
+        self._lost_after, self._start_seconds = lost_after, start_seconds
         self._interval = round_seconds(len(peers), probe_seconds)
         self._lock = threading.Lock()
         self._watched = set(peers)

@@ -93,10 +93,7 @@ class Watch:
     def __init__(self, seconds: float, role: ClusterRole | None, model_dir: Path, node: str):
         self._seconds = seconds
         self._role, self._model_dir, self._node = role, model_dir, node
-        self._step = 0
-        self._stepped_at = 0.0
-        self._slowest = 0.0
-        self._armed = False
+        self._step, self._stepped_at, self._slowest, self._armed = 0, 0.0, 0.0, False
         # Whether the next step is the training's first.
         self._first = True
         self._thread: threading.Thread | None = None
@@ -180,8 +177,7 @@ class Watch:
         role = self._role
         if role is None or role.run_id is None:
             return [mine]
-        run = RunDir(self._model_dir)
-        path = run.hang_account(role.run_id, role.task_id)
+        path = RunDir(self._model_dir).hang_account(role.run_id, role.task_id)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             files.write_atomically(path, json.dumps(mine._asdict()) + "\n")

@@ -234,8 +234,7 @@ class FitSteps:
         if end.save:
             self._save(self.step)
             self._ends.saved()
-        if end.stop_on:
-            self.stopped_on = end.stop_on
+        self.stopped_on = end.stop_on or self.stopped_on
         return bool(end.stop_on)
 
     def stopped_early(self) -> str | None:
