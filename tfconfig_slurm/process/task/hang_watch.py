@@ -218,12 +218,10 @@ def _frames(frame: FrameType) -> list[FrameType]:
     """A stack's frames, innermost first, up to the first that is not a library's: a frame
     below a library's call into the user's code (a callback) is not where it waits."""
     inner: list[FrameType] = []
-    each: FrameType | None = frame
-    while each is not None:
+    for each, _ in traceback.walk_stack(frame):
         inner.append(each)
         if not _library(each.f_code.co_filename):
             break
-        each = each.f_back
     return inner
 
 
