@@ -26,7 +26,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 def test_by_default_a_checkpoint_comes_by_steps_or_by_time_whichever_first(
     clock: list[float],
 ) -> None:
-    every = CheckpointCadence.of(None, None)
+    every = CheckpointCadence(None, None)
     assert every.by_steps(999, 1000) and not every.by_steps(1000, 1999)
     assert not every.by_time()
     clock[0] += keras_run.DEFAULT_CHECKPOINT_SECONDS
@@ -36,10 +36,10 @@ def test_by_default_a_checkpoint_comes_by_steps_or_by_time_whichever_first(
 
 
 def test_a_flag_given_alone_is_the_only_cadence(clock: list[float]) -> None:
-    steps = CheckpointCadence.of(20, None)
+    steps = CheckpointCadence(20, None)
     clock[0] += 10 * keras_run.DEFAULT_CHECKPOINT_SECONDS
     assert steps.by_steps(19, 21) and not steps.by_time()
-    seconds = CheckpointCadence.of(None, 30)
+    seconds = CheckpointCadence(None, 30)
     assert not seconds.by_steps(999, 1000)
     assert not seconds.by_time()
     clock[0] += 30

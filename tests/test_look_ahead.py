@@ -1,4 +1,4 @@
-"""Batches read ahead of the step (process/task/look_ahead.py): in order, placed, bounded in
+"""Batches read ahead of the step (process/task/keras_run.py): in order, placed, bounded in
 how far ahead and in how many, an experiment's error raised where fit reads, and a thread
 that ends where fit stopped early. No TensorFlow, no JAX."""
 
@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.cli import wait_until
-from tfconfig_slurm.process.task import look_ahead
-from tfconfig_slurm.process.task.look_ahead import LookAhead
+from tfconfig_slurm.process.task import keras_run
+from tfconfig_slurm.process.task.keras_run import LookAhead
 
 
 def test_the_batches_come_placed_in_order_and_end_at_the_steps_left() -> None:
@@ -31,11 +31,11 @@ def test_reading_runs_ahead_of_the_step_by_a_few_batches_only() -> None:
             yield index
 
     ahead = LookAhead(counted(), 1000, lambda batch: batch)
-    assert wait_until(lambda: len(read) == look_ahead.AHEAD + 1, 5)
+    assert wait_until(lambda: len(read) == keras_run.AHEAD + 1, 5)
     batches = ahead.batches()
     assert next(batches) == 0
-    assert wait_until(lambda: len(read) == look_ahead.AHEAD + 2, 5)
-    assert len(read) == look_ahead.AHEAD + 2
+    assert wait_until(lambda: len(read) == keras_run.AHEAD + 2, 5)
+    assert len(read) == keras_run.AHEAD + 2
     ahead.close()
 
 

@@ -261,7 +261,7 @@ class _Epochs(keras.callbacks.Callback):  # type: ignore[misc]
         self.meter = Throughput(every)
         self.result: Any = None
         self._settings = settings
-        self._cadence = keras_run.CheckpointCadence.of(
+        self._cadence = keras_run.CheckpointCadence(
             settings.save_checkpoints_steps, settings.save_checkpoints_secs
         )
         self._coordinator = coordinator

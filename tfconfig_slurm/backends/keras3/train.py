@@ -45,9 +45,8 @@ from tfconfig_slurm.process.records import history, reports
 from tfconfig_slurm.process.records.attempts import owns_run
 from tfconfig_slurm.process.supervision import watchdog
 from tfconfig_slurm.process.task import hang_watch, keras_run
-from tfconfig_slurm.process.task.keras_run import FitRun, watched_peers
+from tfconfig_slurm.process.task.keras_run import FitRun, LookAhead, watched_peers
 from tfconfig_slurm.process.task.lifecycle import Ending, Hparam
-from tfconfig_slurm.process.task.look_ahead import LookAhead
 from tfconfig_slurm.process.user_code.experiment import KerasExperiment
 
 # What an experiment's dataset gives, in a refusal's hint.
@@ -187,7 +186,7 @@ class Keras3Backend(FitRun):
             )
 
     def _fed(self, batches: Any, steps: int) -> LookAhead | None:
-        """An experiment's generator, read ahead to --train_steps (process/task/look_ahead.py:
+        """An experiment's generator, read ahead to --train_steps (process/task/keras_run.py:
         at most the steps left, read on a thread of their own and placed there, _placement);
         None for a keras.utils.PyDataset or a tf.data.Dataset, which read ahead themselves,
         and which are refused with --steps_per_execution: fit would read them past

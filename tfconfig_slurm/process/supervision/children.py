@@ -43,13 +43,11 @@ _SIGNAL.restype = ctypes.c_void_p
 
 class Group:
     """Children started together. Each in a session of its own (`own_sessions`) is signalled
-    as a whole, with whatever it started; otherwise only the child itself is."""
+    as a whole, with whatever it started; otherwise only the child itself is, and its stderr,
+    unless captured, is relayed."""
 
-    def __init__(
-        self, *, own_sessions: bool, relay_stderr: bool = False, aside: Path | None = None
-    ) -> None:
-        self._own_sessions = own_sessions
-        self._relay_stderr, self._aside = relay_stderr, aside
+    def __init__(self, *, own_sessions: bool, aside: Path | None = None) -> None:
+        self._own_sessions, self._aside = own_sessions, aside
         self.started: list[Child] = []
         self._relays: dict[int, Relay] = {}
         self._how: dict[int, tuple[Sequence[str], Mapping[str, str], str | None, bool]] = {}
@@ -63,7 +61,7 @@ class Group:
         capture: bool = False,
     ) -> Child:
         """Starts `command` (`program`: its first word, found); raises OSError if it cannot."""
-        relayed = self._relay_stderr and not capture
+        relayed = not self._own_sessions and not capture
         child = subprocess.Popen(
             list(command),
             executable=program,
@@ -106,10 +104,9 @@ class Group:
 
     def stop(self, grace: float) -> None:
         """SIGTERM to each child, SIGKILL after `grace` seconds."""
-        running = [child for child in self.started if child.poll() is None]
-        self.signal(signal.SIGTERM, running)
+        self.signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for child in running:
+        for child in self.started:
             try:
                 child.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -157,8 +154,7 @@ class Relay:
     and an interpreter shutting down beside it aborts (`_enter_buffered_busy`)."""
 
     def __init__(self, source: int, sink: int, aside: Path | None = None) -> None:
-        self._source, self._sink = source, sink
-        self._aside = aside
+        self._source, self._sink, self._aside = source, sink, aside
         self._aborting = False
         self._partial = b""
         # How much of `_partial` is passed on already: a line without its newline yet (a

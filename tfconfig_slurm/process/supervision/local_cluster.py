@@ -167,7 +167,6 @@ def _run(
     group = children.Group(own_sessions=True)
     started: dict[LocalTask, children.Child] = {}
     copiers: list[threading.Thread] = []
-    failed: LocalTask | None = None
     # Only noted, then acted on by the loops below: a second signal never cuts the stop short.
     stop = preemption.StopRequest()
     told = children.handling(children.STOPPING, lambda number, frame: stop.note_signal(number))
@@ -222,13 +221,13 @@ def _laid_out(
         tasks = [LocalTask(CHIEF, 0, reserve())]
         tasks += [LocalTask(PS, index, reserve()) for index in range(counts[PS])]
         tasks += [LocalTask(WORKER, index, reserve()) for index in range(counts[WORKER])]
-    cluster: dict[str, list[str]] = {}
+    cluster: dict[str, tuple[str, ...]] = {}
     for task in tasks:
-        cluster.setdefault(task.role, []).append(task.address)
+        cluster[task.role] = (*cluster.get(task.role, ()), task.address)
     # The evaluator is outside the cluster and serves nothing: it needs no port.
     tasks += [LocalTask(EVALUATOR, 0, "-") for _ in range(counts[EVALUATOR])]
     every_role = ClusterRole(
-        cluster={job: tuple(addresses) for job, addresses in cluster.items()},
+        cluster=cluster,
         role=CHIEF,
         index=0,
         has_evaluator=counts[EVALUATOR] > 0,

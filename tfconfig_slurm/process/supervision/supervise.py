@@ -100,7 +100,7 @@ class TaskState:
 
 def command_group(aside: Path | None = None) -> children.Group:
     """The group for the one command: in the supervisor's process group, as srun expects."""
-    return children.Group(own_sessions=False, relay_stderr=True, aside=aside)
+    return children.Group(own_sessions=False, aside=aside)
 
 
 def supervise(
@@ -244,8 +244,13 @@ class _Supervisor:
         status = exits.exit_status(child.returncode)
         _after_command()
         stopped_by = self.state.stopped_by
-        if self.owner is not None:
-            _say_how_it_ended(self.owner, status, stopped_by)
+        owner = self.owner
+        if owner is not None and status == 0:
+            owner.say(RunState.DONE, None)
+        elif owner is not None and stopped_by is not None:
+            owner.say(RunState.STOPPED, None, signal=stopped_by.name)
+        elif owner is not None:
+            owner.say(RunState.FAILED, None, exit_status=status)
         if status != 0:
             self._take_failed_end()
             if stopped_by is not None:
@@ -345,15 +350,6 @@ def _wait_for_end(
     while child.returncode is None and time.monotonic() < deadline and not unless():
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=max(0.0, min(timing.PROBE_SECONDS, deadline - time.monotonic())))
-
-
-def _say_how_it_ended(owner: RunOwner, status: int, stopped_by: signal.Signals | None) -> None:
-    if status == 0:
-        owner.say(RunState.DONE, None)
-    elif stopped_by is not None:
-        owner.say(RunState.STOPPED, None, signal=stopped_by.name)
-    else:
-        owner.say(RunState.FAILED, None, exit_status=status)
 
 
 def _after_command() -> None:

@@ -104,10 +104,8 @@ class PeerWatch:
     ) -> None:
         self._addresses = dict(peers)
         self._others = dict(others or {})
-        self._on_lost = on_lost
-        self._on_finished = on_finished
-        self._lost_after = lost_after
-        self._start_seconds = start_seconds
+        self._on_lost, self._on_finished = on_lost, on_finished
+        self._lost_after, self._start_seconds = lost_after, start_seconds
         self._interval = round_seconds(len(peers), probe_seconds)
         self._lock = threading.Lock()
         self._watched = set(peers)
@@ -258,10 +256,8 @@ def _refuses(address: str) -> bool:
     """Whether `address`'s host refuses a connection: it is up, and nothing listens there."""
     try:
         _connect(address).close()
-    except ConnectionRefusedError:
-        return True
-    except OSError:
-        return False
+    except OSError as error:
+        return isinstance(error, ConnectionRefusedError)
     return False
 
 
@@ -399,7 +395,17 @@ def _bound(role: ClusterRole) -> socket.socket:
 def _served(listener: socket.socket, answer: list[bytes]) -> Iterator[None]:
     """`listener` answers the last of `answer` until the block ends."""
     stopped = threading.Event()
-    threading.Thread(target=_answer, args=(listener, stopped, answer), daemon=True).start()
+
+    def serve() -> None:
+        while not stopped.is_set():
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            with contextlib.suppress(OSError), connection:
+                connection.sendall(answer[-1])
+
+    threading.Thread(target=serve, daemon=True).start()
     _SERVING.append(answer)
     try:
         yield
@@ -407,16 +413,6 @@ def _served(listener: socket.socket, answer: list[bytes]) -> Iterator[None]:
         _SERVING.remove(answer)
         stopped.set()
         listener.close()
-
-
-def _answer(listener: socket.socket, stopped: threading.Event, answer: list[bytes]) -> None:
-    while not stopped.is_set():
-        try:
-            connection, _ = listener.accept()
-        except OSError:
-            return
-        with contextlib.suppress(OSError), connection:
-            connection.sendall(answer[-1])
 
 
 # TensorFlow says neither a peer's address that does not resolve (it looks like a peer that

@@ -93,10 +93,7 @@ class Watch:
     def __init__(self, seconds: float, role: ClusterRole | None, model_dir: Path, node: str):
         self._seconds = seconds
         self._role, self._model_dir, self._node = role, model_dir, node
-        self._step = 0
-        self._stepped_at = 0.0
-        self._slowest = 0.0
-        self._armed = False
+        self._step, self._stepped_at, self._slowest, self._armed = 0, 0.0, 0.0, False
         # Whether the next step is the training's first.
         self._first = True
         self._thread: threading.Thread | None = None
@@ -139,8 +136,7 @@ class Watch:
     def _hung(self, silent: float, bound: float) -> None:
         step = self._step
         name = str(self._role.task_id) if self._role else "the process"
-        since = f"global step {step}"
-        since = f"its training began at {since}" if self._first else since
+        since = f"{'its training began at ' if self._first else ''}global step {step}"
         logging.error(
             "%s: hung: no step for %.0f s since %s (its bound: %.0f s, --hang_timeout); every "
             "thread's stack follows",
@@ -181,8 +177,7 @@ class Watch:
         role = self._role
         if role is None or role.run_id is None:
             return [mine]
-        run = RunDir(self._model_dir)
-        path = run.hang_account(role.run_id, role.task_id)
+        path = RunDir(self._model_dir).hang_account(role.run_id, role.task_id)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             files.write_atomically(path, json.dumps(mine._asdict()) + "\n")
@@ -223,12 +218,10 @@ def _frames(frame: FrameType) -> list[FrameType]:
     """A stack's frames, innermost first, up to the first that is not a library's: a frame
     below a library's call into the user's code (a callback) is not where it waits."""
     inner: list[FrameType] = []
-    each: FrameType | None = frame
-    while each is not None:
+    for each, _ in traceback.walk_stack(frame):
         inner.append(each)
         if not _library(each.f_code.co_filename):
             break
-        each = each.f_back
     return inner
 
 
@@ -272,9 +265,9 @@ def _read_accounts(folder: Path) -> list[Account]:
 
 
 class _Current:
-    """This process's watch, once the lifecycle made one (`watch`)."""
+    """This process's watch: until the lifecycle makes one (`watch`), one that only counts."""
 
-    watch: Watch | None = None
+    watch = Watch(0.0, None, Path(), "")
 
 
 _CURRENT = _Current()
@@ -287,28 +280,24 @@ def watch(seconds: float, role: ClusterRole | None, model_dir: Path, node: str) 
 
 def when_hung(says_failed: Callable[[str], None]) -> None:
     """Once this task is found hung, `says_failed(what)` records it in the run's state.json."""
-    if _CURRENT.watch is not None:
-        _CURRENT.watch.says_failed = says_failed
+    _CURRENT.watch.says_failed = says_failed
 
 
 def silent_since(moment: float) -> float | None:
-    """Watch.silent_since of this process's watch; None where nothing watches."""
-    return None if _CURRENT.watch is None else _CURRENT.watch.silent_since(moment)
+    """Watch.silent_since of this process's watch."""
+    return _CURRENT.watch.silent_since(moment)
 
 
 def began(global_step: int) -> None:
     """Training begins at `global_step`: its first step is due."""
-    if _CURRENT.watch is not None:
-        _CURRENT.watch.beat(global_step, first=True)
+    _CURRENT.watch.beat(global_step, first=True)
 
 
 def stepped(global_step: int) -> None:
     """A step ended at `global_step`, said on the training thread."""
-    if _CURRENT.watch is not None:
-        _CURRENT.watch.beat(global_step)
+    _CURRENT.watch.beat(global_step)
 
 
 def paused() -> None:
     """No more steps for now (training ended): no hang until the next."""
-    if _CURRENT.watch is not None:
-        _CURRENT.watch.pause()
+    _CURRENT.watch.pause()

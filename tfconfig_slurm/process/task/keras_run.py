@@ -3,14 +3,17 @@ told and tell the lifecycle; when a run checkpoints and its trainers agree on a 
 one decision, each backend supplying only how its trainers sum their votes); what follows each
 step of their fit (FitSteps: the global step counted, the progress lines, the checkpoint and
 the stop; a backend hands in its framework's Callback class, its saver and where its scalars
-go); and what follows the fit (FitRun)."""
+go); what follows the fit (FitRun); and batches read ahead of the step that trains on them, on
+a thread of their own (LookAhead: Keras 3's, which says how a batch is placed)."""
 
 from __future__ import annotations
 
 import abc
 import concurrent.futures
+import queue
+import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -42,19 +45,13 @@ def passed(before: int, after: int, every: int) -> bool:
 
 class CheckpointCadence:
     """A checkpoint at a multiple of `steps` or `seconds` after the last, whichever comes first
-    (None: never by that)."""
+    (None: never by that); the flag given alone, else both defaults."""
 
     def __init__(self, steps: int | None, seconds: float | None) -> None:
-        self._steps = steps
-        self._seconds = seconds
+        if steps is None and seconds is None:
+            steps, seconds = DEFAULT_CHECKPOINT_STEPS, DEFAULT_CHECKPOINT_SECONDS
+        self._steps, self._seconds = steps, seconds
         self._last = time.monotonic()
-
-    @classmethod
-    def of(cls, save_steps: int | None, save_secs: float | None) -> CheckpointCadence:
-        """The flag given alone, else both defaults."""
-        if save_steps is None and save_secs is None:
-            return cls(DEFAULT_CHECKPOINT_STEPS, DEFAULT_CHECKPOINT_SECONDS)
-        return cls(save_steps, save_secs)
 
     def by_steps(self, before: int, after: int) -> bool:
         """Whether global step `before` -> `after` passed a checkpoint's step."""
@@ -94,7 +91,7 @@ class StepEnds:
         requeue_on: Collection[str],
         sum_votes: SumVotes | None,
     ) -> None:
-        self._cadence = CheckpointCadence.of(
+        self._cadence = CheckpointCadence(
             settings.save_checkpoints_steps, settings.save_checkpoints_secs
         )
         self._stop = stop
@@ -237,8 +234,7 @@ class FitSteps:
         if end.save:
             self._save(self.step)
             self._ends.saved()
-        if end.stop_on:
-            self.stopped_on = end.stop_on
+        self.stopped_on = end.stop_on or self.stopped_on
         return bool(end.stop_on)
 
     def stopped_early(self) -> str | None:
@@ -287,7 +283,9 @@ class KerasRun:
         self._stop = task.stop
         self.experiment = experiment.name
         self.train_steps = settings.train_steps
-        self.hparams: Mapping[str, Any] = settings.hparams(experiment.hparams)
+        self.hparams: Mapping[str, Any] = {
+            name: settings.params[name] for name in experiment.hparams
+        }
 
     def _fit_steps(
         self,
@@ -372,3 +370,64 @@ class FitRun(KerasRun, abc.ABC):
     @abc.abstractmethod
     def _end_together(self) -> None:
         """Waits here as long as the framework needs the other trainers to end first."""
+
+
+# Enough for the next step's while one runs, in little memory.
+AHEAD = 2
+_END = object()
+# close()'s wait for the reading thread: a generator that blocks for ever is the hang watch's.
+_CLOSE_SECONDS = 10.0
+
+
+class LookAhead:
+    """At most `steps` of `batches`, each `placed`, read ahead; `batches()` gives them in order
+    (a generator, as Keras's adapters take)."""
+
+    def __init__(self, batches: Iterator[Any], steps: int, placed: Callable[[Any], Any]) -> None:
+        self._ahead: queue.Queue[Any] = queue.Queue(AHEAD)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(
+            target=self._read, args=(batches, steps, placed), name="batches ahead", daemon=True
+        )
+        self._thread.start()
+
+    def batches(self) -> Iterator[Any]:
+        """The batches in order; an error the experiment's generator raised, raised here."""
+        while True:
+            batch = self._ahead.get()
+            if batch is _END:
+                return
+            if isinstance(batch, BaseException):
+                raise batch
+            yield batch
+
+    def close(self) -> None:
+        """Ends the reading thread (a fit that stopped early leaves it waiting for room) and waits
+        a while: the evaluation's batches come next, from generators that may share state."""
+        self._closed.set()
+        self._drain()
+        self._thread.join(timeout=_CLOSE_SECONDS)
+        self._drain()
+
+    def _drain(self) -> None:
+        while not self._ahead.empty():
+            self._ahead.get_nowait()
+
+    def _read(self, batches: Iterator[Any], steps: int, placed: Callable[[Any], Any]) -> None:
+        try:
+            for _, batch in zip(range(steps), batches):
+                if not self._put(placed(batch)):
+                    return
+            self._put(_END)
+        except BaseException as error:
+            # Raised again on the training thread, as fit reads the batch it stands for.
+            self._put(error)
+
+    def _put(self, item: Any) -> bool:
+        while not self._closed.is_set():
+            try:
+                self._ahead.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, NoReturn, Protocol, Union
@@ -129,10 +129,6 @@ class TrainingSettings:
     # Keras 3's steps a call, where the experiment's compile left the default 1; None: as compiled.
     steps_per_execution: int | None = None
 
-    def hparams(self, names: Iterable[str]) -> dict[str, Any]:
-        """This run's values of the hparams `names` (an experiment's HPARAMS)."""
-        return {name: self.params[name] for name in names}
-
 
 def run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) -> Any:
     """Runs this task to its end with the backend `backend()` makes, of `kind`, and returns its
@@ -165,7 +161,6 @@ def _run(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend], *, re
     if role is not None and role.run_id is not None:
         _in_a_thread("failure-watch", _end_if_failed_while_stopping, task, role.run_id)
     limit = _keep_time_limit(task)
-    _say_how_a_stop_goes_on(task)
     hang_watch.watch(task.hang_seconds, role, task.model_dir, task.place.node)
     with failure.recording_errors():
         try:
@@ -205,34 +200,22 @@ def _loaded(task: TaskRun, kind: BackendKind, backend: Callable[[], Backend]) ->
 
 
 def _keep_time_limit(task: TaskRun) -> preemption.TimeLimit | None:
-    """The task that requeues the job stops it before its time limit; the run's owner follows
+    """The task that requeues the job stops it before its time limit, and says at start, from a
+    thread (slurmctld may be slow), where the job may not requeue itself; the run's owner follows
     the limit too, to say why the run stopped. Not in a local cluster: scancel may reach none of
     its tasks (a batch script's own python), and one task stopping alone would fail the others."""
     policy, role, job = task.stop_policy, task.place.role, task.job
-    if job is None or not policy.time_limit_signal or policy.time_limit_margin <= 0:
+    if job is None or (role is not None and role.in_local_cluster):
         return None
-    if role is not None and role.in_local_cluster:
-        return None
-    if not (_requeues(role) or owns_run(role)):
-        return None
-    return preemption.watch(
-        job,
-        task.stop,
-        policy.time_limit_signal,
-        policy.time_limit_margin,
-        acts=_requeues(role),
-    )
-
-
-def _say_how_a_stop_goes_on(task: TaskRun) -> None:
-    """The task that requeues the job says at start, from a thread (slurmctld may be slow),
-    where the job may not requeue itself."""
-    job, role = task.job, task.place.role
-    if job is None or not task.stop_policy.requeue_on or not _requeues(role):
-        return
-    if role is not None and role.in_local_cluster:
-        return
-    _in_a_thread("requeue-check", continuation.say_at_start, job, task.environ)
+    requeues = _requeues(role)
+    limit = None
+    if policy.time_limit_signal and policy.time_limit_margin > 0 and (requeues or owns_run(role)):
+        limit = preemption.watch(
+            job, task.stop, policy.time_limit_signal, policy.time_limit_margin, acts=requeues
+        )
+    if policy.requeue_on and requeues:
+        _in_a_thread("requeue-check", continuation.say_at_start, job, task.environ)
+    return limit
 
 
 def _train(

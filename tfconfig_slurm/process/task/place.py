@@ -69,22 +69,16 @@ class Place(NamedTuple):
     def log_start(self, model_dir: Path, resumed: int | None, *details: str) -> None:
         """The task's first line, the same for every backend: who and where it is, its GPUs,
         its model directory, and the checkpoint step it resumes from."""
-        where = (
-            f"{self.role.task_id} on {self.node} at {self.role.address}"
-            if self.role
-            else f"a single process on {self.node}"
-        )
+        where = f"a single process on {self.node}"
+        if self.role:
+            where = f"{self.role.task_id} on {self.node} at {self.role.address}"
+        start = f"resuming from step {resumed}" if resumed else "starting at step 0"
         logging.info(
             "%s with %s, model directory %s, %s",
             where,
             "whatever GPUs it finds" if self.gpus == _ANY_GPUS else f"GPUs [{self.gpus}]",
             model_dir,
-            "; ".join(
-                (
-                    f"resuming from step {resumed}" if resumed else "starting at step 0",
-                    *details,
-                )
-            ),
+            "; ".join((start, *details)),
         )
 
 

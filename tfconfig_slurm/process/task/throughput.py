@@ -104,15 +104,12 @@ class Throughput:
         if not self.due(global_step) or mark.seconds <= self._window.seconds:
             return None
         rates = self._rates(self._window, mark)
-        said_loss = "" if loss is None else f"loss {loss:.4g}, "
-        said_examples = (
-            "" if rates.examples_per_sec is None else f"{rates.examples_per_sec:.1f} examples/s, "
-        )
+        per_sec = rates.examples_per_sec
         logging.info(
             "step %d: %s%s%.2f global steps/s",
             global_step,
-            said_loss,
-            said_examples,
+            "" if loss is None else f"loss {loss:.4g}, ",
+            "" if per_sec is None else f"{per_sec:.1f} examples/s, ",
             rates.global_steps_per_sec,
         )
         self._window = mark
@@ -121,14 +118,13 @@ class Throughput:
 
     def end(self) -> Rates | None:
         """Logs the last step's line; returns the mean rates, None for a run too short."""
-        mean = self.mean()
-        examples = None if mean is None else mean.examples_per_sec
+        examples = self.mean_examples_per_sec()
         logging.info(
             "last step done after %d steps here; mean %s examples/s",
             self._local_steps,
             "-" if examples is None else f"{examples:.1f}",
         )
-        return mean
+        return self.mean()
 
     @property
     def global_step(self) -> int | None:
