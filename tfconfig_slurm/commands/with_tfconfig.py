@@ -304,9 +304,7 @@ def _run_held(
     )
     _, held = model_dir.claimed(directory, role, _NAMING, job, same_experiment)
     failure.attach(directory, role, node)
-    if not owns_run(role):
-        return None, held
-    return RunOwner.in_job(directory, script, {}, role, job), held
+    return (RunOwner.in_job(directory, script, {}, role, job) if owns_run(role) else None), held
 
 
 # How --model_dir is named in a refusal of a directory another run holds.
