@@ -36,9 +36,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The layout tools never import TensorFlow; the runtime only when it is asked for.
     if name == "keras_distribution":
-        from tfconfig_slurm.backends.keras3.boot import (  # noqa: PLC0415
-            keras_distribution,
-        )
+        from tfconfig_slurm.backends.keras3.boot import keras_distribution  # noqa: PLC0415
 
         return _in_one_line(keras_distribution)
     if name not in ("train_and_evaluate", "cluster_resolver"):

@@ -23,7 +23,6 @@ from tfconfig_slurm.errors import UsageError
 # 25 Gbit/s Ethernet, common on GPU nodes' second network (InfiniBand HDR gives 200).
 DEFAULT_GBITS_PER_SECOND = 25.0
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)", re.IGNORECASE)
-_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
 
 class DataPath(NamedTuple):
@@ -50,10 +49,8 @@ def parse_bytes(text: str) -> int:
             "give the size of the model's dense variables (4 bytes a float32 parameter)",
         ) from None
     unit = "" if found is None else found.group(2).lower()
-    scale = _UNITS.get(unit[:1], 1)
-    if "i" in unit and scale > 1:
-        # KiB, MiB, GiB, TiB: powers of 1024.
-        scale = 1 << (10 * (len(str(scale)) - 1) // 3)
+    # KiB, MiB, GiB, TiB: powers of 1024.
+    scale = (1024 if "i" in unit else 1000) ** ("kmgt".find(unit[:1]) + 1 if unit else 0)
     if not math.isfinite(number * scale):
         raise UsageError("--model_bytes", f"is {text!r}, expected a finite size", "e.g. 13MB")
     size = int(number * scale)

@@ -119,9 +119,7 @@ class LayoutPolicy:
     @property
     def servers_per_node(self) -> int:
         """The parameter servers each node runs (unless roles name each task's role)."""
-        if self.ps_per_node is not None:
-            return self.ps_per_node
-        return 0 if self.all_reduce else 1
+        return (0 if self.all_reduce else 1) if self.ps_per_node is None else self.ps_per_node
 
 
 def _check_address_template(template: str) -> None:
@@ -364,9 +362,8 @@ def _lay_out(
         )
     _check_gpus_fit(shape, placement, kinds, policy, own_node)
     busiest = max(shape.tasks_per_node)
-    port_base = policy.port_base
-    if port_base is None:
-        port_base = derived_port_base(shape.job_id, shape.step_id, busiest)
+    # A port base given is one of MIN_PORT to MAX_PORT, never 0.
+    port_base = policy.port_base or derived_port_base(shape.job_id, shape.step_id, busiest)
     if port_base + busiest - 1 > MAX_PORT:
         raise UsageError(
             "--port_base",

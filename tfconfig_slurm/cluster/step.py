@@ -341,8 +341,7 @@ def _lookup(environ: Mapping[str, str], field: str) -> tuple[str, str] | None:
 
 
 def _name(environ: Mapping[str, str], field: str) -> str:
-    found = _lookup(environ, field)
-    return found[0] if found else SOURCES[field][0]
+    return (_lookup(environ, field) or SOURCES[field])[0]
 
 
 def _required(environ: Mapping[str, str], field: str) -> tuple[str, str]:

@@ -65,8 +65,9 @@ def run_cli(
     quoted = _quoted_in_flagfile(own)
     if quoted is not None:
         fail(program, quoted.one_line())
-    if stop_at_first_argument and not _typed_here(argv[1:], sys.argv):
-        # A flag file's line that is no flag would otherwise lead the wrapped command.
+    # Words left that do not end the command line came from a flag file (absl puts its words
+    # where --flagfile stood): a line there that is no flag would lead the wrapped command.
+    if stop_at_first_argument and len(argv) > 1 and sys.argv[-len(argv) + 1 :] != argv[1:]:
         stray = UsageError(
             f"{argv[1]!r}{_flagfiles(own)}",
             "is not a flag",
@@ -228,12 +229,6 @@ def _as_typed(name: str, argv: Sequence[str]) -> str:
     """A flag absl names without dashes, as the user typed it: `-m` or `--m`."""
     one_dash = re.compile(rf"-{re.escape(name)}(=|$)")
     return f"-{name}" if any(one_dash.match(word) for word in argv[1:]) else f"--{name}"
-
-
-def _typed_here(words: Sequence[str], argv: Sequence[str]) -> bool:
-    """Whether the words absl left after the flags end the command line itself, rather than
-    coming (some of them) from a flag file, whose words absl puts where --flagfile stood."""
-    return not words or list(argv[-len(words) :]) == list(words)
 
 
 def _own_words(argv: Sequence[str], stop_at_first_argument: bool) -> Sequence[str]:

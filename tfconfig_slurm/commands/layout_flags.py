@@ -93,17 +93,10 @@ def policy_from_flags() -> LayoutPolicy:
     )
 
 
-_PLANNED_BY = {
-    "#SBATCH --ntasks-per-node=": "--ntasks_per_node=",
-    "#SBATCH --gres=gpu:": "--gpus_per_node=",
-}
-
-
 def as_planned(text: str) -> str:
     """The core's hints, which name #SBATCH lines, as the planning flags that set the same."""
-    for line, flag in _PLANNED_BY.items():
-        text = text.replace(line, flag)
-    return text
+    planned = text.replace("#SBATCH --ntasks-per-node=", "--ntasks_per_node=")
+    return planned.replace("#SBATCH --gres=gpu:", "--gpus_per_node=")
 
 
 def resolve_layout(environ: Mapping[str, str]) -> tuple[ClusterLayout, int | None]:

@@ -230,8 +230,21 @@ def _train(kind: str, hparams: str, policy: LayoutPolicy, task: lifecycle.TaskRu
     # for its peers does not.
     task.stop.listen(signal.SIGINT)
     task.place.set_in(os.environ)
-    if task.place.role is None:
-        _check_one_process()
+    # Cluster-only flags in a process that trains alone: layout flags are only warned of (one
+    # --flagfile may serve a job's steps and a workstation), --sync_replicas refused.
+    layout = [f"--{name}" for name in layout_flags.LAYOUT_FLAGS if flags.FLAGS[name].present]
+    if task.place.role is None and layout:
+        logging.warning(
+            "%s: lay out the tasks of a SLURM step, and this trains in one process, so they "
+            "change nothing here (--local_cluster=ps=1,workers=2 runs a cluster on this machine)",
+            ", ".join(layout),
+        )
+    if task.place.role is None and runtime_flags.SYNC_REPLICAS.value:
+        raise UsageError(
+            "--sync_replicas",
+            "synchronises the trainers of a cluster, and this trains in one process",
+            "add --local_cluster=ps=1,workers=1, or run it in a SLURM step of several tasks",
+        )
     if policy.coordinator:
         return _coordinated(task, hparams)
     backend = runtime_backends.for_kind(kind, os.environ)
@@ -266,23 +279,6 @@ def _checked_experiment() -> str:
             "give the directory that holds the data, or leave --data_dir out",
         )
     return runtime_flags.EXPERIMENT.value
-
-
-def _check_one_process() -> None:
-    """Cluster-only flags in a process that trains alone: layout flags are only warned of
-    (one --flagfile may serve a job's steps and a workstation), --sync_replicas refused."""
-    if ignored := [f"--{name}" for name in layout_flags.LAYOUT_FLAGS if flags.FLAGS[name].present]:
-        logging.warning(
-            "%s: lay out the tasks of a SLURM step, and this trains in one process, so they "
-            "change nothing here (--local_cluster=ps=1,workers=2 runs a cluster on this machine)",
-            ", ".join(ignored),
-        )
-    if runtime_flags.SYNC_REPLICAS.value:
-        raise UsageError(
-            "--sync_replicas",
-            "synchronises the trainers of a cluster, and this trains in one process",
-            "add --local_cluster=ps=1,workers=1, or run it in a SLURM step of several tasks",
-        )
 
 
 def _coordinated(task: lifecycle.TaskRun, hparams: str) -> int:

@@ -18,7 +18,10 @@ ID_VARIABLE = "EXPERIMENT_ID"
 def chosen(experiment: str, job: SlurmJob | None) -> tuple[Path, str]:
     """The model directory the flags choose for a run of `experiment` in `job`, and its
     --hparams (a sweep's line after them)."""
-    hparams, default_id = runtime_flags.HPARAMS.value, _default_id(experiment, job)
+    hparams, default_id = runtime_flags.HPARAMS.value, experiment
+    if job is not None and job.array_task_id is not None:
+        # In a job array: the experiment's name, with the array task's index after it.
+        default_id = f"{experiment}-{job.array_task_id}"
     sweep_file = runtime_flags.SWEEP_FILE.value
     if sweep_file:
         hparams, default_id = _swept(Path(sweep_file), job)
@@ -95,10 +98,3 @@ def _experiment_id(default_id: str, *, swept: bool) -> str:
         )
     history.check_name(given, culprit)
     return given
-
-
-def _default_id(experiment: str, job: SlurmJob | None) -> str:
-    """The experiment's name, with the array task's index after it in a job array."""
-    if job is not None and job.array_task_id is not None:
-        return f"{experiment}-{job.array_task_id}"
-    return experiment

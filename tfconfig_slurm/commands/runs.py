@@ -118,8 +118,18 @@ def main(argv: Sequence[str]) -> int:
         if _run(root, None) is not None:
             hint = f" HINT: {root} is a run; its output root lists it: {PROGRAM} {root.parent}"
         sys.stderr.write(f"{PROGRAM}: no runs in {root}.{hint}\n")
-    if SORT.value:
-        runs = _sorted(runs, SORT.value)
+    if metric := SORT.value:
+        known = {name for run in runs for name in run["eval"]}
+        if runs and metric not in known:
+            raise UsageError(
+                "--sort",
+                f"is {metric!r}, which no finished run reports",
+                f"the runs' final metrics are: {', '.join(sorted(known)) or 'none yet'}",
+            )
+        with_metric = [run for run in runs if metric in run["eval"]]
+        lower_is_better = "loss" in metric or "error" in metric
+        with_metric.sort(key=lambda run: run["eval"][metric], reverse=not lower_is_better)
+        runs = with_metric + [run for run in runs if metric not in run["eval"]]
     if json_flag.JSON.value:
         sys.stdout.write(json.dumps(runs, indent=1) + "\n")
     else:
@@ -448,20 +458,6 @@ def _queued_jobs() -> dict[str, str] | None:
     return dict(line.split(maxsplit=1) for line in listed.stdout.splitlines() if " " in line)
 
 
-def _sorted(runs: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
-    known = {name for run in runs for name in run["eval"]}
-    if runs and metric not in known:
-        raise UsageError(
-            "--sort",
-            f"is {metric!r}, which no finished run reports",
-            f"the runs' final metrics are: {', '.join(sorted(known)) or 'none yet'}",
-        )
-    lower_is_better = "loss" in metric or "error" in metric
-    with_metric = [run for run in runs if metric in run["eval"]]
-    with_metric.sort(key=lambda run: run["eval"][metric], reverse=not lower_is_better)
-    return with_metric + [run for run in runs if metric not in run["eval"]]
-
-
 def _table(runs: list[dict[str, Any]]) -> str:
     header = ("EXPERIMENT_ID", "STATE", "STEP", "EVAL", "EXAMPLES/S", "HPARAMS", "JOB", "UPDATED")
     rows = [header]
@@ -501,9 +497,8 @@ def _table(runs: list[dict[str, Any]]) -> str:
 
 
 # The final metrics the table and --run show, those of them a run has, in this order; a run
-# with none of them shows its first few by name. --json has them all.
+# with none of them shows its first few (4) by name. --json has them all.
 _MAIN_METRICS = ("accuracy", "loss", "auc", "average_loss", "precision", "recall")
-_SHOWN_METRICS = 4
 
 
 def _shown(metrics: Mapping[str, Any]) -> dict[str, Any]:
@@ -511,7 +506,7 @@ def _shown(metrics: Mapping[str, Any]) -> dict[str, Any]:
     names = [name for name in _MAIN_METRICS if name in metrics] or sorted(
         name for name in metrics if name != "global_step"
     )
-    return {name: metrics[name] for name in names[:_SHOWN_METRICS]}
+    return {name: metrics[name] for name in names[:4]}
 
 
 def _stopped_by(run: Mapping[str, Any]) -> str:

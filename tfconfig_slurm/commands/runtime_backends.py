@@ -168,11 +168,8 @@ def coordinator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:
         SidecarBackend,
     )
 
-    role = task.place.role
-    assert role is not None
-    if role.role == EVALUATOR:
-        return SidecarBackend(experiment, settings, task)
-    return CoordinatorBackend(experiment, settings, task)
+    evaluator = task.place.role is not None and task.place.role.role == EVALUATOR
+    return (SidecarBackend if evaluator else CoordinatorBackend)(experiment, settings, task)
 
 
 def estimator(task: lifecycle.TaskRun, hparams: str) -> lifecycle.Backend:

@@ -61,13 +61,9 @@ class _Signals:
         self.stop = preemption.StopRequest()
         self.srun: subprocess.Popen[bytes] | None = None
         for each in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(each, self._stopped)
+            signal.signal(each, lambda number, _: self.stop.note_signal(number))
         for each in (signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(each, self._passed_on)
-
-    def _stopped(self, number: int, frame: FrameType | None) -> None:
-        del frame
-        self.stop.note_signal(number)
 
     def _passed_on(self, number: int, frame: FrameType | None) -> None:
         del frame

@@ -66,24 +66,6 @@ _SET_BY_SWEEP = ("experiment_id", "sweep_file", "local_cluster", "print_model_di
 _SBATCH_SET_BY_SWEEP = ("--array", "-a", "--parsable")
 
 
-def _check_sbatch_options(options: Sequence[str]) -> None:
-    """An option without its dashes would reach sbatch as the batch script's name."""
-    for option in options:
-        if not option.startswith("-"):
-            raise UsageError(
-                "--sbatch_option",
-                f"is {option!r}, not an sbatch option",
-                "give it as sbatch takes it, dashes and value in one: --sbatch_option=--nodes=1",
-            )
-        name = option.split("=", 1)[0]
-        if name in _SBATCH_SET_BY_SWEEP or (name.startswith("-a") and name[1] != "-"):
-            raise UsageError(
-                "--sbatch_option",
-                f"sets {name}, which the sweep sets itself (one array task a line)",
-                "leave it out; --max_running=N caps the runs at once",
-            )
-
-
 def main(argv: Sequence[str]) -> int:
     if len(argv) < 2:
         raise UsageError(
@@ -150,7 +132,21 @@ def _checked_sweep(sweep_file: Path) -> list[str]:
             f"is {BATCH_SCRIPT.value!r}, not a file",
             "give a batch script such as launch/train.sbatch",
         )
-    _check_sbatch_options(SBATCH_OPTIONS.value)
+    for option in SBATCH_OPTIONS.value:
+        # Without its dashes, it would reach sbatch as the batch script's name.
+        if not option.startswith("-"):
+            raise UsageError(
+                "--sbatch_option",
+                f"is {option!r}, not an sbatch option",
+                "give it as sbatch takes it, dashes and value in one: --sbatch_option=--nodes=1",
+            )
+        name = option.split("=", 1)[0]
+        if name in _SBATCH_SET_BY_SWEEP or (name.startswith("-a") and name[1] != "-"):
+            raise UsageError(
+                "--sbatch_option",
+                f"sets {name}, which the sweep sets itself (one array task a line)",
+                "leave it out; --max_running=N caps the runs at once",
+            )
     for name in _SET_BY_SWEEP:
         if flags.FLAGS[name].present:
             raise UsageError(
@@ -166,9 +162,7 @@ def _checked_sweep(sweep_file: Path) -> list[str]:
             f"is named {sweep_file.stem!r}, and its runs would be {sweep_file.stem!r}-0, ...",
             "name it with letters, digits, '.', '_' and '-', not starting with '.', e.g. lr.sweep",
         )
-    lines = _checked_lines(sweep_file)
-    _check_run_directories(sweep_file.stem, len(lines))
-    return lines
+    return _checked_lines(sweep_file)
 
 
 def _kept(sweep_file: Path, lines: Sequence[str]) -> tuple[Path, str]:
@@ -233,7 +227,11 @@ def _without_own_flags(arguments: list[str]) -> list[str]:
 
 
 def _checked_lines(sweep_file: Path) -> list[str]:
-    """The sweep's lines, each checked against the experiment's HPARAMS."""
+    """The sweep's lines, each checked against the experiment's HPARAMS, and its run directory
+    as its task will check it at its start: one trained by another experiment or backend would
+    refuse every task of the array, once submitted."""
+    # Here, not at the top: the sweep's command reads no more than it needs.
+    from tfconfig_slurm.commands import layout_flags, runtime_backends  # noqa: PLC0415
     from tfconfig_slurm.process.user_code import experiment as experiment_lib  # noqa: PLC0415
 
     lines = experiment_lib.sweep_lines(sweep_file)
@@ -243,7 +241,8 @@ def _checked_lines(sweep_file: Path) -> list[str]:
             f"{sweep_file} has no lines of hparams",
             "write one --hparams value a line, e.g. learning_rate=0.001,dropout=0.3",
         )
-    spec = _experiment()
+    # --experiment, or the runtime's default.
+    spec = runtime_flags.EXPERIMENT.value or "mnist_deep"
     kind = experiment_lib.require_runtime(spec)
     if kind == experiment_lib.KERAS3:
         os.environ.update(experiment_lib.choose_jax(os.environ))
@@ -264,27 +263,12 @@ def _checked_lines(sweep_file: Path) -> list[str]:
             raise UsageError(
                 f"SWEEP_FILE {sweep_file}, run {number} ({line!r})", error.problem, error.hint
             ) from None
-    return lines
-
-
-def _experiment() -> str:
-    """The experiment the sweep trains: --experiment, or the runtime's default."""
-    return runtime_flags.EXPERIMENT.value or "mnist_deep"
-
-
-def _check_run_directories(sweep: str, count: int) -> None:
-    """Each line's run directory, as its task will check it at its start: one trained by
-    another experiment or backend would refuse every task of the array, once submitted."""
-    # Here, not at the top: the sweep's command reads no more than it needs.
-    from tfconfig_slurm.commands import layout_flags, runtime_backends  # noqa: PLC0415
-    from tfconfig_slurm.process.user_code import experiment as experiment_lib  # noqa: PLC0415
-
-    spec = _experiment()
-    kind, coordinator = experiment_lib.require_runtime(spec), layout_flags.step_policy().coordinator
-    named = run_directory.of_sweep(run_directory.naming(), sweep)
-    root = run_directory.output_root()
-    directories = (Path(root, f"{sweep}-{number}") for number in range(count))
+    coordinator = layout_flags.step_policy().coordinator
+    named = run_directory.of_sweep(run_directory.naming(), sweep_file.stem)
+    root, count = run_directory.output_root(), len(lines)
+    directories = (Path(root, f"{sweep_file.stem}-{number}") for number in range(count))
     runtime_backends.check_trainable(directories, spec, kind, coordinator, named)
+    return lines
 
 
 def run() -> None:

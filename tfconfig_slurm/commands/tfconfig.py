@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from tfconfig_slurm.cluster import ClusterLayout, data_path, render
+from tfconfig_slurm.cluster import data_path, render
 from tfconfig_slurm.commands import json_flag, layout_flags, plan_flags
 from tfconfig_slurm.commands.cli import run_cli
 from tfconfig_slurm.commands.main import PROGRAM, print_task
@@ -124,7 +124,13 @@ def main(argv: Sequence[str]) -> None:
     if rank is None:
         output = layout_flags.as_planned(output)
     if model_bytes is not None:
-        output += _data_path_line(layout, model_bytes)
+        path = data_path.data_path(layout, model_bytes)
+        speed = LINK_GBITS.value or data_path.DEFAULT_GBITS_PER_SECOND
+        output += (
+            "(data path: estimated for layouts with parameter servers only)"
+            if path is None
+            else data_path.describe(path, speed, LINK_GBITS.value is not None)
+        ) + "\n"
     if rank is None and layout_flags.PORT_BASE.value is None:
         output += (
             "(planned: a job's ports start at a base derived from its job and step ids, or at "
@@ -151,15 +157,6 @@ def _model_bytes() -> int | None:
             "the network's speed in Gbit/s, e.g. --link_gbits=100",
         )
     return None if MODEL_BYTES.value is None else data_path.parse_bytes(MODEL_BYTES.value)
-
-
-def _data_path_line(layout: ClusterLayout, model_bytes: int) -> str:
-    path = data_path.data_path(layout, model_bytes)
-    if path is None:
-        return "(data path: estimated for layouts with parameter servers only)\n"
-    given = LINK_GBITS.value
-    speed = data_path.DEFAULT_GBITS_PER_SECOND if given is None else given
-    return data_path.describe(path, speed, given is not None) + "\n"
 
 
 def run() -> None:

@@ -118,7 +118,17 @@ def main(argv: Sequence[str]) -> int:
 def _this_step_s_layout() -> tuple[ClusterLayout, int]:
     """The step's layout, as the flags and SLURM give it, and this task's rank in it."""
     if KERAS3.value:
-        _keras3_layout()
+        # Laid out as --all_reduce does: what would add other tasks than the processes of one
+        # mesh is refused.
+        for name in ("ps_per_node", "coordinator", "evaluator", "roles"):
+            if flags.FLAGS[name].present:
+                raise UsageError(
+                    f"--{name}",
+                    "lays out other tasks than trainers, and --keras3 runs one JAX process a "
+                    "task, all of them training",
+                    f"leave --{name} out: --keras3 lays the step out as --all_reduce does",
+                )
+        flags.FLAGS["all_reduce"].value = True
     elif INDEPENDENT.value:
         raise UsageError(
             "--independent",
@@ -172,7 +182,10 @@ def _program(command: Sequence[str]) -> str:
             "is not a program on PATH nor an executable file",
             "give the command as you would run it in the task, e.g. python my_script.py",
         )
-    if KERAS3.value and _this_environment_s_python(program):
+    # Only a Python of the environment this command runs in (its bin folder's) has its packages.
+    path = Path(program).absolute()
+    ours = path.name.startswith("python") and path.parent == Path(sys.executable).absolute().parent
+    if KERAS3.value and ours:
         versions.require_keras3("--keras3")
     return program
 
@@ -256,27 +269,6 @@ def _trained_apart(role: ClusterRole, notes: Path | None) -> bool:
     return True
 
 
-def _this_environment_s_python(program: str) -> bool:
-    """Whether `program` is a Python of the environment this command runs in (its bin
-    folder's), whose packages are then the command's."""
-    path = Path(program).absolute()
-    return path.name.startswith("python") and path.parent == Path(sys.executable).absolute().parent
-
-
-def _keras3_layout() -> None:
-    """--keras3 lays the step out as --all_reduce does, refusing what would add other
-    tasks than the processes of one mesh."""
-    for name in ("ps_per_node", "coordinator", "evaluator", "roles"):
-        if flags.FLAGS[name].present:
-            raise UsageError(
-                f"--{name}",
-                "lays out other tasks than trainers, and --keras3 runs one JAX process a task, "
-                "all of them training",
-                f"leave --{name} out: --keras3 lays the step out as --all_reduce does",
-            )
-    flags.FLAGS["all_reduce"].value = True
-
-
 def _keras3_environment(role: ClusterRole, environment: Mapping[str, str]) -> dict[str, str]:
     """A --keras3 command's own variables: keras.distribution's, its backend (unless set),
     JAX's (backends/keras3/boot), and the boot folder first on its PYTHONPATH, which puts
@@ -313,9 +305,7 @@ def _run_held(
     )
     _, held = claim.claimed(directory, role, _NAMING, job, same_experiment)
     failure.attach(directory, role, node)
-    if not owns_run(role):
-        return None, held
-    return RunOwner.in_job(directory, script, {}, role, job), held
+    return (RunOwner.in_job(directory, script, {}, role, job) if owns_run(role) else None), held
 
 
 # How --model_dir is named in a refusal of a directory another run holds.
