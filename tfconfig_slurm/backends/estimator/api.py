@@ -108,12 +108,12 @@ def _run(
     )
     task = lifecycle.TaskRun(
         place=where,
+        job=job,
+        environ=os.environ,
         model_dir=directory,
         naming=_NAMING,
         stop=stop,
         stop_policy=_STOP_POLICY,
-        environ=os.environ,
-        job=job,
         hang_seconds=hang_watch.seconds_from(None, os.environ),
     )
     result: trainer.Result | None = lifecycle.run(

@@ -26,7 +26,7 @@ from tfconfig_slurm.errors import UsageError
 from tfconfig_slurm.process.job import preemption
 from tfconfig_slurm.process.records.run_dir import RunDir
 from tfconfig_slurm.process.task.keras_run import KerasRun
-from tfconfig_slurm.process.task.lifecycle import Hparam
+from tfconfig_slurm.process.task.lifecycle import Hparam, TrainingSettings
 from tfconfig_slurm.process.user_code.experiment import (
     KerasExperiment,
     check_compiled,
@@ -74,13 +74,9 @@ class TrainingBackendBase(KerasBackendBase):
     def _restored(self, strategy: tf.distribute.Strategy) -> tuple[Any, Saver]:
         """The experiment's model under the strategy, restored from the model directory's
         latest checkpoint, and the saver of its checkpoints (`last`: the step restored)."""
-        settings = self._settings
         with strategy.scope():
-            model = built_model(self._experiment, settings.params)
-        saver = Saver(
-            model, settings.model_dir, self._role, settings.keep_checkpoint_max, stop=self._stop
-        )
-        return model, saver
+            model = built_model(self._experiment, self._settings.params)
+        return model, Saver(model, self._settings, self._role, self._stop)
 
 
 def experiment_dataset(
@@ -141,12 +137,11 @@ class Saver:
     def __init__(
         self,
         model: Any,
-        directory: Path,
+        settings: TrainingSettings,
         role: ClusterRole | None,
-        keep: int,
-        *,
         stop: preemption.StopRequest,
     ) -> None:
+        directory = settings.model_dir
         checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
         latest = tf.train.latest_checkpoint(str(directory))
         if latest is not None:
@@ -164,7 +159,7 @@ class Saver:
         self._manager = tf.train.CheckpointManager(
             checkpoint,
             str(self._scratch or directory),
-            max_to_keep=keep,
+            max_to_keep=settings.keep_checkpoint_max,
             checkpoint_name=_CHECKPOINT_NAME,
         )
         # The step of the latest checkpoint (first the one restored, not to be written again).

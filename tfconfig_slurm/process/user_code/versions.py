@@ -76,18 +76,18 @@ def installed() -> Installed:
 def require_estimator(what: str, found: Installed | None = None) -> None:
     """InstallError for `what` unless TensorFlow 2.15 or older and tensorflow-estimator are."""
     found = found or installed()
-    if found.tensorflow is None:
-        problem = f"needs TensorFlow 2.15, which {found.this_python} does not have"
-    elif not has_estimator_release(found.tensorflow):
-        problem = (
-            f"needs TensorFlow 2.15, the last release with Estimator, and {found.this_python} "
-            f"has TensorFlow {found.tensorflow}"
-        )
-    elif found.estimator is None:
-        problem = f"needs tensorflow-estimator beside TensorFlow {found.tensorflow}"
-    else:
-        return
-    raise InstallError(what, problem, _ESTIMATOR_INSTALL)
+    problem = (
+        f"needs TensorFlow 2.15, which {found.this_python} does not have"
+        if found.tensorflow is None
+        else f"needs TensorFlow 2.15, the last release with Estimator, and {found.this_python} "
+        f"has TensorFlow {found.tensorflow}"
+        if not has_estimator_release(found.tensorflow)
+        else f"needs tensorflow-estimator beside TensorFlow {found.tensorflow}"
+        if found.estimator is None
+        else None
+    )
+    if problem is not None:
+        raise InstallError(what, problem, _ESTIMATOR_INSTALL)
 
 
 def require_tensorflow(what: str, found: Installed | None = None) -> None:
