@@ -4,7 +4,10 @@ reports.py)."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+
+import pytest
 
 from tfconfig_slurm.process.records.attempts import RunOwner
 from tfconfig_slurm.process.records.reports import RunState
@@ -32,3 +35,20 @@ def test_a_resume_with_other_hparams_names_them_and_each_attempt_is_kept(tmp_pat
     assert [attempt["job_id"] for attempt in state["attempts"]] == ["7", "7"]
     assert state["job_id"] == "7"
     assert "signal" not in state
+
+
+def test_a_state_json_that_cannot_be_read_is_set_aside_and_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A new attempt wrote over a cut-short state.json without a word: the earlier attempts
+    it held were gone."""
+    run = RunDir(tmp_path)
+    run.state.write_text('{"state": "stopped", "attempts": [{"job_id": "7"')
+    with caplog.at_level(logging.WARNING):
+        RunOwner(tmp_path, "mnist_deep", {}, None, "8").say(RunState.RUNNING, 200)
+    assert run.unreadable_state.read_text() == '{"state": "stopped", "attempts": [{"job_id": "7"'
+    assert [each["job_id"] for each in json.loads(run.state.read_text())["attempts"]] == ["8"]
+    assert f"{run.state} cannot be read (cut short or garbled): set aside as " in caplog.text
+    # A readable one is carried on, not set aside.
+    RunOwner(tmp_path, "mnist_deep", {}, None, "9").say(RunState.RUNNING, 300)
+    assert [each["job_id"] for each in json.loads(run.state.read_text())["attempts"]] == ["8", "9"]

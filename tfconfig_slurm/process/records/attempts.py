@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
+from absl import logging
+
 from tfconfig_slurm.cluster.layout import CHIEF
 from tfconfig_slurm.cluster.role import ClusterRole
 from tfconfig_slurm.cluster.step import SlurmJob
@@ -78,8 +80,17 @@ class RunOwner:
 
     def say(self, state: RunState, global_step: int | None, **fields: Any) -> None:
         """Records what the run is doing in state.json; earlier fields are kept."""
-        current = reports.read_state(self.directory)
+        current, run = reports.read_state(self.directory), RunDir(self.directory)
         if state == RunState.RUNNING:
+            if not current and run.state.exists():
+                # Written over, it would be lost: the user may mend it by hand.
+                run.state.replace(run.unreadable_state)
+                logging.warning(
+                    "%s cannot be read (cut short or garbled): set aside as %s; the run's "
+                    "record starts again, without its earlier attempts and restarts",
+                    run.state,
+                    run.unreadable_state,
+                )
             # A new attempt: what an earlier one said of its end no longer holds; what each
             # attempt trained with, and from which step, is kept (history.py).
             attempt = {
@@ -102,7 +113,7 @@ class RunOwner:
             **fields,
         }
         reports.write_json_atomically(
-            RunDir(self.directory).state,
+            run.state,
             {**current, **said, "state": state, "updated": time.time()},
         )
 

@@ -41,6 +41,7 @@ class RunDir:
 
     lock = _Entry("run.lock")  # held by the run that trains here (claim.py)
     state = _Entry("state.json")  # what the run is doing, for `tfconfig-slurm runs`
+    unreadable_state = _Entry("state.json.unreadable")  # one set aside (attempts.py)
     summary = _Entry("summary.json")  # the chief's account of a finished run
     trainer_reports = _Entry("trainers")  # one report a trainer: its steps and speed
     evaluator_result = _Entry("evaluator.json")  # the evaluator's final metrics
