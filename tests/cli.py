@@ -141,10 +141,14 @@ def read_logs(folder: Path) -> str:
 
 
 def free_port_block(count: int) -> int:
-    """The first of `count` consecutive loopback ports that are free now, below Linux's
-    ephemeral range: for a step of tasks on this host, each on base + its local id."""
+    """The first of `count` consecutive loopback ports that are free now: for a step of tasks
+    on this host, each on base + its local id. Above Linux's ephemeral range (to 60999) and the
+    runtime's derived bases (10000-32767), which other tests' tasks take as they start (CI: a
+    block taken there was found in use), and each pytest worker in a range of its own."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    span = (65536 - 61000) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     for _ in range(100):
-        base = random.randrange(20000, 32768 - count)
+        base = random.randrange(61000 + worker * span, 61000 + (worker + 1) * span - count)
         with contextlib.ExitStack() as holders:
             try:
                 for port in range(base, base + count):
