@@ -259,9 +259,8 @@ def _trained_apart(role: ClusterRole, notes: Path | None) -> bool:
         "a model of its own (exit 1). HINT: before building the model, add "
         "keras.distribution.initialize() and keras.distribution.set_distribution("
         "keras.distribution.DataParallel(auto_shard_dataset=False)), and fit each process's "
-        "share of the data "
-        "(x[jax.process_index()::jax.process_count()], batch_size per process); or pass "
-        "--independent where separate models are meant",
+        "share of the data (x[jax.process_index()::jax.process_count()], batch_size per "
+        "process); or pass --independent where separate models are meant",
         role.role,
         role.index,
         role.trainers,
